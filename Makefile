@@ -1,0 +1,92 @@
+# ferry - build, run, test, bench. `make run` and `make test` do all set-up
+# on a fresh Debian machine (they depend on `make deps`).
+
+CC       ?= gcc
+ifeq ($(CC),cc)
+CC       := gcc
+endif
+BUILD    ?= build
+PYTHON   := /usr/bin/python3
+UNAME_M  := $(shell uname -m)
+# x86-64-v3 (AVX2, FMA, F16C) runs on every x86 server of the last decade,
+# including the GPU hosts the binary is carried to; override ARCH_FLAGS to tune.
+ifeq ($(UNAME_M),x86_64)
+ARCH_FLAGS ?= -march=x86-64-v3
+else
+ARCH_FLAGS ?=
+endif
+OPT      ?= -O2
+CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -pthread $(ARCH_FLAGS) -MMD -MP
+LDLIBS   += -lm -pthread
+
+ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c) config/config.c
+SERVER_SRC := $(wildcard server/*.c)
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+DEMO_MODEL  ?= $(BUILD)/demo-model
+BENCH_MODEL ?= $(BUILD)/bench-1b
+
+# Debian packages: build, and the PyTorch reference the tests compare against.
+DEB_PKGS := gcc make python3-torch python3-numpy python3-pytest
+
+.PHONY: all deps run test unit integration bench asan test-asan clean
+all: $(BUILD)/ferry
+
+$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(DEMO_MODEL)/config.json: | $(BUILD)/ferry
+	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1
+
+run: deps all $(DEMO_MODEL)/config.json
+	$(BUILD)/ferry generate --model $(DEMO_MODEL) --prompt-ids 1,15,27,300 --max-new-tokens 24
+
+unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+integration: all
+	$(PYTHON) -m pytest -q tests/integration
+
+test: deps all unit integration
+
+$(BENCH_MODEL)/config.json: | $(BUILD)/ferry
+	$(BUILD)/ferry mkmodel --out $(BENCH_MODEL) --arch llama --preset 1b --dtype bf16 --seed 1
+
+bench: all $(BENCH_MODEL)/config.json
+	$(BUILD)/ferry bench --model $(BENCH_MODEL) --batch 1 --steps 8 --prompt-len 128
+	$(BUILD)/ferry bench --model $(BENCH_MODEL) --batch 8 --steps 8 --prompt-len 128
+
+# AddressSanitizer + UBSan build of the binary and the unit tests, and the
+# bad-input tests run against it.
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  LDLIBS="-lm -pthread -fsanitize=address,undefined" all unit
+
+test-asan: asan
+	FERRY_BIN=$(CURDIR)/build-asan/ferry $(PYTHON) -m pytest -q tests/integration
+
+clean:
+	rm -rf $(BUILD) build-asan
+
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d)

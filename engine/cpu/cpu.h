@@ -1,0 +1,36 @@
+/*
+ * cpu.h - internals shared by the CPU backend's files: the backend object,
+ * per-worker scratch, and the kernels each file provides.
+ */
+#ifndef FERRY_CPU_H
+#define FERRY_CPU_H
+
+#include "../backend.h"
+#include "pool.h"
+
+#define CPU_MAX_WORKERS 256
+
+typedef struct {
+    float *buf;
+    size_t cap; /* floats */
+} cpu_scratch;
+
+typedef struct {
+    backend base;
+    pool *pool;
+    const batch *b; /* the step's batch, set by set_batch; host memory */
+    int *seq_of;    /* [n_tokens] index of each token's sequence in b->seqs */
+    int seq_of_cap;
+    cpu_scratch scratch[CPU_MAX_WORKERS];
+} cpu_backend;
+
+/* Per-worker scratch of at least n floats (NULL if it cannot be had). */
+float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n);
+
+void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const weight *bias, int n);
+void cpu_attention(backend *be, float *out, const float *q, const kv_layer *kv, const attn_shape *shape);
+
+/* Converts n elements of a weight row (any compute dtype) to f32. */
+void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * cpu_attention.c - causal attention of a batch's query rows against the KV
+ * cache, parallel over (token, head) pairs.
+ *
+ * Token i of sequence s sits at position p = pos[i] and sees cache positions
+ * [lo, p] of its slot, where lo = 0, or p - window + 1 with a sliding window
+ * (Mistral: a key is visible while p - k < window). The new K/V rows were
+ * stored by kv_store before this runs, so prefill rows also see each other.
+ * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+typedef struct {
+    float *out;
+    const float *q;
+    const kv_layer *kv;
+    const attn_shape *shape;
+    cpu_backend *cb;
+} att_ctx;
+
+static void att_task(void *vctx, int task, int worker)
+{
+    att_ctx *c = vctx;
+    const attn_shape *sh = c->shape;
+    const batch *b = c->cb->b;
+    int tok = task / sh->n_heads, h = task % sh->n_heads;
+    int hd = sh->head_dim, g = h / (sh->n_heads / sh->n_kv_heads);
+    const batch_seq *s = &b->seqs[c->cb->seq_of[tok]];
+    int p = b->pos[tok];
+    int lo = sh->sliding_window > 0 && p - sh->sliding_window + 1 > 0 ? p - sh->sliding_window + 1 : 0;
+    int n = p - lo + 1;
+    const float *qv = c->q + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
+    size_t row = (size_t)c->kv->kv_dim;
+    const float *kbase = c->kv->k + ((size_t)s->slot * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
+    const float *vbase = c->kv->v + ((size_t)s->slot * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
+    float *score = cpu_scratch_get(c->cb, worker, (size_t)n);
+    FERRY_ASSERT(score);
+    float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kv = kbase + (size_t)(lo + j) * row;
+        float d = 0;
+        for (int e = 0; e < hd; e++) d += qv[e] * kv[e];
+        d *= scale;
+        score[j] = d;
+        if (d > mx) mx = d;
+    }
+    float sum = 0;
+    for (int j = 0; j < n; j++) {
+        score[j] = expf(score[j] - mx);
+        sum += score[j];
+    }
+    float inv = 1.0f / sum;
+    float *o = c->out + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int j = 0; j < n; j++) {
+        const float *vv = vbase + (size_t)(lo + j) * row;
+        float wgt = score[j] * inv;
+        for (int e = 0; e < hd; e++) o[e] += wgt * vv[e];
+    }
+}
+
+void cpu_attention(backend *be, float *out, const float *q, const kv_layer *kv, const attn_shape *shape)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    const batch *b = cb->b;
+    FERRY_ASSERT(b && shape->n_heads % shape->n_kv_heads == 0);
+    att_ctx c = {out, q, kv, shape, cb};
+    pool_run(cb->pool, b->n_tokens * shape->n_heads, att_task, &c);
+}

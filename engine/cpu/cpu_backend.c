@@ -1,0 +1,219 @@
+/*
+ * cpu_backend.c - the CPU backend: memory is host RAM, "upload" is memcpy,
+ * ops run on the calling thread plus the worker pool. The heavy kernels live
+ * in cpu_matmul.c and cpu_attention.c; the light element-wise ones are here.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n)
+{
+    cpu_scratch *s = &cb->scratch[worker];
+    if (s->cap < n) {
+        float *p = realloc(s->buf, n * sizeof *p);
+        if (!p) return NULL;
+        s->buf = p;
+        s->cap = n;
+    }
+    return s->buf;
+}
+
+/* ---- memory ------------------------------------------------------------ */
+
+static void *cpu_alloc(backend *be, size_t bytes)
+{
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+static void cpu_release(backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_sync(backend *be) { (void)be; }
+
+static ferry_status cpu_set_batch(backend *be, const batch *b)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    if (cb->seq_of_cap < b->n_tokens) {
+        int *p = realloc(cb->seq_of, (size_t)b->n_tokens * sizeof *p);
+        if (!p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for a batch of %d tokens", b->n_tokens);
+        cb->seq_of = p;
+        cb->seq_of_cap = b->n_tokens;
+    }
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int i = 0; i < b->seqs[s].n_tokens; i++) cb->seq_of[b->seqs[s].first + i] = s;
+    cb->b = b;
+    return FERRY_OK;
+}
+
+/* ---- element-wise and row ops ----------------------------------------- */
+
+static void cpu_embed(backend *be, float *out, const weight *table)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    const batch *b = cb->b;
+    for (int i = 0; i < b->n_tokens; i++)
+        cpu_row_to_f32(out + (size_t)i * (size_t)table->cols, table, b->tokens[i], 0, table->cols);
+}
+
+typedef struct {
+    float *out;
+    const float *x;
+    const weight *w;
+    int n, dim, rows_per_task;
+    float eps;
+    cpu_backend *cb;
+} norm_ctx;
+
+static void norm_task(void *vctx, int task, int worker)
+{
+    norm_ctx *c = vctx;
+    float *wf = cpu_scratch_get(c->cb, worker, (size_t)c->dim);
+    FERRY_ASSERT(wf);
+    cpu_row_to_f32(wf, c->w, 0, 0, c->dim);
+    int r1 = (task + 1) * c->rows_per_task < c->n ? (task + 1) * c->rows_per_task : c->n;
+    for (int r = task * c->rows_per_task; r < r1; r++) {
+        const float *x = c->x + (size_t)r * (size_t)c->dim;
+        float *o = c->out + (size_t)r * (size_t)c->dim;
+        float ss = 0;
+        for (int i = 0; i < c->dim; i++) ss += x[i] * x[i];
+        float inv = 1.0f / sqrtf(ss / (float)c->dim + c->eps);
+        for (int i = 0; i < c->dim; i++) o[i] = wf[i] * (x[i] * inv);
+    }
+}
+
+static void cpu_rmsnorm(backend *be, float *out, const float *x, const weight *w, int n, int dim, float eps)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    int tasks = pool_size(cb->pool) * 2;
+    int per = (n + tasks - 1) / tasks;
+    if (per < 8) per = 8;
+    norm_ctx c = {out, x, w, n, dim, per, eps, cb};
+    pool_run(cb->pool, (n + per - 1) / per, norm_task, &c);
+}
+
+/* Hugging Face rotate_half: pairs (i, i + head_dim/2) rotate by pos * theta^(-2i/head_dim). */
+static void cpu_rope(backend *be, float *x, int heads, int head_dim, float theta)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    const batch *b = cb->b;
+    int half = head_dim / 2;
+    float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim);
+    FERRY_ASSERT(cs);
+    for (int t = 0; t < b->n_tokens; t++) {
+        double p = b->pos[t];
+        for (int i = 0; i < half; i++) {
+            double ang = p * pow((double)theta, -2.0 * i / head_dim);
+            cs[i] = (float)cos(ang);
+            cs[half + i] = (float)sin(ang);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)head_dim;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], bb = v[half + i];
+                v[i] = a * cs[i] - bb * cs[half + i];
+                v[half + i] = bb * cs[i] + a * cs[half + i];
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(backend *be, const kv_layer *kv, const float *k, const float *v)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    const batch *b = cb->b;
+    size_t row = (size_t)kv->kv_dim;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const batch_seq *q = &b->seqs[s];
+        FERRY_ASSERT(q->slot < kv->n_slots && q->n_past + q->n_tokens <= kv->max_ctx);
+        size_t dst = ((size_t)q->slot * (size_t)kv->max_ctx + (size_t)q->n_past) * row;
+        memcpy(kv->k + dst, k + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
+        memcpy(kv->v + dst, v + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
+    }
+}
+
+static void cpu_silu_mul(backend *be, float *gate, const float *up, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void cpu_add(backend *be, float *x, const float *y, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_gather_last(backend *be, float *out, const float *x, int dim)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    const batch *b = cb->b;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int last = b->seqs[s].first + b->seqs[s].n_tokens - 1;
+        memcpy(out + (size_t)s * (size_t)dim, x + (size_t)last * (size_t)dim, (size_t)dim * sizeof(float));
+    }
+}
+
+static void cpu_free(backend *be)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    pool_free(cb->pool);
+    for (int i = 0; i < CPU_MAX_WORKERS; i++) free(cb->scratch[i].buf);
+    free(cb->seq_of);
+    free(cb);
+}
+
+static const struct backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .set_batch = cpu_set_batch,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .gather_last = cpu_gather_last,
+};
+
+ferry_status cpu_backend_create(const backend_opts *opts, backend **out)
+{
+    *out = NULL;
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return ferry_fail(FERRY_ERR_NOMEM, "out of memory creating the CPU backend");
+    int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads > CPU_MAX_WORKERS) threads = CPU_MAX_WORKERS;
+    cb->pool = pool_create(threads);
+    if (!cb->pool) {
+        free(cb);
+        return ferry_fail(FERRY_ERR_NOMEM, "could not start the CPU worker threads");
+    }
+    cb->base.ops = &k_cpu_ops;
+    *out = &cb->base;
+    return FERRY_OK;
+}

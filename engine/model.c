@@ -1,0 +1,361 @@
+/*
+ * model.c - config.json parsing and the checkpoint <-> engine tensor table.
+ * See model.h.
+ */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "util.h"
+
+/* ---- config.json ------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    model_arch arch;
+} k_archs[] = {
+    {"LlamaForCausalLM", ARCH_LLAMA},
+    {"MistralForCausalLM", ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", ARCH_QWEN2},
+    {"Qwen3ForCausalLM", ARCH_QWEN3},
+};
+
+#define INT_LIMIT (1 << 24) /* bound on every dimension: keeps products in range */
+
+static ferry_status get_dim(const json_value *root, const char *label, const char *key, bool required, int def,
+                            int *out)
+{
+    int64_t v;
+    bool bad = false;
+    if (!json_get_int(root, key, &v, &bad)) {
+        if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be an integer", label, key);
+        if (required) return ferry_fail(FERRY_ERR_INVALID, "%s: missing field '%s'", label, key);
+        *out = def;
+        return FERRY_OK;
+    }
+    if (v <= 0 || v > INT_LIMIT)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' = %lld is out of range (1..%d)", label, key,
+                          (long long)v, INT_LIMIT);
+    *out = (int)v;
+    return FERRY_OK;
+}
+
+static ferry_status get_float(const json_value *obj, const char *label, const char *key, double def, float *out)
+{
+    double v;
+    bool bad = false;
+    if (!json_get_num(obj, key, &v, &bad)) {
+        if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be a number", label, key);
+        v = def;
+    }
+    if (!(v > 0)) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be positive", label, key);
+    *out = (float)v;
+    return FERRY_OK;
+}
+
+static ferry_status get_flag(const json_value *root, const char *label, const char *key, bool def, bool *out)
+{
+    bool bad = false;
+    *out = def;
+    json_get_bool(root, key, out, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be true or false", label, key);
+    return FERRY_OK;
+}
+
+/* Fields that change the maths and that ferry does not implement. */
+static ferry_status reject_unsupported(const json_value *root, const char *label, const model_config *cfg)
+{
+    const json_value *v;
+    if ((v = json_get(root, "rope_scaling")) && v->type != JSON_NULL)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'rope_scaling' is not supported (only plain RoPE)", label);
+    if ((v = json_get(root, "rope_parameters")) && v->type == JSON_OBJECT) {
+        const json_value *t = json_get(v, "rope_type");
+        if (t && !(t->type == JSON_STRING && strcmp(t->str, "default") == 0))
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'rope_parameters.rope_type' is not supported (only 'default')", label);
+    }
+    bool bad = false;
+    const char *act = json_get_str(root, "hidden_act", &bad);
+    if (bad || (act && strcmp(act, "silu") != 0))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'hidden_act' = '%s' is not supported (only 'silu')", label,
+                          act ? act : "?");
+    bool flag = false;
+    if (json_get_bool(root, "mlp_bias", &flag, &bad) && flag)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'mlp_bias' = true is not supported", label);
+    if (cfg->arch != ARCH_MISTRAL && json_get_bool(root, "use_sliding_window", &flag, &bad) && flag)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'use_sliding_window' = true is not supported", label);
+    double f;
+    if (json_get_num(root, "partial_rotary_factor", &f, &bad) && f != 1.0)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' != 1 is not supported", label);
+    if ((v = json_get(root, "quantization_config")) && v->type != JSON_NULL)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'quantization_config' is not supported (pre-quantized checkpoint)", label);
+    if ((v = json_get(root, "layer_types")) && v->type == JSON_ARRAY) {
+        for (size_t i = 0; i < v->len; i++)
+            if (v->items[i].type != JSON_STRING || strcmp(v->items[i].str, "full_attention") != 0)
+                return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'layer_types' entry %zu is not 'full_attention'", label, i);
+    }
+    return FERRY_OK;
+}
+
+ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    json_doc *doc;
+    ferry_status st = json_parse(text, len, &doc);
+    if (st != FERRY_OK) return ferry_fail_context(st, "%s", label);
+    const json_value *root = json_doc_root(doc);
+    const json_value *archs = json_get(root, "architectures");
+    if (root->type != JSON_OBJECT) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: not a JSON object", label);
+        goto out;
+    }
+    if (!archs || archs->type != JSON_ARRAY || archs->len != 1 || archs->items[0].type != JSON_STRING) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: field 'architectures' must be a list of one name", label);
+        goto out;
+    }
+    size_t k = 0;
+    while (k < sizeof k_archs / sizeof k_archs[0] && strcmp(k_archs[k].name, archs->items[0].str) != 0) k++;
+    if (k == sizeof k_archs / sizeof k_archs[0]) {
+        st = ferry_fail(FERRY_ERR_UNSUPPORTED,
+                        "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, MistralForCausalLM, "
+                        "Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                        label, archs->items[0].str);
+        goto out;
+    }
+    cfg->arch = k_archs[k].arch;
+    cfg->arch_name = k_archs[k].name;
+
+    if ((st = get_dim(root, label, "vocab_size", true, 0, &cfg->vocab)) ||
+        (st = get_dim(root, label, "hidden_size", true, 0, &cfg->dim)) ||
+        (st = get_dim(root, label, "intermediate_size", true, 0, &cfg->hidden)) ||
+        (st = get_dim(root, label, "num_hidden_layers", true, 0, &cfg->n_layers)) ||
+        (st = get_dim(root, label, "num_attention_heads", true, 0, &cfg->n_heads)) ||
+        (st = get_dim(root, label, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads)) ||
+        (st = get_dim(root, label, "head_dim", false, cfg->dim / cfg->n_heads, &cfg->head_dim)) ||
+        (st = get_dim(root, label, "max_position_embeddings", false, 2048, &cfg->max_pos)))
+        goto out;
+    if (cfg->n_heads % cfg->n_kv_heads != 0) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                        label, cfg->n_heads, cfg->n_kv_heads);
+        goto out;
+    }
+    if (cfg->head_dim % 2 != 0 || cfg->head_dim == 0) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: head_dim %d must be even", label, cfg->head_dim);
+        goto out;
+    }
+    if ((uint64_t)cfg->n_heads * (uint64_t)cfg->head_dim > INT_LIMIT) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: num_attention_heads x head_dim is too large", label);
+        goto out;
+    }
+
+    const json_value *rope_params = json_get(root, "rope_parameters");
+    const json_value *rope_src = json_get(root, "rope_theta") || !rope_params ? root : rope_params;
+    if ((st = get_float(rope_src, label, "rope_theta", 10000.0, &cfg->rope_theta)) ||
+        (st = get_float(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps)) ||
+        (st = get_flag(root, label, "tie_word_embeddings", false, &cfg->tied)) ||
+        (st = reject_unsupported(root, label, cfg)))
+        goto out;
+
+    bool attention_bias = false;
+    if ((st = get_flag(root, label, "attention_bias", false, &attention_bias))) goto out;
+    switch (cfg->arch) {
+    case ARCH_QWEN2:
+        cfg->qkv_bias = true;
+        break;
+    case ARCH_QWEN3:
+        cfg->qk_norm = true;
+        /* fall through */
+    case ARCH_LLAMA:
+    case ARCH_MISTRAL:
+        cfg->qkv_bias = cfg->o_bias = attention_bias;
+        break;
+    }
+    if (cfg->arch == ARCH_MISTRAL) {
+        /* MistralConfig defaults sliding_window to 4096; null disables it. */
+        const json_value *sw = json_get(root, "sliding_window");
+        if (!sw) {
+            cfg->sliding_window = 4096;
+        } else if (sw->type != JSON_NULL &&
+                   (st = get_dim(root, label, "sliding_window", true, 0, &cfg->sliding_window))) {
+            goto out;
+        }
+    }
+out:
+    json_doc_free(doc);
+    return st;
+}
+
+ferry_status model_config_load(const char *dir, model_config *cfg)
+{
+    char *path = util_path_join(dir, "config.json");
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    char *text;
+    size_t len;
+    ferry_status st = util_read_file(path, &text, &len);
+    if (st == FERRY_OK) {
+        st = model_config_parse(text, len, path, cfg);
+        free(text);
+    }
+    free(path);
+    return st;
+}
+
+/* ---- the tensor table ------------------------------------------------- */
+
+typedef enum { D_NONE, D_ONE, D_DIM, D_VOCAB, D_HIDDEN, D_QDIM, D_KVDIM, D_HEAD } dim_code;
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_O_BIAS, IF_QK_NORM, IF_UNTIED } spec_cond;
+
+static const struct {
+    unit_kind unit;
+    const char *fmt; /* %d: layer index */
+    size_t field;    /* offsetof in layer_weights or model_weights */
+    dim_code rows, cols; /* rows == D_NONE: 1-D */
+    spec_cond cond;
+} k_specs[] = {
+    {UNIT_EMBED, "model.embed_tokens.weight", offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.input_layernorm.weight", offsetof(layer_weights, attn_norm), D_NONE, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.weight", offsetof(layer_weights, wq), D_QDIM, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.bias", offsetof(layer_weights, bq), D_NONE, D_QDIM, IF_QKV_BIAS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.weight", offsetof(layer_weights, wk), D_KVDIM, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.bias", offsetof(layer_weights, bk), D_NONE, D_KVDIM, IF_QKV_BIAS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.weight", offsetof(layer_weights, wv), D_KVDIM, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.bias", offsetof(layer_weights, bv), D_NONE, D_KVDIM, IF_QKV_BIAS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_norm.weight", offsetof(layer_weights, q_norm), D_NONE, D_HEAD, IF_QK_NORM},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_norm.weight", offsetof(layer_weights, k_norm), D_NONE, D_HEAD, IF_QK_NORM},
+    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.weight", offsetof(layer_weights, wo), D_DIM, D_QDIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.bias", offsetof(layer_weights, bo), D_NONE, D_DIM, IF_O_BIAS},
+    {UNIT_LAYER, "model.layers.%d.post_attention_layernorm.weight", offsetof(layer_weights, mlp_norm), D_NONE, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.mlp.gate_proj.weight", offsetof(layer_weights, w_gate), D_HIDDEN, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.mlp.up_proj.weight", offsetof(layer_weights, w_up), D_HIDDEN, D_DIM, IF_ALWAYS},
+    {UNIT_LAYER, "model.layers.%d.mlp.down_proj.weight", offsetof(layer_weights, w_down), D_DIM, D_HIDDEN, IF_ALWAYS},
+    {UNIT_HEAD, "model.norm.weight", offsetof(model_weights, final_norm), D_NONE, D_DIM, IF_ALWAYS},
+    {UNIT_HEAD, "lm_head.weight", offsetof(model_weights, lm_head), D_VOCAB, D_DIM, IF_UNTIED},
+};
+#define N_SPECS (sizeof k_specs / sizeof k_specs[0])
+
+static int64_t dim_value(const model_config *c, dim_code d)
+{
+    switch (d) {
+    case D_NONE: return 0;
+    case D_ONE: return 1;
+    case D_DIM: return c->dim;
+    case D_VOCAB: return c->vocab;
+    case D_HIDDEN: return c->hidden;
+    case D_QDIM: return (int64_t)c->n_heads * c->head_dim;
+    case D_KVDIM: return (int64_t)c->n_kv_heads * c->head_dim;
+    case D_HEAD: return c->head_dim;
+    }
+    return 0;
+}
+
+static bool cond_holds(const model_config *c, spec_cond cond)
+{
+    switch (cond) {
+    case IF_ALWAYS: return true;
+    case IF_QKV_BIAS: return c->qkv_bias;
+    case IF_O_BIAS: return c->o_bias;
+    case IF_QK_NORM: return c->qk_norm;
+    case IF_UNTIED: return !c->tied;
+    }
+    return false;
+}
+
+static void add_slot(const model_config *cfg, model_weights *w, size_t s, int layer, tensor_slot *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, k_specs[s].fmt, layer);
+    out->unit = k_specs[s].unit;
+    out->layer = layer;
+    out->rows = dim_value(cfg, k_specs[s].rows);
+    out->cols = dim_value(cfg, k_specs[s].cols);
+    char *base = k_specs[s].unit == UNIT_LAYER ? (char *)&w->layers[layer] : (char *)w;
+    out->dst = (weight *)(base + k_specs[s].field);
+}
+
+ferry_status model_tensor_slots(const model_config *cfg, model_weights *w, tensor_slot **out, int *n)
+{
+    size_t cap = N_SPECS * (size_t)(cfg->n_layers + 1);
+    tensor_slot *v = calloc(cap, sizeof *v);
+    if (!v) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (size_t s = 0; s < N_SPECS; s++)
+        if (k_specs[s].unit == UNIT_EMBED && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, 0, &v[k++]);
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (size_t s = 0; s < N_SPECS; s++)
+            if (k_specs[s].unit == UNIT_LAYER && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, l, &v[k++]);
+    for (size_t s = 0; s < N_SPECS; s++)
+        if (k_specs[s].unit == UNIT_HEAD && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, 0, &v[k++]);
+    *out = v;
+    *n = k;
+    return FERRY_OK;
+}
+
+static ferry_status bind_one(const st_checkpoint *ck, const tensor_slot *s)
+{
+    const st_tensor *t = st_checkpoint_find(ck, s->name);
+    if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, s->name);
+    const char *file = ck->files[t->file].name;
+    if (!dtype_is_compute(t->dtype))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file,
+                          s->name, dtype_name(t->dtype));
+    bool ok = s->rows == 0 ? (t->ndim == 1 && t->shape[0] == s->cols)
+                           : (t->ndim == 2 && t->shape[0] == s->rows && t->shape[1] == s->cols);
+    if (!ok) {
+        char got[96] = "";
+        for (int i = 0; i < t->ndim && strlen(got) < 70; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (s->rows == 0)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], config implies [%lld]", file,
+                              s->name, got, (long long)s->cols);
+        return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], config implies [%lld, %lld]", file,
+                          s->name, got, (long long)s->rows, (long long)s->cols);
+    }
+    s->dst->dtype = t->dtype;
+    s->dst->rows = s->rows ? s->rows : 1;
+    s->dst->cols = s->cols;
+    s->dst->data = t->data;
+    return FERRY_OK;
+}
+
+ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
+    if (!w->layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    tensor_slot *slots;
+    int n;
+    ferry_status st = model_tensor_slots(cfg, w, &slots, &n);
+    for (int i = 0; st == FERRY_OK && i < n; i++) st = bind_one(ck, &slots[i]);
+    free(slots);
+    if (st == FERRY_OK && cfg->tied) w->lm_head = w->embed;
+    if (st != FERRY_OK) model_weights_free(w);
+    return st;
+}
+
+void model_weights_free(model_weights *w)
+{
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+}
+
+uint64_t model_weight_bytes(const model_config *cfg, ferry_dtype dt)
+{
+    model_weights w = {0};
+    layer_weights one;
+    tensor_slot *slots;
+    int n;
+    w.layers = &one;
+    model_config c = *cfg;
+    uint64_t per_layer = 0, other = 0;
+    c.n_layers = 1;
+    if (model_tensor_slots(&c, &w, &slots, &n) != FERRY_OK) return 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t b = (uint64_t)(slots[i].rows ? slots[i].rows : 1) * (uint64_t)slots[i].cols * dtype_size(dt);
+        if (slots[i].unit == UNIT_LAYER) per_layer += b;
+        else other += b;
+    }
+    free(slots);
+    return other + per_layer * (uint64_t)cfg->n_layers;
+}

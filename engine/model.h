@@ -1,0 +1,100 @@
+/*
+ * model.h - Llama-family architectures: config.json, and the mapping between
+ * checkpoint tensors and the engine's weights.
+ *
+ * Supported: LlamaForCausalLM, MistralForCausalLM (sliding window),
+ * Qwen2ForCausalLM (q/k/v bias) and Qwen3ForCausalLM (per-head q_norm and
+ * k_norm). A field that would change the maths and is not implemented
+ * (rope_scaling, another activation, ...) is an error naming the field, never
+ * a silently wrong answer.
+ *
+ * The mapping is one table (model.c, k_specs): each entry names a checkpoint
+ * tensor, the unit it belongs to (embedding, layer, head), its expected shape
+ * and the engine field it fills. Loading walks it checkpoint -> engine;
+ * export walks it back.
+ */
+#ifndef FERRY_MODEL_H
+#define FERRY_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "safetensors.h"
+
+typedef enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
+
+typedef struct {
+    model_arch arch;
+    const char *arch_name; /* as in config.json "architectures" */
+    int vocab;             /* vocab_size */
+    int dim;               /* hidden_size */
+    int hidden;            /* intermediate_size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int max_pos;           /* max_position_embeddings */
+    int sliding_window;    /* 0: none */
+    float rope_theta;
+    float norm_eps;
+    bool tied;             /* tie_word_embeddings */
+    bool qkv_bias;         /* q/k/v projections have a bias */
+    bool o_bias;           /* o_proj has a bias */
+    bool qk_norm;          /* Qwen3 q_norm / k_norm */
+} model_config;
+
+/* Parses config.json text; `label` names the file in errors. */
+ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg);
+/* Reads dir/config.json. */
+ferry_status model_config_load(const char *dir, model_config *cfg);
+
+typedef struct {
+    weight attn_norm; /* [1, dim] input_layernorm */
+    weight wq;        /* [n_heads * head_dim, dim] */
+    weight wk;        /* [n_kv_heads * head_dim, dim] */
+    weight wv;        /* [n_kv_heads * head_dim, dim] */
+    weight wo;        /* [dim, n_heads * head_dim] */
+    weight bq;        /* [1, n_heads * head_dim] or absent */
+    weight bk;        /* [1, n_kv_heads * head_dim] or absent */
+    weight bv;        /* [1, n_kv_heads * head_dim] or absent */
+    weight bo;        /* [1, dim] or absent */
+    weight q_norm;    /* [1, head_dim] or absent (Qwen3) */
+    weight k_norm;    /* [1, head_dim] or absent (Qwen3) */
+    weight mlp_norm;  /* [1, dim] post_attention_layernorm */
+    weight w_gate;    /* [hidden, dim] */
+    weight w_up;      /* [hidden, dim] */
+    weight w_down;    /* [dim, hidden] */
+} layer_weights;
+
+typedef struct {
+    weight embed;          /* [vocab, dim] */
+    weight final_norm;     /* [1, dim] */
+    weight lm_head;        /* [vocab, dim]; the embedding when tied */
+    layer_weights *layers; /* [n_layers] */
+} model_weights;
+
+/* Where a weight lives in the engine: the unit and field it fills. */
+typedef enum { UNIT_EMBED, UNIT_LAYER, UNIT_HEAD } unit_kind;
+
+typedef struct {
+    char name[128];     /* checkpoint tensor name */
+    unit_kind unit;
+    int layer;          /* UNIT_LAYER only */
+    int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
+    weight *dst;        /* the field it fills */
+} tensor_slot;
+
+/* Lists every checkpoint tensor the config needs, in execution order, with
+ * the engine field of `w` it fills. *out is malloc'd. */
+ferry_status model_tensor_slots(const model_config *cfg, model_weights *w, tensor_slot **out, int *n);
+
+/* Binds the weights to checkpoint tensors (zero copy: data points into the
+ * mapping), validating names, shapes and dtypes. */
+ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w);
+void model_weights_free(model_weights *w);
+
+/* Bytes of compute weights the config implies (for planning and benches). */
+uint64_t model_weight_bytes(const model_config *cfg, ferry_dtype dt);
+
+#endif

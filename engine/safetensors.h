@@ -1,0 +1,74 @@
+/*
+ * safetensors.h - reading Hugging Face safetensors checkpoints.
+ *
+ * A file is an 8-byte little-endian header length N, N bytes of UTF-8 JSON
+ * ({name: {dtype, shape, data_offsets}, "__metadata__": {...}}), then the
+ * tensor data. st_parse validates a header the way the reference
+ * implementation does (header <= 100 MB and inside the file, dtype x shape ==
+ * byte length with checked arithmetic, offsets contiguous from 0 and ending
+ * exactly at the end of the file) and also rejects duplicate names.
+ *
+ * A checkpoint is a directory holding model.safetensors, or shards listed by
+ * model.safetensors.index.json whose weight_map entries must be bare file
+ * names inside the directory. Files are mapped read-only; the data is never
+ * copied here.
+ */
+#ifndef FERRY_SAFETENSORS_H
+#define FERRY_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "status.h"
+
+#define ST_MAX_HEADER 100000000ull
+#define ST_MAX_DIMS 8
+
+typedef struct {
+    const char *name;
+    ferry_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    uint64_t offset; /* of the data from the start of the file */
+    uint64_t nbytes;
+    int file;        /* index into the checkpoint's files */
+    const void *data; /* inside the file's mapping (NULL from st_parse) */
+} st_tensor;
+
+typedef struct st_header st_header;
+
+/* Validates the header of a file of file_size bytes whose first bytes are
+ * buf[0..buf_len) (buf_len >= the header's end, or the whole file). `label`
+ * names the file in errors. */
+ferry_status st_parse(const uint8_t *buf, size_t buf_len, uint64_t file_size, const char *label,
+                      st_header **out);
+size_t st_header_count(const st_header *h);
+const st_tensor *st_header_tensor(const st_header *h, size_t i); /* sorted by name */
+void st_header_free(st_header *h);
+
+typedef struct {
+    char *path;     /* as opened */
+    char *name;     /* base name, for messages */
+    int fd;
+    const uint8_t *map;
+    uint64_t size;
+    st_header *header;
+} st_file;
+
+typedef struct {
+    char *dir;
+    int n_files;
+    st_file *files;
+    size_t n_tensors;
+    st_tensor *tensors; /* all files' tensors, sorted by name */
+} st_checkpoint;
+
+ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out);
+const st_tensor *st_checkpoint_find(const st_checkpoint *ck, const char *name);
+void st_checkpoint_close(st_checkpoint *ck);
+
+/* Element count of a tensor (shapes were validated not to overflow). */
+uint64_t st_tensor_numel(const st_tensor *t);
+
+#endif

@@ -1,0 +1,140 @@
+/*
+ * util.c - see util.h.
+ */
+#define _GNU_SOURCE
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+ferry_status util_read_file(const char *path, char **out, size_t *len)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > 100000000) {
+        close(fd);
+        return ferry_fail(FERRY_ERR_INVALID, "%s: not a regular file of at most 100 MB", path);
+    }
+    char *buf = malloc((size_t)sb.st_size + 1);
+    if (!buf) {
+        close(fd);
+        return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = 0;
+    while (got < (size_t)sb.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            ferry_status st = ferry_fail(FERRY_ERR_IO, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
+            free(buf);
+            close(fd);
+            return st;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *out = buf;
+    *len = got;
+    return FERRY_OK;
+}
+
+ferry_status util_write_file_atomic(const char *path, const void *data, size_t len)
+{
+    size_t n = strlen(path);
+    char *tmp = malloc(n + 32);
+    if (!tmp) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
+    snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+    ferry_status st = FERRY_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", tmp, strerror(errno));
+        free(tmp);
+        return st;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            st = ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
+            break;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+    if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", path, strerror(errno));
+    if (st == FERRY_OK && rename(tmp, path) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));
+    if (st != FERRY_OK) unlink(tmp);
+    free(tmp);
+    return st;
+}
+
+char *util_path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+ferry_status util_parse_size(const char *s, uint64_t *out)
+{
+    static const struct { const char *suffix; uint64_t mult; } units[] = {
+        {"", 1}, {"B", 1},
+        {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
+        {"K", 1ull << 10}, {"M", 1ull << 20}, {"G", 1ull << 30}, {"T", 1ull << 40},
+        {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+    };
+    const char *p = s;
+    if (*p < '0' || *p > '9') return ferry_fail(FERRY_ERR_INVALID, "bad size '%s' (expected e.g. 512MiB, 2GiB, 0)", s);
+    errno = 0;
+    char *end;
+    double v = strtod(p, &end);
+    if (errno || v < 0) return ferry_fail(FERRY_ERR_INVALID, "bad size '%s'", s);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            double bytes = v * (double)units[i].mult;
+            if (bytes > 9.2e18) return ferry_fail(FERRY_ERR_INVALID, "size '%s' is too large", s);
+            *out = (uint64_t)bytes;
+            return FERRY_OK;
+        }
+    }
+    return ferry_fail(FERRY_ERR_INVALID, "bad size '%s' (unknown unit '%s'; use KiB, MiB, GiB)", s, end);
+}
+
+const char *util_fmt_bytes(uint64_t bytes, char *buf, size_t cap)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    if (i == 0) snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
+    else snprintf(buf, cap, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+double util_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,34 @@
+/*
+ * util.h - small helpers shared by the engine and the front ends: files,
+ * paths, sizes written like "512MiB", and a monotonic clock.
+ */
+#ifndef FERRY_UTIL_H
+#define FERRY_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Reads a whole small file (<= 100 MB: configs, indexes) into a NUL-terminated
+ * malloc'd buffer. */
+ferry_status util_read_file(const char *path, char **out, size_t *len);
+
+/* Writes data to path atomically: a temporary file in the same directory,
+ * fsync'd, then renamed over path. Nothing half-written is ever left. */
+ferry_status util_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* dir + "/" + name, malloc'd (NULL when out of memory). */
+char *util_path_join(const char *dir, const char *name);
+
+/* Parses "0", "4096", "64KiB", "512MiB", "2GiB", "1TiB" (also KB/MB/GB as
+ * powers of 1000). */
+ferry_status util_parse_size(const char *s, uint64_t *out);
+
+/* Formats bytes as "1.50 GiB" into buf. */
+const char *util_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
+
+/* Seconds on a monotonic clock. */
+double util_now(void);
+
+#endif

@@ -1,0 +1,27 @@
+/*
+ * cli.h - the `ferry` subcommands. main.c parses the command line into a
+ * ferry_config (config/) checking each flag against the command's list; each
+ * cmd_* runs one command and returns its exit status: 0 ok, 1 runtime error,
+ * 2 usage error, with exactly one line on stderr for an error.
+ */
+#ifndef FERRY_CLI_H
+#define FERRY_CLI_H
+
+#include "../config/config.h"
+#include "../engine/status.h"
+
+#define EXIT_USAGE 2
+#define EXIT_RUNTIME 1
+
+/* Prints "ferry: <message>" as one line and returns the exit status. */
+int cli_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints the current ferry_errmsg() as one line; returns 2 for invalid
+ * arguments detected before any work, else 1. */
+int cli_fail(ferry_status st);
+
+int cmd_generate(const ferry_config *cfg);
+int cmd_inspect(const ferry_config *cfg);
+int cmd_mkmodel(const ferry_config *cfg);
+int cmd_bench(const ferry_config *cfg);
+
+#endif

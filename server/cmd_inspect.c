@@ -1,0 +1,75 @@
+/*
+ * cmd_inspect.c - `ferry inspect`: what a checkpoint holds and whether ferry
+ * can run it: architecture and config, files, tensor count, bytes by dtype.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../engine/json.h"
+#include "../engine/model.h"
+#include "../engine/util.h"
+#include "cli.h"
+
+int cmd_inspect(const ferry_config *cfg)
+{
+    model_config mc;
+    st_checkpoint *ck = NULL;
+    ferry_status st = model_config_load(cfg->model, &mc);
+    if (st == FERRY_OK) st = st_checkpoint_open(cfg->model, &ck);
+    model_weights w;
+    if (st == FERRY_OK) st = model_weights_bind(&mc, ck, &w);
+    if (st != FERRY_OK) {
+        st_checkpoint_close(ck);
+        return cli_fail(st);
+    }
+    model_weights_free(&w);
+    uint64_t by_dtype[DT_COUNT] = {0}, total = 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        by_dtype[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
+        total += ck->tensors[i].nbytes;
+    }
+    strbuf sb;
+    sb_init(&sb);
+    if (cfg->json) {
+        sb_puts(&sb, "{\"architecture\": ");
+        sb_json_str(&sb, mc.arch_name);
+        sb_printf(&sb,
+                  ", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+                  "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+                  "\"max_position_embeddings\": %d, \"rope_theta\": %g, \"rms_norm_eps\": %g, "
+                  "\"tie_word_embeddings\": %s, \"sliding_window\": %d, \"files\": %d, \"tensors\": %zu, "
+                  "\"bytes\": %llu, \"bytes_by_dtype\": {",
+                  mc.vocab, mc.dim, mc.hidden, mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.max_pos,
+                  (double)mc.rope_theta, (double)mc.norm_eps, mc.tied ? "true" : "false", mc.sliding_window,
+                  ck->n_files, ck->n_tensors, (unsigned long long)total);
+        int first = 1;
+        for (int d = 0; d < DT_COUNT; d++)
+            if (by_dtype[d]) {
+                sb_printf(&sb, "%s\"%s\": %llu", first ? "" : ", ", dtype_name((ferry_dtype)d),
+                          (unsigned long long)by_dtype[d]);
+                first = 0;
+            }
+        sb_puts(&sb, "}}\n");
+    } else {
+        char b[32];
+        sb_printf(&sb, "architecture   %s\n", mc.arch_name);
+        sb_printf(&sb, "layers         %d (hidden %d, intermediate %d)\n", mc.n_layers, mc.dim, mc.hidden);
+        sb_printf(&sb, "attention      %d heads, %d kv heads, head_dim %d%s%s\n", mc.n_heads, mc.n_kv_heads,
+                  mc.head_dim, mc.qkv_bias ? ", qkv bias" : "", mc.qk_norm ? ", q/k norm" : "");
+        if (mc.sliding_window) sb_printf(&sb, "sliding window %d\n", mc.sliding_window);
+        sb_printf(&sb, "vocab          %d%s\n", mc.vocab, mc.tied ? " (tied embeddings)" : "");
+        sb_printf(&sb, "rope_theta     %g, rms_norm_eps %g, max positions %d\n", (double)mc.rope_theta,
+                  (double)mc.norm_eps, mc.max_pos);
+        sb_printf(&sb, "files          %d\n", ck->n_files);
+        sb_printf(&sb, "tensors        %zu\n", ck->n_tensors);
+        for (int d = 0; d < DT_COUNT; d++)
+            if (by_dtype[d])
+                sb_printf(&sb, "bytes %-8s %llu (%s)\n", dtype_name((ferry_dtype)d), (unsigned long long)by_dtype[d],
+                          util_fmt_bytes(by_dtype[d], b, sizeof b));
+        sb_printf(&sb, "bytes total    %llu (%s)\n", (unsigned long long)total, util_fmt_bytes(total, b, sizeof b));
+    }
+    fwrite(sb.data, 1, sb.len, stdout);
+    sb_free(&sb);
+    st_checkpoint_close(ck);
+    return 0;
+}

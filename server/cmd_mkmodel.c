@@ -1,0 +1,346 @@
+/*
+ * cmd_mkmodel.c - `ferry mkmodel`: a random checkpoint in the Hugging Face
+ * layout (config.json + model.safetensors, or shards + index), for demos,
+ * tests and benchmarks.
+ *
+ * Values are uniform with variance 1/fan_in for matrices (so activations and
+ * logits stay O(1) at any size), 1 +- 0.2 for norm weights and +-0.5 for
+ * biases; each tensor draws from its own generator seeded by (seed, index),
+ * so the data does not depend on how it is sharded. Data is generated and
+ * written chunk by chunk; the whole checkpoint appears at --out by one
+ * rename only when complete.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "../engine/json.h"
+#include "../engine/model.h"
+#include "../engine/st_writer.h"
+#include "../engine/util.h"
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int dim, hidden, layers, heads, kv_heads, vocab, max_pos;
+    bool tied;
+} preset;
+
+static const preset k_presets[] = {
+    {"tiny", 64, 128, 2, 4, 2, 256, 512, false},
+    {"small", 256, 688, 4, 8, 4, 2048, 2048, true},
+    {"1b", 2048, 8192, 16, 32, 8, 128256, 8192, true}, /* the shape of Llama 3.2 1B */
+};
+
+static const struct {
+    const char *name, *arch, *model_type;
+    model_arch id;
+} k_archs[] = {
+    {"llama", "LlamaForCausalLM", "llama", ARCH_LLAMA},
+    {"mistral", "MistralForCausalLM", "mistral", ARCH_MISTRAL},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
+};
+
+/* ---- random values ------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t state;
+    float lo, hi;
+} value_gen;
+
+static float gen_next(value_gen *g)
+{
+    g->state += 0x9e3779b97f4a7c15ull;
+    double u = (double)(mix64(g->state) >> 11) * 0x1.0p-53;
+    return g->lo + (float)u * (g->hi - g->lo);
+}
+
+static void gen_for(const tensor_slot *s, uint64_t seed, int index, value_gen *g)
+{
+    g->state = mix64(seed * 0x100000001b3ull + (uint64_t)index + 1);
+    if (strstr(s->name, "norm")) {
+        g->lo = 0.8f, g->hi = 1.2f;
+    } else if (strstr(s->name, ".bias")) {
+        g->lo = -0.5f, g->hi = 0.5f;
+    } else {
+        float a = sqrtf(3.0f / (float)s->cols);
+        g->lo = -a, g->hi = a;
+    }
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static uint64_t slot_numel(const tensor_slot *s) { return (uint64_t)(s->rows ? s->rows : 1) * (uint64_t)s->cols; }
+
+static ferry_status write_tensor(st_writer *w, const tensor_slot *s, ferry_dtype dt, uint64_t seed, int index,
+                                 void *buf, size_t chunk)
+{
+    value_gen g;
+    gen_for(s, seed, index, &g);
+    uint64_t left = slot_numel(s);
+    while (left) {
+        size_t n = left < chunk ? (size_t)left : chunk;
+        if (dt == DT_F32) {
+            float *f = buf;
+            for (size_t i = 0; i < n; i++) f[i] = gen_next(&g);
+        } else {
+            uint16_t *h = buf;
+            for (size_t i = 0; i < n; i++) h[i] = dt == DT_BF16 ? f32_to_bf16(gen_next(&g)) : f32_to_f16(gen_next(&g));
+        }
+        FERRY_TRY(st_writer_write(w, buf, n * dtype_size(dt)));
+        left -= n;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status write_shard(const char *path, const tensor_slot *slots, int from, int to, ferry_dtype dt,
+                                uint64_t seed)
+{
+    st_decl *d = calloc((size_t)(to - from), sizeof *d);
+    size_t chunk = 1 << 20;
+    void *buf = malloc(chunk * sizeof(float));
+    st_writer *w = NULL;
+    ferry_status st = FERRY_OK;
+    if (!d || !buf) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int i = from; st == FERRY_OK && i < to; i++) {
+        st_decl *x = &d[i - from];
+        x->name = slots[i].name;
+        x->dtype = dt;
+        x->ndim = slots[i].rows ? 2 : 1;
+        x->shape[0] = slots[i].rows ? slots[i].rows : slots[i].cols;
+        x->shape[1] = slots[i].cols;
+    }
+    if (st == FERRY_OK) st = st_writer_open(path, d, to - from, &w);
+    for (int i = from; st == FERRY_OK && i < to; i++) st = write_tensor(w, &slots[i], dt, seed, i, buf, chunk);
+    if (st == FERRY_OK) {
+        st = st_writer_finish(w);
+    } else {
+        st_writer_abort(w);
+    }
+    free(d);
+    free(buf);
+    return st;
+}
+
+static void config_json(strbuf *sb, const model_config *c, const char *model_type, ferry_dtype dt)
+{
+    static const char *torch_dtype[] = {[DT_F32] = "float32", [DT_F16] = "float16", [DT_BF16] = "bfloat16"};
+    sb_printf(sb, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", c->arch_name, model_type);
+    sb_printf(sb, "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n", c->vocab, c->dim,
+              c->hidden);
+    sb_printf(sb, "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n",
+              c->n_layers, c->n_heads, c->n_kv_heads);
+    sb_printf(sb, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %d,\n",
+              c->head_dim, c->max_pos);
+    sb_printf(sb, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n", (double)c->norm_eps,
+              (double)c->rope_theta);
+    sb_printf(sb, "  \"tie_word_embeddings\": %s,\n", c->tied ? "true" : "false");
+    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3)
+        sb_printf(sb, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
+    if (c->arch == ARCH_MISTRAL) {
+        if (c->sliding_window) sb_printf(sb, "  \"sliding_window\": %d,\n", c->sliding_window);
+        else sb_puts(sb, "  \"sliding_window\": null,\n");
+    }
+    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) sb_puts(sb, "  \"use_sliding_window\": false,\n");
+    sb_printf(sb, "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n", torch_dtype[dt]);
+}
+
+static ferry_status build_config(const ferry_config *cfg, model_config *c, const char **model_type, ferry_dtype *dt)
+{
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(cfg->preset, k_presets[i].name)) p = &k_presets[i];
+    if (!p) return ferry_fail(FERRY_ERR_INVALID, "--preset '%s' is not one of tiny, small, 1b", cfg->preset);
+    size_t a = 0;
+    while (a < sizeof k_archs / sizeof k_archs[0] && strcmp(cfg->arch, k_archs[a].name)) a++;
+    if (a == sizeof k_archs / sizeof k_archs[0])
+        return ferry_fail(FERRY_ERR_INVALID, "--arch '%s' is not one of llama, mistral, qwen2, qwen3", cfg->arch);
+    const char *dts = cfg->dtype ? cfg->dtype : (!strcmp(p->name, "1b") ? "bf16" : "f32");
+    if (!strcmp(dts, "f32")) *dt = DT_F32;
+    else if (!strcmp(dts, "f16")) *dt = DT_F16;
+    else if (!strcmp(dts, "bf16")) *dt = DT_BF16;
+    else return ferry_fail(FERRY_ERR_INVALID, "--dtype '%s' is not one of f32, f16, bf16", dts);
+
+    memset(c, 0, sizeof *c);
+    c->arch = k_archs[a].id;
+    c->arch_name = k_archs[a].arch;
+    *model_type = k_archs[a].model_type;
+    c->vocab = p->vocab;
+    c->dim = p->dim;
+    c->hidden = p->hidden;
+    c->n_layers = cfg->layers > 0 ? (int)cfg->layers : p->layers;
+    c->n_heads = p->heads;
+    c->n_kv_heads = cfg->kv_heads > 0 ? (int)cfg->kv_heads : p->kv_heads;
+    c->head_dim = p->dim / p->heads;
+    if (c->arch == ARCH_QWEN3) c->head_dim *= 2; /* Qwen3 sets head_dim independently of hidden/heads */
+    c->max_pos = p->max_pos;
+    c->tied = cfg->given[SETTING_tied] ? cfg->tied : p->tied;
+    bool qwen = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3;
+    c->rope_theta = qwen ? 1000000.0f : (!strcmp(p->name, "1b") ? 500000.0f : 10000.0f);
+    c->norm_eps = qwen ? 1e-6f : 1e-5f;
+    c->qkv_bias = c->arch == ARCH_QWEN2;
+    c->qk_norm = c->arch == ARCH_QWEN3;
+    if (cfg->layers < 0 || cfg->layers > 4096) return ferry_fail(FERRY_ERR_INVALID, "--layers must be in 1..4096");
+    if (cfg->kv_heads < 0 || c->n_heads % c->n_kv_heads)
+        return ferry_fail(FERRY_ERR_INVALID, "--kv-heads %d must divide the %d attention heads", c->n_kv_heads,
+                          c->n_heads);
+    if (cfg->sliding_window < 0) return ferry_fail(FERRY_ERR_INVALID, "--sliding-window must be >= 0");
+    if (cfg->sliding_window > 0 && c->arch != ARCH_MISTRAL)
+        return ferry_fail(FERRY_ERR_INVALID, "--sliding-window applies to --arch mistral only");
+    c->sliding_window = (int)cfg->sliding_window;
+    return FERRY_OK;
+}
+
+static bool dir_is_empty(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return false;
+    struct dirent *e;
+    bool empty = true;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    closedir(d);
+    return empty;
+}
+
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char *p = util_path_join(path, e->d_name);
+            if (p) unlink(p);
+            free(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+/* Writes everything into tmp (an empty directory). */
+static ferry_status write_checkpoint(const char *tmp, const model_config *c, const char *model_type, ferry_dtype dt,
+                                     uint64_t seed, uint64_t shard_size)
+{
+    strbuf sb;
+    sb_init(&sb);
+    config_json(&sb, c, model_type, dt);
+    char *path = util_path_join(tmp, "config.json");
+    ferry_status st = path && !sb.oom ? util_write_file_atomic(path, sb.data, sb.len)
+                                      : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    free(path);
+    sb_free(&sb);
+    if (st != FERRY_OK) return st;
+
+    model_weights w = {0};
+    w.layers = calloc((size_t)c->n_layers, sizeof *w.layers);
+    tensor_slot *slots = NULL;
+    int n = 0;
+    int *shard_of = NULL;
+    if (!w.layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if ((st = model_tensor_slots(c, &w, &slots, &n)) != FERRY_OK) goto out;
+    shard_of = calloc((size_t)n + 1, sizeof *shard_of);
+    if (!shard_of) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    int shards = 1;
+    uint64_t cur = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t b = slot_numel(&slots[i]) * dtype_size(dt);
+        if (cur > 0 && cur + b > shard_size) {
+            shards++;
+            cur = 0;
+        }
+        cur += b;
+        shard_of[i] = shards - 1;
+    }
+    char name[64];
+    int from = 0;
+    for (int s = 0; s < shards && st == FERRY_OK; s++) {
+        int to = from;
+        while (to < n && shard_of[to] == s) to++;
+        if (shards == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, shards);
+        path = util_path_join(tmp, name);
+        st = path ? write_shard(path, slots, from, to, dt, seed) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        free(path);
+        from = to;
+    }
+    if (st == FERRY_OK && shards > 1) {
+        uint64_t total = 0;
+        for (int i = 0; i < n; i++) total += slot_numel(&slots[i]) * dtype_size(dt);
+        sb_init(&sb);
+        sb_printf(&sb, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {\n", (unsigned long long)total);
+        for (int i = 0; i < n; i++) {
+            snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", shard_of[i] + 1, shards);
+            sb_puts(&sb, "    ");
+            sb_json_str(&sb, slots[i].name);
+            sb_puts(&sb, ": ");
+            sb_json_str(&sb, name);
+            sb_puts(&sb, i + 1 < n ? ",\n" : "\n");
+        }
+        sb_puts(&sb, "  }\n}\n");
+        path = util_path_join(tmp, "model.safetensors.index.json");
+        st = path && !sb.oom ? util_write_file_atomic(path, sb.data, sb.len)
+                             : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        free(path);
+        sb_free(&sb);
+    }
+out:
+    free(shard_of);
+    free(slots);
+    free(w.layers);
+    return st;
+}
+
+int cmd_mkmodel(const ferry_config *cfg)
+{
+    model_config c;
+    const char *model_type = NULL;
+    ferry_dtype dt = DT_F32;
+    if (build_config(cfg, &c, &model_type, &dt) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    if (cfg->shard_size == 0) return cli_error(EXIT_USAGE, "--shard-size must be > 0");
+
+    struct stat sb;
+    bool exists = stat(cfg->out, &sb) == 0;
+    if (exists && !(S_ISDIR(sb.st_mode) && dir_is_empty(cfg->out)))
+        return cli_error(EXIT_RUNTIME, "%s: already exists and is not an empty directory", cfg->out);
+    size_t len = strlen(cfg->out);
+    char *tmp = malloc(len + 32);
+    if (!tmp) return cli_error(EXIT_RUNTIME, "out of memory");
+    while (len > 1 && cfg->out[len - 1] == '/') len--;
+    snprintf(tmp, len + 32, "%.*s.partial-%ld", (int)len, cfg->out, (long)getpid());
+    if (mkdir(tmp, 0755) != 0) {
+        int rc = cli_error(EXIT_RUNTIME, "%s: %s", tmp, strerror(errno));
+        free(tmp);
+        return rc;
+    }
+    ferry_status st = write_checkpoint(tmp, &c, model_type, dt, cfg->seed, cfg->shard_size);
+    if (st == FERRY_OK && exists && rmdir(cfg->out) != 0)
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", cfg->out, strerror(errno));
+    if (st == FERRY_OK && rename(tmp, cfg->out) != 0)
+        st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", cfg->out, strerror(errno));
+    if (st != FERRY_OK) {
+        remove_tree(tmp);
+        free(tmp);
+        return cli_fail(st);
+    }
+    free(tmp);
+    return 0;
+}

@@ -1,0 +1,144 @@
+/*
+ * main.c - the `ferry` command line: picks the subcommand, parses its flags
+ * (every flag is a setting from config/settings.def; a command accepts only
+ * the settings listed for it here) and runs it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define S(x) SETTING_##x
+#define END (-1)
+
+typedef struct {
+    const char *name;
+    int (*run)(const ferry_config *cfg);
+    const char *summary;
+    int settings[24]; /* END-terminated */
+    int required[4];  /* END-terminated */
+} command;
+
+static const command k_commands[] = {
+    {"generate", cmd_generate, "generate tokens from prompt token ids",
+     {S(model), S(prompt_ids), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device),
+      S(threads), S(json), S(dump_logits), END},
+     {S(model), S(prompt_ids), END}},
+    {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype",
+     {S(model), S(json), END},
+     {S(model), END}},
+    {"mkmodel", cmd_mkmodel, "write a random Hugging Face-layout checkpoint (demos, tests, benchmarks)",
+     {S(out), S(arch), S(preset), S(dtype), S(seed), S(shard_size), S(layers), S(kv_heads), S(tied),
+      S(sliding_window), END},
+     {S(out), END}},
+    {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline",
+     {S(model), S(device), S(threads), S(batch), S(steps), S(prompt_len), S(json), END},
+     {S(model), END}},
+};
+#define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
+
+int cli_error(int code, const char *fmt, ...)
+{
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *p = msg; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    fprintf(stderr, "ferry: %s\n", msg);
+    return code;
+}
+
+int cli_fail(ferry_status st)
+{
+    (void)st;
+    return cli_error(EXIT_RUNTIME, "%s", ferry_errmsg());
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry <command> [--flag value ...]\n\ncommands:\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+    fprintf(f, "\n'ferry <command> --help' lists a command's flags.\n");
+}
+
+static void command_help(const command *c)
+{
+    int n = 0;
+    while (c->settings[n] != END) n++;
+    printf("usage: ferry %s [flags]\n%s\n\nflags:\n", c->name, c->summary);
+    config_print_help(stdout, c->settings, n);
+}
+
+static bool accepts(const command *c, int id)
+{
+    for (int i = 0; c->settings[i] != END; i++)
+        if (c->settings[i] == id) return true;
+    return false;
+}
+
+static bool is_bool_word(const char *s)
+{
+    return !strcmp(s, "true") || !strcmp(s, "false") || !strcmp(s, "1") || !strcmp(s, "0") || !strcmp(s, "yes") ||
+           !strcmp(s, "no");
+}
+
+static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg)
+{
+    config_defaults(cfg);
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0 || !arg[2])
+            return cli_error(EXIT_USAGE, "%s: unexpected argument '%s' (flags are --name value)", c->name, arg);
+        char name[64];
+        const char *eq = strchr(arg, '='), *value = NULL;
+        size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (len >= sizeof name) return cli_error(EXIT_USAGE, "%s: unknown flag '%s'", c->name, arg);
+        memcpy(name, arg + 2, len);
+        name[len] = '\0';
+        int id = config_find(name);
+        if (id < 0 || !accepts(c, id))
+            return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (see 'ferry %s --help')", c->name, name, c->name);
+        if (eq) {
+            value = eq + 1;
+        } else if (config_settings[id].type == SET_BOOL) {
+            value = (i + 1 < argc && is_bool_word(argv[i + 1])) ? argv[++i] : "true";
+        } else {
+            if (i + 1 >= argc) return cli_error(EXIT_USAGE, "%s: flag '--%s' needs a value", c->name, name);
+            value = argv[++i];
+        }
+        if (config_set(cfg, id, value) != FERRY_OK) return cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
+    }
+    for (int i = 0; c->required[i] != END; i++) {
+        if (!cfg->given[c->required[i]]) {
+            char flag[64];
+            return cli_error(EXIT_USAGE, "%s: missing required flag %s", c->name,
+                             config_flag(c->required[i], flag, sizeof flag));
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : 0;
+    }
+    for (int i = 0; i < N_COMMANDS; i++) {
+        const command *c = &k_commands[i];
+        if (strcmp(argv[1], c->name) != 0) continue;
+        for (int k = 2; k < argc; k++)
+            if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) {
+                command_help(c);
+                return 0;
+            }
+        ferry_config cfg;
+        int rc = parse_args(c, argc - 2, argv + 2, &cfg);
+        if (rc) return rc;
+        return c->run(&cfg);
+    }
+    return cli_error(EXIT_USAGE, "unknown command '%s' (try 'ferry --help')", argv[1]);
+}
