@@ -1,8 +1,10 @@
 /*
  * engine.h - a loaded model ready to run steps.
  *
- * The engine owns the checkpoint mapping, the bound weights, the backend, the
- * KV cache (n_slots sequences of up to max_ctx positions) and the activation
+ * The engine owns the checkpoint mapping, the weights (copied into backend
+ * memory in the checkpoint's dtype, which compute reads directly), the
+ * backend, the KV cache (n_slots sequences of up to max_ctx positions) and
+ * the activation
  * buffers. engine_step runs one forward pass over a batch - any mix of
  * prompt (prefill) rows and single decode rows - and returns the logits of
  * the last row of every sequence. One pass over the weights serves the whole
@@ -29,6 +31,8 @@ typedef struct {
     st_checkpoint *ck;
     model_weights w;
     backend *be;
+    void **resident;     /* [n_resident] backend buffers holding the weights */
+    int n_resident;
     int n_slots, max_ctx;
     kv_layer *kv;        /* [n_layers] */
     /* activations in backend memory, sized for cap_tokens rows */

@@ -133,7 +133,9 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         (st = get_dim(root, label, "num_hidden_layers", true, 0, &cfg->n_layers)) ||
         (st = get_dim(root, label, "num_attention_heads", true, 0, &cfg->n_heads)) ||
         (st = get_dim(root, label, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads)) ||
-        (st = get_dim(root, label, "head_dim", false, cfg->dim / cfg->n_heads, &cfg->head_dim)) ||
+        /* Qwen3Config defaults head_dim to 128; the others derive it */
+        (st = get_dim(root, label, "head_dim", false, cfg->arch == ARCH_QWEN3 ? 128 : cfg->dim / cfg->n_heads,
+                      &cfg->head_dim)) ||
         (st = get_dim(root, label, "max_position_embeddings", false, 2048, &cfg->max_pos)))
         goto out;
     if (cfg->n_heads % cfg->n_kv_heads != 0) {

@@ -207,6 +207,14 @@ void st_header_free(st_header *h)
     free(h);
 }
 
+void st_release_pages(const void *data, size_t n)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)data & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)data + n + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 uint64_t st_tensor_numel(const st_tensor *t)
 {
     uint64_t n = 1;

@@ -68,6 +68,11 @@ ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out);
 const st_tensor *st_checkpoint_find(const st_checkpoint *ck, const char *name);
 void st_checkpoint_close(st_checkpoint *ck);
 
+/* Tells the kernel this process no longer needs the mapped pages under
+ * [data, data + n) (they stay in the page cache; touching them again reads
+ * them back). Keeps a checkpoint that was copied elsewhere out of RSS. */
+void st_release_pages(const void *data, size_t n);
+
 /* Element count of a tensor (shapes were validated not to overflow). */
 uint64_t st_tensor_numel(const st_tensor *t);
 

@@ -88,6 +88,20 @@ static uint64_t decode_weight_bytes(const engine *e, int b)
     return total;
 }
 
+/* AnonHugePages of this process in bytes (0 if unknown): whether the
+ * weights landed on transparent huge pages shows in decode speed. */
+static uint64_t huge_page_bytes(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -174,9 +188,10 @@ int cmd_bench(const ferry_config *cfg)
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, "
                "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
                "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
-               "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f}\n",
+               "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu}\n",
                cfg->model, e->be->ops->name, threads, B, plen, plen / prefill_s, step_s * 1e3, B / step_s,
-               (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw);
+               (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw,
+               (unsigned long long)huge_page_bytes());
     } else {
         char wb[32];
         printf("model            %s (%s, %d layers)\n", cfg->model, c->arch_name, c->n_layers);
@@ -184,6 +199,7 @@ int cmd_bench(const ferry_config *cfg)
         printf("memory bandwidth memcpy %.2f GB/s (bytes copied), read %.2f GB/s\n", copy_gbs, read_gbs);
         printf("prefill          %d tokens in %.3f s: %.1f tokens/s\n", plen, prefill_s, plen / prefill_s);
         printf("decode batch %-3d step %.2f ms (median of %d): %.2f tokens/s\n", B, step_s * 1e3, steps, B / step_s);
+        printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
         printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
                util_fmt_bytes(wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);
     }

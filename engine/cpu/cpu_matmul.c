@@ -2,12 +2,14 @@
  * cpu_matmul.c - y = x W^T (+ b) for F32/F16/BF16 weights, f32 accumulation,
  * parallel over blocks of output rows.
  *
- * Decode (a few token rows) is bound by the bytes of W: each weight element
- * is loaded and widened once and used for every token row in registers, with
- * several rows in flight to hide FMA latency. Prefill (many token rows) is
- * bound by arithmetic: a block of 4 weight rows is widened to f32 once into
- * per-worker scratch and reused across all token rows, which are walked in
- * blocks small enough to stay in cache.
+ * Decode (up to DIRECT_MAX_TOKENS token rows) is bound by the bytes of W:
+ * each block of weight rows is streamed from memory once, widened in
+ * registers and applied to every token row (in chunks of up to 4, the block
+ * staying in L1 between chunks), with software prefetch ahead of each row
+ * stream. Prefill (more rows) is bound by arithmetic: a block of 4 weight
+ * rows is widened to f32 once into per-worker scratch and applied to token
+ * rows 3 at a time (12 accumulators), walking the tokens in cache-sized
+ * blocks.
  */
 #include <string.h>
 
@@ -18,39 +20,9 @@
 #define HAVE_AVX2 1
 #endif
 
-#define DIRECT_MAX_TOKENS 4 /* up to this many rows: widen weights on the fly */
-#define TOKEN_BLOCK 32      /* prefill: token rows per cache block */
-
-void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n)
-{
-    size_t base = (size_t)row * (size_t)w->cols + (size_t)col0;
-    switch (w->dtype) {
-    case DT_F32:
-        memcpy(dst, (const float *)w->data + base, (size_t)n * sizeof(float));
-        break;
-    case DT_BF16: {
-        const uint16_t *s = (const uint16_t *)w->data + base;
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
-        break;
-    }
-    case DT_F16: {
-        const uint16_t *s = (const uint16_t *)w->data + base;
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
-        break;
-    }
-    default: FERRY_ASSERT(!"weight dtype not computable");
-    }
-}
-
-typedef struct {
-    float *out;
-    const float *x;
-    const weight *w;
-    const weight *bias;
-    int n;
-    int64_t rows_per_task;
-    cpu_backend *cb;
-} mm_ctx;
+#define DIRECT_MAX_TOKENS 16 /* up to this many rows: widen weights on the fly */
+#define TOKEN_BLOCK 48       /* prefill: token rows per cache block (multiple of 3) */
+#define PREFETCH_BYTES 1024  /* how far ahead of each weight row stream to prefetch */
 
 #ifdef HAVE_AVX2
 
@@ -84,22 +56,41 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* out[t, r0 + i] = sum_k W[r0 + i, k] * x[t, k] for i < NR, t < NT. */
-static inline __attribute__((always_inline)) void kern(ferry_dtype dt, int NR, int NT, const void *w, size_t cols,
-                                                       size_t r0, const float *x, size_t ldx, float *out, size_t ldo)
+/* out[t * ldo + r0 + i] = sum_k W[r0 + i, k] * x[t * ldx + k] for i < NR,
+ * t < NT. With `pf`, prefetches each row PREFETCH_BYTES ahead. */
+static inline __attribute__((always_inline)) void kern(ferry_dtype dt, int NR, int NT, bool pf, const void *w,
+                                                       size_t cols, size_t r0, const float *x, size_t ldx,
+                                                       float *out, size_t ldo)
 {
     __m256 acc[4][4];
+    const size_t esz = dt == DT_F32 ? 4 : 2;
+#pragma GCC unroll 4
     for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
         for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
     size_t k = 0;
-    for (; k + 8 <= cols; k += 8) {
-        __m256 xv[4];
-        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
-        for (int i = 0; i < NR; i++) {
-            __m256 wv = load8(dt, w, (r0 + i) * cols + k);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
+#define KERN_STEP(kk)                                                                                 \
+    do {                                                                                              \
+        __m256 xv[4];                                                                                 \
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + (kk)); \
+        _Pragma("GCC unroll 4") for (int i = 0; i < NR; i++) {                                        \
+            __m256 wv = load8(dt, w, (r0 + i) * cols + (kk));                                         \
+            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                                      \
+                acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);                                    \
+        }                                                                                             \
+    } while (0)
+    if (pf) {
+        const size_t step = 64 / esz; /* elements per cache line */
+        for (; k + step <= cols; k += step) {
+#pragma GCC unroll 4
+            for (int i = 0; i < NR; i++)
+                _mm_prefetch((const char *)w + ((r0 + i) * cols + k) * esz + PREFETCH_BYTES, _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (size_t j = 0; j < step; j += 8) KERN_STEP(k + j);
         }
     }
+    for (; k + 8 <= cols; k += 8) KERN_STEP(k);
+#undef KERN_STEP
     for (int i = 0; i < NR; i++) {
         for (int t = 0; t < NT; t++) {
             float s = hsum8(acc[i][t]);
@@ -109,42 +100,54 @@ static inline __attribute__((always_inline)) void kern(ferry_dtype dt, int NR, i
     }
 }
 
-/* Rows [r0, r1) for tokens [t0, t0 + nt), nt <= 4, weights read directly. */
+/* Decode: rows [r0, r1) for n <= DIRECT_MAX_TOKENS token rows. The first
+ * token chunk streams the rows from memory (with prefetch); later chunks
+ * find them in L1. */
 static inline __attribute__((always_inline)) void rows_direct(ferry_dtype dt, const void *w, size_t cols, size_t r0,
-                                                              size_t r1, const float *x, int nt, float *out, size_t ldo)
+                                                              size_t r1, const float *x, int n, float *out, size_t ldo)
 {
-    size_t r = r0;
-    switch (nt) {
-    case 1:
-        for (; r + 4 <= r1; r += 4) kern(dt, 4, 1, w, cols, r, x, cols, out, ldo);
-        for (; r < r1; r++) kern(dt, 1, 1, w, cols, r, x, cols, out, ldo);
-        break;
-    case 2:
-        for (; r + 4 <= r1; r += 4) kern(dt, 4, 2, w, cols, r, x, cols, out, ldo);
-        for (; r < r1; r++) kern(dt, 1, 2, w, cols, r, x, cols, out, ldo);
-        break;
-    case 3:
-        for (; r + 2 <= r1; r += 2) kern(dt, 2, 3, w, cols, r, x, cols, out, ldo);
-        for (; r < r1; r++) kern(dt, 1, 3, w, cols, r, x, cols, out, ldo);
-        break;
-    default:
-        for (; r + 2 <= r1; r += 2) kern(dt, 2, 4, w, cols, r, x, cols, out, ldo);
-        for (; r < r1; r++) kern(dt, 1, 4, w, cols, r, x, cols, out, ldo);
-        break;
+    if (n <= 2) {
+        size_t r = r0;
+        if (n == 1) {
+            for (; r + 4 <= r1; r += 4) kern(dt, 4, 1, false, w, cols, r, x, cols, out, ldo);
+            for (; r < r1; r++) kern(dt, 1, 1, false, w, cols, r, x, cols, out, ldo);
+        } else {
+            for (; r + 4 <= r1; r += 4) kern(dt, 4, 2, true, w, cols, r, x, cols, out, ldo);
+            for (; r < r1; r++) kern(dt, 1, 2, false, w, cols, r, x, cols, out, ldo);
+        }
+        return;
+    }
+    for (size_t r = r0; r < r1; r += 2) {
+        int nr = r + 2 <= r1 ? 2 : 1;
+        for (int t = 0; t < n; t += 4) {
+            const float *xt = x + (size_t)t * cols;
+            float *ot = out + (size_t)t * ldo;
+            bool first = t == 0;
+            switch ((n - t < 4 ? n - t : 4) * 2 + nr - 1) {
+            case 2: kern(dt, 1, 1, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 3: if (first) kern(dt, 2, 1, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 1, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 4: kern(dt, 1, 2, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 5: if (first) kern(dt, 2, 2, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 2, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 6: kern(dt, 1, 3, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 7: if (first) kern(dt, 2, 3, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 3, false, w, cols, r, xt, cols, ot, ldo); break;
+            case 8: kern(dt, 1, 4, false, w, cols, r, xt, cols, ot, ldo); break;
+            default: if (first) kern(dt, 2, 4, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 4, false, w, cols, r, xt, cols, ot, ldo); break;
+            }
+        }
     }
 }
 
-static void direct_f32(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int nt, float *out, size_t ldo)
+static void direct_f32(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
 {
-    rows_direct(DT_F32, w, cols, r0, r1, x, nt, out, ldo);
+    rows_direct(DT_F32, w, cols, r0, r1, x, n, out, ldo);
 }
-static void direct_bf16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int nt, float *out, size_t ldo)
+static void direct_bf16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
 {
-    rows_direct(DT_BF16, w, cols, r0, r1, x, nt, out, ldo);
+    rows_direct(DT_BF16, w, cols, r0, r1, x, n, out, ldo);
 }
-static void direct_f16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int nt, float *out, size_t ldo)
+static void direct_f16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
 {
-    rows_direct(DT_F16, w, cols, r0, r1, x, nt, out, ldo);
+    rows_direct(DT_F16, w, cols, r0, r1, x, n, out, ldo);
 }
 
 typedef void (*direct_fn)(const void *, size_t, size_t, size_t, const float *, int, float *, size_t);
@@ -154,40 +157,77 @@ static direct_fn direct_for(ferry_dtype dt)
     return dt == DT_BF16 ? direct_bf16 : dt == DT_F16 ? direct_f16 : direct_f32;
 }
 
-/* Prefill: a block of nr weight rows widened to f32 in `wf` ([nr, cols]),
- * applied to token rows [t0, t1) two at a time. */
+/* Prefill: nr (<= 4) weight rows widened to f32 in wf ([nr, cols]) applied
+ * to token rows [t0, t1); writes out[t, r0 .. r0 + nr). */
 static void block_f32(const float *wf, int nr, size_t cols, size_t r0, const float *x, size_t t0, size_t t1,
                       float *out, size_t ldo)
 {
     size_t t = t0;
-    for (; t + 2 <= t1; t += 2) {
-        if (nr == 4) kern(DT_F32, 4, 2, wf, cols, 0, x + t * cols, cols, out + t * ldo + r0, ldo);
-        else
-            for (int i = 0; i < nr; i++) kern(DT_F32, 1, 2, wf, cols, (size_t)i, x + t * cols, cols, out + t * ldo + r0, ldo);
-    }
-    for (; t < t1; t++) {
-        if (nr == 4) kern(DT_F32, 4, 1, wf, cols, 0, x + t * cols, cols, out + t * ldo + r0, ldo);
-        else
-            for (int i = 0; i < nr; i++) kern(DT_F32, 1, 1, wf, cols, (size_t)i, x + t * cols, cols, out + t * ldo + r0, ldo);
+    float *o = out + r0;
+    if (nr == 4) {
+        for (; t + 3 <= t1; t += 3) kern(DT_F32, 4, 3, false, wf, cols, 0, x + t * cols, cols, o + t * ldo, ldo);
+        for (; t < t1; t++) kern(DT_F32, 4, 1, false, wf, cols, 0, x + t * cols, cols, o + t * ldo, ldo);
+    } else {
+        for (; t < t1; t++)
+            for (int i = 0; i < nr; i++) kern(DT_F32, 1, 1, false, wf, cols, (size_t)i, x + t * cols, cols, o + t * ldo, ldo);
     }
 }
 
-#else /* portable fallback */
+#endif /* HAVE_AVX2 */
 
-static void direct_rows(const weight *w, size_t r0, size_t r1, const float *x, int nt, float *out, size_t ldo,
-                        float *row)
+void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n)
+{
+    size_t base = (size_t)row * (size_t)w->cols + (size_t)col0;
+    int64_t i = 0;
+    switch (w->dtype) {
+    case DT_F32:
+        memcpy(dst, (const float *)w->data + base, (size_t)n * sizeof(float));
+        return;
+    case DT_BF16: {
+        const uint16_t *s = (const uint16_t *)w->data + base;
+#ifdef HAVE_AVX2
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(DT_BF16, s, (size_t)i));
+#endif
+        for (; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+        return;
+    }
+    case DT_F16: {
+        const uint16_t *s = (const uint16_t *)w->data + base;
+#ifdef HAVE_AVX2
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(DT_F16, s, (size_t)i));
+#endif
+        for (; i < n; i++) dst[i] = f16_to_f32(s[i]);
+        return;
+    }
+    default: FERRY_ASSERT(!"weight dtype not computable");
+    }
+}
+
+typedef struct {
+    float *out;
+    const float *x;
+    const weight *w;
+    const weight *bias;
+    int n;
+    int64_t rows_per_task;
+    cpu_backend *cb;
+} mm_ctx;
+
+#ifndef HAVE_AVX2
+/* Portable fallback: widen one row, dot it with every token row. */
+static void rows_portable(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                          float *row)
 {
     size_t cols = (size_t)w->cols;
     for (size_t r = r0; r < r1; r++) {
         cpu_row_to_f32(row, w, (int64_t)r, 0, (int64_t)cols);
-        for (int t = 0; t < nt; t++) {
+        for (int t = 0; t < n; t++) {
             float s = 0;
-            for (size_t k = 0; k < cols; k++) s += row[k] * x[t * cols + k];
-            out[t * ldo + r] = s;
+            for (size_t k = 0; k < cols; k++) s += row[k] * x[(size_t)t * cols + k];
+            out[(size_t)t * ldo + r] = s;
         }
     }
 }
-
 #endif
 
 static void mm_task(void *vctx, int task, int worker)
@@ -210,7 +250,8 @@ static void mm_task(void *vctx, int task, int worker)
             size_t t1 = t0 + TOKEN_BLOCK < (size_t)c->n ? t0 + TOKEN_BLOCK : (size_t)c->n;
             for (size_t r = r0; r < r1; r += 4) {
                 int nr = r + 4 <= r1 ? 4 : (int)(r1 - r);
-                for (int i = 0; i < nr; i++) cpu_row_to_f32(wf + (size_t)i * cols, w, (int64_t)(r + (size_t)i), 0, (int64_t)cols);
+                for (int i = 0; i < nr; i++)
+                    cpu_row_to_f32(wf + (size_t)i * cols, w, (int64_t)(r + (size_t)i), 0, (int64_t)cols);
                 block_f32(wf, nr, cols, r, c->x, t0, t1, c->out, ldo);
             }
         }
@@ -218,10 +259,7 @@ static void mm_task(void *vctx, int task, int worker)
 #else
     float *row = cpu_scratch_get(c->cb, worker, cols);
     FERRY_ASSERT(row);
-    for (int t0 = 0; t0 < c->n; t0 += DIRECT_MAX_TOKENS) {
-        int nt = c->n - t0 < DIRECT_MAX_TOKENS ? c->n - t0 : DIRECT_MAX_TOKENS;
-        direct_rows(w, r0, r1, c->x + (size_t)t0 * cols, nt, c->out + (size_t)t0 * ldo, ldo, row);
-    }
+    rows_portable(w, r0, r1, c->x, c->n, c->out, ldo, row);
 #endif
     if (c->bias && c->bias->data) {
         for (size_t r = r0; r < r1; r++) {

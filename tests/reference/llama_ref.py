@@ -1,0 +1,409 @@
+#!/usr/bin/python3
+"""Independent float64 PyTorch reference for Hugging Face Llama-family checkpoints.
+
+Implements the Hugging Face `transformers` semantics of LlamaForCausalLM,
+MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM directly from the
+checkpoint (config.json + model.safetensors, or a sharded
+model.safetensors.index.json), without `transformers` or `safetensors`:
+
+  * RMSNorm: x * rsqrt(mean(x^2) + eps) * weight
+  * RoPE in the rotate_half convention, positions from 0
+  * GQA: query head h uses kv head h // (n_heads / n_kv_heads)
+  * causal softmax attention scaled by 1/sqrt(head_dim); Mistral sliding window
+  * SwiGLU MLP: down(silu(gate(x)) * up(x))
+  * Qwen2 q/k/v biases; Llama/Qwen3 q/k/v/o biases when attention_bias is true
+  * Qwen3 per-head q_norm / k_norm before RoPE
+  * tied or separate lm_head
+
+Every weight is upcast to float64 and every computation is done in float64,
+so the result is the "exact" answer for the weights as stored.
+Generation is greedy by full recompute (no KV cache), argmax = first maximum.
+
+Usage:
+  /usr/bin/python3 tests/reference/llama_ref.py --model DIR --prompt-ids 1,2,3 \
+      --max-new-tokens N [--dump-logits FILE]
+prints {"output_ids": [...]} (generated ids only). Several prompts may be given
+separated by ';' in which case output_ids is a list of lists and --dump-logits
+writes the prompts' last-position logits one after the other.
+
+Importable API: load_model(dir), forward(model, ids), last_logits(model, ids),
+greedy(model, ids, n), forward_naive(model, ids) (a slow, loop-based second
+formulation used to self-check this file).
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+SUPPORTED_ARCHS = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+_ELEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+# --------------------------------------------------------------------------
+# safetensors reading (pure numpy; no `safetensors` package)
+# --------------------------------------------------------------------------
+
+def _decode(buf, dtype, shape):
+    """Raw little-endian bytes (numpy uint8 array) -> float64 ndarray."""
+    if dtype == "F64":
+        arr = buf.view("<f8")
+    elif dtype == "F32":
+        arr = buf.view("<f4")
+    elif dtype == "F16":
+        arr = buf.view("<f2")
+    elif dtype == "BF16":
+        arr = (buf.view("<u2").astype(np.uint32) << np.uint32(16)).view(np.float32)
+    else:
+        raise ValueError("unsupported dtype %r" % (dtype,))
+    return arr.astype(np.float64).reshape(shape)
+
+
+def read_safetensors(path):
+    """Return {name: float64 ndarray} for every tensor of one .safetensors file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) != 8:
+            raise ValueError("%s: shorter than 8 bytes" % path)
+        (hlen,) = struct.unpack("<Q", raw_len)
+        if 8 + hlen > size:
+            raise ValueError("%s: header length past end of file" % path)
+        header = json.loads(f.read(hlen).decode("utf-8"))
+    data_start = 8 + hlen
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info["dtype"]
+        shape = [int(d) for d in info["shape"]]
+        start, end = (int(x) for x in info["data_offsets"])
+        if dtype not in _ELEM_SIZE:
+            raise ValueError("%s: tensor %s has unsupported dtype %s" % (path, name, dtype))
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if end - start != n * _ELEM_SIZE[dtype] or data_start + end > size:
+            raise ValueError("%s: tensor %s has inconsistent offsets" % (path, name))
+        buf = np.array(mm[data_start + start:data_start + end])
+        out[name] = _decode(buf, dtype, shape)
+    del mm
+    return out
+
+
+def read_checkpoint(model_dir):
+    """All tensors of a checkpoint directory (single file or sharded)."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        tensors = {}
+        for fname in sorted(set(weight_map.values())):
+            part = read_safetensors(os.path.join(model_dir, fname))
+            for name, arr in part.items():
+                if weight_map.get(name) == fname:
+                    tensors[name] = arr
+        missing = [n for n in weight_map if n not in tensors]
+        if missing:
+            raise ValueError("index names tensors not found in their shard: %s" % missing[:5])
+        return tensors
+    return read_safetensors(single)
+
+
+# --------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------
+
+class Model:
+    pass
+
+
+def _cfg_get(cfg, key, default):
+    v = cfg.get(key)
+    return default if v is None else v
+
+
+def load_model(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHS:
+        raise NotImplementedError("unsupported architecture %r" % (arch,))
+    if cfg.get("rope_scaling") is not None:
+        raise NotImplementedError("rope_scaling is not implemented by the reference")
+    act = _cfg_get(cfg, "hidden_act", "silu")
+    if act != "silu":
+        raise NotImplementedError("hidden_act %r" % (act,))
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and cfg.get("use_sliding_window"):
+        raise NotImplementedError("Qwen use_sliding_window")
+
+    m = Model()
+    m.cfg = cfg
+    m.arch = arch
+    m.hidden = int(cfg["hidden_size"])
+    m.n_layers = int(cfg["num_hidden_layers"])
+    m.n_heads = int(cfg["num_attention_heads"])
+    m.n_kv = int(_cfg_get(cfg, "num_key_value_heads", m.n_heads))
+    if cfg.get("head_dim") is not None:
+        m.head_dim = int(cfg["head_dim"])
+    elif arch == "Qwen3ForCausalLM":
+        m.head_dim = 128  # Qwen3Config's default when the field is absent
+    else:
+        m.head_dim = m.hidden // m.n_heads
+    if m.n_heads % m.n_kv != 0:
+        raise ValueError("num_attention_heads not a multiple of num_key_value_heads")
+    m.eps = float(_cfg_get(cfg, "rms_norm_eps", 1e-6))
+    m.theta = float(_cfg_get(cfg, "rope_theta", 10000.0))
+    m.vocab = int(cfg["vocab_size"])
+    m.tied = bool(_cfg_get(cfg, "tie_word_embeddings", False))
+    sw = cfg.get("sliding_window")
+    m.sliding_window = int(sw) if (arch == "MistralForCausalLM" and isinstance(sw, int)
+                                    and not isinstance(sw, bool)) else None
+    attention_bias = bool(_cfg_get(cfg, "attention_bias", False))
+    if arch == "Qwen2ForCausalLM":
+        m.qkv_bias, m.o_bias = True, False
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+        m.qkv_bias = m.o_bias = attention_bias
+    else:
+        m.qkv_bias = m.o_bias = False
+    m.mlp_bias = bool(_cfg_get(cfg, "mlp_bias", False)) and arch == "LlamaForCausalLM"
+    m.qk_norm = arch == "Qwen3ForCausalLM"
+
+    raw = read_checkpoint(model_dir)
+
+    def w(name):
+        if name not in raw:
+            raise KeyError("checkpoint lacks tensor %s" % name)
+        return torch.from_numpy(raw[name])
+
+    m.embed = w("model.embed_tokens.weight")
+    m.layers = []
+    for i in range(m.n_layers):
+        p = "model.layers.%d." % i
+        L = {
+            "in_norm": w(p + "input_layernorm.weight"),
+            "post_norm": w(p + "post_attention_layernorm.weight"),
+        }
+        for k in ("q", "k", "v", "o"):
+            L[k] = w(p + "self_attn.%s_proj.weight" % k)
+            has_b = m.qkv_bias if k != "o" else m.o_bias
+            L[k + "_b"] = w(p + "self_attn.%s_proj.bias" % k) if has_b else None
+        for k in ("gate", "up", "down"):
+            L[k] = w(p + "mlp.%s_proj.weight" % k)
+            L[k + "_b"] = w(p + "mlp.%s_proj.bias" % k) if m.mlp_bias else None
+        if m.qk_norm:
+            L["q_norm"] = w(p + "self_attn.q_norm.weight")
+            L["k_norm"] = w(p + "self_attn.k_norm.weight")
+        m.layers.append(L)
+    m.norm = w("model.norm.weight")
+    m.lm_head = m.embed if m.tied else w("lm_head.weight")
+    return m
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def _linear(x, weight, bias):
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(positions, head_dim, theta):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: [..., T, head_dim]; cos/sin: [T, head_dim]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def attention_mask(T, sliding_window):
+    p = torch.arange(T)[:, None]
+    k = torch.arange(T)[None, :]
+    allowed = k <= p
+    if sliding_window is not None:
+        allowed = allowed & ((p - k) < sliding_window)
+    return allowed
+
+
+def forward(m, ids):
+    """Logits [T, vocab] (float64 torch tensor) for every position of ids."""
+    ids = torch.as_tensor(list(ids), dtype=torch.long)
+    if ids.numel() == 0:
+        raise ValueError("empty prompt")
+    if int(ids.min()) < 0 or int(ids.max()) >= m.vocab:
+        raise ValueError("token id out of range")
+    T = ids.shape[0]
+    nh, nkv, hd = m.n_heads, m.n_kv, m.head_dim
+    group = nh // nkv
+    cos, sin = rope_cos_sin(torch.arange(T), hd, m.theta)
+    allowed = attention_mask(T, m.sliding_window)
+    scale = 1.0 / math.sqrt(hd)
+
+    x = m.embed[ids]
+    for L in m.layers:
+        h = rms_norm(x, L["in_norm"], m.eps)
+        q = _linear(h, L["q"], L["q_b"]).view(T, nh, hd).transpose(0, 1)
+        k = _linear(h, L["k"], L["k_b"]).view(T, nkv, hd).transpose(0, 1)
+        v = _linear(h, L["v"], L["v_b"]).view(T, nkv, hd).transpose(0, 1)
+        if m.qk_norm:
+            q = rms_norm(q, L["q_norm"], m.eps)
+            k = rms_norm(k, L["k_norm"], m.eps)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+        scores = (q @ k.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        attn = (probs @ v).transpose(0, 1).reshape(T, nh * hd)
+        x = x + _linear(attn, L["o"], L["o_b"])
+        h = rms_norm(x, L["post_norm"], m.eps)
+        g = _linear(h, L["gate"], L["gate_b"])
+        u = _linear(h, L["up"], L["up_b"])
+        x = x + _linear(torch.nn.functional.silu(g) * u, L["down"], L["down_b"])
+    x = rms_norm(x, m.norm, m.eps)
+    return x @ m.lm_head.T
+
+
+def last_logits(m, ids):
+    """Logits of the last position as a float64 numpy array [vocab]."""
+    return forward(m, ids)[-1].numpy().copy()
+
+
+def greedy(m, ids, n):
+    """n greedy tokens by full recompute; returns the generated ids only."""
+    seq = list(int(i) for i in ids)
+    out = []
+    for _ in range(int(n)):
+        logits = last_logits(m, seq)
+        tok = int(np.argmax(logits))  # first maximum
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+# --------------------------------------------------------------------------
+# second, loop-based formulation (numpy, per position / per head), used only
+# to self-check forward(): pairwise-rotation RoPE, explicit kv-head index.
+# --------------------------------------------------------------------------
+
+def forward_naive(m, ids):
+    ids = [int(i) for i in ids]
+    T = len(ids)
+    nh, nkv, hd = m.n_heads, m.n_kv, m.head_dim
+    half = hd // 2
+
+    def np_(t):
+        return None if t is None else t.numpy()
+
+    def rms(v, w):
+        return v / math.sqrt(float(np.dot(v, v)) / v.shape[0] + m.eps) * w
+
+    def lin(v, W, b):
+        y = W.dot(v)
+        return y if b is None else y + b
+
+    def rot(vec, pos):
+        outv = np.empty_like(vec)
+        for j in range(half):
+            ang = pos / (m.theta ** (2.0 * j / hd))
+            c, s = math.cos(ang), math.sin(ang)
+            a, b = vec[j], vec[j + half]
+            outv[j] = a * c - b * s
+            outv[j + half] = b * c + a * s
+        return outv
+
+    E = np_(m.embed)
+    xs = [E[t].copy() for t in ids]
+    for L in m.layers:
+        Ln = {k: np_(v) for k, v in L.items()}
+        qs, ks, vs = [], [], []
+        for pos in range(T):
+            h = rms(xs[pos], Ln["in_norm"])
+            q = lin(h, Ln["q"], Ln["q_b"]).reshape(nh, hd)
+            k = lin(h, Ln["k"], Ln["k_b"]).reshape(nkv, hd)
+            v = lin(h, Ln["v"], Ln["v_b"]).reshape(nkv, hd)
+            if m.qk_norm:
+                q = np.stack([rms(q[i], Ln["q_norm"]) for i in range(nh)])
+                k = np.stack([rms(k[i], Ln["k_norm"]) for i in range(nkv)])
+            qs.append(np.stack([rot(q[i], pos) for i in range(nh)]))
+            ks.append(np.stack([rot(k[i], pos) for i in range(nkv)]))
+            vs.append(v)
+        new_xs = []
+        for p in range(T):
+            heads = []
+            for hh in range(nh):
+                kvh = hh * nkv // nh
+                keys = [kk for kk in range(p + 1)
+                        if m.sliding_window is None or p - kk < m.sliding_window]
+                sc = np.array([qs[p][hh].dot(ks[kk][kvh]) / math.sqrt(hd) for kk in keys])
+                sc = np.exp(sc - sc.max())
+                sc /= sc.sum()
+                heads.append(sum(sc[i] * vs[kk][kvh] for i, kk in enumerate(keys)))
+            x = xs[p] + lin(np.concatenate(heads), Ln["o"], Ln["o_b"])
+            h = rms(x, Ln["post_norm"])
+            g = lin(h, Ln["gate"], Ln["gate_b"])
+            u = lin(h, Ln["up"], Ln["up_b"])
+            x = x + lin(g / (1.0 + np.exp(-g)) * u, Ln["down"], Ln["down_b"])
+            new_xs.append(x)
+        xs = new_xs
+    lm = np_(m.lm_head)
+    return np.stack([lm.dot(rms(x, np_(m.norm))) for x in xs])
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def _parse_prompts(s):
+    prompts = []
+    for part in s.split(";"):
+        part = part.strip()
+        if not part:
+            raise SystemExit("llama_ref: empty prompt in --prompt-ids")
+        prompts.append([int(t) for t in part.split(",")])
+    return prompts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-ids", required=True)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--dump-logits")
+    args = ap.parse_args(argv)
+    torch.set_grad_enabled(False)
+    m = load_model(args.model)
+    prompts = _parse_prompts(args.prompt_ids)
+    outs = [greedy(m, p, args.max_new_tokens) for p in prompts]
+    if args.dump_logits:
+        np.concatenate([last_logits(m, p) for p in prompts]).astype("<f4").tofile(args.dump_logits)
+    json.dump({"output_ids": outs[0] if len(outs) == 1 else outs}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
