@@ -1,0 +1,391 @@
+/*
+ * test_ops.c - every backend op against a plain double-precision reference,
+ * on random inputs: matmul in each weight dtype for token counts that take
+ * each kernel path (decode chunks, prefill blocks, odd tails) with and
+ * without bias, RMSNorm, RoPE (rotate_half), embedding, SiLU x up, add,
+ * gather_last, and KV store + attention (GQA, sliding window, a batch of
+ * sequences at different positions). Outputs are poisoned with NaN first so
+ * an unwritten element fails. All data goes through the backend's
+ * alloc/upload/download, so the same test runs on any backend:
+ * `test_ops [cpu|cuda]` (default cpu).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../engine/backend.h"
+#include "check.h"
+
+static backend *g_be;
+static uint64_t g_rng = 0x1234567u;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static void *dev_copy(const void *src, size_t bytes)
+{
+    void *p = g_be->ops->alloc(g_be, bytes);
+    FERRY_ASSERT(p);
+    if (src) g_be->ops->upload(g_be, p, src, bytes);
+    return p;
+}
+
+static float *dev_poison(size_t n)
+{
+    float *host = malloc(n * sizeof *host);
+    for (size_t i = 0; i < n; i++) host[i] = NAN;
+    float *p = dev_copy(host, n * sizeof *host);
+    free(host);
+    return p;
+}
+
+static float *host_of(const float *dev, size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    g_be->ops->download(g_be, h, dev, n * sizeof *h);
+    g_be->ops->sync(g_be);
+    return h;
+}
+
+/* max |got - want| / max |want|: error normalised by the output's scale. */
+static double norm_err(const float *got, const double *want, size_t n)
+{
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (isnan(got[i])) d = INFINITY;
+        if (d > num) num = d;
+        if (fabs(want[i]) > den) den = fabs(want[i]);
+    }
+    return num / den;
+}
+
+#define CHECK_CLOSE(what, got, want, n, tol)                                                    \
+    do {                                                                                      \
+        double e_ = norm_err(got, want, n);                                                   \
+        check_count++;                                                                        \
+        if (!(e_ <= (tol))) CHECK_FAIL_("%s: normalised error %.3g > %.3g", what, e_, (double)(tol)); \
+    } while (0)
+
+/* A random weight [rows, cols] in dtype dt; *ref gets the exact values it
+ * holds (after rounding to dt). */
+static weight make_weight(ferry_dtype dt, int64_t rows, int64_t cols, double **ref, float lo, float hi)
+{
+    size_t n = (size_t)(rows * cols);
+    void *host = malloc(n * 4);
+    *ref = malloc(n * sizeof **ref);
+    for (size_t i = 0; i < n; i++) {
+        float v = lo + (hi - lo) * (frand() * 0.5f + 0.5f);
+        if (dt == DT_F32) {
+            ((float *)host)[i] = v;
+            (*ref)[i] = v;
+        } else if (dt == DT_BF16) {
+            ((uint16_t *)host)[i] = f32_to_bf16(v);
+            (*ref)[i] = bf16_to_f32(((uint16_t *)host)[i]);
+        } else {
+            ((uint16_t *)host)[i] = f32_to_f16(v);
+            (*ref)[i] = f16_to_f32(((uint16_t *)host)[i]);
+        }
+    }
+    weight w = {dt, rows, cols, dev_copy(host, n * dtype_size(dt))};
+    free(host);
+    return w;
+}
+
+static float *rand_vec(size_t n, double **ref)
+{
+    float *h = malloc(n * sizeof *h);
+    *ref = malloc(n * sizeof **ref);
+    for (size_t i = 0; i < n; i++) (*ref)[i] = h[i] = frand();
+    float *d = dev_copy(h, n * sizeof *h);
+    free(h);
+    return d;
+}
+
+/* ---- a batch of 3 sequences at different positions ------------------------ */
+
+typedef struct {
+    batch b;
+    batch_seq seqs[3];
+    int32_t tokens[64], pos[64];
+} test_batch;
+
+/* seqs: (slot, n_past, n_tokens) */
+static void batch_make(test_batch *tb, int n_seqs, const int (*spec)[3], int vocab)
+{
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        tb->seqs[s] = (batch_seq){spec[s][0], spec[s][1], spec[s][2], t};
+        for (int i = 0; i < spec[s][2]; i++, t++) {
+            tb->tokens[t] = (int32_t)((unsigned)(t * 7 + 3) % (unsigned)vocab);
+            tb->pos[t] = spec[s][1] + i;
+        }
+    }
+    tb->b = (batch){t, n_seqs, tb->tokens, tb->pos, tb->seqs};
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+static void test_matmul(void)
+{
+    static const ferry_dtype dts[] = {DT_F32, DT_F16, DT_BF16};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 50, 100};
+    static const int64_t shapes[][2] = {{37, 67}, {64, 128}, {130, 256}};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < 3; s++)
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+                for (int with_bias = 0; with_bias < 2; with_bias++) {
+                    int64_t rows = shapes[s][0], cols = shapes[s][1];
+                    int n = ns[k];
+                    double *wref, *bref = NULL, *xref;
+                    weight w = make_weight(dts[d], rows, cols, &wref, -1, 1);
+                    weight b = {0};
+                    if (with_bias) b = make_weight(dts[d], 1, rows, &bref, -1, 1);
+                    float *x = rand_vec((size_t)n * (size_t)cols, &xref);
+                    float *out = dev_poison((size_t)n * (size_t)rows);
+                    g_be->ops->matmul(g_be, out, x, &w, with_bias ? &b : NULL, n);
+                    double *want = malloc((size_t)n * (size_t)rows * sizeof *want);
+                    for (int t = 0; t < n; t++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            double acc = bref ? bref[r] : 0;
+                            for (int64_t c = 0; c < cols; c++) acc += wref[r * cols + c] * xref[t * cols + c];
+                            want[t * rows + r] = acc;
+                        }
+                    float *got = host_of(out, (size_t)n * (size_t)rows);
+                    char what[96];
+                    snprintf(what, sizeof what, "matmul %s [%lld,%lld] n=%d bias=%d", dtype_name(dts[d]),
+                             (long long)rows, (long long)cols, n, with_bias);
+                    CHECK_CLOSE(what, got, want, (size_t)n * (size_t)rows, 1e-5);
+                    free(got);
+                    free(want);
+                    free(wref);
+                    free(bref);
+                    free(xref);
+                    g_be->ops->release(g_be, (void *)w.data);
+                    if (with_bias) g_be->ops->release(g_be, (void *)b.data);
+                    g_be->ops->release(g_be, x);
+                    g_be->ops->release(g_be, out);
+                }
+}
+
+static void test_rmsnorm(void)
+{
+    int n = 9, dim = 70;
+    double *wref, *xref;
+    weight w = make_weight(DT_BF16, 1, dim, &wref, 0.5f, 1.5f);
+    float *x = rand_vec((size_t)n * (size_t)dim, &xref);
+    float *out = dev_poison((size_t)n * (size_t)dim);
+    g_be->ops->rmsnorm(g_be, out, x, &w, n, dim, 1e-5f);
+    double want[9 * 70];
+    for (int t = 0; t < n; t++) {
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += xref[t * dim + i] * xref[t * dim + i];
+        double inv = 1 / sqrt(ss / dim + 1e-5);
+        for (int i = 0; i < dim; i++) want[t * dim + i] = wref[i] * xref[t * dim + i] * inv;
+    }
+    float *got = host_of(out, (size_t)n * (size_t)dim);
+    CHECK_CLOSE("rmsnorm", got, want, (size_t)n * (size_t)dim, 1e-6);
+    /* in place, as the forward pass does for q_norm/k_norm */
+    g_be->ops->rmsnorm(g_be, x, x, &w, n, dim, 1e-5f);
+    free(got);
+    got = host_of(x, (size_t)n * (size_t)dim);
+    CHECK_CLOSE("rmsnorm in place", got, want, (size_t)n * (size_t)dim, 1e-6);
+    free(got);
+    free(wref);
+    free(xref);
+    g_be->ops->release(g_be, (void *)w.data);
+    g_be->ops->release(g_be, x);
+    g_be->ops->release(g_be, out);
+}
+
+static void test_rope(void)
+{
+    static const int spec[3][3] = {{0, 0, 5}, {1, 37, 1}, {2, 500, 3}};
+    test_batch tb;
+    batch_make(&tb, 3, spec, 100);
+    FERRY_ASSERT(g_be->ops->set_batch(g_be, &tb.b) == FERRY_OK);
+    int heads = 3, hd = 16, n = tb.b.n_tokens;
+    double theta = 10000.0, *xref;
+    float *x = rand_vec((size_t)n * (size_t)heads * (size_t)hd, &xref);
+    g_be->ops->rope(g_be, x, heads, hd, (float)theta);
+    double *want = malloc((size_t)n * (size_t)heads * (size_t)hd * sizeof *want);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < heads; h++) {
+            const double *v = xref + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
+            double *o = want + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
+            for (int i = 0; i < hd; i++) {
+                /* emb = cat(freqs, freqs); out = x cos + rotate_half(x) sin */
+                int j = i % (hd / 2);
+                double ang = tb.pos[t] / pow(theta, 2.0 * j / hd);
+                double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];
+                o[i] = v[i] * cos(ang) + rot * sin(ang);
+            }
+        }
+    float *got = host_of(x, (size_t)n * (size_t)heads * (size_t)hd);
+    CHECK_CLOSE("rope", got, want, (size_t)n * (size_t)heads * (size_t)hd, 1e-5);
+    free(got);
+    free(want);
+    free(xref);
+    g_be->ops->release(g_be, x);
+}
+
+static void test_embed_gather(void)
+{
+    static const int spec[3][3] = {{0, 0, 4}, {1, 3, 1}, {2, 0, 2}};
+    test_batch tb;
+    int vocab = 50, dim = 24;
+    batch_make(&tb, 3, spec, vocab);
+    FERRY_ASSERT(g_be->ops->set_batch(g_be, &tb.b) == FERRY_OK);
+    double *tref;
+    weight table = make_weight(DT_F16, vocab, dim, &tref, -1, 1);
+    int n = tb.b.n_tokens;
+    float *out = dev_poison((size_t)n * (size_t)dim);
+    g_be->ops->embed(g_be, out, &table);
+    double want[7 * 24];
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < dim; i++) want[t * dim + i] = tref[tb.tokens[t] * dim + i];
+    float *got = host_of(out, (size_t)n * (size_t)dim);
+    CHECK_CLOSE("embed", got, want, (size_t)n * (size_t)dim, 0);
+    float *last = dev_poison(3 * (size_t)dim);
+    g_be->ops->gather_last(g_be, last, out, dim);
+    double want_last[3 * 24];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < dim; i++) want_last[s * dim + i] = want[(tb.seqs[s].first + tb.seqs[s].n_tokens - 1) * dim + i];
+    float *got_last = host_of(last, 3 * (size_t)dim);
+    CHECK_CLOSE("gather_last", got_last, want_last, 3 * (size_t)dim, 0);
+    free(got);
+    free(got_last);
+    free(tref);
+    g_be->ops->release(g_be, (void *)table.data);
+    g_be->ops->release(g_be, out);
+    g_be->ops->release(g_be, last);
+}
+
+static void test_elementwise(void)
+{
+    size_t n = 1000;
+    float *gh = malloc(n * sizeof *gh), *uh = malloc(n * sizeof *uh);
+    double *want = malloc(n * sizeof *want);
+    for (size_t i = 0; i < n; i++) {
+        gh[i] = 8 * frand(); /* both tails of SiLU */
+        uh[i] = frand();
+        want[i] = (double)gh[i] / (1 + exp(-(double)gh[i])) * uh[i];
+    }
+    float *g = dev_copy(gh, n * sizeof *gh), *u = dev_copy(uh, n * sizeof *uh);
+    g_be->ops->silu_mul(g_be, g, u, n);
+    float *got = host_of(g, n);
+    CHECK_CLOSE("silu_mul", got, want, n, 1e-6);
+    free(got);
+    for (size_t i = 0; i < n; i++) want[i] = 2.0 * uh[i];
+    g_be->ops->add(g_be, u, u, n);
+    got = host_of(u, n);
+    CHECK_CLOSE("add", got, want, n, 1e-7);
+    free(got);
+    free(gh);
+    free(uh);
+    free(want);
+    g_be->ops->release(g_be, g);
+    g_be->ops->release(g_be, u);
+}
+
+/* Sequences at different positions in different slots; earlier positions
+ * are filled by a first step, then a second step adds rows and attends. */
+static void attention_case(int heads, int kv_heads, int hd, int window)
+{
+    int n_slots = 3, max_ctx = 40, kv_dim = kv_heads * hd;
+    size_t cache = (size_t)n_slots * (size_t)max_ctx * (size_t)kv_dim;
+    double *kref_all = calloc(cache, sizeof *kref_all), *vref_all = calloc(cache, sizeof *vref_all);
+    kv_layer kv = {dev_poison(cache), dev_poison(cache), n_slots, max_ctx, kv_dim};
+    static const int step1[3][3] = {{0, 0, 6}, {2, 0, 20}, {1, 0, 1}};
+    static const int step2[3][3] = {{2, 20, 1}, {0, 6, 5}, {1, 1, 1}};
+    const int (*steps[2])[3] = {step1, step2};
+    for (int st = 0; st < 2; st++) {
+        test_batch tb;
+        batch_make(&tb, 3, steps[st], 10);
+        FERRY_ASSERT(g_be->ops->set_batch(g_be, &tb.b) == FERRY_OK);
+        int n = tb.b.n_tokens;
+        double *qref, *kref, *vref;
+        float *q = rand_vec((size_t)n * (size_t)heads * (size_t)hd, &qref);
+        float *k = rand_vec((size_t)n * (size_t)kv_dim, &kref);
+        float *v = rand_vec((size_t)n * (size_t)kv_dim, &vref);
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < tb.seqs[s].n_tokens; i++) {
+                size_t dst = ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)(tb.seqs[s].n_past + i)) * (size_t)kv_dim;
+                size_t src = (size_t)(tb.seqs[s].first + i) * (size_t)kv_dim;
+                memcpy(kref_all + dst, kref + src, (size_t)kv_dim * sizeof(double));
+                memcpy(vref_all + dst, vref + src, (size_t)kv_dim * sizeof(double));
+            }
+        g_be->ops->kv_store(g_be, &kv, k, v);
+        float *out = dev_poison((size_t)n * (size_t)heads * (size_t)hd);
+        attn_shape shape = {heads, kv_heads, hd, window};
+        g_be->ops->attention(g_be, out, q, &kv, &shape);
+        double *want = calloc((size_t)n * (size_t)heads * (size_t)hd, sizeof *want);
+        double score[64];
+        for (int s = 0; s < 3; s++)
+            for (int i = 0; i < tb.seqs[s].n_tokens; i++) {
+                int t = tb.seqs[s].first + i, p = tb.pos[t];
+                for (int h = 0; h < heads; h++) {
+                    int g = h / (heads / kv_heads);
+                    const double *qv = qref + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= p; j++) {
+                        score[j] = -INFINITY;
+                        if (window > 0 && p - j >= window) continue;
+                        const double *kv_ = kref_all + ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
+                        double d = 0;
+                        for (int e = 0; e < hd; e++) d += qv[e] * kv_[e];
+                        score[j] = d / sqrt(hd);
+                        if (score[j] > mx) mx = score[j];
+                    }
+                    for (int j = 0; j <= p; j++) sum += score[j] == -INFINITY ? 0 : exp(score[j] - mx);
+                    double *o = want + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
+                    for (int j = 0; j <= p; j++) {
+                        if (score[j] == -INFINITY) continue;
+                        double wgt = exp(score[j] - mx) / sum;
+                        const double *vv = vref_all + ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
+                        for (int e = 0; e < hd; e++) o[e] += wgt * vv[e];
+                    }
+                }
+            }
+        float *got = host_of(out, (size_t)n * (size_t)heads * (size_t)hd);
+        char what[96];
+        snprintf(what, sizeof what, "attention heads=%d kv=%d hd=%d window=%d step=%d", heads, kv_heads, hd, window, st);
+        CHECK_CLOSE(what, got, want, (size_t)n * (size_t)heads * (size_t)hd, 1e-5);
+        free(got);
+        free(want);
+        free(qref);
+        free(kref);
+        free(vref);
+        g_be->ops->release(g_be, q);
+        g_be->ops->release(g_be, k);
+        g_be->ops->release(g_be, v);
+        g_be->ops->release(g_be, out);
+    }
+    free(kref_all);
+    free(vref_all);
+    g_be->ops->release(g_be, kv.k);
+    g_be->ops->release(g_be, kv.v);
+}
+
+int main(int argc, char **argv)
+{
+    const char *name = argc > 1 ? argv[1] : "cpu";
+    backend_opts bo = {3}; /* more workers than cores: exercises task splitting */
+    if (backend_create(name, &bo, &g_be) != FERRY_OK) {
+        fprintf(stderr, "test_ops: %s\n", ferry_errmsg());
+        return 1;
+    }
+    test_matmul();
+    test_rmsnorm();
+    test_rope();
+    test_embed_gather();
+    test_elementwise();
+    attention_case(4, 4, 16, 0);  /* MHA */
+    attention_case(6, 2, 8, 0);   /* GQA */
+    attention_case(4, 2, 16, 4);  /* sliding window */
+    backend_free(g_be);
+    return check_report();
+}
