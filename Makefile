@@ -44,7 +44,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -84,9 +84,9 @@ asan:
 	  LDLIBS="-lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
-	FERRY_BIN=$(CURDIR)/build-asan/ferry $(PYTHON) -m pytest -q tests/integration
+	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration
 
 clean:
 	rm -rf $(BUILD) build-asan
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d)
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(UNIT_BIN:=.d)

@@ -58,7 +58,7 @@ static ferry_status parse_value(ferry_config *cfg, int id, const char *v)
     }
     case SET_U64: {
         unsigned long long x = strtoull(v, &end, 10);
-        if (!*v || *end || errno || *v == '-')
+        if (*v < '0' || *v > '9' || *end || errno)
             return ferry_fail(FERRY_ERR_INVALID, "%s: '%s' is not a non-negative integer",
                               config_flag(id, flag, sizeof flag), v);
         *(uint64_t *)f = x;

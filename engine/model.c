@@ -4,6 +4,7 @@
  */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +52,11 @@ static ferry_status get_float(const json_value *obj, const char *label, const ch
         if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be a number", label, key);
         v = def;
     }
-    if (!(v > 0)) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be positive", label, key);
-    *out = (float)v;
+    float f = (float)v;
+    if (!(f > 0) || !isfinite(f))
+        return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' = %g must be a positive number within float range", label,
+                          key, v);
+    *out = f;
     return FERRY_OK;
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "util.h"
 
 struct st_writer {
     int fd;
@@ -107,6 +108,7 @@ ferry_status st_writer_finish(st_writer *w)
     }
     if (st == FERRY_OK && rename(w->tmp, w->path) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", w->path, strerror(errno));
+    if (st == FERRY_OK) util_fsync_dir_of(w->path);
     if (st != FERRY_OK) {
         st_writer_abort(w);
         return st;

@@ -77,9 +77,26 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
     if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", path, strerror(errno));
     if (st == FERRY_OK && rename(tmp, path) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));
+    if (st == FERRY_OK) util_fsync_dir_of(path);
     if (st != FERRY_OK) unlink(tmp);
     free(tmp);
     return st;
+}
+
+void util_fsync_dir_of(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    else strcpy(dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(dir);
 }
 
 char *util_path_join(const char *dir, const char *name)
@@ -101,16 +118,22 @@ ferry_status util_parse_size(const char *s, uint64_t *out)
         {"K", 1ull << 10}, {"M", 1ull << 20}, {"G", 1ull << 30}, {"T", 1ull << 40},
         {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
     };
-    const char *p = s;
-    if (*p < '0' || *p > '9') return ferry_fail(FERRY_ERR_INVALID, "bad size '%s' (expected e.g. 512MiB, 2GiB, 0)", s);
-    errno = 0;
-    char *end;
-    double v = strtod(p, &end);
-    if (errno || v < 0) return ferry_fail(FERRY_ERR_INVALID, "bad size '%s'", s);
+    /* digits, optionally '.' and digits, then a unit: no signs, hex or exponents */
+    const char *end = s;
+    while (*end >= '0' && *end <= '9') end++;
+    if (end == s) return ferry_fail(FERRY_ERR_INVALID, "bad size '%s' (expected e.g. 512MiB, 2GiB, 0)", s);
+    if (*end == '.') {
+        end++;
+        if (*end < '0' || *end > '9') return ferry_fail(FERRY_ERR_INVALID, "bad size '%s'", s);
+        while (*end >= '0' && *end <= '9') end++;
+    }
+    double v = strtod(s, NULL);
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcasecmp(end, units[i].suffix) == 0) {
             double bytes = v * (double)units[i].mult;
             if (bytes > 9.2e18) return ferry_fail(FERRY_ERR_INVALID, "size '%s' is too large", s);
+            if (bytes != (double)(uint64_t)bytes)
+                return ferry_fail(FERRY_ERR_INVALID, "size '%s' is not a whole number of bytes", s);
             *out = (uint64_t)bytes;
             return FERRY_OK;
         }

@@ -18,6 +18,9 @@ ferry_status util_read_file(const char *path, char **out, size_t *len);
  * fsync'd, then renamed over path. Nothing half-written is ever left. */
 ferry_status util_write_file_atomic(const char *path, const void *data, size_t len);
 
+/* fsyncs the directory holding path, so that a rename into it is durable. */
+void util_fsync_dir_of(const char *path);
+
 /* dir + "/" + name, malloc'd (NULL when out of memory). */
 char *util_path_join(const char *dir, const char *name);
 

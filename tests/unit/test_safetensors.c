@@ -435,6 +435,10 @@ static void test_writer_roundtrip(void)
         CHECK(f16_to_f32(h[2]) == 65504.0f);
         CHECK(bf16_to_f32(b[1]) == -3.0f);
         CHECK_EQ_U64(ck->files[0].size, t16->offset + t16->nbytes);
+        /* released pages read back from the file unchanged */
+        st_release_pages(t32->data, t32->nbytes);
+        CHECK(memcmp(t32->data, f32, sizeof f32) == 0);
+        CHECK(memcmp(t16->data, f16, sizeof f16) == 0);
     }
     st_checkpoint_close(ck);
 
