@@ -17,7 +17,7 @@ ARCH_FLAGS ?=
 endif
 OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -pthread $(ARCH_FLAGS) -MMD -MP
-LDLIBS   += -lm -pthread
+LDLIBS   += -luring -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c) config/config.c
 SERVER_SRC := $(wildcard server/*.c)
@@ -30,7 +30,7 @@ DEMO_MODEL  ?= $(BUILD)/demo-model
 BENCH_MODEL ?= $(BUILD)/bench-1b
 
 # Debian packages: build, and the PyTorch reference the tests compare against.
-DEB_PKGS := gcc make python3-torch python3-numpy python3-pytest
+DEB_PKGS := gcc make liburing-dev python3-torch python3-numpy python3-pytest
 
 .PHONY: all deps run test unit integration bench asan test-asan clean
 all: $(BUILD)/ferry
@@ -81,7 +81,7 @@ bench: all $(BENCH_MODEL)/config.json
 # bad-input tests run against it.
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-lm -pthread -fsanitize=address,undefined" all unit
+	  LDLIBS="-luring -lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
 	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration

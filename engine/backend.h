@@ -17,6 +17,7 @@
 #ifndef FERRY_BACKEND_H
 #define FERRY_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,11 @@ typedef struct {
 } kv_layer;
 
 typedef struct backend backend;
+typedef struct be_event be_event;
+
+/* The two streams of a backend: ops run on the compute stream; the fetcher
+ * thread's host -> device copies on the copy stream. */
+typedef enum { STREAM_COMPUTE, STREAM_COPY } be_stream;
 
 typedef struct {
     int n_heads, n_kv_heads, head_dim;
@@ -71,11 +77,28 @@ struct backend_ops {
     void (*download)(backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(backend *be);
 
+    /* streaming (pipeline.c). `unified`: device memory is host memory (the
+     * CPU), so disk reads land in device buffers directly. On the CPU copies
+     * are memcpy on the calling thread and events are no-ops, because every
+     * op has finished when it returns. */
+    bool unified;
+    void *(*host_alloc)(backend *be, size_t bytes, bool *pinned); /* pinned when it can be */
+    void (*host_free)(backend *be, void *p, size_t bytes, bool pinned);
+    void (*copy_async)(backend *be, void *dst, const void *src, size_t bytes); /* host -> device, copy stream */
+    be_event *(*event_create)(backend *be);
+    void (*event_destroy)(backend *be, be_event *ev);
+    void (*event_record)(backend *be, be_event *ev, be_stream s); /* after the work queued on s so far */
+    void (*stream_wait)(backend *be, be_stream s, be_event *ev);  /* later work on s waits for ev */
+    void (*event_sync)(backend *be, be_event *ev);                /* the host waits for ev */
+    uint64_t (*mem_available)(backend *be);                        /* device memory that can be had */
+
     /* step */
     ferry_status (*set_batch)(backend *be, const batch *b);
 
     /* ops */
     void (*embed)(backend *be, float *out /* [n_tokens, dim] */, const weight *table /* [vocab, dim] */);
+    /* out = w widened to f32 (embedding rows gathered on the host) */
+    void (*convert)(backend *be, float *out /* [rows, cols] */, const weight *w /* [rows, cols] */);
     void (*rmsnorm)(backend *be, float *out /* [n, dim] */, const float *x /* [n, dim] */,
                     const weight *w /* [1, dim] */, int n, int dim, float eps);
     void (*matmul)(backend *be, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,

@@ -1,86 +1,132 @@
 /*
- * engine.c - opening a model (checkpoint + config + backend + KV cache),
- * running steps, and batched generation on top of engine_step.
+ * engine.c - opening a model (checkpoint, plan, store, pipeline, KV cache),
+ * running steps through the pipeline, and batched generation.
  */
 #include "engine.h"
-#include "util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-uint64_t engine_kv_bytes(const model_config *cfg, int n_slots, int max_ctx)
+#include "util.h"
+
+#define DEFAULT_STEP_TOKENS 512
+#define DEFAULT_PREFETCH 2
+
+/* What makes the disk tier's blobs: if any of it changes, they are rebuilt.
+ * Bump CONVERSION when the blob layout or the conversion of weights changes. */
+#define CONVERSION "ferry-blob-v1 identity align=256/4096"
+
+plan_opts engine_plan_opts(const engine_opts *o, const model_config *cfg, bool unified)
 {
-    return 2ull * (uint64_t)cfg->n_layers * (uint64_t)n_slots * (uint64_t)max_ctx *
-           (uint64_t)cfg->n_kv_heads * (uint64_t)cfg->head_dim * sizeof(float);
+    plan_opts p = {
+        .budget = {o->budget[0], o->budget[1]},
+        .group_size = o->group_size ? o->group_size : 1,
+        .prefetch = o->prefetch ? o->prefetch : DEFAULT_PREFETCH,
+        .n_seqs = o->n_slots > 0 ? o->n_slots : 1,
+        .context = o->max_ctx > 0 ? o->max_ctx : cfg->max_pos,
+        .max_step_tokens = o->max_step_tokens > 0 ? o->max_step_tokens : DEFAULT_STEP_TOKENS,
+        .unified = unified,
+    };
+    return p;
 }
 
-static void free_activations(engine *e)
+ferry_status engine_plan(const engine_opts *o, const model_config *cfg, const st_checkpoint *ck, bool unified,
+                         plan *out)
 {
-    backend *be = e->be;
-    float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        be->ops->release(be, *bufs[i]);
-        *bufs[i] = NULL;
-    }
-    e->cap_tokens = 0;
+    model_weights w;
+    FERRY_TRY(model_weights_bind(cfg, ck, &w));
+    uint64_t *units = calloc((size_t)cfg->n_layers + 2, sizeof *units);
+    ferry_status st = units ? store_unit_bytes(cfg, &w, units) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    plan_opts po = engine_plan_opts(o, cfg, unified);
+    plan_model pm = {cfg->n_layers, cfg->dim, cfg->hidden, cfg->vocab, cfg->n_heads * cfg->head_dim,
+                     cfg->n_kv_heads * cfg->head_dim};
+    if (st == FERRY_OK) st = plan_make(&pm, units, &po, out);
+    free(units);
+    model_weights_free(&w);
+    return st;
 }
 
-/* Grows the activation buffers to hold n token rows. */
-static ferry_status reserve_tokens(engine *e, int n)
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 {
-    if (n <= e->cap_tokens) return FERRY_OK;
-    free_activations(e);
-    const model_config *c = &e->cfg;
-    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    struct {
-        float **p;
-        size_t cols;
-    } bufs[] = {{&e->x, (size_t)c->dim}, {&e->xn, (size_t)c->dim}, {&e->q, qd},       {&e->k, kvd},
-                {&e->v, kvd},            {&e->att, qd},           {&e->gate, (size_t)c->hidden}, {&e->up, (size_t)c->hidden}};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        *bufs[i].p = e->be->ops->alloc(e->be, (size_t)n * bufs[i].cols * sizeof(float));
-        if (!*bufs[i].p) {
-            free_activations(e);
-            return ferry_fail(FERRY_ERR_NOMEM, "out of memory for activations of %d tokens", n);
-        }
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Fingerprint of the inputs of the blobs: conversion, config.json, and for
+ * every checkpoint file its name, size, mtime and header. */
+static ferry_status fingerprint(const engine *e, const char *dir, char out[40])
+{
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, CONVERSION, sizeof CONVERSION);
+    char *path = util_path_join(dir, "config.json"), *text;
+    size_t len;
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = util_read_file(path, &text, &len);
+    free(path);
+    if (st != FERRY_OK) return st;
+    h = fnv1a(h, text, len);
+    free(text);
+    for (int i = 0; i < e->ck->n_files; i++) {
+        const st_file *f = &e->ck->files[i];
+        struct stat sb;
+        if (fstat(f->fd, &sb) != 0) return ferry_fail(FERRY_ERR_IO, "%s: stat failed", f->path);
+        uint64_t meta[3] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec};
+        h = fnv1a(h, f->name, strlen(f->name) + 1);
+        h = fnv1a(h, meta, sizeof meta);
+        uint64_t hdr = 8;
+        for (int k = 0; k < 8; k++) hdr += (uint64_t)f->map[k] << (8 * k);
+        h = fnv1a(h, f->map, (size_t)hdr);
     }
-    e->cap_tokens = n;
+    snprintf(out, 40, "%016llx", (unsigned long long)h);
     return FERRY_OK;
 }
 
-/* Copies every weight from the checkpoint mapping into backend memory (for
- * the CPU: 2 MiB-aligned buffers on huge pages), tensor by tensor, handing
- * each tensor's mapped pages back as soon as it is copied, so that peak
- * memory is the weights plus one tensor and the mapping never counts in RSS.
- * On the CPU this also makes decode ~1.4x faster than computing from the
- * 4 KiB page-cache pages of the mapping. */
-static ferry_status load_resident(engine *e)
+static ferry_status alloc_activations(engine *e)
 {
-    tensor_slot *slots;
-    int n;
-    FERRY_TRY(model_tensor_slots(&e->cfg, &e->w, &slots, &n));
-    ferry_status st = FERRY_OK;
-    e->resident = calloc((size_t)n, sizeof *e->resident);
-    if (!e->resident) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == FERRY_OK && i < n; i++) {
-        weight *w = slots[i].dst;
-        size_t bytes = (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype);
-        void *p = e->be->ops->alloc(e->be, bytes);
-        if (!p) {
-            char b[32];
-            st = ferry_fail(FERRY_ERR_NOMEM, "out of memory loading tensor '%s' (%s)", slots[i].name,
-                            util_fmt_bytes(bytes, b, sizeof b));
-            break;
-        }
-        e->be->ops->upload(e->be, p, w->data, bytes);
-        st_release_pages(w->data, bytes);
-        w->data = p;
-        e->resident[e->n_resident++] = p;
+    const model_config *c = &e->cfg;
+    size_t n = (size_t)e->max_step_tokens;
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    struct {
+        float **p;
+        size_t floats;
+    } bufs[] = {{&e->x, n * (size_t)c->dim},         {&e->xn, n * (size_t)c->dim},
+                {&e->q, n * qd},                     {&e->k, n * kvd},
+                {&e->v, n * kvd},                    {&e->att, n * qd},
+                {&e->gate, n * (size_t)c->hidden},   {&e->up, n * (size_t)c->hidden},
+                {&e->last, (size_t)e->n_slots * (size_t)c->dim},
+                {&e->logits, (size_t)e->n_slots * (size_t)c->vocab}};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i].p = e->be->ops->alloc(e->be, bufs[i].floats * sizeof(float));
+        if (!*bufs[i].p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for activations of %zu tokens", n);
     }
-    if (e->cfg.tied) e->w.lm_head = e->w.embed;
-    free(slots);
-    return st;
+    if (e->plan.groups[e->store.embed_group].tier != TIER_DEVICE) {
+        size_t bytes = n * store_embed_row_bytes(&e->store);
+        e->rows_host = e->be->ops->host_alloc(e->be, bytes, &e->rows_pinned);
+        e->rows_dev = e->be->ops->alloc(e->be, bytes);
+        if (!e->rows_host || !e->rows_dev) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for embedding rows");
+    }
+    return FERRY_OK;
+}
+
+static ferry_status alloc_kv(engine *e)
+{
+    const model_config *c = &e->cfg;
+    e->kv = calloc((size_t)c->n_layers, sizeof *e->kv);
+    if (!e->kv) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t per = (size_t)e->n_slots * (size_t)e->max_ctx * kvd * sizeof(float);
+    for (int l = 0; l < c->n_layers; l++) {
+        kv_layer *kv = &e->kv[l];
+        *kv = (kv_layer){e->be->ops->alloc(e->be, per), e->be->ops->alloc(e->be, per), e->n_slots, e->max_ctx, (int)kvd};
+        if (!kv->k || !kv->v) {
+            char need[32];
+            return ferry_fail(FERRY_ERR_NOMEM, "KV cache of %s (%d sequences x %d positions) cannot be allocated",
+                              util_fmt_bytes(e->plan.kv_bytes, need, sizeof need), e->n_slots, e->max_ctx);
+        }
+    }
+    return FERRY_OK;
 }
 
 ferry_status engine_open(const engine_opts *opts, engine **out)
@@ -90,46 +136,37 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     if (!e) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     ferry_status st;
     backend_opts bo = {opts->threads};
+    char fp[40];
     if ((st = model_config_load(opts->model_dir, &e->cfg)) != FERRY_OK) goto fail;
     if ((st = st_checkpoint_open(opts->model_dir, &e->ck)) != FERRY_OK) goto fail;
-    if ((st = model_weights_bind(&e->cfg, e->ck, &e->w)) != FERRY_OK) goto fail;
+    if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
     if ((st = backend_create(opts->device ? opts->device : "cpu", &bo, &e->be)) != FERRY_OK) goto fail;
 
-    if ((st = load_resident(e)) != FERRY_OK) goto fail;
     const model_config *c = &e->cfg;
-    e->n_slots = opts->n_slots > 0 ? opts->n_slots : 1;
-    e->max_ctx = opts->max_ctx > 0 ? opts->max_ctx : c->max_pos;
+    e->popts = engine_plan_opts(opts, c, e->be->ops->unified);
+    e->n_slots = e->popts.n_seqs;
+    e->max_ctx = e->popts.context;
+    e->max_step_tokens = e->popts.max_step_tokens;
     if (e->max_ctx > c->max_pos) {
         st = ferry_fail(FERRY_ERR_INVALID, "context of %d positions exceeds max_position_embeddings %d", e->max_ctx,
                         c->max_pos);
         goto fail;
     }
-    e->kv = calloc((size_t)c->n_layers, sizeof *e->kv);
-    if (!e->kv) goto nomem;
-    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    size_t per = (size_t)e->n_slots * (size_t)e->max_ctx * kvd * sizeof(float);
-    for (int l = 0; l < c->n_layers; l++) {
-        kv_layer *kv = &e->kv[l];
-        kv->n_slots = e->n_slots;
-        kv->max_ctx = e->max_ctx;
-        kv->kv_dim = (int)kvd;
-        kv->k = e->be->ops->alloc(e->be, per);
-        kv->v = e->be->ops->alloc(e->be, per);
-        if (!kv->k || !kv->v) {
-            char need[32];
-            st = ferry_fail(FERRY_ERR_NOMEM, "KV cache of %s (%d sequences x %d positions) cannot be allocated",
-                            util_fmt_bytes(engine_kv_bytes(c, e->n_slots, e->max_ctx), need, sizeof need),
-                            e->n_slots, e->max_ctx);
-            goto fail;
-        }
+    if ((st = engine_plan(opts, c, e->ck, e->be->ops->unified, &e->plan)) != FERRY_OK) goto fail;
+    if ((st = plan_check(&e->plan, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
+        goto fail;
+    e->w.layers = calloc((size_t)c->n_layers, sizeof *e->w.layers);
+    if (!e->w.layers) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        goto fail;
     }
-    e->last = e->be->ops->alloc(e->be, (size_t)e->n_slots * (size_t)c->dim * sizeof(float));
-    e->logits = e->be->ops->alloc(e->be, (size_t)e->n_slots * (size_t)c->vocab * sizeof(float));
-    if (!e->last || !e->logits) goto nomem;
+    if ((st = fingerprint(e, opts->model_dir, fp)) != FERRY_OK) goto fail;
+    if ((st = store_open(&e->store, e->be, &e->plan, c, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK) goto fail;
+    if ((st = pipeline_create(&e->pipe, e->be, &e->store, &e->plan)) != FERRY_OK) goto fail;
+    if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
+    if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     *out = e;
     return FERRY_OK;
-nomem:
-    st = ferry_fail(FERRY_ERR_NOMEM, "out of memory opening %s", opts->model_dir);
 fail:
     engine_close(e);
     return st;
@@ -138,21 +175,26 @@ fail:
 void engine_close(engine *e)
 {
     if (!e) return;
+    pipeline_free(e->pipe); /* stops the fetcher before the buffers go */
     if (e->be) {
-        free_activations(e);
+        float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up, &e->last, &e->logits};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) e->be->ops->release(e->be, *bufs[i]);
         if (e->kv)
             for (int l = 0; l < e->cfg.n_layers; l++) {
                 e->be->ops->release(e->be, e->kv[l].k);
                 e->be->ops->release(e->be, e->kv[l].v);
             }
-        for (int i = 0; i < e->n_resident; i++) e->be->ops->release(e->be, e->resident[i]);
-        e->be->ops->release(e->be, e->last);
-        e->be->ops->release(e->be, e->logits);
+        if (e->rows_host)
+            e->be->ops->host_free(e->be, e->rows_host, (size_t)e->max_step_tokens * store_embed_row_bytes(&e->store),
+                                  e->rows_pinned);
+        e->be->ops->release(e->be, e->rows_dev);
+        if (e->plan.groups) store_close(&e->store);
         backend_free(e->be);
     }
+    plan_free(&e->plan);
     free(e->kv);
-    free(e->resident);
-    model_weights_free(&e->w);
+    free(e->w.layers);
+    model_weights_free(&e->ckw);
     st_checkpoint_close(e->ck);
     free(e);
 }
@@ -161,6 +203,9 @@ static ferry_status check_batch(const engine *e, const batch *b)
 {
     if (b->n_seqs < 1 || b->n_seqs > e->n_slots)
         return ferry_fail(FERRY_ERR_INVALID, "batch of %d sequences (the KV cache holds %d)", b->n_seqs, e->n_slots);
+    if (b->n_tokens > e->max_step_tokens)
+        return ferry_fail(FERRY_ERR_INVALID, "step of %d tokens exceeds max_step_tokens %d", b->n_tokens,
+                          e->max_step_tokens);
     int next = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const batch_seq *q = &b->seqs[s];
@@ -179,18 +224,54 @@ static ferry_status check_batch(const engine *e, const batch *b)
     return FERRY_OK;
 }
 
+/* ---- the pipeline's units ------------------------------------------------- */
+
+static void unit_embed(void *ctx)
+{
+    engine *e = ctx;
+    forward_embed(e, e->cur);
+}
+
+static ferry_status unit_embed_rows(void *ctx)
+{
+    engine *e = ctx;
+    const batch *b = e->cur;
+    FERRY_TRY(store_embed_rows(&e->store, b->tokens, b->n_tokens, e->rows_host));
+    size_t row = store_embed_row_bytes(&e->store);
+    e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
+    weight rows = {e->ckw.embed.dtype, b->n_tokens, e->cfg.dim, e->rows_dev};
+    e->be->ops->convert(e->be, e->x, &rows);
+    return FERRY_OK;
+}
+
+static void unit_layer(void *ctx, int layer)
+{
+    engine *e = ctx;
+    forward_layer(e, &e->w.layers[layer], layer, e->cur);
+}
+
+static void unit_head(void *ctx)
+{
+    engine *e = ctx;
+    if (e->cfg.tied) e->w.lm_head = e->w.embed; /* the table was bound with the head group */
+    forward_head(e, e->cur);
+}
+
 ferry_status engine_step(engine *e, const batch *b, float *logits_out)
 {
     FERRY_TRY(check_batch(e, b));
-    FERRY_TRY(reserve_tokens(e, b->n_tokens));
     FERRY_TRY(e->be->ops->set_batch(e->be, b));
-    forward_embed(e, b);
-    for (int l = 0; l < e->cfg.n_layers; l++) forward_layer(e, &e->w.layers[l], l, b);
-    forward_head(e, b);
+    e->cur = b;
+    pipeline_units u = {unit_embed, unit_embed_rows, unit_layer, unit_head, e};
+    ferry_status st = pipeline_step(e->pipe, &u);
+    e->cur = NULL;
+    if (st != FERRY_OK) return st;
     e->be->ops->download(e->be, logits_out, e->logits, (size_t)b->n_seqs * (size_t)e->cfg.vocab * sizeof(float));
     e->be->ops->sync(e->be);
     return FERRY_OK;
 }
+
+/* ---- generation ------------------------------------------------------------- */
 
 ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, const int *lens, int max_new,
                              const sampling_params *params, int32_t **out, float *first_logits)
@@ -198,7 +279,8 @@ ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, co
     const model_config *c = &e->cfg;
     if (max_new < 1) return ferry_fail(FERRY_ERR_INVALID, "max_new_tokens must be >= 1 (got %d)", max_new);
     if (n < 1 || n > e->n_slots) return ferry_fail(FERRY_ERR_INVALID, "%d prompts (at most %d)", n, e->n_slots);
-    int total = 0;
+    if (n > e->max_step_tokens)
+        return ferry_fail(FERRY_ERR_INVALID, "%d prompts exceed max_step_tokens %d", n, e->max_step_tokens);
     for (int i = 0; i < n; i++) {
         if (lens[i] < 1) return ferry_fail(FERRY_ERR_INVALID, "prompt %d is empty", i);
         for (int k = 0; k < lens[i]; k++)
@@ -210,12 +292,12 @@ ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, co
             return ferry_fail(FERRY_ERR_INVALID,
                               "prompt %d: %d prompt + %d new tokens exceed the context of %d positions", i, lens[i],
                               max_new, e->max_ctx);
-        total += lens[i];
     }
     ferry_status st = FERRY_OK;
+    int cap = e->max_step_tokens;
     sampler *smp = calloc((size_t)n, sizeof *smp);
     batch_seq *seqs = calloc((size_t)n, sizeof *seqs);
-    int32_t *tokens = malloc((size_t)total * sizeof *tokens), *pos = malloc((size_t)total * sizeof *pos);
+    int32_t *tokens = malloc((size_t)cap * sizeof *tokens), *pos = malloc((size_t)cap * sizeof *pos);
     float *logits = malloc((size_t)n * (size_t)c->vocab * sizeof *logits);
     if (!smp || !seqs || !tokens || !pos || !logits) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory for generation");
@@ -224,17 +306,32 @@ ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, co
     for (int i = 0; i < n && st == FERRY_OK; i++) st = sampler_init(&smp[i], params, c->vocab, (uint64_t)i);
     if (st != FERRY_OK) goto out;
 
-    /* prefill: every prompt in one step */
-    int t = 0;
-    for (int i = 0; i < n; i++) {
-        seqs[i] = (batch_seq){.slot = i, .n_past = 0, .n_tokens = lens[i], .first = t};
-        for (int k = 0; k < lens[i]; k++, t++) {
-            tokens[t] = prompts[i][k];
-            pos[t] = k;
-        }
+    /* prefill: as many prompt rows per step as fit. A step holds prompts
+     * next, next + 1, ... in order, all whole but maybe the last, so its
+     * logits row s belongs to prompt next + s; a partial prompt's row is
+     * overwritten by the step that holds its end. */
+    int *done = calloc((size_t)n, sizeof *done);
+    if (!done) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory for generation");
+        goto out;
     }
-    batch b = {total, n, tokens, pos, seqs};
-    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
+    for (int next = 0; next < n && st == FERRY_OK;) {
+        int t = 0, ns = 0;
+        for (int i = next; i < n && t < cap; i++) {
+            int take = lens[i] - done[i] < cap - t ? lens[i] - done[i] : cap - t;
+            seqs[ns++] = (batch_seq){.slot = i, .n_past = done[i], .n_tokens = take, .first = t};
+            for (int k = 0; k < take; k++, t++) {
+                tokens[t] = prompts[i][done[i] + k];
+                pos[t] = done[i] + k;
+            }
+        }
+        batch b = {t, ns, tokens, pos, seqs};
+        if ((st = engine_step(e, &b, logits + (size_t)next * (size_t)c->vocab)) != FERRY_OK) break;
+        for (int s = 0; s < ns; s++) done[next + s] += seqs[s].n_tokens;
+        while (next < n && done[next] == lens[next]) next++;
+    }
+    free(done);
+    if (st != FERRY_OK) goto out;
     if (first_logits) memcpy(first_logits, logits, (size_t)n * (size_t)c->vocab * sizeof *logits);
 
     for (int step = 0; step < max_new; step++) {
@@ -245,7 +342,7 @@ ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, co
             tokens[i] = out[i][step];
             pos[i] = lens[i] + step;
         }
-        b = (batch){n, n, tokens, pos, seqs};
+        batch b = {n, n, tokens, pos, seqs};
         if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
     }
 out:

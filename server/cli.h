@@ -23,5 +23,11 @@ int cmd_generate(const ferry_config *cfg);
 int cmd_inspect(const ferry_config *cfg);
 int cmd_mkmodel(const ferry_config *cfg);
 int cmd_bench(const ferry_config *cfg);
+int cmd_plan(const ferry_config *cfg);
+
+/* Fills the engine options the placement flags give (budgets parsed);
+ * returns 0, or the exit status of a usage error it printed. */
+#include "../engine/engine.h"
+int cli_engine_opts(const ferry_config *cfg, engine_opts *eo);
 
 #endif

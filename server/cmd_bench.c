@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "../engine/aio.h"
 #include "../engine/engine.h"
 #include "../engine/json.h"
 #include "../engine/util.h"
@@ -56,11 +58,14 @@ static double bw_measure(char *src, char *dst, int mode, int threads)
     size_t per = BW_BYTES / (size_t)threads & ~(size_t)4095;
     for (int rep = 0; rep < 3; rep++) {
         double t0 = util_now();
+        bool started[256] = {false};
         for (int i = 0; i < threads; i++) {
             jobs[i] = (bw_job){src + (size_t)i * per, dst + (size_t)i * per, per, mode, 0};
-            pthread_create(&th[i], NULL, bw_worker, &jobs[i]);
+            started[i] = pthread_create(&th[i], NULL, bw_worker, &jobs[i]) == 0;
+            if (!started[i]) bw_worker(&jobs[i]);
         }
-        for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < threads; i++)
+            if (started[i]) pthread_join(th[i], NULL);
         double gbs = (double)per * threads / (util_now() - t0) / 1e9;
         if (gbs > best) best = gbs;
     }
@@ -108,14 +113,73 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Raw sequential O_DIRECT read rate of the offload dir's blobs (the files
+ * the disk tier streams, on the same file system), through the same aio
+ * layer with the same request size and depth, no compute: the ceiling for
+ * the disk tier. GB/s, 0 when nothing is on disk. */
+static double raw_read_rate(const engine *e, uint64_t *bytes)
+{
+    *bytes = 0;
+    const offload_dir *od = e->store.od;
+    if (!od || od->n == 0) return 0;
+    uint64_t largest = 0;
+    for (int i = 0; i < od->n; i++) largest = od->blobs[i].size > largest ? od->blobs[i].size : largest;
+    void *buf = NULL;
+    aio *a = NULL;
+    if (posix_memalign(&buf, 4096, (size_t)largest) != 0 || aio_create(16, &a) != FERRY_OK) {
+        free(buf);
+        return 0;
+    }
+    double t0 = util_now();
+    aio_done d;
+    for (int i = 0; i < od->n; i++) {
+        if (aio_read(a, od->blobs[i].fd, od->blobs[i].path, 0, buf, (size_t)od->blobs[i].size, (uint64_t)i) != FERRY_OK)
+            break;
+        while (aio_reap(a, &d, 1, true) == 0) {
+        }
+        if (d.st != FERRY_OK) break;
+        *bytes += od->blobs[i].size;
+    }
+    double dt = util_now() - t0;
+    aio_free(a);
+    free(buf);
+    return dt > 0 ? (double)*bytes / dt / 1e9 : 0;
+}
+
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+typedef struct {
+    double wall, compute, stall, fetch;
+    uint64_t bytes[TIER_COUNT];
+} step_rec;
+
+static step_rec stats_delta(const pipeline_stats *a, const pipeline_stats *b)
+{
+    step_rec r = {b->wall_s - a->wall_s, b->compute_s - a->compute_s, b->stall_s - a->stall_s,
+                  b->fetch_s - a->fetch_s, {0}};
+    for (int t = 0; t < TIER_COUNT; t++) r.bytes[t] = b->bytes[t] - a->bytes[t];
+    return r;
+}
+
 int cmd_bench(const ferry_config *cfg)
 {
     int B = (int)cfg->batch, steps = (int)cfg->steps, plen = (int)cfg->prompt_len;
     if (B < 1 || B > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
-    if (steps < 1) return cli_error(EXIT_USAGE, "--steps must be >= 1");
-    if (plen < 1) return cli_error(EXIT_USAGE, "--prompt-len must be >= 1");
+    if (steps < 1 || steps > 100000) return cli_error(EXIT_USAGE, "--steps must be in 1..100000");
+    if (plen < 1 || plen > 1000000) return cli_error(EXIT_USAGE, "--prompt-len must be in 1..1000000");
     int threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > 256) threads = 256;
+    engine_opts eo;
+    int rc = cli_engine_opts(cfg, &eo);
+    if (rc) return rc;
+    eo.n_slots = B;
+    eo.max_ctx = plen + steps + 8;
+    if (eo.max_step_tokens < plen) eo.max_step_tokens = plen;
 
     char *src = malloc(BW_BYTES), *dst = malloc(BW_BYTES);
     if (!src || !dst) {
@@ -130,23 +194,27 @@ int cmd_bench(const ferry_config *cfg)
     free(dst);
 
     engine *e;
-    engine_opts eo = {cfg->model, cfg->device, (int)cfg->threads, B, plen + steps + 8};
+    double t_open = util_now();
     ferry_status st = engine_open(&eo, &e);
     if (st != FERRY_OK) return cli_fail(st);
+    t_open = util_now() - t_open;
     const model_config *c = &e->cfg;
+    uint64_t raw_bytes;
+    double raw_gbs = raw_read_rate(e, &raw_bytes);
+
     int ntok = plen > B * 4 ? plen : B * 4;
     int32_t *tokens = malloc((size_t)ntok * sizeof *tokens), *pos = malloc((size_t)ntok * sizeof *pos);
     float *logits = malloc((size_t)B * (size_t)c->vocab * sizeof *logits);
     batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
-    double *times = malloc((size_t)steps * sizeof *times);
-    int rc = 0;
-    if (!tokens || !pos || !logits || !seqs || !times) {
+    step_rec *rec = calloc((size_t)steps, sizeof *rec);
+    double *walls = malloc((size_t)steps * sizeof *walls);
+    if (!tokens || !pos || !logits || !seqs || !rec || !walls) {
         rc = cli_error(EXIT_RUNTIME, "out of memory");
         goto out;
     }
     for (int i = 0; i < ntok; i++) tokens[i] = (int32_t)((uint32_t)(i * 2654435761u) % (uint32_t)c->vocab);
 
-    /* warm-up: touches every weight page once */
+    /* warm-up: one step touches every weight once */
     seqs[0] = (batch_seq){0, 0, 1, 0};
     pos[0] = 0;
     batch b = {1, 1, tokens, pos, seqs};
@@ -167,6 +235,7 @@ int cmd_bench(const ferry_config *cfg)
     }
     b = (batch){B * 4, B, tokens, pos, seqs};
     if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
+    if (cfg->trace && (st = pipeline_trace_start(e->pipe, 1u << 20)) != FERRY_OK) goto fail;
     for (int step = 0; step < steps; step++) {
         for (int s = 0; s < B; s++) {
             seqs[s] = (batch_seq){s, 4 + step, 1, s};
@@ -174,34 +243,92 @@ int cmd_bench(const ferry_config *cfg)
             pos[s] = 4 + step;
         }
         b = (batch){B, B, tokens, pos, seqs};
+        pipeline_stats before = pipeline_get_stats(e->pipe);
         t0 = util_now();
         if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
-        times[step] = util_now() - t0;
+        walls[step] = util_now() - t0;
+        pipeline_stats after = pipeline_get_stats(e->pipe);
+        rec[step] = stats_delta(&before, &after);
+        rec[step].wall = walls[step];
     }
-    qsort(times, (size_t)steps, sizeof *times, cmp_double);
-    double step_s = times[steps / 2];
+    if (cfg->trace && (st = pipeline_trace_write(e->pipe, cfg->trace)) != FERRY_OK) goto fail;
+    qsort(walls, (size_t)steps, sizeof *walls, cmp_double);
+    double step_s = walls[steps / 2];
+    /* steady state: the mean of every step but the first */
+    step_rec mean = {0};
+    int from = steps > 1 ? 1 : 0;
+    for (int i = from; i < steps; i++) {
+        mean.wall += rec[i].wall / (steps - from);
+        mean.compute += rec[i].compute / (steps - from);
+        mean.stall += rec[i].stall / (steps - from);
+        mean.fetch += rec[i].fetch / (steps - from);
+        for (int t = 0; t < TIER_COUNT; t++) mean.bytes[t] += rec[i].bytes[t] / (uint64_t)(steps - from);
+    }
     uint64_t wbytes = decode_weight_bytes(e, B);
     double weight_gbs = (double)wbytes / step_s / 1e9;
     double bw = copy_gbs > read_gbs ? copy_gbs : read_gbs;
+    double disk_gbs = mean.wall > 0 ? (double)mean.bytes[TIER_DISK] / mean.wall / 1e9 : 0;
+    double host_gbs = mean.wall > 0 ? (double)mean.bytes[TIER_HOST] / mean.wall / 1e9 : 0;
+    uint64_t rss = peak_rss_bytes();
 
     if (cfg->json) {
-        printf("{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, "
-               "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
-               "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
-               "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu}\n",
-               cfg->model, e->be->ops->name, threads, B, plen, plen / prefill_s, step_s * 1e3, B / step_s,
-               (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw,
-               (unsigned long long)huge_page_bytes());
+        strbuf sb;
+        sb_init(&sb);
+        sb_puts(&sb, "{\"model\": ");
+        sb_json_str(&sb, cfg->model);
+        sb_printf(&sb,
+                  ", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, \"load_s\": %.3f, "
+                  "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
+                  "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
+                  "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu, "
+                  "\"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, "
+                  "\"step_compute_ms\": %.3f, \"step_fetch_ms\": %.3f, \"step_stall_ms\": %.3f, "
+                  "\"step_disk_bytes\": %llu, \"step_host_bytes\": %llu, \"disk_gb_per_s\": %.3f, "
+                  "\"host_gb_per_s\": %.3f, \"raw_direct_read_gb_per_s\": %.3f, \"raw_read_bytes\": %llu, "
+                  "\"peak_rss_bytes\": %llu, \"steps\": [",
+                  e->be->ops->name, threads, B, plen, t_open, plen / prefill_s, step_s * 1e3, B / step_s,
+                  (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw,
+                  (unsigned long long)huge_page_bytes(), (unsigned long long)e->plan.tier_bytes[TIER_DEVICE],
+                  (unsigned long long)e->plan.tier_bytes[TIER_HOST], (unsigned long long)e->plan.tier_bytes[TIER_DISK],
+                  mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3, (unsigned long long)mean.bytes[TIER_DISK],
+                  (unsigned long long)mean.bytes[TIER_HOST], disk_gbs, host_gbs, raw_gbs,
+                  (unsigned long long)raw_bytes, (unsigned long long)rss);
+        for (int i = 0; i < steps; i++)
+            sb_printf(&sb, "%s{\"wall_ms\": %.3f, \"compute_ms\": %.3f, \"fetch_ms\": %.3f, \"stall_ms\": %.3f, "
+                           "\"disk_bytes\": %llu, \"host_bytes\": %llu}",
+                      i ? ", " : "", rec[i].wall * 1e3, rec[i].compute * 1e3, rec[i].fetch * 1e3, rec[i].stall * 1e3,
+                      (unsigned long long)rec[i].bytes[TIER_DISK], (unsigned long long)rec[i].bytes[TIER_HOST]);
+        sb_puts(&sb, "]}\n");
+        fwrite(sb.data, 1, sb.len, stdout);
+        sb_free(&sb);
     } else {
-        char wb[32];
+        char wb[32], b2[32], b3[32];
         printf("model            %s (%s, %d layers)\n", cfg->model, c->arch_name, c->n_layers);
-        printf("device           %s, %d threads\n", e->be->ops->name, threads);
+        printf("device           %s, %d threads; loaded in %.2f s\n", e->be->ops->name, threads, t_open);
+        printf("placement        device %s, host %s, disk %s; %d groups streamed, %d staging slots\n",
+               util_fmt_bytes(e->plan.tier_bytes[TIER_DEVICE], wb, sizeof wb),
+               util_fmt_bytes(e->plan.tier_bytes[TIER_HOST], b2, sizeof b2),
+               util_fmt_bytes(e->plan.tier_bytes[TIER_DISK], b3, sizeof b3), e->plan.n_streamed,
+               e->plan.n_stage_slots);
         printf("memory bandwidth memcpy %.2f GB/s (bytes copied), read %.2f GB/s\n", copy_gbs, read_gbs);
+        if (raw_bytes)
+            printf("raw O_DIRECT     %.3f GB/s reading the %s of blobs sequentially (same fs, aio depth 16)\n", raw_gbs,
+                   util_fmt_bytes(raw_bytes, wb, sizeof wb));
         printf("prefill          %d tokens in %.3f s: %.1f tokens/s\n", plen, prefill_s, plen / prefill_s);
         printf("decode batch %-3d step %.2f ms (median of %d): %.2f tokens/s\n", B, step_s * 1e3, steps, B / step_s);
+        printf("per step (mean)  wall %.2f ms, compute %.2f ms, fetch %.2f ms, stall %.2f ms\n", mean.wall * 1e3,
+               mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3);
+        if (mean.bytes[TIER_DISK] || mean.bytes[TIER_HOST])
+            printf("streamed         disk %s/step = %.3f GB/s%s; host %s/step = %.3f GB/s\n",
+                   util_fmt_bytes(mean.bytes[TIER_DISK], wb, sizeof wb), disk_gbs,
+                   raw_gbs > 0 ? "" : "", util_fmt_bytes(mean.bytes[TIER_HOST], b2, sizeof b2), host_gbs);
+        if (raw_gbs > 0 && mean.bytes[TIER_DISK])
+            printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
+                   100 * disk_gbs / raw_gbs, mean.wall / (mean.fetch > mean.compute ? mean.fetch : mean.compute));
         printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
         printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
                util_fmt_bytes(wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);
+        printf("peak RSS         %s\n", util_fmt_bytes(rss, wb, sizeof wb));
     }
     goto out;
 fail:
@@ -211,7 +338,8 @@ out:
     free(pos);
     free(logits);
     free(seqs);
-    free(times);
+    free(rec);
+    free(walls);
     engine_close(e);
     return rc;
 }

@@ -91,7 +91,10 @@ int cmd_generate(const ferry_config *cfg)
     engine *e = NULL;
     int32_t **out = calloc((size_t)ps.n, sizeof *out);
     float *logits = NULL;
-    engine_opts eo = {cfg->model, cfg->device, (int)cfg->threads, ps.n, longest + max_new};
+    engine_opts eo;
+    if ((rc = cli_engine_opts(cfg, &eo)) != 0) goto done;
+    eo.n_slots = ps.n;
+    eo.max_ctx = longest + max_new;
     ferry_status st = out ? engine_open(&eo, &e) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     if (st != FERRY_OK) {
         rc = cli_fail(st);

@@ -11,19 +11,20 @@
 
 #define S(x) SETTING_##x
 #define END (-1)
+#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(max_step_tokens)
 
 typedef struct {
     const char *name;
     int (*run)(const ferry_config *cfg);
     const char *summary;
-    int settings[24]; /* END-terminated */
+    int settings[32]; /* END-terminated */
     int required[4];  /* END-terminated */
 } command;
 
 static const command k_commands[] = {
     {"generate", cmd_generate, "generate tokens from prompt token ids",
      {S(model), S(prompt_ids), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device),
-      S(threads), S(json), S(dump_logits), END},
+      S(threads), S(json), S(dump_logits), PLACEMENT, END},
      {S(model), S(prompt_ids), END}},
     {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype",
      {S(model), S(json), END},
@@ -32,8 +33,11 @@ static const command k_commands[] = {
      {S(out), S(arch), S(preset), S(dtype), S(seed), S(shard_size), S(layers), S(kv_heads), S(tied),
       S(sliding_window), END},
      {S(out), END}},
-    {"bench", cmd_bench, "measure prefill and decode speed against the memory roofline",
-     {S(model), S(device), S(threads), S(batch), S(steps), S(prompt_len), S(json), END},
+    {"plan", cmd_plan, "show where each group of layers would live (device, host, disk) and the memory needed",
+     {S(model), S(device), S(batch), S(context), S(json), PLACEMENT, END},
+     {S(model), END}},
+    {"bench", cmd_bench, "measure prefill and decode speed, streaming and the memory roofline",
+     {S(model), S(device), S(threads), S(batch), S(steps), S(prompt_len), S(json), S(trace), PLACEMENT, END},
      {S(model), END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])

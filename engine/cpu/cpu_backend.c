@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../plan.h"
 #include "cpu.h"
 
 float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n)
@@ -40,7 +41,8 @@ static void *cpu_alloc(backend *be, size_t bytes)
         madvise(p, n, MADV_HUGEPAGE);
         return p;
     }
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    /* page-aligned: staging slots receive O_DIRECT reads */
+    if (posix_memalign(&p, bytes >= 4096 ? 4096 : 64, bytes ? bytes : 64) != 0) return NULL;
     return p;
 }
 
@@ -57,6 +59,42 @@ static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes)
 }
 
 static void cpu_sync(backend *be) { (void)be; }
+
+/* Host and device are the same RAM: host buffers are backend buffers. */
+static void *cpu_host_alloc(backend *be, size_t bytes, bool *pinned)
+{
+    *pinned = false;
+    return cpu_alloc(be, bytes);
+}
+
+static void cpu_host_free(backend *be, void *p, size_t bytes, bool pinned)
+{
+    (void)bytes;
+    (void)pinned;
+    cpu_release(be, p);
+}
+
+/* Ops complete before they return, so an event has nothing to wait for. */
+struct be_event {
+    int unused;
+};
+static be_event k_cpu_event;
+
+static be_event *cpu_event_create(backend *be)
+{
+    (void)be;
+    return &k_cpu_event;
+}
+static void cpu_event_destroy(backend *be, be_event *ev) { (void)be, (void)ev; }
+static void cpu_event_record(backend *be, be_event *ev, be_stream s) { (void)be, (void)ev, (void)s; }
+static void cpu_stream_wait(backend *be, be_stream s, be_event *ev) { (void)be, (void)ev, (void)s; }
+static void cpu_event_sync(backend *be, be_event *ev) { (void)be, (void)ev; }
+
+static uint64_t cpu_mem_available(backend *be)
+{
+    (void)be;
+    return plan_host_available();
+}
 
 static ferry_status cpu_set_batch(backend *be, const batch *b)
 {
@@ -81,6 +119,12 @@ static void cpu_embed(backend *be, float *out, const weight *table)
     const batch *b = cb->b;
     for (int i = 0; i < b->n_tokens; i++)
         cpu_row_to_f32(out + (size_t)i * (size_t)table->cols, table, b->tokens[i], 0, table->cols);
+}
+
+static void cpu_convert(backend *be, float *out, const weight *w)
+{
+    (void)be;
+    for (int64_t r = 0; r < w->rows; r++) cpu_row_to_f32(out + r * w->cols, w, r, 0, w->cols);
 }
 
 typedef struct {
@@ -201,8 +245,19 @@ static const struct backend_ops k_cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,
+    .unified = true,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .copy_async = cpu_copy,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_sync = cpu_event_sync,
+    .mem_available = cpu_mem_available,
     .set_batch = cpu_set_batch,
     .embed = cpu_embed,
+    .convert = cpu_convert,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,

@@ -1,0 +1,585 @@
+/*
+ * offload.c - see offload.h.
+ *
+ * offload_open runs in three phases, and the order is what makes it safe:
+ * (1) every blob is verified or rebuilt (temp file, fsync, rename) while the
+ * old manifest stays in place; (2) only when all are valid is the new
+ * manifest written atomically; (3) then blobs the old manifest listed and
+ * the new one does not are deleted. A blob rewritten in phase 1 of a run
+ * that later fails is still listed in the old manifest with its old
+ * checksum, so the next run's verification catches it: trust always comes
+ * from the checksum, never from the file being there.
+ *
+ * Deletion only ever touches files the old manifest names, and only after
+ * checking that each name is KEY.bin for a well-formed key, so a stray or
+ * hand-edited manifest cannot make ferry delete anything else.
+ */
+#define _GNU_SOURCE
+#include "offload.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef __SSE4_2__
+#include <nmmintrin.h>
+#endif
+
+#include "fault.h"
+#include "json.h"
+#include "util.h"
+
+#define WRITE_BUF (1u << 20)  /* the writer's staging buffer: small writes gather here */
+#define VERIFY_BUF (4u << 20) /* read size when verifying a reused blob */
+
+/* ---- CRC-32C -------------------------------------------------------------- */
+
+/* Slicing-by-8 tables for the reflected Castagnoli polynomial: g_crc[0] is
+ * the classic byte table, g_crc[k] advances a byte that is k bytes further
+ * from the end of the 8-byte word. */
+static uint32_t g_crc[8][256];
+static pthread_once_t g_crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_tables_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        g_crc[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int s = 1; s < 8; s++) g_crc[s][i] = (g_crc[s - 1][i] >> 8) ^ g_crc[0][g_crc[s - 1][i] & 0xff];
+}
+
+uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n)
+{
+    pthread_once(&g_crc_once, crc_tables_init);
+    const uint8_t *p = data;
+    uint32_t c = ~crc;
+    /* Bytes are assembled explicitly, so this is right on any endianness
+     * and alignment. */
+    for (; n >= 8; n -= 8, p += 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        c = g_crc[7][lo & 0xff] ^ g_crc[6][(lo >> 8) & 0xff] ^ g_crc[5][(lo >> 16) & 0xff] ^ g_crc[4][lo >> 24] ^
+            g_crc[3][hi & 0xff] ^ g_crc[2][(hi >> 8) & 0xff] ^ g_crc[1][(hi >> 16) & 0xff] ^ g_crc[0][hi >> 24];
+    }
+    while (n--) c = (c >> 8) ^ g_crc[0][(c ^ *p++) & 0xff];
+    return ~c;
+}
+
+#ifdef __SSE4_2__
+uint32_t crc32c(uint32_t crc, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    uint64_t c = ~crc;
+    while (n > 0 && ((uintptr_t)p & 7)) {
+        c = _mm_crc32_u8((uint32_t)c, *p++);
+        n--;
+    }
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = _mm_crc32_u64(c, v);
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#else
+uint32_t crc32c(uint32_t crc, const void *data, size_t n) { return crc32c_sw(crc, data, n); }
+#endif
+
+/* ---- writing -------------------------------------------------------------- */
+
+ferry_status io_write_all(int fd, const char *path, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        /* The hook goes on the result: the write really happened, but the
+         * caller must behave as if the disk had filled up. */
+        if (fault_hit(FAULT_WRITE_ENOSPC)) {
+            w = -1;
+            errno = ENOSPC;
+        }
+        if (w < 0) return ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
+        p += w;
+        n -= (size_t)w;
+    }
+    return FERRY_OK;
+}
+
+struct offload_writer {
+    int fd;
+    const char *path; /* the blob's final name, which messages give */
+    const char *key;
+    uint64_t size;    /* what the spec promises */
+    uint64_t written; /* bytes accepted so far */
+    uint32_t crc;     /* of those bytes */
+    uint8_t *buf;     /* [WRITE_BUF], 4096-aligned */
+    size_t fill;
+    ferry_status st;  /* the first failure; every later call returns it */
+};
+
+static ferry_status writer_flush(offload_writer *w)
+{
+    if (w->st == FERRY_OK && w->fill > 0) w->st = io_write_all(w->fd, w->path, w->buf, w->fill);
+    w->fill = 0;
+    return w->st;
+}
+
+ferry_status offload_write(offload_writer *w, const void *data, size_t n)
+{
+    if (w->st != FERRY_OK) return w->st;
+    if (n > w->size - w->written)
+        return w->st = ferry_fail(FERRY_ERR_INTERNAL, "%s: blob '%s' would exceed its size of %" PRIu64 " bytes",
+                                  w->path, w->key, w->size);
+    w->crc = crc32c(w->crc, data, n);
+    w->written += n;
+    const uint8_t *p = data;
+    if (n >= WRITE_BUF) {
+        /* Whole tensors go straight to the file; copying them would only
+         * cost memory bandwidth. */
+        if (writer_flush(w) != FERRY_OK) return w->st;
+        w->st = io_write_all(w->fd, w->path, p, n);
+        return w->st;
+    }
+    while (n > 0) {
+        size_t k = WRITE_BUF - w->fill;
+        if (k > n) k = n;
+        memcpy(w->buf + w->fill, p, k);
+        w->fill += k;
+        p += k;
+        n -= k;
+        if (w->fill == WRITE_BUF && writer_flush(w) != FERRY_OK) return w->st;
+    }
+    return FERRY_OK;
+}
+
+ferry_status offload_pad(offload_writer *w, size_t n)
+{
+    static const uint8_t zeros[OFFLOAD_ALIGN];
+    while (n > 0) {
+        size_t k = n < sizeof zeros ? n : sizeof zeros;
+        FERRY_TRY(offload_write(w, zeros, k));
+        n -= k;
+    }
+    return FERRY_OK;
+}
+
+/* Writes blob i under a temporary name and renames it into place. On
+ * failure nothing is left behind and the old file (if any) is untouched. */
+static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i, offload_fill_fn fill, void *ctx,
+                               uint8_t *buf)
+{
+    size_t n = strlen(b->path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", b->path);
+    snprintf(tmp, n, "%s.tmp.%ld", b->path, (long)getpid());
+    ferry_status st;
+    offload_writer w = {.fd = -1, .path = b->path, .key = spec->key, .size = spec->size, .buf = buf};
+    w.fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (w.fd < 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    st = fill(ctx, i, &w);
+    if (st == FERRY_OK) st = w.st; /* a fill that ignored a failed write */
+    else if (w.st == FERRY_OK) st = ferry_fail_context(st, "%s", b->path); /* the fill's own failure */
+    if (st != FERRY_OK) goto fail;
+    if ((st = writer_flush(&w)) != FERRY_OK) goto fail;
+    if (w.written != spec->size) {
+        st = ferry_fail(FERRY_ERR_INTERNAL, "%s: blob '%s' got %" PRIu64 " bytes, expected %" PRIu64, b->path,
+                        spec->key, w.written, spec->size);
+        goto fail;
+    }
+    if (fsync(w.fd) != 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", b->path, strerror(errno));
+        goto fail;
+    }
+    int fd = w.fd;
+    w.fd = -1;
+    if (close(fd) != 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", b->path, strerror(errno));
+        goto fail;
+    }
+    if (rename(tmp, b->path) != 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", b->path, strerror(errno));
+        goto fail;
+    }
+    util_fsync_dir_of(b->path);
+    free(tmp);
+    b->crc = w.crc;
+    b->rebuilt = true;
+    return FERRY_OK;
+
+fail:
+    if (w.fd >= 0) close(w.fd);
+    unlink(tmp);
+    free(tmp);
+    return st;
+}
+
+/* ---- the old manifest ----------------------------------------------------- */
+
+typedef struct {
+    char *key;
+    uint64_t size;
+    uint32_t crc;
+} old_entry;
+
+typedef struct {
+    char *text; /* as read, to skip rewriting an unchanged manifest */
+    size_t len;
+    char *fingerprint;
+    old_entry *entries;
+    int n;
+} old_manifest;
+
+static bool key_valid(const char *key)
+{
+    if (!key || !*key) return false;
+    for (const char *p = key; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-')) return false;
+    return true;
+}
+
+static bool parse_crc(const char *s, uint32_t *out)
+{
+    if (!s || strlen(s) != 8) return false;
+    uint32_t v = 0;
+    for (int k = 0; k < 8; k++) {
+        char ch = s[k];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    *out = v;
+    return true;
+}
+
+static void manifest_clear(old_manifest *m)
+{
+    for (int i = 0; i < m->n; i++) free(m->entries[i].key);
+    free(m->entries);
+    free(m->fingerprint);
+    free(m->text);
+    *m = (old_manifest){0};
+}
+
+static const old_entry *manifest_find(const old_manifest *m, const char *key)
+{
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->entries[i].key, key) == 0) return &m->entries[i];
+    return NULL;
+}
+
+/* Fills m's entries from its text; returns why it cannot, or NULL. */
+static const char *manifest_parse(old_manifest *m)
+{
+    json_doc *doc = NULL;
+    const char *why = NULL;
+    if (json_parse(m->text, m->len, &doc) != FERRY_OK) return "not valid JSON";
+    const json_value *root = json_doc_root(doc);
+    const json_value *format = json_get(root, "format");
+    const json_value *fp = json_get(root, "fingerprint");
+    const json_value *blobs = json_get(root, "blobs");
+    if (!format || !format->is_int || format->integer != 1) {
+        why = "format is not 1";
+        goto done;
+    }
+    if (!fp || fp->type != JSON_STRING || !blobs || blobs->type != JSON_ARRAY) {
+        why = "missing fingerprint or blobs";
+        goto done;
+    }
+    m->fingerprint = strdup(fp->str);
+    m->entries = calloc(blobs->len ? blobs->len : 1, sizeof *m->entries);
+    if (!m->fingerprint || !m->entries) {
+        why = "out of memory";
+        goto done;
+    }
+    for (size_t k = 0; k < blobs->len; k++) {
+        const json_value *e = &blobs->items[k];
+        bool bad = false;
+        const char *key = json_get_str(e, "key", &bad);
+        const char *file = json_get_str(e, "file", &bad);
+        const char *crc = json_get_str(e, "crc32c", &bad);
+        int64_t size = -1;
+        json_get_int(e, "size", &size, &bad);
+        old_entry ent = {0};
+        /* The file name must be exactly what ferry would have written: it is
+         * the only name this code will ever delete. */
+        if (bad || !key_valid(key) || !file || strlen(file) != strlen(key) + 4 || strncmp(file, key, strlen(key)) ||
+            strcmp(file + strlen(key), ".bin") || size < 0 || !parse_crc(crc, &ent.crc) || manifest_find(m, key)) {
+            why = "a malformed blob entry";
+            goto done;
+        }
+        ent.size = (uint64_t)size;
+        if (!(ent.key = strdup(key))) {
+            why = "out of memory";
+            goto done;
+        }
+        m->entries[m->n++] = ent;
+    }
+done:
+    json_doc_free(doc);
+    return why;
+}
+
+/* Reads dir's manifest into m. A missing or unusable one leaves m empty:
+ * then nothing is reusable, which costs a rebuild but is never wrong. */
+static void manifest_load(const char *path, old_manifest *m)
+{
+    *m = (old_manifest){0};
+    ferry_status st = util_read_file(path, &m->text, &m->len);
+    if (st == FERRY_ERR_NOT_FOUND) return;
+    if (st != FERRY_OK) {
+        fprintf(stderr, "ferry: warning: %s; rebuilding every offload blob\n", ferry_errmsg());
+        return;
+    }
+    const char *why = manifest_parse(m);
+    if (why) {
+        fprintf(stderr, "ferry: warning: %s: unusable manifest (%s); rebuilding every offload blob\n", path, why);
+        char *text = m->text;
+        size_t len = m->len;
+        m->text = NULL;
+        manifest_clear(m);
+        m->text = text; /* kept only so that it is replaced, never trusted */
+        m->len = len;
+    }
+}
+
+static ferry_status manifest_render(const char *fingerprint, const offload_dir *od, const offload_spec *specs,
+                                    strbuf *sb)
+{
+    sb_puts(sb, "{\n  \"format\": 1,\n  \"fingerprint\": ");
+    sb_json_str(sb, fingerprint);
+    sb_puts(sb, ",\n  \"blobs\": [");
+    for (int i = 0; i < od->n; i++) {
+        sb_puts(sb, i ? ",\n    {\"key\": " : "\n    {\"key\": ");
+        sb_json_str(sb, specs[i].key);
+        sb_printf(sb, ", \"file\": \"%s.bin\", \"size\": %" PRIu64 ", \"crc32c\": \"%08" PRIx32 "\"}", specs[i].key,
+                  od->blobs[i].size, od->blobs[i].crc);
+    }
+    sb_puts(sb, od->n ? "\n  ]\n}\n" : "]\n}\n");
+    if (sb->oom) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", OFFLOAD_MANIFEST);
+    return FERRY_OK;
+}
+
+/* ---- verification and the directory -------------------------------------- */
+
+/* Opens path for reading, with O_DIRECT where the file system allows it. */
+static int open_read(const char *path, bool *direct)
+{
+    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    *direct = fd >= 0;
+    if (fd < 0 && errno == EINVAL) fd = open(path, O_RDONLY | O_CLOEXEC); /* tmpfs and friends */
+    return fd;
+}
+
+/* True when path holds exactly `size` bytes whose CRC-32C is `want`. Says
+ * on stderr why not when that is a surprise (the manifest vouched for it). */
+static bool blob_verify(const char *path, uint64_t size, uint32_t want, uint8_t *buf)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        fprintf(stderr, "ferry: warning: %s: %s; rebuilding it\n", path, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size) {
+        fprintf(stderr, "ferry: warning: %s: %" PRIu64 " bytes, the manifest says %" PRIu64 "; rebuilding it\n", path,
+                (uint64_t)sb.st_size, size);
+        return false;
+    }
+    bool direct;
+    int fd = open_read(path, &direct);
+    if (fd < 0) {
+        fprintf(stderr, "ferry: warning: %s: %s; rebuilding it\n", path, strerror(errno));
+        return false;
+    }
+    uint32_t crc = 0;
+    uint64_t off = 0;
+    bool ok = true;
+    while (off < size) {
+        size_t want_n = size - off < VERIFY_BUF ? (size_t)(size - off) : VERIFY_BUF;
+        ssize_t r = pread(fd, buf, want_n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        /* A short O_DIRECT read would leave the next one unaligned; a file
+         * that reads short is not one to trust anyway. */
+        if (r <= 0 || (direct && (size_t)r != want_n)) {
+            fprintf(stderr, "ferry: warning: %s: read at %" PRIu64 ": %s; rebuilding it\n", path, off,
+                    r < 0 ? strerror(errno) : "short read");
+            ok = false;
+            break;
+        }
+        crc = crc32c(crc, buf, (size_t)r);
+        off += (uint64_t)r;
+    }
+    close(fd);
+    if (ok && crc != want)
+        fprintf(stderr, "ferry: warning: %s: checksum %08" PRIx32 ", the manifest says %08" PRIx32 "; rebuilding it\n",
+                path, crc, want);
+    return ok && crc == want;
+}
+
+static ferry_status mkdir_p(const char *dir)
+{
+    if (!*dir) return ferry_fail(FERRY_ERR_INVALID, "offload: empty directory name");
+    char *p = strdup(dir);
+    if (!p) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
+    ferry_status st = FERRY_OK;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char save = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            st = ferry_fail(FERRY_ERR_IO, "%s: mkdir: %s", p, strerror(errno));
+            break;
+        }
+        *s = save;
+        if (!save) break;
+    }
+    free(p);
+    struct stat sb;
+    if (st == FERRY_OK && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        st = ferry_fail(FERRY_ERR_IO, "%s: not a directory", dir);
+    return st;
+}
+
+static ferry_status specs_check(const offload_spec *specs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!key_valid(specs[i].key))
+            return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob key '%s' is not [a-z0-9-]+",
+                              specs[i].key ? specs[i].key : "(null)");
+        if (specs[i].size % OFFLOAD_ALIGN)
+            return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob '%s': size %" PRIu64 " is not a multiple of %u",
+                              specs[i].key, specs[i].size, OFFLOAD_ALIGN);
+        for (int j = 0; j < i; j++)
+            if (strcmp(specs[i].key, specs[j].key) == 0)
+                return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob key '%s' appears twice", specs[i].key);
+    }
+    return FERRY_OK;
+}
+
+/* Joins dir and KEY.bin. */
+static char *blob_path(const char *dir, const char *key)
+{
+    size_t n = strlen(key);
+    char *name = malloc(n + 5);
+    if (!name) return NULL;
+    memcpy(name, key, n);
+    memcpy(name + n, ".bin", 5);
+    char *p = util_path_join(dir, name);
+    free(name);
+    return p;
+}
+
+/* ---- public --------------------------------------------------------------- */
+
+ferry_status offload_open(const char *dir, const char *fingerprint, const offload_spec *specs, int n,
+                          offload_fill_fn fill, void *ctx, offload_dir **out)
+{
+    *out = NULL;
+    if (n < 0) return ferry_fail(FERRY_ERR_INTERNAL, "offload: %d blobs", n);
+    FERRY_TRY(specs_check(specs, n));
+    FERRY_TRY(mkdir_p(dir));
+
+    ferry_status st = FERRY_OK;
+    old_manifest old = {0};
+    strbuf sb;
+    sb_init(&sb);
+    uint8_t *buf = NULL;
+    char *mpath = util_path_join(dir, OFFLOAD_MANIFEST);
+    offload_dir *od = calloc(1, sizeof *od);
+    if (!mpath || !od || !(od->dir = strdup(dir)) || !(od->blobs = calloc(n ? (size_t)n : 1, sizeof *od->blobs))) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) od->blobs[i].fd = -1;
+    od->n = n;
+    /* One buffer serves verification (4 MiB reads) and writing (1 MiB). */
+    if (posix_memalign((void **)&buf, OFFLOAD_ALIGN, VERIFY_BUF > WRITE_BUF ? VERIFY_BUF : WRITE_BUF) != 0) {
+        buf = NULL;
+        st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
+        goto fail;
+    }
+
+    manifest_load(mpath, &old);
+    bool same_inputs = old.fingerprint && strcmp(old.fingerprint, fingerprint) == 0;
+
+    /* Phase 1: every blob valid, the old manifest untouched. */
+    for (int i = 0; i < n; i++) {
+        offload_blob *b = &od->blobs[i];
+        b->size = specs[i].size;
+        if (!(b->path = blob_path(dir, specs[i].key))) {
+            st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
+            goto fail;
+        }
+        const old_entry *e = same_inputs ? manifest_find(&old, specs[i].key) : NULL;
+        if (e && e->size == b->size && blob_verify(b->path, b->size, e->crc, buf)) {
+            b->crc = e->crc;
+            continue;
+        }
+        if (!fill) {
+            st = ferry_fail(FERRY_ERR_INTERNAL, "%s: must be rebuilt, but no fill callback was given", b->path);
+            goto fail;
+        }
+        if ((st = blob_build(b, &specs[i], i, fill, ctx, buf)) != FERRY_OK) goto fail;
+    }
+
+    /* Phase 2: the new manifest vouches for exactly these blobs. */
+    if ((st = manifest_render(fingerprint, od, specs, &sb)) != FERRY_OK) goto fail;
+    if (!old.text || old.len != sb.len || memcmp(old.text, sb.data, sb.len) != 0)
+        if ((st = util_write_file_atomic(mpath, sb.data, sb.len)) != FERRY_OK) goto fail;
+
+    /* Phase 3: what no manifest vouches for any more goes. */
+    for (int k = 0; k < old.n; k++) {
+        bool needed = false;
+        for (int i = 0; i < n && !needed; i++) needed = strcmp(old.entries[k].key, specs[i].key) == 0;
+        if (needed) continue;
+        char *p = blob_path(dir, old.entries[k].key);
+        if (p && unlink(p) != 0 && errno != ENOENT)
+            fprintf(stderr, "ferry: warning: %s: cannot delete unused blob: %s\n", p, strerror(errno));
+        free(p);
+    }
+
+    for (int i = 0; i < n; i++) {
+        offload_blob *b = &od->blobs[i];
+        b->fd = open_read(b->path, &b->direct);
+        if (b->fd < 0) {
+            st = ferry_fail(FERRY_ERR_IO, "%s: %s", b->path, strerror(errno));
+            goto fail;
+        }
+    }
+    *out = od;
+    od = NULL;
+
+fail:
+    offload_close(od);
+    manifest_clear(&old);
+    sb_free(&sb);
+    free(buf);
+    free(mpath);
+    return st;
+}
+
+void offload_close(offload_dir *od)
+{
+    if (!od) return;
+    for (int i = 0; od->blobs && i < od->n; i++) {
+        if (od->blobs[i].fd >= 0) close(od->blobs[i].fd);
+        free(od->blobs[i].path);
+    }
+    free(od->blobs);
+    free(od->dir);
+    free(od);
+}

@@ -1,0 +1,170 @@
+/*
+ * plan.c - see plan.h.
+ */
+#include "plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define RUNTIME_OVERHEAD (96ull << 20) /* code, allocator, small buffers */
+
+const char *tier_name(tier t)
+{
+    switch (t) {
+    case TIER_DEVICE: return "device";
+    case TIER_HOST: return "host";
+    case TIER_DISK: return "disk";
+    default: return "?";
+    }
+}
+
+static void place(plan_group *g, uint64_t left[2])
+{
+    for (int t = 0; t < 2; t++) {
+        if (g->bytes <= left[t]) {
+            g->tier = (tier)t;
+            if (left[t] != PLAN_UNLIMITED) left[t] -= g->bytes;
+            return;
+        }
+    }
+    g->tier = TIER_DISK;
+}
+
+ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (o->group_size < 1) return ferry_fail(FERRY_ERR_INVALID, "--group-size must be >= 1 (got %d)", o->group_size);
+    if (o->prefetch < 1) return ferry_fail(FERRY_ERR_INVALID, "--prefetch must be >= 1 (got %d)", o->prefetch);
+    int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
+    out->n_groups = n_layer_groups + 2;
+    out->groups = calloc((size_t)out->n_groups, sizeof *out->groups);
+    if (!out->groups) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+
+    plan_group *g = out->groups;
+    g[0] = (plan_group){GROUP_EMBED, 0, 0, unit_bytes[0], TIER_DEVICE};
+    for (int i = 0; i < n_layer_groups; i++) {
+        plan_group *lg = &g[1 + i];
+        lg->kind = GROUP_LAYERS;
+        lg->first_layer = i * o->group_size;
+        lg->n_layers = m->n_layers - lg->first_layer < o->group_size ? m->n_layers - lg->first_layer : o->group_size;
+        for (int l = 0; l < lg->n_layers; l++) lg->bytes += unit_bytes[1 + lg->first_layer + l];
+    }
+    g[out->n_groups - 1] = (plan_group){GROUP_HEAD, 0, 0, unit_bytes[m->n_layers + 1], TIER_DEVICE};
+
+    uint64_t left[2] = {o->budget[0], o->budget[1]};
+    for (int i = 1; i < out->n_groups; i++) place(&g[i], left);
+    place(&g[0], left);
+
+    for (int i = 0; i < out->n_groups; i++) {
+        out->tier_bytes[g[i].tier] += g[i].bytes;
+        if (i > 0 && g[i].tier != TIER_DEVICE) {
+            out->n_streamed++;
+            if (g[i].bytes > out->slot_bytes) out->slot_bytes = g[i].bytes;
+        }
+    }
+    out->n_stage_slots = out->n_streamed < o->prefetch + 1 ? out->n_streamed : o->prefetch + 1;
+    out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
+    if (!o->unified) {
+        /* disk reads land in pinned bounce buffers, one per slot */
+        uint64_t disk_max = 0;
+        for (int i = 1; i < out->n_groups; i++)
+            if (g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
+        out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
+    }
+    out->kv_bytes = 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context * (uint64_t)m->kv_dim * 4;
+    uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
+                         2ull * (uint64_t)m->hidden;
+    out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
+                     (uint64_t)o->n_seqs * ((uint64_t)m->dim + (uint64_t)m->vocab) * 4;
+    return FERRY_OK;
+}
+
+void plan_free(plan *p)
+{
+    free(p->groups);
+    memset(p, 0, sizeof *p);
+}
+
+ferry_status plan_parse_budgets(const char *s, uint64_t budget[2])
+{
+    budget[0] = budget[1] = PLAN_UNLIMITED;
+    if (!s || !*s) return FERRY_OK;
+    const char *p = s;
+    while (*p) {
+        const char *eq = strchr(p, '=');
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        if (!eq || eq > end)
+            return ferry_fail(FERRY_ERR_INVALID, "--max-memory: expected device=SIZE,host=SIZE, got '%s'", s);
+        int t;
+        if ((size_t)(eq - p) == 6 && !strncmp(p, "device", 6)) t = 0;
+        else if ((size_t)(eq - p) == 4 && !strncmp(p, "host", 4)) t = 1;
+        else return ferry_fail(FERRY_ERR_INVALID, "--max-memory: unknown tier '%.*s' (expected device or host)", (int)(eq - p), p);
+        char val[64];
+        size_t n = (size_t)(end - eq - 1);
+        if (n >= sizeof val) return ferry_fail(FERRY_ERR_INVALID, "--max-memory: size too long in '%s'", s);
+        memcpy(val, eq + 1, n);
+        val[n] = '\0';
+        ferry_status st = util_parse_size(val, &budget[t]);
+        if (st != FERRY_OK) return ferry_fail_context(st, "--max-memory %s", t ? "host" : "device");
+        p = *end ? end + 1 : end;
+    }
+    return FERRY_OK;
+}
+
+void plan_needs(const plan *p, const plan_opts *o, uint64_t *host, uint64_t *device)
+{
+    uint64_t work = p->stage_bytes + p->kv_bytes + p->act_bytes;
+    *device = p->tier_bytes[TIER_DEVICE] + work;
+    *host = p->tier_bytes[TIER_HOST] + p->host_stage_bytes + RUNTIME_OVERHEAD;
+    if (o->unified) {
+        *host += *device;
+        *device = *host;
+    }
+}
+
+ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, uint64_t device_avail)
+{
+    uint64_t host, device;
+    plan_needs(p, o, &host, &device);
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+    if (host > host_avail)
+        return ferry_fail(FERRY_ERR_NOMEM,
+                          "the plan needs %s of %s memory (weights: device %s, host %s; staging %s; KV cache %s; "
+                          "activations %s) but %s is available; lower --max-memory, --prefetch, --group-size or "
+                          "the batch/context",
+                          util_fmt_bytes(host, a, sizeof a), "host",
+                          util_fmt_bytes(o->unified ? p->tier_bytes[TIER_DEVICE] : 0, b, sizeof b),
+                          util_fmt_bytes(p->tier_bytes[TIER_HOST], c, sizeof c),
+                          util_fmt_bytes(o->unified ? p->stage_bytes : p->host_stage_bytes, d, sizeof d),
+                          util_fmt_bytes(o->unified ? p->kv_bytes : 0, e, sizeof e),
+                          util_fmt_bytes(o->unified ? p->act_bytes : 0, f, sizeof f),
+                          util_fmt_bytes(host_avail, g, sizeof g));
+    if (!o->unified && device > device_avail)
+        return ferry_fail(FERRY_ERR_NOMEM,
+                          "the plan needs %s of device memory (weights %s; staging %s; KV cache %s; activations %s) "
+                          "but %s is free; lower --max-memory device=, --prefetch, --group-size or the batch/context",
+                          util_fmt_bytes(device, a, sizeof a), util_fmt_bytes(p->tier_bytes[TIER_DEVICE], b, sizeof b),
+                          util_fmt_bytes(p->stage_bytes, c, sizeof c), util_fmt_bytes(p->kv_bytes, d, sizeof d),
+                          util_fmt_bytes(p->act_bytes, e, sizeof e), util_fmt_bytes(device_avail, f, sizeof f));
+    return FERRY_OK;
+}
+
+uint64_t plan_host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return PLAN_UNLIMITED;
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            found = true;
+            break;
+        }
+    fclose(f);
+    return found ? kb * 1024ull : PLAN_UNLIMITED;
+}

@@ -1,0 +1,90 @@
+/*
+ * plan.h - placing a model's weights on tiers: which groups stay resident on
+ * the device, which in host memory, which stream from the offload dir.
+ *
+ * Units are the embedding, each decoder layer (never split) and the head
+ * (final norm + lm_head). Groups are the embedding, runs of group_size
+ * consecutive layers, and the head; a group is the unit of placement and of
+ * streaming. Budgets cap the weight bytes resident on the device and host
+ * tiers; a group goes to the first tier, device then host, with room for it,
+ * else to disk. Layer and head groups are placed in execution order; the
+ * embedding is placed last because a step reads only a few of its rows (the
+ * tokens' rows are gathered from whatever tier holds it), so keeping it
+ * resident gains the least. With tied embeddings the table lives in the head
+ * group and the embedding group is empty.
+ *
+ * The working memory - staging slots for the groups in flight, the KV
+ * cache, activations - is sized from the options and reported apart from
+ * the weights; plan_check compares the total with what the machine has.
+ * Planning reads no weights.
+ */
+#ifndef FERRY_PLAN_H
+#define FERRY_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum { TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_COUNT } tier;
+typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD } group_kind;
+
+#define PLAN_UNLIMITED UINT64_MAX
+
+typedef struct {
+    group_kind kind;
+    int first_layer, n_layers; /* GROUP_LAYERS */
+    uint64_t bytes;            /* size of the group's blob (its staging slot layout) */
+    tier tier;
+} plan_group;
+
+typedef struct {
+    uint64_t budget[2];   /* device, host weight budgets; PLAN_UNLIMITED when not given */
+    int group_size;       /* >= 1 */
+    int prefetch;         /* groups fetched ahead of the computing one, >= 1 */
+    int n_seqs;           /* sequences the KV cache holds */
+    int context;          /* positions per sequence */
+    int max_step_tokens;  /* most token rows in one step */
+    bool unified;         /* device memory is host memory (the CPU backend) */
+} plan_opts;
+
+typedef struct {
+    int n_groups;
+    plan_group *groups;          /* embed, layer groups in order, head */
+    uint64_t tier_bytes[TIER_COUNT];
+    int n_streamed;              /* groups on host or disk, excluding the embedding */
+    int n_stage_slots;           /* device staging slots: min(prefetch + 1, n_streamed) */
+    uint64_t slot_bytes;         /* largest streamed group */
+    uint64_t stage_bytes;        /* n_stage_slots x slot_bytes, device memory */
+    uint64_t host_stage_bytes;   /* pinned host bounce buffers for disk reads (non-unified) */
+    uint64_t kv_bytes;
+    uint64_t act_bytes;
+} plan;
+
+/* Model shape the plan needs beyond unit sizes. */
+typedef struct {
+    int n_layers;
+    int dim, hidden, vocab, q_dim, kv_dim;
+} plan_model;
+
+/* unit_bytes: [n_layers + 2] = embedding, layer 0 .. n_layers-1, head; each a
+ * multiple of the blob alignment. */
+ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out);
+void plan_free(plan *p);
+
+/* Parses "device=SIZE,host=SIZE" (either key optional) into budget[2]. */
+ferry_status plan_parse_budgets(const char *s, uint64_t budget[2]);
+
+/* Memory the plan needs in host RAM and in device memory (equal for unified). */
+void plan_needs(const plan *p, const plan_opts *o, uint64_t *host, uint64_t *device);
+
+/* Fails, saying how much is needed and of what, when the plan does not fit
+ * the memory available (device_avail ignored when unified). */
+ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, uint64_t device_avail);
+
+const char *tier_name(tier t);
+
+/* Memory the OS says can be had without swapping (MemAvailable), in bytes. */
+uint64_t plan_host_available(void);
+
+#endif

@@ -1,0 +1,313 @@
+/*
+ * store.c - group layouts and loading the tiers. See store.h.
+ */
+#define _GNU_SOURCE
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
+
+static uint64_t slot_bytes(const tensor_slot *t)
+{
+    return (uint64_t)t->dst->rows * (uint64_t)t->dst->cols * dtype_size(t->dst->dtype);
+}
+
+/* Unit of each tensor slot: 0 embedding, 1 + l layer l, n_layers + 1 head.
+ * A tied embedding table belongs to the head: it is the lm_head. */
+static int unit_of(const model_config *cfg, const tensor_slot *t)
+{
+    switch (t->unit) {
+    case UNIT_EMBED: return cfg->tied ? cfg->n_layers + 1 : 0;
+    case UNIT_LAYER: return 1 + t->layer;
+    case UNIT_HEAD: return cfg->n_layers + 1;
+    }
+    return 0;
+}
+
+ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, uint64_t *unit_bytes)
+{
+    tensor_slot *slots;
+    int n;
+    FERRY_TRY(model_tensor_slots(cfg, (model_weights *)w, &slots, &n));
+    memset(unit_bytes, 0, (size_t)(cfg->n_layers + 2) * sizeof *unit_bytes);
+    for (int i = 0; i < n; i++) {
+        int u = unit_of(cfg, &slots[i]);
+        unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + slot_bytes(&slots[i]);
+    }
+    for (int u = 0; u < cfg->n_layers + 2; u++) unit_bytes[u] = ALIGN_UP(unit_bytes[u], OFFLOAD_ALIGN);
+    free(slots);
+    return FERRY_OK;
+}
+
+static int group_of_unit(const plan *p, int u, int n_layers)
+{
+    if (u == 0) return 0;
+    if (u == n_layers + 1) return p->n_groups - 1;
+    for (int g = 1; g < p->n_groups - 1; g++)
+        if (u - 1 >= p->groups[g].first_layer && u - 1 < p->groups[g].first_layer + p->groups[g].n_layers) return g;
+    return -1;
+}
+
+/* Offsets: units in order within the group, each starting 4096-aligned,
+ * tensors 256-aligned within the unit - the layout store_unit_bytes sized. */
+static ferry_status make_layouts(store *s, const model_config *cfg)
+{
+    const plan *p = s->plan;
+    s->layouts = calloc((size_t)p->n_groups, sizeof *s->layouts);
+    if (!s->layouts) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int g = 0; g < p->n_groups; g++) {
+        s->layouts[g].slot = calloc((size_t)s->n_slots, sizeof(int));
+        s->layouts[g].offset = calloc((size_t)s->n_slots, sizeof(uint64_t));
+        if (!s->layouts[g].slot || !s->layouts[g].offset) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    uint64_t *fill = calloc((size_t)p->n_groups, sizeof *fill);
+    if (!fill) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    /* slots come in execution order, so units (and groups) appear in order */
+    for (int u = 0; u < cfg->n_layers + 2; u++) {
+        int g = group_of_unit(p, u, cfg->n_layers);
+        fill[g] = ALIGN_UP(fill[g], OFFLOAD_ALIGN);
+        for (int i = 0; i < s->n_slots; i++) {
+            if (unit_of(cfg, &s->src[i]) != u) continue;
+            group_layout *L = &s->layouts[g];
+            fill[g] = ALIGN_UP(fill[g], STORE_TENSOR_ALIGN);
+            L->slot[L->n] = i;
+            L->offset[L->n] = fill[g];
+            L->n++;
+            fill[g] += slot_bytes(&s->src[i]);
+            if (s->src[i].unit == UNIT_EMBED) {
+                s->embed_group = g;
+                s->embed_offset = L->offset[L->n - 1];
+            }
+        }
+    }
+    ferry_status st = FERRY_OK;
+    for (int g = 0; g < p->n_groups; g++)
+        if (ALIGN_UP(fill[g], OFFLOAD_ALIGN) != p->groups[g].bytes)
+            st = ferry_fail(FERRY_ERR_INTERNAL, "group %d layout is %llu bytes, plan says %llu", g,
+                            (unsigned long long)ALIGN_UP(fill[g], OFFLOAD_ALIGN),
+                            (unsigned long long)p->groups[g].bytes);
+    free(fill);
+    return st;
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+typedef void (*put_fn)(store *s, void *dst, const void *src, size_t n);
+
+static void put_device(store *s, void *dst, const void *src, size_t n) { s->be->ops->upload(s->be, dst, src, n); }
+static void put_host(store *s, void *dst, const void *src, size_t n)
+{
+    (void)s;
+    memcpy(dst, src, n);
+}
+
+/* Fills a resident buffer in group g's layout from the checkpoint. Padding
+ * bytes are left as allocated: nothing reads them. */
+static void fill_resident(store *s, int g, void *base, put_fn put)
+{
+    const group_layout *L = &s->layouts[g];
+    for (int k = 0; k < L->n; k++) {
+        const weight *w = s->src[L->slot[k]].dst;
+        size_t n = (size_t)slot_bytes(&s->src[L->slot[k]]);
+        put(s, (char *)base + L->offset[k], w->data, n);
+        st_release_pages(w->data, n);
+    }
+}
+
+typedef struct {
+    store *s;
+    int *groups; /* blob index -> group */
+} blob_ctx;
+
+static ferry_status fill_blob(void *vctx, int i, offload_writer *w)
+{
+    blob_ctx *c = vctx;
+    store *s = c->s;
+    int g = c->groups[i];
+    const group_layout *L = &s->layouts[g];
+    uint64_t at = 0;
+    for (int k = 0; k < L->n; k++) {
+        const weight *src = s->src[L->slot[k]].dst;
+        size_t n = (size_t)slot_bytes(&s->src[L->slot[k]]);
+        FERRY_TRY(offload_pad(w, (size_t)(L->offset[k] - at)));
+        FERRY_TRY(offload_write(w, src->data, n));
+        st_release_pages(src->data, n);
+        at = L->offset[k] + n;
+    }
+    return offload_pad(w, (size_t)(s->plan->groups[g].bytes - at));
+}
+
+static void blob_key(const plan_group *pg, char *buf, size_t cap)
+{
+    switch (pg->kind) {
+    case GROUP_EMBED: snprintf(buf, cap, "embed"); break;
+    case GROUP_HEAD: snprintf(buf, cap, "head"); break;
+    case GROUP_LAYERS:
+        snprintf(buf, cap, "layers-%03d-%03d", pg->first_layer, pg->first_layer + pg->n_layers - 1);
+        break;
+    }
+}
+
+static ferry_status open_disk_tier(store *s, const char *dir, const char *fingerprint)
+{
+    const plan *p = s->plan;
+    int n = 0;
+    for (int g = 0; g < p->n_groups; g++) n += p->groups[g].tier == TIER_DISK && p->groups[g].bytes > 0;
+    if (n == 0) return FERRY_OK;
+    if (!dir)
+        return ferry_fail(FERRY_ERR_INVALID,
+                          "%d groups do not fit the --max-memory budgets and must stream from disk: give "
+                          "--offload-dir DIR",
+                          n);
+    offload_spec *specs = calloc((size_t)n, sizeof *specs);
+    char(*keys)[32] = calloc((size_t)n, sizeof *keys);
+    int *groups = calloc((size_t)n, sizeof *groups);
+    ferry_status st = FERRY_OK;
+    if (!specs || !keys || !groups) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int g = 0; st == FERRY_OK && g < p->n_groups; g++) {
+        if (p->groups[g].tier != TIER_DISK || p->groups[g].bytes == 0) continue;
+        blob_key(&p->groups[g], keys[k], sizeof keys[k]);
+        specs[k] = (offload_spec){keys[k], p->groups[g].bytes};
+        groups[k] = g;
+        s->blob[g] = k;
+        k++;
+    }
+    blob_ctx ctx = {s, groups};
+    if (st == FERRY_OK) st = offload_open(dir, fingerprint, specs, n, fill_blob, &ctx, &s->od);
+    if (st == FERRY_OK && p->groups[s->embed_group].tier == TIER_DISK) {
+        /* row reads are small and unaligned: a buffered descriptor */
+        const char *path = s->od->blobs[s->blob[s->embed_group]].path;
+        s->embed_fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (s->embed_fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    free(specs);
+    free(keys);
+    free(groups);
+    return st;
+}
+
+ferry_status store_open(store *s, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
+                        model_weights *view, const char *offload_dir, const char *fingerprint)
+{
+    memset(s, 0, sizeof *s);
+    s->be = be;
+    s->plan = p;
+    s->embed_fd = -1;
+    int n_view;
+    ferry_status st = model_tensor_slots(cfg, ckpt, &s->src, &s->n_slots);
+    if (st == FERRY_OK) st = model_tensor_slots(cfg, view, &s->view, &n_view);
+    if (st != FERRY_OK) goto fail;
+    FERRY_ASSERT(n_view == s->n_slots);
+    /* the view starts as a copy of the checkpoint weights' shapes and dtypes */
+    for (int i = 0; i < s->n_slots; i++) *s->view[i].dst = *s->src[i].dst;
+    s->resident = calloc((size_t)p->n_groups, sizeof *s->resident);
+    s->pinned = calloc((size_t)p->n_groups, sizeof *s->pinned);
+    s->blob = malloc((size_t)p->n_groups * sizeof *s->blob);
+    if (!s->resident || !s->pinned || !s->blob) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int g = 0; g < p->n_groups; g++) s->blob[g] = -1;
+    if ((st = make_layouts(s, cfg)) != FERRY_OK) goto fail;
+
+    for (int g = 0; g < p->n_groups; g++) {
+        const plan_group *pg = &p->groups[g];
+        if (pg->bytes == 0 || pg->tier == TIER_DISK) continue;
+        char b[32];
+        if (pg->tier == TIER_DEVICE) {
+            s->resident[g] = be->ops->alloc(be, (size_t)pg->bytes);
+            if (!s->resident[g]) {
+                st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate %s of device memory for group %d",
+                                util_fmt_bytes(pg->bytes, b, sizeof b), g);
+                goto fail;
+            }
+            fill_resident(s, g, s->resident[g], put_device);
+        } else {
+            s->resident[g] = be->ops->host_alloc(be, (size_t)pg->bytes, &s->pinned[g]);
+            if (!s->resident[g]) {
+                st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate %s of host memory for group %d",
+                                util_fmt_bytes(pg->bytes, b, sizeof b), g);
+                goto fail;
+            }
+            fill_resident(s, g, s->resident[g], put_host);
+        }
+    }
+    if ((st = open_disk_tier(s, offload_dir, fingerprint)) != FERRY_OK) goto fail;
+    return FERRY_OK;
+fail:
+    store_close(s);
+    return st;
+}
+
+void store_close(store *s)
+{
+    if (s->resident)
+        for (int g = 0; g < s->plan->n_groups; g++) {
+            if (!s->resident[g]) continue;
+            if (s->plan->groups[g].tier == TIER_DEVICE) s->be->ops->release(s->be, s->resident[g]);
+            else s->be->ops->host_free(s->be, s->resident[g], (size_t)s->plan->groups[g].bytes, s->pinned[g]);
+        }
+    if (s->layouts)
+        for (int g = 0; g < s->plan->n_groups; g++) {
+            free(s->layouts[g].slot);
+            free(s->layouts[g].offset);
+        }
+    if (s->embed_fd >= 0) close(s->embed_fd);
+    offload_close(s->od);
+    free(s->layouts);
+    free(s->resident);
+    free(s->pinned);
+    free(s->blob);
+    free(s->src);
+    free(s->view);
+    memset(s, 0, sizeof *s);
+    s->embed_fd = -1;
+}
+
+void store_bind(const store *s, int g, const void *base)
+{
+    const group_layout *L = &s->layouts[g];
+    for (int k = 0; k < L->n; k++) s->view[L->slot[k]].dst->data = (const char *)base + L->offset[k];
+}
+
+size_t store_embed_row_bytes(const store *s)
+{
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->src[i].unit == UNIT_EMBED)
+            return (size_t)s->src[i].dst->cols * dtype_size(s->src[i].dst->dtype);
+    return 0;
+}
+
+ferry_status store_embed_rows(const store *s, const int32_t *tokens, int n, void *dst)
+{
+    size_t row = store_embed_row_bytes(s);
+    int g = s->embed_group;
+    for (int i = 0; i < n; i++) {
+        uint64_t off = s->embed_offset + (uint64_t)tokens[i] * row;
+        char *out = (char *)dst + (size_t)i * row;
+        if (s->resident[g]) {
+            memcpy(out, (const char *)s->resident[g] + off, row);
+            continue;
+        }
+        size_t got = 0;
+        while (got < row) {
+            ssize_t r = pread(s->embed_fd, out + got, row - got, (off_t)(off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0)
+                return ferry_fail(FERRY_ERR_IO, "%s: embedding row read at %llu: %s",
+                                  s->od->blobs[s->blob[g]].path, (unsigned long long)(off + got),
+                                  r < 0 ? strerror(errno) : "unexpected end of file");
+            got += (size_t)r;
+        }
+    }
+    return FERRY_OK;
+}

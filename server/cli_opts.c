@@ -1,0 +1,24 @@
+/*
+ * cli_opts.c - the engine options every model-running command builds from
+ * the same settings (device, threads, placement).
+ */
+#include <string.h>
+
+#include "cli.h"
+
+int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
+{
+    memset(eo, 0, sizeof *eo);
+    eo->model_dir = cfg->model;
+    eo->device = cfg->device;
+    eo->threads = (int)cfg->threads;
+    eo->offload_dir = cfg->offload_dir;
+    if (cfg->group_size < 1) return cli_error(EXIT_USAGE, "--group-size must be >= 1");
+    if (cfg->prefetch < 1) return cli_error(EXIT_USAGE, "--prefetch must be >= 1");
+    if (cfg->max_step_tokens < 1) return cli_error(EXIT_USAGE, "--max-step-tokens must be >= 1");
+    eo->group_size = (int)cfg->group_size;
+    eo->prefetch = (int)cfg->prefetch;
+    eo->max_step_tokens = (int)cfg->max_step_tokens;
+    if (plan_parse_budgets(cfg->max_memory, eo->budget) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    return 0;
+}
