@@ -151,7 +151,12 @@ static size_t op_accept(aio_op *op, uint64_t off, long res, size_t remaining)
     bool eio = fault_hit(FAULT_READ_EIO);
     bool short_read = fault_hit(FAULT_READ_SHORT);
     if (eio) res = -EIO;
-    else if (short_read && res > (long)AIO_BLOCK) res = (res / 2) & ~(long)(AIO_BLOCK - 1);
+    else if (short_read && res > (long)AIO_BLOCK) {
+        /* Half, kept block-aligned for O_DIRECT, but never less than one
+         * block: a fault must delay a read, not end it. */
+        res = (res / 2) & ~(long)(AIO_BLOCK - 1);
+        if (res < (long)AIO_BLOCK) res = AIO_BLOCK;
+    }
 
     if (op->failed) return 0;
     if (res < 0) {

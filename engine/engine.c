@@ -156,7 +156,8 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     if ((st = plan_check(&e->plan, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
         goto fail;
     e->w.layers = calloc((size_t)c->n_layers, sizeof *e->w.layers);
-    if (!e->w.layers) {
+    e->slot_used = calloc((size_t)e->n_slots, 1);
+    if (!e->w.layers || !e->slot_used) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -193,27 +194,37 @@ void engine_close(engine *e)
     }
     plan_free(&e->plan);
     free(e->kv);
+    free(e->slot_used);
     free(e->w.layers);
     model_weights_free(&e->ckw);
     st_checkpoint_close(e->ck);
     free(e);
 }
 
-static ferry_status check_batch(const engine *e, const batch *b)
+static ferry_status check_batch(engine *e, const batch *b)
 {
     if (b->n_seqs < 1 || b->n_seqs > e->n_slots)
         return ferry_fail(FERRY_ERR_INVALID, "batch of %d sequences (the KV cache holds %d)", b->n_seqs, e->n_slots);
     if (b->n_tokens > e->max_step_tokens)
         return ferry_fail(FERRY_ERR_INVALID, "step of %d tokens exceeds max_step_tokens %d", b->n_tokens,
                           e->max_step_tokens);
+    /* The kernels index the KV cache by slot and position: a batch must name
+     * each slot once and give every row its sequence's next position. */
+    memset(e->slot_used, 0, (size_t)e->n_slots);
     int next = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const batch_seq *q = &b->seqs[s];
         if (q->first != next || q->n_tokens < 1 || q->slot < 0 || q->slot >= e->n_slots || q->n_past < 0)
             return ferry_fail(FERRY_ERR_INTERNAL, "malformed batch (sequence %d)", s);
-        if (q->n_past + q->n_tokens > e->max_ctx)
-            return ferry_fail(FERRY_ERR_INVALID, "sequence needs %d positions but the context holds %d",
-                              q->n_past + q->n_tokens, e->max_ctx);
+        if (q->n_tokens > e->max_ctx - q->n_past)
+            return ferry_fail(FERRY_ERR_INVALID, "sequence needs %lld positions but the context holds %d",
+                              (long long)q->n_past + q->n_tokens, e->max_ctx);
+        if (e->slot_used[q->slot]++)
+            return ferry_fail(FERRY_ERR_INTERNAL, "malformed batch (slot %d twice)", q->slot);
+        for (int i = 0; i < q->n_tokens; i++)
+            if (b->pos[q->first + i] != q->n_past + i)
+                return ferry_fail(FERRY_ERR_INTERNAL, "malformed batch (sequence %d: position %d at row %d)", s,
+                                  b->pos[q->first + i], i);
         next += q->n_tokens;
     }
     if (next != b->n_tokens) return ferry_fail(FERRY_ERR_INTERNAL, "malformed batch (token count)");
@@ -288,7 +299,7 @@ ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, co
                 return ferry_fail(FERRY_ERR_INVALID,
                                   "prompt %d: token id %d at position %d is outside the vocabulary (size %d)", i,
                                   prompts[i][k], k, c->vocab);
-        if (lens[i] + max_new > e->max_ctx)
+        if (max_new > e->max_ctx - lens[i])
             return ferry_fail(FERRY_ERR_INVALID,
                               "prompt %d: %d prompt + %d new tokens exceed the context of %d positions", i, lens[i],
                               max_new, e->max_ctx);

@@ -53,6 +53,7 @@ typedef struct {
     pipeline *pipe;
     int n_slots, max_ctx, max_step_tokens;
     kv_layer *kv;        /* [n_layers] */
+    uint8_t *slot_used;  /* [n_slots] scratch for batch checks */
     const batch *cur;    /* the batch of the running step */
     /* activations in backend memory, sized for max_step_tokens rows */
     float *x;            /* [max, dim] residual stream */

@@ -11,6 +11,10 @@
 #include <string.h>
 
 #define JSON_MAX_DEPTH 128
+/* Every value costs a tree node (~56 bytes): a cap keeps a hostile 100 MB
+ * header or request body from costing gigabytes. Real safetensors headers
+ * hold a few thousand tensors (4 values each). */
+#define JSON_MAX_NODES (1u << 22)
 
 /* ---- arena ------------------------------------------------------------ */
 
@@ -50,6 +54,7 @@ typedef struct {
     size_t len, pos;
     json_doc *doc;
     ferry_status st;
+    size_t nodes;
 } parser;
 
 static bool perr(parser *p, const char *what)
@@ -352,6 +357,7 @@ static bool parse_value(parser *p, json_value *v, int depth)
 {
     memset(v, 0, sizeof *v);
     if (depth > JSON_MAX_DEPTH) return perr(p, "nesting too deep");
+    if (++p->nodes > JSON_MAX_NODES) return perr(p, "too many values (limit 4194304)");
     skip_ws(p);
     if (p->pos >= p->len) return perr(p, "unexpected end of input");
     switch (p->s[p->pos]) {
@@ -372,7 +378,7 @@ ferry_status json_parse(const char *text, size_t len, json_doc **out)
     *out = NULL;
     json_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return ferry_fail(FERRY_ERR_NOMEM, "out of memory parsing JSON");
-    parser p = {text, len, 0, doc, FERRY_OK};
+    parser p = {text, len, 0, doc, FERRY_OK, 0};
     if (parse_value(&p, &doc->root, 0)) {
         skip_ws(&p);
         if (p.pos != p.len) perr(&p, "trailing characters after the JSON value");
@@ -402,7 +408,8 @@ void json_doc_free(json_doc *doc)
 const json_value *json_get(const json_value *obj, const char *key)
 {
     if (!obj || obj->type != JSON_OBJECT) return NULL;
-    for (size_t i = 0; i < obj->len; i++)
+    /* the last of duplicate keys wins, as in Python's json (what wrote most configs) */
+    for (size_t i = obj->len; i-- > 0;)
         if (strcmp(obj->members[i].key, key) == 0) return &obj->members[i].value;
     return NULL;
 }

@@ -50,7 +50,8 @@ ferry_status json_parse(const char *text, size_t len, json_doc **out);
 const json_value *json_doc_root(const json_doc *doc);
 void json_doc_free(json_doc *doc);
 
-/* First member named key, or NULL (also NULL when obj is not an object). */
+/* The last member named key (duplicates: the last wins, as in Python), or
+ * NULL (also when obj is not an object). */
 const json_value *json_get(const json_value *obj, const char *key);
 
 /* Typed accessors for optional config-style fields: return true and store the

@@ -26,6 +26,16 @@ static const struct {
 
 #define INT_LIMIT (1 << 24) /* bound on every dimension: keeps products in range */
 
+/* Upper bounds far above any real model that keep every size product in
+ * range and a bogus config from allocating gigabytes of bookkeeping. */
+static int dim_limit(const char *key)
+{
+    if (!strcmp(key, "num_hidden_layers")) return 4096;
+    if (!strcmp(key, "num_attention_heads") || !strcmp(key, "num_key_value_heads")) return 4096;
+    if (!strcmp(key, "head_dim")) return 16384;
+    return INT_LIMIT;
+}
+
 static ferry_status get_dim(const json_value *root, const char *label, const char *key, bool required, int def,
                             int *out)
 {
@@ -37,9 +47,9 @@ static ferry_status get_dim(const json_value *root, const char *label, const cha
         *out = def;
         return FERRY_OK;
     }
-    if (v <= 0 || v > INT_LIMIT)
+    if (v <= 0 || v > dim_limit(key))
         return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' = %lld is out of range (1..%d)", label, key,
-                          (long long)v, INT_LIMIT);
+                          (long long)v, dim_limit(key));
     *out = (int)v;
     return FERRY_OK;
 }
@@ -86,13 +96,13 @@ static ferry_status reject_unsupported(const json_value *root, const char *label
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'hidden_act' = '%s' is not supported (only 'silu')", label,
                           act ? act : "?");
     bool flag = false;
-    if (json_get_bool(root, "mlp_bias", &flag, &bad) && flag)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'mlp_bias' = true is not supported", label);
-    if (cfg->arch != ARCH_MISTRAL && json_get_bool(root, "use_sliding_window", &flag, &bad) && flag)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'use_sliding_window' = true is not supported", label);
+    if ((json_get_bool(root, "mlp_bias", &flag, &bad) && flag) || bad)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'mlp_bias' must be false (a bias is not supported)", label);
+    if (cfg->arch != ARCH_MISTRAL && ((json_get_bool(root, "use_sliding_window", &flag, &bad) && flag) || bad))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'use_sliding_window' must be false (not supported)", label);
     double f;
-    if (json_get_num(root, "partial_rotary_factor", &f, &bad) && f != 1.0)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' != 1 is not supported", label);
+    if ((json_get_num(root, "partial_rotary_factor", &f, &bad) && f != 1.0) || bad)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' must be 1 (partial RoPE is not supported)", label);
     if ((v = json_get(root, "quantization_config")) && v->type != JSON_NULL)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'quantization_config' is not supported (pre-quantized checkpoint)", label);
     if ((v = json_get(root, "layer_types")) && v->type == JSON_ARRAY) {
@@ -140,7 +150,9 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         /* Qwen3Config defaults head_dim to 128; the others derive it */
         (st = get_dim(root, label, "head_dim", false, cfg->arch == ARCH_QWEN3 ? 128 : cfg->dim / cfg->n_heads,
                       &cfg->head_dim)) ||
-        (st = get_dim(root, label, "max_position_embeddings", false, 2048, &cfg->max_pos)))
+        /* the config classes' defaults: Llama 2048, Mistral 4096 * 32, Qwen2/3 32768 */
+        (st = get_dim(root, label, "max_position_embeddings", false,
+                      cfg->arch == ARCH_LLAMA ? 2048 : cfg->arch == ARCH_MISTRAL ? 131072 : 32768, &cfg->max_pos)))
         goto out;
     if (cfg->n_heads % cfg->n_kv_heads != 0) {
         st = ferry_fail(FERRY_ERR_INVALID, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
@@ -174,9 +186,10 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         cfg->qk_norm = true;
         /* fall through */
     case ARCH_LLAMA:
-    case ARCH_MISTRAL:
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         break;
+    case ARCH_MISTRAL:
+        break; /* MistralAttention has no biases whatever attention_bias says */
     }
     if (cfg->arch == ARCH_MISTRAL) {
         /* MistralConfig defaults sliding_window to 4096; null disables it. */

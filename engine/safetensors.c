@@ -231,7 +231,7 @@ static ferry_status file_open(const char *dir, const char *name, st_file *f)
     f->path = util_path_join(dir, name);
     f->name = strdup(name);
     if (!f->path || !f->name) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not hang us */
     if (f->fd < 0)
         return ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", f->path, strerror(errno));
     struct stat sb;

@@ -120,7 +120,19 @@ int32_t sampler_next(sampler *s, const float *logits)
     for (int i = 0; i < n; i++) s->idx[i] = i;
     if (s->p.top_k > 0 && s->p.top_k < n) {
         select_top(logits, s->idx, n, s->p.top_k);
-        n = s->p.top_k;
+        /* like transformers' TopKLogitsWarper, keep every token tied with
+         * the k-th logit: the k best are idx[0..k), so their minimum is it */
+        int k = s->p.top_k;
+        float kth = logits[s->idx[0]];
+        for (int i = 1; i < k; i++)
+            if (logits[s->idx[i]] < kth) kth = logits[s->idx[i]];
+        for (int i = k; i < n; i++)
+            if (logits[s->idx[i]] == kth) {
+                int32_t t = s->idx[k];
+                s->idx[k++] = s->idx[i];
+                s->idx[i] = t;
+            }
+        n = k;
     }
     t_logits = logits;
     qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);

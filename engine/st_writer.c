@@ -67,8 +67,9 @@ ferry_status st_writer_open(const char *path, const st_decl *decls, int n, st_wr
     ferry_status st = FERRY_OK;
     if (h.oom) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     if (st == FERRY_OK) {
-        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (w->fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s", w->tmp, strerror(errno));
+        unlink(w->tmp); /* a leftover of a killed run with our pid */
+        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (w->fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s", w->path, strerror(errno));
     }
     if (st == FERRY_OK) {
         uint8_t len8[8];

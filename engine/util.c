@@ -17,7 +17,8 @@
 ferry_status util_read_file(const char *path, char **out, size_t *len)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in place of a config must not hang the open */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat sb;
@@ -56,9 +57,10 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
     if (!tmp) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
     snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
     ferry_status st = FERRY_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unlink(tmp); /* a leftover of a killed run with our pid */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
-        st = ferry_fail(FERRY_ERR_IO, "%s: %s", tmp, strerror(errno));
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
         free(tmp);
         return st;
     }

@@ -15,8 +15,7 @@
 
 /* Prints "ferry: <message>" as one line and returns the exit status. */
 int cli_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Prints the current ferry_errmsg() as one line; returns 2 for invalid
- * arguments detected before any work, else 1. */
+/* Prints the current ferry_errmsg() as one line; returns 1 (runtime). */
 int cli_fail(ferry_status st);
 
 int cmd_generate(const ferry_config *cfg);

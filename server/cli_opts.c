@@ -13,9 +13,11 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->device = cfg->device;
     eo->threads = (int)cfg->threads;
     eo->offload_dir = cfg->offload_dir;
+    if (cfg->threads < 0 || cfg->threads > 1024) return cli_error(EXIT_USAGE, "--threads must be in 0..1024 (0 = one per core)");
     if (cfg->group_size < 1) return cli_error(EXIT_USAGE, "--group-size must be >= 1");
     if (cfg->prefetch < 1) return cli_error(EXIT_USAGE, "--prefetch must be >= 1");
-    if (cfg->max_step_tokens < 1) return cli_error(EXIT_USAGE, "--max-step-tokens must be >= 1");
+    if (cfg->max_step_tokens < 1 || cfg->max_step_tokens > (1 << 20))
+        return cli_error(EXIT_USAGE, "--max-step-tokens must be in 1..1048576");
     eo->group_size = (int)cfg->group_size;
     eo->prefetch = (int)cfg->prefetch;
     eo->max_step_tokens = (int)cfg->max_step_tokens;

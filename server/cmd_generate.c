@@ -56,8 +56,12 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
             p->ids[i][p->lens[i]++] = (int32_t)v;
             s = end;
             while (*s == ' ') s++;
-            if (*s == ',') s++;
-            else if (*s != ';' && *s != '\0')
+            if (*s == ',') {
+                s++;
+                while (*s == ' ') s++;
+                if (*s == ';' || *s == '\0')
+                    return ferry_fail(FERRY_ERR_INVALID, "--prompt-ids: prompt %d: a ',' without an id after it", i);
+            } else if (*s != ';' && *s != '\0')
                 return ferry_fail(FERRY_ERR_INVALID, "--prompt-ids: prompt %d: unexpected '%c'", i, *s);
         }
         if (p->lens[i] == 0) return ferry_fail(FERRY_ERR_INVALID, "--prompt-ids: prompt %d is empty", i);
@@ -75,8 +79,9 @@ static void print_ids(strbuf *sb, const int32_t *ids, int n)
 
 int cmd_generate(const ferry_config *cfg)
 {
-    if (cfg->max_new_tokens < 1)
-        return cli_error(EXIT_USAGE, "--max-new-tokens must be >= 1 (got %lld)", (long long)cfg->max_new_tokens);
+    if (cfg->max_new_tokens < 1 || cfg->max_new_tokens > (1 << 24))
+        return cli_error(EXIT_USAGE, "--max-new-tokens must be in 1..16777216 (got %lld)",
+                         (long long)cfg->max_new_tokens);
     sampling_params sp = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed};
     if (sampling_params_check(&sp) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     prompt_set ps;
@@ -86,6 +91,31 @@ int cmd_generate(const ferry_config *cfg)
     }
     int max_new = (int)cfg->max_new_tokens, longest = 0;
     for (int i = 0; i < ps.n; i++) longest = ps.lens[i] > longest ? ps.lens[i] : longest;
+
+    /* what the config alone can refute, before any weight is loaded */
+    model_config mc;
+    if (model_config_load(cfg->model, &mc) != FERRY_OK) {
+        prompts_free(&ps);
+        return cli_fail(FERRY_ERR_INVALID);
+    }
+    for (int i = 0; i < ps.n; i++) {
+        for (int k = 0; k < ps.lens[i]; k++)
+            if (ps.ids[i][k] >= mc.vocab) {
+                int rc = cli_error(EXIT_RUNTIME,
+                                   "--prompt-ids: prompt %d: token id %d at position %d is outside the vocabulary "
+                                   "(size %d)",
+                                   i, ps.ids[i][k], k, mc.vocab);
+                prompts_free(&ps);
+                return rc;
+            }
+        if (max_new > mc.max_pos - ps.lens[i]) {
+            int rc = cli_error(EXIT_RUNTIME,
+                               "prompt %d: %d prompt + %d new tokens exceed max_position_embeddings %d", i,
+                               ps.lens[i], max_new, mc.max_pos);
+            prompts_free(&ps);
+            return rc;
+        }
+    }
 
     int rc = 0;
     engine *e = NULL;

@@ -172,11 +172,14 @@ static void cpu_rope(backend *be, float *x, int heads, int head_dim, float theta
     float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim);
     FERRY_ASSERT(cs);
     for (int t = 0; t < b->n_tokens; t++) {
-        double p = b->pos[t];
+        float p = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
-            double ang = p * pow((double)theta, -2.0 * i / head_dim);
-            cs[i] = (float)cos(ang);
-            cs[half + i] = (float)sin(ang);
+            /* the frequencies and angles in float32, as transformers computes
+             * them, so long contexts match it rather than exact angles */
+            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+            float ang = p * inv_freq;
+            cs[i] = (float)cos((double)ang);
+            cs[half + i] = (float)sin((double)ang);
         }
         for (int h = 0; h < heads; h++) {
             float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)head_dim;

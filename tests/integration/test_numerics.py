@@ -70,13 +70,14 @@ def test_reference_rope_properties():
     rk = llama_ref.apply_rope(k[None, :].expand(12, hd), cos, sin)
     assert torch.allclose(rq[0], q)  # position 0 is the identity
     assert torch.allclose(rq.norm(dim=-1), q.norm().expand(12))
-    # the score depends on the relative position only
-    assert abs(float(rq[7] @ rk[3]) - float(rq[4] @ rk[0])) < 1e-12
+    # the score depends on the relative position only (to the float32
+    # precision of the angles, which transformers computes in float32)
+    assert abs(float(rq[7] @ rk[3]) - float(rq[4] @ rk[0])) < 1e-6
     # rotate_half pairs dimension j with j + hd/2, angle pos * theta^(-2j/hd)
     j, pos = 1, 5
     ang = pos * theta ** (-2.0 * j / hd)
     want = q[j] * math.cos(ang) - q[j + hd // 2] * math.sin(ang)
-    assert abs(float(rq[pos][j]) - float(want)) < 1e-12
+    assert abs(float(rq[pos][j]) - float(want)) < 1e-6
 
 
 def test_reference_cli(tmp_path):

@@ -227,9 +227,13 @@ def rotate_half(x):
 
 
 def rope_cos_sin(positions, head_dim, theta):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    """As transformers' default rotary embedding computes them: inv_freq and
+    the angles in float32 (what users of transformers get, which differs from
+    exact angles by up to ~1e-3 at 100k positions); cos/sin are then taken in
+    float64 of those float32 angles."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1).to(torch.float64)
     return emb.cos(), emb.sin()
 
 
@@ -328,7 +332,9 @@ def forward_naive(m, ids):
     def rot(vec, pos):
         outv = np.empty_like(vec)
         for j in range(half):
-            ang = pos / (m.theta ** (2.0 * j / hd))
+            # float32 frequency and angle, as transformers computes them
+            inv = np.float32(1.0) / np.power(np.float32(m.theta), np.float32(2 * j) / np.float32(hd))
+            ang = float(np.float32(pos) * np.float32(inv))
             c, s = math.cos(ang), math.sin(ang)
             a, b = vec[j], vec[j + half]
             outv[j] = a * c - b * s

@@ -41,11 +41,18 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.batch, 1);
     CHECK_EQ_INT(cfg.steps, 8);
     CHECK_EQ_INT(cfg.prompt_len, 128);
+    CHECK(cfg.max_memory == NULL);
+    CHECK(cfg.offload_dir == NULL);
+    CHECK_EQ_INT(cfg.group_size, 1);
+    CHECK_EQ_INT(cfg.prefetch, 2);
+    CHECK_EQ_INT(cfg.max_step_tokens, 512);
+    CHECK_EQ_INT(cfg.context, 0);
+    CHECK(cfg.trace == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) {
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 23); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 30); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

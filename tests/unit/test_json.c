@@ -273,7 +273,7 @@ static void test_get(void)
     CHECK(json_get(root, "i") != NULL);
     CHECK(json_get(root, "absent") == NULL);
     CHECK(json_get(NULL, "i") == NULL);
-    CHECK_EQ_INT(json_get(root, "d")->integer, 1); /* first of duplicates */
+    CHECK_EQ_INT(json_get(root, "d")->integer, 2); /* the last of duplicates, as in Python */
     CHECK(json_get(json_get(root, "i"), "i") == NULL); /* not an object */
 
     int64_t i = -1;

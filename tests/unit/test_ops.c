@@ -219,7 +219,9 @@ static void test_rope(void)
             for (int i = 0; i < hd; i++) {
                 /* emb = cat(freqs, freqs); out = x cos + rotate_half(x) sin */
                 int j = i % (hd / 2);
-                double ang = tb.pos[t] / pow(theta, 2.0 * j / hd);
+                /* float32 frequencies and angles, as transformers computes them */
+                float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)hd);
+                double ang = (double)((float)tb.pos[t] * inv_freq);
                 double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];
                 o[i] = v[i] * cos(ang) + rot * sin(ang);
             }
