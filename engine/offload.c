@@ -185,7 +185,8 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
     snprintf(tmp, n, "%s.tmp.%ld", b->path, (long)getpid());
     ferry_status st;
     offload_writer w = {.fd = -1, .path = b->path, .key = spec->key, .size = spec->size, .buf = buf};
-    w.fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    unlink(tmp); /* a leftover of a killed run with our pid */
+    w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w.fd < 0) {
         st = ferry_fail(FERRY_ERR_IO, "%s: %s", tmp, strerror(errno));
         goto fail;
