@@ -32,7 +32,7 @@ BENCH_MODEL ?= $(BUILD)/bench-1b
 # Debian packages: build, and the PyTorch reference the tests compare against.
 DEB_PKGS := gcc make liburing-dev python3-torch python3-numpy python3-pytest
 
-.PHONY: all deps run test unit integration bench asan test-asan clean
+.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ)
@@ -76,6 +76,15 @@ $(BENCH_MODEL)/config.json: | $(BUILD)/ferry
 bench: all $(BENCH_MODEL)/config.json
 	$(BUILD)/ferry bench --model $(BENCH_MODEL) --batch 1 --steps 8 --prompt-len 128
 	$(BUILD)/ferry bench --model $(BENCH_MODEL) --batch 8 --steps 8 --prompt-len 128
+
+BENCH_BIG   ?= $(BUILD)/bench-1b-l32
+$(BENCH_BIG)/config.json: | $(BUILD)/ferry
+	$(BUILD)/ferry mkmodel --out $(BENCH_BIG) --arch llama --preset 1b --layers 32 --dtype bf16 --seed 2
+
+# every group streamed from disk: the model is ~4x a 1 GiB host budget
+bench-offload: all $(BENCH_BIG)/config.json
+	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 1 --steps 4 --prompt-len 16
+	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 8 --steps 4 --prompt-len 16
 
 # AddressSanitizer + UBSan build of the binary and the unit tests, and the
 # bad-input tests run against it.

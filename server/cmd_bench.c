@@ -263,13 +263,16 @@ int cmd_bench(const ferry_config *cfg)
     uint64_t rss = peak_rss_bytes();
     double copy_gbs = 0, read_gbs = 0;
     {
-        char *src = malloc(BW_BYTES), *dst = malloc(BW_BYTES);
-        if (!src || !dst) {
+        /* huge pages, like the weights, so both are measured on the same kind of memory */
+        char *src = NULL, *dst = NULL;
+        if (posix_memalign((void **)&src, 2u << 20, BW_BYTES) != 0 || posix_memalign((void **)&dst, 2u << 20, BW_BYTES) != 0) {
             free(src);
             free(dst);
             rc = cli_error(EXIT_RUNTIME, "out of memory for the bandwidth buffers (2 x 1 GiB)");
             goto out;
         }
+        madvise(src, BW_BYTES, MADV_HUGEPAGE);
+        madvise(dst, BW_BYTES, MADV_HUGEPAGE);
         memset(src, 1, BW_BYTES);
         memset(dst, 2, BW_BYTES);
         copy_gbs = bw_measure(src, dst, 0, threads);
