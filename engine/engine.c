@@ -40,6 +40,12 @@ ferry_status engine_plan(const engine_opts *o, const model_config *cfg, const st
     uint64_t *units = calloc((size_t)cfg->n_layers + 2, sizeof *units);
     ferry_status st = units ? store_unit_bytes(cfg, &w, units) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     plan_opts po = engine_plan_opts(o, cfg, unified);
+    if (po.context > cfg->max_pos) {
+        free(units);
+        model_weights_free(&w);
+        return ferry_fail(FERRY_ERR_INVALID, "context of %d positions exceeds max_position_embeddings %d", po.context,
+                          cfg->max_pos);
+    }
     plan_model pm = {cfg->n_layers, cfg->dim, cfg->hidden, cfg->vocab, cfg->n_heads * cfg->head_dim,
                      cfg->n_kv_heads * cfg->head_dim};
     if (st == FERRY_OK) st = plan_make(&pm, units, &po, out);
@@ -72,7 +78,10 @@ static ferry_status fingerprint(const engine *e, const char *dir, char out[40])
         const st_file *f = &e->ck->files[i];
         struct stat sb;
         if (fstat(f->fd, &sb) != 0) return ferry_fail(FERRY_ERR_IO, "%s: stat failed", f->path);
-        uint64_t meta[3] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec};
+        /* ctime and inode too: `cp -p` or rsync keep the mtime of new data */
+        uint64_t meta[7] = {(uint64_t)sb.st_size,         (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec,
+                            (uint64_t)sb.st_ctim.tv_sec,  (uint64_t)sb.st_ctim.tv_nsec, (uint64_t)sb.st_ino,
+                            (uint64_t)sb.st_dev};
         h = fnv1a(h, f->name, strlen(f->name) + 1);
         h = fnv1a(h, meta, sizeof meta);
         uint64_t hdr = 8;

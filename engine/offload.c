@@ -17,7 +17,9 @@
 #define _GNU_SOURCE
 #include "offload.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -97,25 +99,6 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t n) { return crc32c_sw(crc
 
 /* ---- writing -------------------------------------------------------------- */
 
-ferry_status io_write_all(int fd, const char *path, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        /* The hook goes on the result: the write really happened, but the
-         * caller must behave as if the disk had filled up. */
-        if (fault_hit(FAULT_WRITE_ENOSPC)) {
-            w = -1;
-            errno = ENOSPC;
-        }
-        if (w < 0) return ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return FERRY_OK;
-}
-
 struct offload_writer {
     int fd;
     const char *path; /* the blob's final name, which messages give */
@@ -130,7 +113,7 @@ struct offload_writer {
 
 static ferry_status writer_flush(offload_writer *w)
 {
-    if (w->st == FERRY_OK && w->fill > 0) w->st = io_write_all(w->fd, w->path, w->buf, w->fill);
+    if (w->st == FERRY_OK && w->fill > 0) w->st = util_write_all(w->fd, w->path, w->buf, w->fill);
     w->fill = 0;
     return w->st;
 }
@@ -148,7 +131,7 @@ ferry_status offload_write(offload_writer *w, const void *data, size_t n)
         /* Whole tensors go straight to the file; copying them would only
          * cost memory bandwidth. */
         if (writer_flush(w) != FERRY_OK) return w->st;
-        w->st = io_write_all(w->fd, w->path, p, n);
+        w->st = util_write_all(w->fd, w->path, p, n);
         return w->st;
     }
     while (n > 0) {
@@ -431,6 +414,33 @@ static bool blob_verify(const char *path, uint64_t size, uint32_t want, uint8_t 
     return ok && crc == want;
 }
 
+/* Deletes KEY.bin.tmp.PID files whose writer is gone (a killed build):
+ * only names of exactly that form, only when no process PID exists. */
+static void remove_stale_temps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *t = strstr(de->d_name, ".bin.tmp.");
+        if (!t) continue;
+        char key[128];
+        size_t kl = (size_t)(t - de->d_name);
+        if (kl == 0 || kl >= sizeof key) continue;
+        memcpy(key, de->d_name, kl);
+        key[kl] = '\0';
+        const char *digits = t + strlen(".bin.tmp.");
+        char *end;
+        long pid = strtol(digits, &end, 10);
+        if (!key_valid(key) || end == digits || *end || pid <= 0) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+        char *p = util_path_join(dir, de->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    closedir(d);
+}
+
 static ferry_status mkdir_p(const char *dir)
 {
     if (!*dir) return ferry_fail(FERRY_ERR_INVALID, "offload: empty directory name");
@@ -552,6 +562,8 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
             fprintf(stderr, "ferry: warning: %s: cannot delete unused blob: %s\n", p, strerror(errno));
         free(p);
     }
+
+    remove_stale_temps(dir);
 
     for (int i = 0; i < n; i++) {
         offload_blob *b = &od->blobs[i];

@@ -75,8 +75,5 @@ void offload_close(offload_dir *od);
 uint32_t crc32c(uint32_t crc, const void *data, size_t n);
 uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n);
 
-/* Writes all of buf to fd at the current position, retrying short writes
- * and EINTR; errors name path. Honours the write_enospc fault. */
-ferry_status io_write_all(int fd, const char *path, const void *buf, size_t n);
 
 #endif

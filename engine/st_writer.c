@@ -22,15 +22,7 @@ struct st_writer {
 
 static ferry_status write_all(st_writer *w, const void *data, size_t n)
 {
-    const char *p = data;
-    while (n) {
-        ssize_t r = write(w->fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return ferry_fail(FERRY_ERR_IO, "%s: write: %s", w->path, strerror(errno));
-        p += r;
-        n -= (size_t)r;
-    }
-    return FERRY_OK;
+    return util_write_all(w->fd, w->path, data, n);
 }
 
 ferry_status st_writer_open(const char *path, const st_decl *decls, int n, st_writer **out)

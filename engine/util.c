@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include "util.h"
 
+#include "fault.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -50,6 +52,25 @@ ferry_status util_read_file(const char *path, char **out, size_t *len)
     return FERRY_OK;
 }
 
+ferry_status util_write_all(int fd, const char *path, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        /* The hook goes on the result: the write really happened, but the
+         * caller must behave as if the disk had filled up. */
+        if (fault_hit(FAULT_WRITE_ENOSPC)) {
+            w = -1;
+            errno = ENOSPC;
+        }
+        if (w < 0) return ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
+        p += w;
+        n -= (size_t)w;
+    }
+    return FERRY_OK;
+}
+
 ferry_status util_write_file_atomic(const char *path, const void *data, size_t len)
 {
     size_t n = strlen(path);
@@ -64,18 +85,7 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
         free(tmp);
         return st;
     }
-    const char *p = data;
-    size_t left = len;
-    while (left) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) {
-            st = ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
-            break;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
+    st = util_write_all(fd, path, data, len);
     if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", path, strerror(errno));
     if (st == FERRY_OK && rename(tmp, path) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));

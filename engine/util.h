@@ -14,6 +14,10 @@
  * malloc'd buffer. */
 ferry_status util_read_file(const char *path, char **out, size_t *len);
 
+/* Writes all of buf to fd at its position, retrying short writes and EINTR;
+ * errors name path. Honours the write_enospc fault (fault.h). */
+ferry_status util_write_all(int fd, const char *path, const void *buf, size_t n);
+
 /* Writes data to path atomically: a temporary file in the same directory,
  * fsync'd, then renamed over path. Nothing half-written is ever left. */
 ferry_status util_write_file_atomic(const char *path, const void *data, size_t len);

@@ -466,15 +466,15 @@ static void test_write_all(void)
     char *top = make_dir("/tmp");
     char *path = file_in(top, "w.bin");
     int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-    CHECK_STATUS(io_write_all(fd, path, "abc", 3), FERRY_OK);
+    CHECK_STATUS(util_write_all(fd, path, "abc", 3), FERRY_OK);
     set_fault("write_enospc=1");
-    CHECK_STATUS(io_write_all(fd, path, "def", 3), FERRY_ERR_IO);
+    CHECK_STATUS(util_write_all(fd, path, "def", 3), FERRY_ERR_IO);
     CHECK_MSG_HAS(path);
     CHECK_MSG_HAS("write: No space left on device");
-    CHECK_STATUS(io_write_all(fd, path, "ghi", 3), FERRY_OK); /* it fires once */
+    CHECK_STATUS(util_write_all(fd, path, "ghi", 3), FERRY_OK); /* it fires once */
     set_fault(NULL);
     close(fd);
-    CHECK_STATUS(io_write_all(fd, path, "x", 1), FERRY_ERR_IO);
+    CHECK_STATUS(util_write_all(fd, path, "x", 1), FERRY_ERR_IO);
     CHECK_MSG_HAS("Bad file descriptor");
     free(path);
     remove_tree(top);

@@ -1,0 +1,525 @@
+/*
+ * test_plan.c - the placement planner (engine/plan.h) on synthetic unit
+ * sizes: grouping (group_size 1, 3, larger than the model, a shorter last
+ * group), first-fit placement device -> host -> disk in execution order with
+ * the embedding last, budgets respected exactly at the boundary, the working
+ * memory (staging slots, slot bytes, KV cache), plan_parse_budgets, and
+ * plan_check's failures (host memory, and device memory when not unified).
+ */
+#include <stdlib.h>
+
+#include "../../engine/plan.h"
+#include "check.h"
+
+#define K4 4096ull
+#define UNL PLAN_UNLIMITED
+
+static plan_model model_of(int n_layers)
+{
+    plan_model m = {.n_layers = n_layers, .dim = 64, .hidden = 176, .vocab = 256, .q_dim = 64, .kv_dim = 32};
+    return m;
+}
+
+static plan_opts opts_of(uint64_t dev, uint64_t host, int group_size, int prefetch)
+{
+    plan_opts o = {.budget = {dev, host},
+                   .group_size = group_size,
+                   .prefetch = prefetch,
+                   .n_seqs = 1,
+                   .context = 64,
+                   .max_step_tokens = 16,
+                   .unified = true};
+    return o;
+}
+
+/* Invariants every plan must satisfy, whatever the inputs. */
+static void check_invariants(const plan *p, const plan_model *m, const uint64_t *units, const plan_opts *o)
+{
+    int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
+    CHECK_EQ_INT(p->n_groups, n_layer_groups + 2);
+    if (p->n_groups != n_layer_groups + 2) return;
+    CHECK_EQ_INT(p->groups[0].kind, GROUP_EMBED);
+    CHECK_EQ_U64(p->groups[0].bytes, units[0]);
+    CHECK_EQ_INT(p->groups[p->n_groups - 1].kind, GROUP_HEAD);
+    CHECK_EQ_U64(p->groups[p->n_groups - 1].bytes, units[m->n_layers + 1]);
+    /* every layer in exactly one group, groups contiguous and in order */
+    int next = 0;
+    for (int i = 1; i < p->n_groups - 1; i++) {
+        const plan_group *g = &p->groups[i];
+        CHECK_EQ_INT(g->kind, GROUP_LAYERS);
+        CHECK_EQ_INT(g->first_layer, next);
+        CHECK(g->n_layers >= 1 && g->n_layers <= o->group_size);
+        if (i < p->n_groups - 2) CHECK_EQ_INT(g->n_layers, o->group_size);
+        uint64_t b = 0;
+        for (int l = 0; l < g->n_layers && g->first_layer + l < m->n_layers; l++) b += units[1 + g->first_layer + l];
+        CHECK_EQ_U64(g->bytes, b);
+        next = g->first_layer + g->n_layers;
+    }
+    CHECK_EQ_INT(next, m->n_layers);
+    /* totals and budgets */
+    uint64_t tb[TIER_COUNT] = {0};
+    int streamed = 0;
+    uint64_t slot = 0, disk_max = 0;
+    for (int i = 0; i < p->n_groups; i++) {
+        const plan_group *g = &p->groups[i];
+        CHECK(g->tier >= TIER_DEVICE && g->tier < TIER_COUNT);
+        tb[g->tier] += g->bytes;
+        if (i > 0 && g->tier != TIER_DEVICE) {
+            streamed++;
+            if (g->bytes > slot) slot = g->bytes;
+            if (g->tier == TIER_DISK && g->bytes > disk_max) disk_max = g->bytes;
+        }
+    }
+    for (int t = 0; t < TIER_COUNT; t++) CHECK_EQ_U64(p->tier_bytes[t], tb[t]);
+    if (o->budget[0] != UNL) CHECK(p->tier_bytes[TIER_DEVICE] <= o->budget[0]);
+    if (o->budget[1] != UNL) CHECK(p->tier_bytes[TIER_HOST] <= o->budget[1]);
+    CHECK_EQ_INT(p->n_streamed, streamed);
+    CHECK_EQ_INT(p->n_stage_slots, streamed < o->prefetch + 1 ? streamed : o->prefetch + 1);
+    CHECK_EQ_U64(p->slot_bytes, slot);
+    CHECK_EQ_U64(p->stage_bytes, (uint64_t)p->n_stage_slots * p->slot_bytes);
+    if (o->unified) CHECK_EQ_U64(p->host_stage_bytes, 0);
+    else CHECK_EQ_U64(p->host_stage_bytes, disk_max ? (uint64_t)p->n_stage_slots * disk_max : 0);
+    CHECK_EQ_U64(p->kv_bytes, 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context *
+                                  (uint64_t)m->kv_dim * 4ull);
+}
+
+static void make_ok(const plan_model *m, const uint64_t *units, const plan_opts *o, plan *p)
+{
+    CHECK_STATUS(plan_make(m, units, o, p), FERRY_OK);
+    check_invariants(p, m, units, o);
+}
+
+static void test_unlimited(void)
+{
+    plan_model m = model_of(4);
+    uint64_t units[] = {4 * K4, 8 * K4, 8 * K4, 8 * K4, 8 * K4, 5 * K4};
+    for (int gs = 1; gs <= 5; gs++) {
+        plan_opts o = opts_of(UNL, UNL, gs, 2);
+        plan p;
+        make_ok(&m, units, &o, &p);
+        for (int i = 0; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DEVICE);
+        CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 41 * K4);
+        CHECK_EQ_U64(p.tier_bytes[TIER_HOST], 0);
+        CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 0);
+        CHECK_EQ_INT(p.n_streamed, 0);
+        CHECK_EQ_INT(p.n_stage_slots, 0);
+        CHECK_EQ_U64(p.slot_bytes, 0);
+        CHECK_EQ_U64(p.stage_bytes, 0);
+        CHECK_EQ_U64(p.host_stage_bytes, 0);
+        plan_free(&p);
+    }
+}
+
+static void test_all_disk(void)
+{
+    plan_model m = model_of(3);
+    uint64_t units[] = {16 * K4, 8 * K4, 8 * K4, 8 * K4, 5 * K4};
+    plan_opts o = opts_of(0, 0, 1, 2);
+    plan p;
+    make_ok(&m, units, &o, &p);
+    for (int i = 0; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DISK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 45 * K4);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 0);
+    CHECK_EQ_U64(p.tier_bytes[TIER_HOST], 0);
+    /* the embedding is gathered by rows, not streamed through the slots */
+    CHECK_EQ_INT(p.n_streamed, 4);
+    CHECK_EQ_INT(p.n_stage_slots, 3);
+    CHECK_EQ_U64(p.slot_bytes, 8 * K4);
+    CHECK_EQ_U64(p.stage_bytes, 24 * K4);
+    plan_free(&p);
+
+    /* non-unified: pinned bounce buffers, one per slot, of the largest disk group */
+    o.unified = false;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.host_stage_bytes, 3 * 8 * K4);
+    plan_free(&p);
+
+    /* tied: the embedding group is empty and weighs nothing on any tier */
+    uint64_t tied[] = {0, 8 * K4, 8 * K4, 8 * K4, 20 * K4};
+    o.unified = true;
+    make_ok(&m, tied, &o, &p);
+    for (int i = 1; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DISK);
+    CHECK_EQ_U64(p.groups[0].bytes, 0);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 44 * K4);
+    CHECK_EQ_INT(p.n_streamed, 4);
+    CHECK_EQ_U64(p.slot_bytes, 20 * K4); /* the head holds the table */
+    plan_free(&p);
+
+    /* all host: device=0, host unlimited */
+    o = opts_of(0, UNL, 1, 2);
+    make_ok(&m, units, &o, &p);
+    for (int i = 0; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_HOST);
+    CHECK_EQ_U64(p.tier_bytes[TIER_HOST], 45 * K4);
+    CHECK_EQ_INT(p.n_streamed, 4);
+    plan_free(&p);
+}
+
+static void test_boundary(void)
+{
+    plan_model m = model_of(4);
+    uint64_t units[] = {2 * K4, 3 * K4, 3 * K4, 3 * K4, 3 * K4, 2 * K4};
+    plan p;
+    /* device holds exactly two layers; host exactly the next one */
+    plan_opts o = opts_of(6 * K4, 3 * K4, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[2].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[3].tier, TIER_HOST);
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DISK); /* head */
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK); /* embed: nothing left */
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 6 * K4);
+    CHECK_EQ_U64(p.tier_bytes[TIER_HOST], 3 * K4);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 7 * K4);
+    CHECK_EQ_INT(p.n_streamed, 3);
+    CHECK_EQ_INT(p.n_stage_slots, 2);
+    plan_free(&p);
+
+    /* one byte less and the second layer moves on; a byte more changes nothing */
+    o = opts_of(6 * K4 - 1, 3 * K4, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[2].tier, TIER_HOST);
+    CHECK_EQ_INT(p.groups[3].tier, TIER_DISK);
+    /* head (2 pages) does not fit the 3 pages - 1 byte left on the device */
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE);
+    plan_free(&p);
+
+    /* exactly everything: all device */
+    o = opts_of(16 * K4, 0, 1, 1);
+    make_ok(&m, units, &o, &p);
+    for (int i = 0; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DEVICE);
+    plan_free(&p);
+    /* everything but one byte: the embedding (placed last) is the one that moves */
+    o = opts_of(16 * K4 - 1, 0, 1, 1);
+    make_ok(&m, units, &o, &p);
+    for (int i = 1; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
+    CHECK_EQ_INT(p.n_streamed, 0); /* the embedding does not count */
+    CHECK_EQ_INT(p.n_stage_slots, 0);
+    plan_free(&p);
+}
+
+static void test_group_sizes(void)
+{
+    uint64_t units[] = {K4, 1 * K4, 2 * K4, 3 * K4, 4 * K4, 5 * K4, K4};
+    plan_model m = model_of(5);
+    plan p;
+    /* 5 layers, group 3: [0-2] [3-4] */
+    plan_opts o = opts_of(UNL, UNL, 3, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_groups, 4);
+    CHECK_EQ_INT(p.groups[1].first_layer, 0);
+    CHECK_EQ_INT(p.groups[1].n_layers, 3);
+    CHECK_EQ_U64(p.groups[1].bytes, 6 * K4);
+    CHECK_EQ_INT(p.groups[2].first_layer, 3);
+    CHECK_EQ_INT(p.groups[2].n_layers, 2);
+    CHECK_EQ_U64(p.groups[2].bytes, 9 * K4);
+    plan_free(&p);
+    /* group 1 */
+    o = opts_of(UNL, UNL, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_groups, 7);
+    for (int l = 0; l < 5; l++) {
+        CHECK_EQ_INT(p.groups[1 + l].first_layer, l);
+        CHECK_EQ_INT(p.groups[1 + l].n_layers, 1);
+        CHECK_EQ_U64(p.groups[1 + l].bytes, (uint64_t)(l + 1) * K4);
+    }
+    plan_free(&p);
+    /* larger than the model: one group of every layer */
+    o = opts_of(0, 0, 8, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_groups, 3);
+    CHECK_EQ_INT(p.groups[1].first_layer, 0);
+    CHECK_EQ_INT(p.groups[1].n_layers, 5);
+    CHECK_EQ_U64(p.groups[1].bytes, 15 * K4);
+    CHECK_EQ_U64(p.slot_bytes, 15 * K4);
+    CHECK_EQ_INT(p.n_streamed, 2);
+    CHECK_EQ_INT(p.n_stage_slots, 2);
+    plan_free(&p);
+    /* equal to the model */
+    o = opts_of(UNL, UNL, 5, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_groups, 3);
+    plan_free(&p);
+    /* 7 layers in groups of 2, 3, 4, 6 */
+    uint64_t u7[] = {K4, K4, K4, K4, K4, K4, K4, K4, K4};
+    plan_model m7 = model_of(7);
+    for (int gs = 2; gs <= 6; gs++) {
+        o = opts_of(3 * K4, 2 * K4, gs, 2);
+        make_ok(&m7, u7, &o, &p);
+        int last = p.n_groups - 2;
+        CHECK_EQ_INT(p.groups[last].n_layers, 7 - (7 - 1) / gs * gs);
+        plan_free(&p);
+    }
+    /* bad options */
+    o = opts_of(UNL, UNL, 0, 1);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("group");
+    plan_free(&p);
+    o = opts_of(UNL, UNL, 1, 0);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("prefetch");
+    plan_free(&p);
+}
+
+static void test_first_fit(void)
+{
+    plan_model m = model_of(4);
+    /* layer 1 is big: it does not fit what is left on the device, but the
+     * smaller layers after it do */
+    uint64_t units[] = {K4, 2 * K4, 10 * K4, 2 * K4, 2 * K4, K4};
+    plan_opts o = opts_of(5 * K4, 0, 1, 1);
+    plan p;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE); /* 2, left 3 */
+    CHECK_EQ_INT(p.groups[2].tier, TIER_DISK);   /* 10 */
+    CHECK_EQ_INT(p.groups[3].tier, TIER_DEVICE); /* 2, left 1 */
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);   /* 2 > 1 */
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE); /* head 1, left 0 */
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);   /* embed: nothing left */
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 5 * K4);
+    CHECK_EQ_U64(p.slot_bytes, 10 * K4);
+    plan_free(&p);
+
+    /* the same with a host tier: the big layer goes to host, later small ones
+     * still take the device first */
+    o = opts_of(5 * K4, 12 * K4, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[2].tier, TIER_HOST); /* host left 2 */
+    CHECK_EQ_INT(p.groups[3].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[4].tier, TIER_HOST); /* host left 0 */
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
+    plan_free(&p);
+}
+
+static void test_embed_last(void)
+{
+    plan_model m = model_of(3);
+    /* a big embedding that would fit the device if it were placed first */
+    uint64_t units[] = {16 * K4, 8 * K4, 8 * K4, 8 * K4, 4 * K4};
+    plan p;
+    plan_opts o = opts_of(16 * K4, 0, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[2].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[3].tier, TIER_DISK);
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
+    plan_free(&p);
+
+    /* the embedding takes what is left: here the host */
+    o = opts_of(28 * K4, 16 * K4, 1, 1);
+    make_ok(&m, units, &o, &p);
+    for (int i = 1; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_HOST);
+    CHECK_EQ_INT(p.n_streamed, 0);
+    plan_free(&p);
+
+    /* ... or the device, when layers and head leave room */
+    o = opts_of(44 * K4, 0, 1, 1);
+    make_ok(&m, units, &o, &p);
+    for (int i = 0; i < p.n_groups; i++) CHECK_EQ_INT(p.groups[i].tier, TIER_DEVICE);
+    plan_free(&p);
+
+    /* a largest embedding on disk does not size the staging slots */
+    o = opts_of(0, 0, 1, 1);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
+    CHECK_EQ_U64(p.slot_bytes, 8 * K4);
+    plan_free(&p);
+}
+
+static void test_stage_slots(void)
+{
+    plan_model m = model_of(6);
+    uint64_t units[] = {K4, 3 * K4, K4, 7 * K4, K4, 2 * K4, K4, 5 * K4};
+    plan p;
+    for (int pf = 1; pf <= 9; pf++) {
+        plan_opts o = opts_of(0, 0, 1, pf); /* 7 streamed groups */
+        make_ok(&m, units, &o, &p);
+        CHECK_EQ_INT(p.n_streamed, 7);
+        CHECK_EQ_INT(p.n_stage_slots, pf + 1 < 7 ? pf + 1 : 7);
+        CHECK_EQ_U64(p.slot_bytes, 7 * K4);
+        CHECK_EQ_U64(p.stage_bytes, (uint64_t)p.n_stage_slots * 7 * K4);
+        plan_free(&p);
+    }
+    /* a device-resident largest layer does not size the slots */
+    plan_opts o = opts_of(7 * K4, UNL, 1, 3);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[1].tier, TIER_DEVICE); /* 3, left 4 */
+    CHECK_EQ_INT(p.groups[2].tier, TIER_DEVICE); /* 1, left 3 */
+    CHECK_EQ_INT(p.groups[3].tier, TIER_HOST);   /* 7 */
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DEVICE); /* 1, left 2 */
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE); /* 2, left 0 */
+    CHECK_EQ_INT(p.groups[6].tier, TIER_HOST);
+    CHECK_EQ_INT(p.groups[7].tier, TIER_HOST);
+    CHECK_EQ_INT(p.n_streamed, 3);
+    CHECK_EQ_INT(p.n_stage_slots, 3);
+    CHECK_EQ_U64(p.slot_bytes, 7 * K4);
+    plan_free(&p);
+    o = opts_of(12 * K4, UNL, 1, 3);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[3].tier, TIER_DEVICE); /* 3 + 1 + 7 + 1 = 12 on the device */
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DEVICE);
+    CHECK_EQ_INT(p.groups[5].tier, TIER_HOST);
+    CHECK_EQ_U64(p.slot_bytes, 5 * K4); /* the head is the largest streamed group */
+    CHECK_EQ_INT(p.n_streamed, 3);      /* layers 4, 5 and the head */
+    plan_free(&p);
+
+    /* non-unified: host bounce buffers follow the largest disk group only */
+    o = opts_of(0, 11 * K4, 1, 1); /* layers 0-2 on host, the rest on disk */
+    o.unified = false;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.groups[3].tier, TIER_HOST);
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);
+    CHECK_EQ_INT(p.n_stage_slots, 2);
+    CHECK_EQ_U64(p.slot_bytes, 7 * K4);
+    CHECK_EQ_U64(p.host_stage_bytes, 2 * 5 * K4);
+    plan_free(&p);
+    /* nothing on disk: no bounce buffers */
+    o = opts_of(0, UNL, 1, 1);
+    o.unified = false;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.host_stage_bytes, 0);
+    plan_free(&p);
+}
+
+static void test_kv(void)
+{
+    plan_model m = model_of(5);
+    m.kv_dim = 96;
+    uint64_t units[] = {K4, K4, K4, K4, K4, K4, K4};
+    plan_opts o = opts_of(UNL, UNL, 2, 1);
+    o.n_seqs = 7;
+    o.context = 300;
+    plan p;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_bytes, 2ull * 5 * 7 * 300 * 96 * 4);
+    plan_free(&p);
+    /* large: no 32-bit overflow */
+    o.n_seqs = 4096;
+    o.context = 131072;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_bytes, 2ull * 5 * 4096 * 131072 * 96 * 4);
+    CHECK(p.act_bytes > 0);
+    plan_free(&p);
+}
+
+static void test_parse_budgets(void)
+{
+    uint64_t b[2] = {1, 1};
+    CHECK_STATUS(plan_parse_budgets("device=1GiB,host=0", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], 1ull << 30);
+    CHECK_EQ_U64(b[1], 0);
+    CHECK_STATUS(plan_parse_budgets("host=2GiB", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], UNL);
+    CHECK_EQ_U64(b[1], 2ull << 30);
+    CHECK_STATUS(plan_parse_budgets("device=512MiB", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], 512ull << 20);
+    CHECK_EQ_U64(b[1], UNL);
+    CHECK_STATUS(plan_parse_budgets("host=3MiB,device=4096", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], 4096);
+    CHECK_EQ_U64(b[1], 3ull << 20);
+    CHECK_STATUS(plan_parse_budgets("device=0,host=0", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], 0);
+    CHECK_EQ_U64(b[1], 0);
+    b[0] = b[1] = 5;
+    CHECK_STATUS(plan_parse_budgets("", b), FERRY_OK);
+    CHECK_EQ_U64(b[0], UNL);
+    CHECK_EQ_U64(b[1], UNL);
+    b[0] = b[1] = 5;
+    CHECK_STATUS(plan_parse_budgets(NULL, b), FERRY_OK);
+    CHECK_EQ_U64(b[0], UNL);
+    CHECK_EQ_U64(b[1], UNL);
+
+    CHECK_STATUS(plan_parse_budgets("gpu=1", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("gpu");
+    CHECK_STATUS(plan_parse_budgets("device=1GiB,ram=1GiB", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("ram");
+    CHECK_STATUS(plan_parse_budgets("device=x", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("device");
+    CHECK_STATUS(plan_parse_budgets("host=1GiB,device=-1", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("device");
+    CHECK_STATUS(plan_parse_budgets("host=12QiB", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("host");
+    CHECK_STATUS(plan_parse_budgets("device=", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("device", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("device=SIZE");
+    CHECK_STATUS(plan_parse_budgets("1GiB", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("device=1GiB,host", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("device=1GiB,,host=0", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("=1GiB", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("devices=1GiB", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("dev=1GiB", b), FERRY_ERR_INVALID);
+}
+
+static void test_check(void)
+{
+    plan_model m = model_of(4);
+    uint64_t units[] = {4 * K4, 8 * K4, 8 * K4, 8 * K4, 8 * K4, 5 * K4};
+    plan p;
+    /* unified (CPU): everything counts against host memory */
+    plan_opts o = opts_of(16 * K4, 8 * K4, 1, 2);
+    o.n_seqs = 4;
+    o.context = 1024;
+    make_ok(&m, units, &o, &p);
+    uint64_t host = 0, dev = 0;
+    plan_needs(&p, &o, &host, &dev);
+    CHECK_EQ_U64(host, dev);
+    CHECK(host >= p.tier_bytes[TIER_DEVICE] + p.tier_bytes[TIER_HOST] + p.stage_bytes + p.kv_bytes + p.act_bytes);
+    CHECK_STATUS(plan_check(&p, &o, host, 0), FERRY_OK); /* device_avail ignored when unified */
+    CHECK_STATUS(plan_check(&p, &o, host + 1, 0), FERRY_OK);
+    CHECK_STATUS(plan_check(&p, &o, host - 1, UNL), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("needs");
+    CHECK_MSG_HAS("host");
+    CHECK_STATUS(plan_check(&p, &o, 1 << 20, UNL), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("needs");
+
+    /* a bigger KV cache needs exactly its extra bytes (and the activations') more */
+    uint64_t kv1 = p.kv_bytes, act1 = p.act_bytes;
+    plan_free(&p);
+    plan_opts o2 = o;
+    o2.n_seqs = 8;
+    make_ok(&m, units, &o2, &p);
+    uint64_t host2, dev2;
+    plan_needs(&p, &o2, &host2, &dev2);
+    CHECK_EQ_U64(p.kv_bytes, 2 * kv1);
+    CHECK_EQ_U64(host2 - host, (p.kv_bytes - kv1) + (p.act_bytes - act1));
+    plan_free(&p);
+
+    /* not unified: device memory checked separately */
+    o.unified = false;
+    make_ok(&m, units, &o, &p);
+    plan_needs(&p, &o, &host, &dev);
+    CHECK(dev >= p.tier_bytes[TIER_DEVICE] + p.stage_bytes + p.kv_bytes + p.act_bytes);
+    CHECK(host >= p.tier_bytes[TIER_HOST] + p.host_stage_bytes);
+    CHECK_STATUS(plan_check(&p, &o, host, dev), FERRY_OK);
+    CHECK_STATUS(plan_check(&p, &o, host, dev - 1), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("device memory");
+    CHECK_MSG_HAS("needs");
+    CHECK_STATUS(plan_check(&p, &o, host - 1, UNL), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("needs");
+    CHECK_MSG_HAS("host");
+    plan_free(&p);
+}
+
+int main(void)
+{
+    test_unlimited();
+    test_all_disk();
+    test_boundary();
+    test_group_sizes();
+    test_first_fit();
+    test_embed_last();
+    test_stage_slots();
+    test_kv();
+    test_parse_budgets();
+    test_check();
+    CHECK_EQ_STR(tier_name(TIER_DEVICE), "device");
+    CHECK_EQ_STR(tier_name(TIER_HOST), "host");
+    CHECK_EQ_STR(tier_name(TIER_DISK), "disk");
+    return check_report();
+}
