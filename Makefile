@@ -62,7 +62,7 @@ $(DEMO_MODEL)/config.json: | $(BUILD)/ferry
 run: deps all $(DEMO_MODEL)/config.json
 	$(BUILD)/ferry generate --model $(DEMO_MODEL) --prompt-ids 1,15,27,300 --max-new-tokens 24
 
-unit: $(UNIT_BIN)
+unit: $(UNIT_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
 integration: all
@@ -99,3 +99,71 @@ clean:
 	rm -rf $(BUILD) build-asan
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(UNIT_BIN:=.d)
+
+# ---- CUDA backend -----------------------------------------------------------
+# engine/cuda/ builds into $(BUILD)/libferry_cuda.so whenever nvcc is found (on
+# PATH, else /usr/local/cuda/bin/nvcc); without nvcc this block adds nothing to
+# `all` and ferry is the CPU build alone. ferry itself never links CUDA:
+# engine/backend.c dlopen()s the library for --device cuda, and the library
+# takes ferry_fail from the executable - hence -rdynamic (and -ldl) on the
+# programs that may load it, and rpath $ORIGIN so a bundle finds its libraries.
+# test-gpu runs on GPU machines only (no GPU there is a failure); bundle
+# gathers ferry, the library and the non-system libraries they need.
+ifeq ($(origin NVCC),undefined)
+NVCC        := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+endif
+CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_HOME   ?= $(patsubst %/bin/,%,$(dir $(NVCC)))
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra
+CUDA_LIB    := $(BUILD)/libferry_cuda.so
+BUNDLE      := $(BUILD)/bundle
+
+$(BUILD)/ferry: override LDLIBS += -rdynamic -ldl -Wl,-rpath,'$$ORIGIN'
+$(BUILD)/tests/test_ops: override LDLIBS += -rdynamic -ldl
+
+.PHONY: cuda test-gpu bundle
+ifneq ($(NVCC),)
+CUDA_HDR := $(wildcard engine/cuda/*.h engine/cuda/*.cuh)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/cuda/%.o,$(wildcard engine/cuda/*.cu)) \
+            $(patsubst %.c,$(BUILD)/cuda/%.o,$(wildcard engine/cuda/*.c))
+all: $(CUDA_LIB)
+cuda: $(CUDA_LIB)
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	$(CC) -shared -o $@ $^ -L$(CUDA_LIBDIR) -lcublasLt -lcudart -lstdc++ -lm -Wl,-rpath,'$$ORIGIN' -Wl,-rpath,$(CUDA_LIBDIR)
+
+$(BUILD)/cuda/%.o: %.cu $(CUDA_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(BUILD)/cuda/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -c -o $@ $<
+
+test-gpu: all $(BUILD)/tests/test_ops
+	@$(BUILD)/tests/test_ops cuda || { rc=$$?; [ $$rc = 77 ] && echo "test-gpu: no usable CUDA device here" >&2; exit $$rc; }
+	FERRY_DEVICE=cuda $(PYTHON) -m pytest -q tests/integration -k "numerics or placement"
+
+-include $(CUDA_OBJ:.o=.d)
+else
+cuda test-gpu:
+	@echo "make $@: nvcc not found (put it on PATH or set NVCC=/path/to/nvcc)" >&2; exit 1
+endif
+
+# glibc, libgcc_s and libstdc++ are the target system's; everything else that
+# ldd resolves (liburing, the CUDA libraries) is copied, symlinks followed.
+bundle: all
+	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
+	cp $(BUILD)/ferry $(BUNDLE)/
+	if [ -f $(CUDA_LIB) ]; then cp $(CUDA_LIB) $(BUNDLE)/; fi
+	ldd $(BUNDLE)/ferry $(if $(NVCC),$(BUNDLE)/libferry_cuda.so) \
+	  | awk '$$2 == "=>" && $$3 ~ /^\// {print $$1, $$3}' | sort -u | while read -r name path; do \
+	    case "$$name" in \
+	      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libresolv.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;; \
+	      *) cp -L "$$path" "$(BUNDLE)/$$name" ;; \
+	    esac; \
+	  done
+	printf '%s\n' "ferry $$(git describe --always --dirty 2>/dev/null): run ./ferry from this folder (it and libferry_cuda.so find the bundled libraries through rpath \$$ORIGIN); --device cuda needs an NVIDIA driver for CUDA 13 and a GPU of compute capability 9.0 or newer (H100/H200 run sm_90 code, newer GPUs JIT the compute_90 PTX; older GPUs need a rebuild with CUDA_ARCH)." > $(BUNDLE)/README
+	$(BUNDLE)/ferry --help >/dev/null
+	@ls -la $(BUNDLE)
