@@ -3,7 +3,9 @@
 Run with Debian's interpreter (it has torch/numpy/pytest):
     /usr/bin/python3 -m pytest tests/integration
 The binary is $FERRY_BIN if set, else <repo>/build/ferry. A missing binary is a
-test failure (not a skip) for every test that needs it.
+test failure (not a skip) for every test that needs it. With $FERRY_DEVICE set
+(`make test-gpu` sets cuda), generate/bench/plan runs that name no --device get
+`--device $FERRY_DEVICE` appended.
 """
 
 import json
@@ -25,6 +27,7 @@ import llama_ref  # noqa: E402
 import st_util  # noqa: E402
 
 RUN_TIMEOUT = 120  # seconds for any single ferry invocation (a hang is a failure)
+DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_DEVICE applies to
 
 
 def ferry_path():
@@ -39,6 +42,9 @@ class Ferry:
 
     def run(self, *args, timeout=RUN_TIMEOUT, env=None):
         argv = [self.path] + [str(a) for a in args]
+        device = os.environ.get("FERRY_DEVICE")
+        if device and len(argv) > 1 and argv[1] in DEVICE_COMMANDS and "--device" not in argv:
+            argv += ["--device", device]
         try:
             return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   timeout=timeout, env=env)

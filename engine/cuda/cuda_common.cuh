@@ -1,0 +1,73 @@
+/*
+ * cuda_common.cuh - device helpers the kernel families share: reading a
+ * weight element of any compute dtype as f32, warp and block sums, and the
+ * launch geometry helpers. Device code only; included by the *.cu files.
+ */
+#ifndef FERRY_CUDA_COMMON_CUH
+#define FERRY_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "cuda.h"
+
+/* Element i of a weight of dtype DT, widened to f32 (exact for all three). */
+template <int DT>
+__device__ __forceinline__ float cuda_load_f32(const void *base, size_t i)
+{
+    if (DT == CUDA_F32) return ((const float *)base)[i];
+    if (DT == CUDA_F16) return __half2float(((const __half *)base)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+}
+
+/* The same with the dtype known only at run time (rare, light paths). */
+__device__ __forceinline__ float cuda_load_f32_dyn(int dt, const void *base, size_t i)
+{
+    switch (dt) {
+    case CUDA_F16: return cuda_load_f32<CUDA_F16>(base, i);
+    case CUDA_BF16: return cuda_load_f32<CUDA_BF16>(base, i);
+    default: return cuda_load_f32<CUDA_F32>(base, i);
+    }
+}
+
+__device__ __forceinline__ float cuda_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
+ * gets the total. `red` is __shared__ float[32]. */
+__device__ __forceinline__ float cuda_block_sum(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = cuda_warp_sum(v);
+    __syncthreads(); /* red may still be read from a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? red[lane] : 0.0f;
+    return cuda_warp_sum(t);
+}
+
+/* Blocks of `threads` covering n elements (n > 0), capped to what a grid's
+ * x dimension allows: kernels loop with a grid stride. */
+static inline unsigned cuda_blocks(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return b > 65535u * 32u ? 65535u * 32u : (unsigned)b;
+}
+
+/* Calls f with the dtype as a compile-time constant. */
+#define CUDA_DISPATCH_DT(dt, DT, ...)                                                                \
+    do {                                                                                             \
+        switch (dt) {                                                                                \
+        case CUDA_F32: { constexpr int DT = CUDA_F32; __VA_ARGS__; } break;                          \
+        case CUDA_F16: { constexpr int DT = CUDA_F16; __VA_ARGS__; } break;                          \
+        case CUDA_BF16: { constexpr int DT = CUDA_BF16; __VA_ARGS__; } break;                        \
+        default: CUDA_REQUIRE(!"weight dtype not computable");                                       \
+        }                                                                                            \
+    } while (0)
+
+#endif
