@@ -118,6 +118,9 @@ CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
 NVCCFLAGS   ?= -O3 -std=c++17 -lineinfo $(CUDA_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra
 CUDA_LIB    := $(BUILD)/libferry_cuda.so
 BUNDLE      := $(BUILD)/bundle
+# no: leave cudart/cuBLASLt out of the bundle (about 530 MB) and use the
+# target machine's CUDA 13 in /usr/local/cuda/lib64 (the library's rpath)
+BUNDLE_CUDA_LIBS ?= yes
 
 $(BUILD)/ferry: override LDLIBS += -rdynamic -ldl -Wl,-rpath,'$$ORIGIN'
 $(BUILD)/tests/test_ops: override LDLIBS += -rdynamic -ldl
@@ -161,6 +164,7 @@ bundle: all
 	  | awk '$$2 == "=>" && $$3 ~ /^\// {print $$1, $$3}' | sort -u | while read -r name path; do \
 	    case "$$name" in \
 	      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libresolv.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;; \
+	      libcudart.so*|libcublas*.so*) [ "$(BUNDLE_CUDA_LIBS)" = no ] || cp -L "$$path" "$(BUNDLE)/$$name" ;; \
 	      *) cp -L "$$path" "$(BUNDLE)/$$name" ;; \
 	    esac; \
 	  done
