@@ -201,7 +201,10 @@ static uint64_t cuda_mem_available(backend *be)
     cuda_bind(cuda_of(be));
     size_t free_b = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
-    return free_b;
+    /* headroom for what is allocated after planning: lazily loaded kernel
+     * modules, cuBLASLt, allocation rounding, the batch tables */
+    size_t reserve = total / 50 > ((size_t)512 << 20) ? total / 50 : ((size_t)512 << 20);
+    return free_b > reserve ? free_b - reserve : 0;
 }
 
 /* ---- the step's batch ----------------------------------------------------------- */
@@ -435,6 +438,17 @@ ferry_status ferry_cuda_backend_create(const backend_opts *opts, backend **out)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "device 'cuda': no CUDA device available (%s)",
                           e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
     }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "device 'cuda': cannot read the compute capability");
+    }
+    if (major < 9)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED,
+                          "device 'cuda': compute capability %d.%d; this build targets 9.0 and newer "
+                          "(rebuild with CUDA_ARCH for this GPU)",
+                          major, minor);
     cuda_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return ferry_fail(FERRY_ERR_NOMEM, "out of memory creating the CUDA backend");
     cb->base.ops = &k_cuda_ops;

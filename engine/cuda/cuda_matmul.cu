@@ -13,9 +13,11 @@
  * digits (2^-9 relative for bf16), so x is split into two 16-bit halves,
  * x = hi + lo with hi = round(x), lo = round(x - hi), and both go into one
  * GEMM as 2n columns; a small kernel adds the two partial products (and the
- * bias). What x loses is |x - hi - lo| <= 2^-18 |x| for bf16 and 2^-22 |x|
- * for f16 (f16 halves saturate at +-65504: activations beyond ~1.3e5 are
- * clipped), at the price of twice the arithmetic of a plain GEMM but one
+ * bias). What x loses is |x - hi - lo| <= 2^-18 |x| for bf16; for f16 lo is
+ * stored scaled by 1024 (else small remainders fall into f16's subnormals:
+ * 6e-5 relative at |x| = 1e-3), giving ~2^-22 |x| down to |x| ~ 1e-3 (f16
+ * halves saturate at +-65504: activations beyond ~1.3e5 are clipped; NaN
+ * stays NaN). All of this is untested on a GPU. At the price of twice the arithmetic of a plain GEMM but one
  * pass over W. F32 weights take a plain SGEMM (no TF32). Token rows are
  * processed in chunks that fit the scratch allocated at creation.
  *
@@ -188,6 +190,8 @@ static void gemv_rows(cuda_ctx *cx, float *out, const float *x, const cuda_tenso
 
 /* hi = round(x), lo = round(x - hi), both 16-bit of dtype DT:
  * xs[0 .. n*cols) = hi rows, xs[n*cols .. 2*n*cols) = lo rows */
+#define F16_LO_SCALE 1024.0f
+
 template <int DT>
 __global__ void split_kernel(void *xs, const float *x, size_t count)
 {
@@ -198,21 +202,31 @@ __global__ void split_kernel(void *xs, const float *x, size_t count)
             ((__nv_bfloat16 *)xs)[i] = hi;
             ((__nv_bfloat16 *)xs)[count + i] = __float2bfloat16_rn(v - __bfloat162float(hi));
         } else {
+            /* lo is scaled by F16_LO_SCALE so that small remainders stay out
+             * of f16's subnormal range (|rest| <= 32 after the clamp, so
+             * rest * 1024 still fits); combine_kernel divides it back. A NaN
+             * stays a NaN instead of clamping to a finite value. */
             const float big = 65504.0f; /* largest finite f16 */
+            if (isnan(v)) {
+                ((__half *)xs)[i] = __float2half_rn(v);
+                ((__half *)xs)[count + i] = __float2half_rn(0.0f);
+                continue;
+            }
             __half hi = __float2half_rn(fminf(fmaxf(v, -big), big));
             float rest = v - __half2float(hi);
             ((__half *)xs)[i] = hi;
-            ((__half *)xs)[count + i] = __float2half_rn(fminf(fmaxf(rest, -big), big));
+            ((__half *)xs)[count + i] = __float2half_rn(fminf(fmaxf(rest * F16_LO_SCALE, -big), big));
         }
     }
 }
 
-/* out[t, r] = y[t, r] + y[n + t, r] + b[r] for t < n (y: [2n, rows]) */
-__global__ void combine_kernel(float *out, const float *y, const void *bias, int bias_dt, size_t n_rows, int64_t rows)
+/* out[t, r] = y[t, r] + y[n + t, r] * lo_unscale + b[r] for t < n (y: [2n, rows]) */
+__global__ void combine_kernel(float *out, const float *y, const void *bias, int bias_dt, size_t n_rows, int64_t rows,
+                               float lo_unscale)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_rows; i += (size_t)gridDim.x * blockDim.x) {
         float b = bias ? cuda_load_f32_dyn(bias_dt, bias, i % (size_t)rows) : 0.0f;
-        out[i] = y[i] + y[n_rows + i] + b;
+        out[i] = y[i] + y[n_rows + i] * lo_unscale + b;
     }
 }
 
@@ -338,7 +352,8 @@ static void gemm_split(cuda_ctx *cx, float *out, const float *x, const cuda_tens
         lt_matmul(cx, p, w->data, cx->mm_x, cx->mm_y);
         size_t n_rows = c * (size_t)rows;
         combine_kernel<<<cuda_blocks(n_rows, 256), 256, 0, cx->compute>>>(out + t0 * (size_t)rows, cx->mm_y, b, bdt,
-                                                                         n_rows, rows);
+                                                                         n_rows, rows,
+                                                                         DT == CUDA_BF16 ? 1.0f : 1.0f / F16_LO_SCALE);
         CUDA_CHECK_LAUNCH("combine_kernel");
     }
 }
