@@ -162,6 +162,26 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
         goto fail;
     }
     if ((st = engine_plan(opts, c, e->ck, e->be->ops->unified, &e->plan)) != FERRY_OK) goto fail;
+    if (!e->be->ops->unified && opts->budget[0] == PLAN_UNLIMITED) {
+        /* No device budget given on a GPU: keep resident what fits beside
+         * the working memory (the default a user of a GPU expects), and
+         * plan again. The working memory of the second plan can only be
+         * larger by its staging slots, which are counted below. */
+        uint64_t avail = e->be->ops->mem_available(e->be), host_need, dev_need;
+        plan_needs(&e->plan, &e->popts, &host_need, &dev_need);
+        uint64_t work = dev_need - e->plan.tier_bytes[TIER_DEVICE];
+        if (work < avail && e->plan.tier_bytes[TIER_DEVICE] > avail - work) {
+            engine_opts o2 = *opts;
+            uint64_t largest = 0;
+            for (int g = 0; g < e->plan.n_groups; g++)
+                largest = e->plan.groups[g].bytes > largest ? e->plan.groups[g].bytes : largest;
+            uint64_t slots = (uint64_t)(e->popts.prefetch + 1) * largest;
+            o2.budget[0] = avail - work > slots ? avail - work - slots : 0;
+            plan_free(&e->plan);
+            if ((st = engine_plan(&o2, c, e->ck, false, &e->plan)) != FERRY_OK) goto fail;
+            e->popts.budget[0] = o2.budget[0];
+        }
+    }
     if ((st = plan_check(&e->plan, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
         goto fail;
     e->w.layers = calloc((size_t)c->n_layers, sizeof *e->w.layers);
