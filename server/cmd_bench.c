@@ -165,6 +165,34 @@ static double raw_read_rate(const engine *e, uint64_t *bytes)
     return dt > 0 ? (double)*bytes / dt / 1e9 : 0;
 }
 
+/* Peak host -> device copy rate through the backend's own primitives
+ * (copy_async on the copy stream from host_alloc'd memory - pinned where
+ * the backend can - then an event): the ceiling for the host tier. GB/s. */
+static double copy_peak_rate(backend *be, bool *pinned)
+{
+    const size_t n = 256u << 20;
+    *pinned = false;
+    void *host = be->ops->host_alloc(be, n, pinned);
+    void *dev = be->ops->alloc(be, n);
+    be_event *ev = be->ops->event_create(be);
+    double best = 0;
+    if (host && dev && ev) {
+        memset(host, 1, n);
+        for (int rep = 0; rep < 4; rep++) {
+            double t0 = util_now();
+            be->ops->copy_async(be, dev, host, n);
+            be->ops->event_record(be, ev, STREAM_COPY);
+            be->ops->event_sync(be, ev);
+            double gbs = (double)n / (util_now() - t0) / 1e9;
+            if (rep > 0 && gbs > best) best = gbs; /* the first pass warms up */
+        }
+    }
+    if (ev) be->ops->event_destroy(be, ev);
+    if (dev) be->ops->release(be, dev);
+    if (host) be->ops->host_free(be, host, n, *pinned);
+    return best;
+}
+
 static uint64_t peak_rss_bytes(void)
 {
     struct rusage ru;
@@ -208,6 +236,8 @@ int cmd_bench(const ferry_config *cfg)
     const model_config *c = &e->cfg;
     uint64_t raw_bytes;
     double raw_gbs = raw_read_rate(e, &raw_bytes);
+    bool copy_pinned = false;
+    double copy_peak_gbs = copy_peak_rate(e->be, &copy_pinned);
 
     int ntok = plen > B * 4 ? plen : B * 4;
     int32_t *tokens = malloc((size_t)ntok * sizeof *tokens), *pos = malloc((size_t)ntok * sizeof *pos);
@@ -312,14 +342,15 @@ int cmd_bench(const ferry_config *cfg)
                   "\"step_compute_ms\": %.3f, \"step_fetch_ms\": %.3f, \"step_stall_ms\": %.3f, "
                   "\"step_disk_bytes\": %llu, \"step_host_bytes\": %llu, \"disk_gb_per_s\": %.3f, "
                   "\"host_gb_per_s\": %.3f, \"raw_direct_read_gb_per_s\": %.3f, \"raw_read_bytes\": %llu, "
-                  "\"peak_rss_bytes\": %llu, \"steps\": [",
+                  "\"peak_rss_bytes\": %llu, \"copy_peak_gb_per_s\": %.3f, \"copy_peak_pinned\": %s, \"steps\": [",
                   e->be->ops->name, threads, B, plen, t_open, plen / prefill_s, step_s * 1e3, B / step_s,
                   (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw,
                   (unsigned long long)huge_page_bytes(), (unsigned long long)e->plan.tier_bytes[TIER_DEVICE],
                   (unsigned long long)e->plan.tier_bytes[TIER_HOST], (unsigned long long)e->plan.tier_bytes[TIER_DISK],
                   mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3, (unsigned long long)mean.bytes[TIER_DISK],
                   (unsigned long long)mean.bytes[TIER_HOST], disk_gbs, host_gbs, raw_gbs,
-                  (unsigned long long)raw_bytes, (unsigned long long)rss);
+                  (unsigned long long)raw_bytes, (unsigned long long)rss, copy_peak_gbs,
+                  copy_pinned ? "true" : "false");
         for (int i = 0; i < steps; i++)
             sb_printf(&sb, "%s{\"wall_ms\": %.3f, \"compute_ms\": %.3f, \"fetch_ms\": %.3f, \"stall_ms\": %.3f, "
                            "\"disk_bytes\": %llu, \"host_bytes\": %llu}",
@@ -341,14 +372,18 @@ int cmd_bench(const ferry_config *cfg)
         if (raw_bytes)
             printf("raw O_DIRECT     %.3f GB/s reading the %s of blobs in order (same fs, aio depth 16, 2 files in flight)\n", raw_gbs,
                    util_fmt_bytes(raw_bytes, wb, sizeof wb));
+        printf("copy peak        %.2f GB/s host -> %s (copy_async from %s memory, 256 MiB)\n", copy_peak_gbs,
+               e->be->ops->unified ? "slot (memcpy)" : "device", copy_pinned ? "pinned" : "pageable");
         printf("prefill          %d tokens in %.3f s: %.1f tokens/s\n", plen, prefill_s, plen / prefill_s);
         printf("decode batch %-3d step %.2f ms (median of %d): %.2f tokens/s\n", B, step_s * 1e3, steps, B / step_s);
         printf("per step (mean)  wall %.2f ms, compute %.2f ms, fetch %.2f ms, stall %.2f ms\n", mean.wall * 1e3,
                mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3);
         if (mean.bytes[TIER_DISK] || mean.bytes[TIER_HOST])
-            printf("streamed         disk %s/step = %.3f GB/s%s; host %s/step = %.3f GB/s\n",
+            printf("streamed         disk %s/step = %.3f GB/s; host %s/step = %.3f GB/s\n",
                    util_fmt_bytes(mean.bytes[TIER_DISK], wb, sizeof wb), disk_gbs,
-                   raw_gbs > 0 ? "" : "", util_fmt_bytes(mean.bytes[TIER_HOST], b2, sizeof b2), host_gbs);
+                   util_fmt_bytes(mean.bytes[TIER_HOST], b2, sizeof b2), host_gbs);
+        if (copy_peak_gbs > 0 && mean.bytes[TIER_HOST])
+            printf("copy efficiency  host tier at %.0f%% of the copy peak\n", 100 * host_gbs / copy_peak_gbs);
         if (raw_gbs > 0 && mean.bytes[TIER_DISK])
             printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
                    100 * disk_gbs / raw_gbs, mean.wall / (mean.fetch > mean.compute ? mean.fetch : mean.compute));
