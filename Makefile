@@ -17,7 +17,7 @@ ARCH_FLAGS ?=
 endif
 OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -pthread $(ARCH_FLAGS) -MMD -MP
-LDLIBS   += -luring -lm -pthread
+LDLIBS   += -lmicrohttpd -luring -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c) config/config.c
 SERVER_SRC := $(wildcard server/*.c)
@@ -30,7 +30,7 @@ DEMO_MODEL  ?= $(BUILD)/demo-model
 BENCH_MODEL ?= $(BUILD)/bench-1b
 
 # Debian packages: build, and the PyTorch reference the tests compare against.
-DEB_PKGS := gcc make liburing-dev python3-torch python3-numpy python3-pytest
+DEB_PKGS := gcc make liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
@@ -59,8 +59,13 @@ deps:
 $(DEMO_MODEL)/config.json: | $(BUILD)/ferry
 	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1
 
+# serve the demo model (13 MiB of weights) with about half of them resident
+# (layers 0-1) and the rest streamed from the offload dir, on port $(HTTP_PORT)
+HTTP_PORT ?= 8000
 run: deps all $(DEMO_MODEL)/config.json
-	$(BUILD)/ferry generate --model $(DEMO_MODEL) --prompt-ids 1,15,27,300 --max-new-tokens 24
+	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/demo-model/generate -d '{\"input_ids\":[1,2,3],\"parameters\":{\"max_new_tokens\":8}}'"
+	exec $(BUILD)/ferry serve --model $(DEMO_MODEL) --max-memory device=6MiB,host=0 \
+	  --offload-dir $(BUILD)/demo-offload --http-port $(HTTP_PORT)
 
 unit: $(UNIT_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -90,7 +95,7 @@ bench-offload: all $(BENCH_BIG)/config.json
 # bad-input tests run against it.
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-luring -lm -pthread -fsanitize=address,undefined" all unit
+	  LDLIBS="-lmicrohttpd -luring -lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
 	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration

@@ -131,20 +131,22 @@ static ferry_status admit(sched *s, int i)
 static int boundary(sched *s)
 {
     /* cancelled while queued */
+    req *prev = NULL;
     for (req **pp = &s->q_head; *pp;) {
         req *r = *pp;
         if (!r->cancel) {
+            prev = r;
             pp = &r->next;
             continue;
         }
         *pp = r->next;
-        if (s->q_tail == r) s->q_tail = NULL;
+        if (s->q_tail == r) s->q_tail = prev;
         s->n_queued--;
+        s->stats.queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
         finish_unadmitted(s, r, FERRY_OK, NULL, true);
         pthread_mutex_lock(&s->mu);
     }
-    if (!s->q_head) s->q_tail = NULL;
     for (int i = 0; i < s->n_slots; i++) {
         if (s->slots[i].r && s->slots[i].r->cancel) {
             pthread_mutex_unlock(&s->mu);
@@ -159,6 +161,7 @@ static int boundary(sched *s)
             s->q_head = r->next;
             if (!s->q_head) s->q_tail = NULL;
             s->n_queued--;
+            s->stats.queued = s->n_queued;
             r->t_admit = util_now();
             s->stats.running++;
             s->slots[i].r = r;

@@ -23,6 +23,7 @@ int cmd_inspect(const ferry_config *cfg);
 int cmd_mkmodel(const ferry_config *cfg);
 int cmd_bench(const ferry_config *cfg);
 int cmd_plan(const ferry_config *cfg);
+int cmd_serve(const ferry_config *cfg);
 
 /* Fills the engine options the placement flags give (budgets parsed);
  * returns 0, or the exit status of a usage error it printed. */

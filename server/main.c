@@ -39,6 +39,10 @@ static const command k_commands[] = {
     {"bench", cmd_bench, "measure prefill and decode speed, streaming and the memory roofline",
      {S(model), S(device), S(threads), S(batch), S(steps), S(prompt_len), S(json), S(trace), PLACEMENT, END},
      {S(model), END}},
+    {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, Prometheus metrics)",
+     {S(model), S(device), S(threads), S(batch), S(context), S(http_port), S(host), S(name), S(max_body),
+      S(max_queued), PLACEMENT, END},
+     {S(model), END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
 

@@ -48,11 +48,16 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.max_step_tokens, 512);
     CHECK_EQ_INT(cfg.context, 0);
     CHECK(cfg.trace == NULL);
+    CHECK_EQ_INT(cfg.http_port, 8000);
+    CHECK_EQ_STR(cfg.host, "0.0.0.0");
+    CHECK(cfg.name == NULL);
+    CHECK_EQ_U64(cfg.max_body, 64ull << 20);
+    CHECK_EQ_INT(cfg.max_queued, 64);
     for (int i = 0; i < SETTING_COUNT; i++) {
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 30); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 35); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../engine/scheduler.h"
@@ -60,11 +61,24 @@ static void on_done(void *user, ferry_status st, const char *msg, const sched_re
     pthread_mutex_unlock(&w->mu);
 }
 
-static void wait_done(waiter *w)
+/* Waits for on_done; a request that is never answered fails the test
+ * (after 30 s) instead of hanging it. */
+#define wait_done(w) wait_done_at(w, __LINE__)
+static void wait_done_at(waiter *w, int line)
 {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
     pthread_mutex_lock(&w->mu);
-    while (!w->done) pthread_cond_wait(&w->cv, &w->mu);
+    while (!w->done)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
+    bool done = w->done;
     pthread_mutex_unlock(&w->mu);
+    if (!done) {
+        fprintf(stderr, "tests/unit/test_sched.c:%d: request never answered\n", line);
+        check_report();
+        _exit(1);
+    }
 }
 
 static void waiter_init(waiter *w)
@@ -194,6 +208,38 @@ int main(void)
     CHECK(cancelled > 0);
     sched_stats stt = sched_get_stats(s);
     CHECK_EQ_INT(stt.running, 0);
+    CHECK_EQ_INT(stt.queued, 0);
+    sched_free(s);
+
+    /* cancelling the request at the back of the queue keeps the one ahead
+     * of it: slots full of long requests, X then Y queued, Y cancelled, D
+     * queued; X and D must both be served */
+    so.max_queued = 8;
+    CHECK_STATUS(sched_create(e, &so, &s), FERRY_OK);
+    waiter wl[3], wx, wy, wd;
+    uint64_t lid[3], yid;
+    sched_params lp = {.prompt = prompts[0], .prompt_len = lens[0], .max_new_tokens = 60, .sampling = greedy};
+    for (int r = 0; r < 3; r++) {
+        waiter_init(&wl[r]);
+        CHECK_STATUS(sched_submit(s, &lp, &k_cb, &wl[r], &lid[r]), FERRY_OK);
+    }
+    sched_params xp = {.prompt = prompts[2], .prompt_len = lens[2], .max_new_tokens = MAX_NEW, .sampling = greedy};
+    waiter_init(&wx);
+    waiter_init(&wy);
+    waiter_init(&wd);
+    CHECK_STATUS(sched_submit(s, &xp, &k_cb, &wx, NULL), FERRY_OK);
+    CHECK_STATUS(sched_submit(s, &xp, &k_cb, &wy, &yid), FERRY_OK);
+    sched_cancel(s, yid);
+    wait_done(&wy);
+    CHECK_STATUS(sched_submit(s, &xp, &k_cb, &wd, NULL), FERRY_OK);
+    for (int r = 0; r < 3; r++) sched_cancel(s, lid[r]);
+    wait_done(&wx);
+    wait_done(&wd);
+    CHECK_EQ_INT(wx.n, MAX_NEW);
+    CHECK_EQ_INT(wd.n, MAX_NEW);
+    CHECK(memcmp(wx.tokens, want[2], sizeof want[2]) == 0);
+    for (int r = 0; r < 3; r++) wait_done(&wl[r]);
+    stt = sched_get_stats(s);
     CHECK_EQ_INT(stt.queued, 0);
     sched_free(s);
 

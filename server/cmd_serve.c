@@ -1,0 +1,159 @@
+/*
+ * cmd_serve.c - `ferry serve`: the model server. Listens at once (so that
+ * an orchestrator sees the process live while weights load), loads the
+ * engine on a background thread, then starts the scheduler and marks the
+ * model ready. The main thread only waits for signals: SIGUSR1 from the
+ * loader when loading ended, SIGINT/SIGTERM to stop.
+ *
+ * Stopping follows http.h: detach the model (handlers stop submitting),
+ * sched_free (every request in flight ends and its connection resumes),
+ * stop the HTTP daemon (no connection is suspended any more, as MHD
+ * requires), close the engine.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../engine/engine.h"
+#include "../engine/scheduler.h"
+#include "cli.h"
+#include "http.h"
+#include "metrics.h"
+
+#define SERVE_DEFAULT_BATCH 8
+#define SERVE_DEFAULT_CONTEXT 4096 /* --context 0: min(max_position_embeddings, this) */
+
+enum { LOAD_RUNNING, LOAD_READY, LOAD_FAILED };
+
+typedef struct {
+    engine_opts eo;
+    int max_queued;
+    pthread_t main_thread;
+    int state;          /* atomic: LOAD_* */
+    engine *e;          /* valid once state is LOAD_READY */
+    sched *s;
+    char err[1024];
+} loader;
+
+static void *load_main(void *arg)
+{
+    loader *l = arg;
+    model_config mc;
+    ferry_status st = model_config_load(l->eo.model_dir, &mc);
+    if (st == FERRY_OK) {
+        if (l->eo.max_ctx == 0) l->eo.max_ctx = mc.max_pos < SERVE_DEFAULT_CONTEXT ? mc.max_pos : SERVE_DEFAULT_CONTEXT;
+        st = engine_open(&l->eo, &l->e);
+    }
+    if (st == FERRY_OK) {
+        sched_opts so = {l->max_queued};
+        st = sched_create(l->e, &so, &l->s);
+    }
+    if (st != FERRY_OK) {
+        snprintf(l->err, sizeof l->err, "%s", ferry_errmsg());
+        engine_close(l->e);
+        l->e = NULL;
+    }
+    __atomic_store_n(&l->state, st == FERRY_OK ? LOAD_READY : LOAD_FAILED, __ATOMIC_RELEASE);
+    pthread_kill(l->main_thread, SIGUSR1);
+    return NULL;
+}
+
+/* The model directory's base name ("models/llama-1b/" -> "llama-1b"). */
+static void default_name(const char *dir, char *out, size_t cap)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t start = n;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    snprintf(out, cap, "%.*s", (int)(n - start), dir + start);
+}
+
+int cmd_serve(const ferry_config *cfg)
+{
+    engine_opts eo;
+    int rc = cli_engine_opts(cfg, &eo);
+    if (rc) return rc;
+    if (cfg->http_port < 0 || cfg->http_port > 65535) return cli_error(EXIT_USAGE, "--http-port must be in 0..65535");
+    int batch = cfg->given[SETTING_batch] ? (int)cfg->batch : SERVE_DEFAULT_BATCH;
+    if (batch < 1 || batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
+    if (batch > eo.max_step_tokens)
+        return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
+                         batch, eo.max_step_tokens);
+    if (cfg->context < 0 || cfg->context > (1 << 24)) return cli_error(EXIT_USAGE, "--context must be in 0..16777216");
+    if (cfg->max_queued < 1 || cfg->max_queued > (1 << 20))
+        return cli_error(EXIT_USAGE, "--max-queued must be in 1..1048576");
+    if (cfg->max_body < 1) return cli_error(EXIT_USAGE, "--max-body must be at least 1 byte");
+    if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
+    char name[256];
+    if (cfg->name) snprintf(name, sizeof name, "%s", cfg->name);
+    else default_name(cfg->model, name, sizeof name);
+    if (!*name || strchr(name, '/') || strlen(name) > 200)
+        return cli_error(EXIT_USAGE, "--name must be 1..200 characters without '/' (got '%s')", name);
+    eo.n_slots = batch;
+    eo.max_ctx = (int)cfg->context;
+
+    /* every thread started from here inherits the mask: signals reach only sigwait below */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    metrics m;
+    metrics_init(&m);
+    http_opts ho = {cfg->host, (int)cfg->http_port, name, cfg->max_body, &m};
+    http_server *srv;
+    if (http_server_start(&ho, &srv) != FERRY_OK) {
+        metrics_free(&m);
+        return cli_fail(FERRY_ERR_IO);
+    }
+    bool v6 = strchr(cfg->host, ':') != NULL;
+    fprintf(stderr, "ferry: listening on http://%s%s%s:%d (model %s loading)\n", v6 ? "[" : "", cfg->host,
+            v6 ? "]" : "", http_server_port(srv), name);
+
+    loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .main_thread = pthread_self()};
+    pthread_t lt;
+    if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
+        http_server_stop(srv);
+        metrics_free(&m);
+        return cli_error(EXIT_RUNTIME, "cannot start the loading thread");
+    }
+    int state = LOAD_RUNNING;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0) continue;
+        if (sig != SIGUSR1) break;
+        if (state != LOAD_RUNNING || (state = __atomic_load_n(&ld.state, __ATOMIC_ACQUIRE)) == LOAD_RUNNING)
+            continue; /* a stray SIGUSR1 */
+        if (state == LOAD_FAILED) {
+            pthread_join(lt, NULL);
+            http_server_stop(srv);
+            metrics_free(&m);
+            return cli_error(EXIT_RUNTIME, "%s", ld.err);
+        }
+        http_server_attach(srv, ld.e, ld.s);
+        fprintf(stderr, "ferry: model %s ready\n", name);
+    }
+
+    if (state == LOAD_RUNNING) {
+        /* loading cannot be interrupted; nothing was submitted, so no
+         * connection is suspended: stop listening and leave */
+        http_server_stop(srv);
+        fprintf(stderr, "ferry: stopped while the model was loading\n");
+        _exit(0);
+    }
+    pthread_join(lt, NULL);
+    http_server_detach(srv);
+    sched_free(ld.s);
+    http_server_stop(srv);
+    engine_close(ld.e);
+    metrics_free(&m);
+    fprintf(stderr, "ferry: stopped\n");
+    return 0;
+}

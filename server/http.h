@@ -1,0 +1,49 @@
+/*
+ * http.h - the HTTP front end: KServe v2 REST, Triton's generate extension
+ * and /metrics on libmicrohttpd.
+ *
+ * The server listens before the model is loaded (health/live answers at
+ * once; ready and inference endpoints answer 503 "model not ready") and
+ * starts serving when the caller attaches the engine and its scheduler.
+ * Worker threads never wait for the engine: a handler submits its rows to
+ * the scheduler and suspends the connection; the scheduler's callbacks
+ * (engine thread) store the results and resume it. See http.c for the
+ * request life cycle.
+ *
+ * Shutdown order: http_server_detach (no new work reaches the scheduler),
+ * sched_free (every request in flight ends, its connection is resumed),
+ * http_server_stop (closes the connections), engine_close.
+ */
+#ifndef FERRY_HTTP_H
+#define FERRY_HTTP_H
+
+#include <stdint.h>
+
+#include "../engine/engine.h"
+#include "../engine/scheduler.h"
+#include "metrics.h"
+
+typedef struct {
+    const char *host;        /* address to bind: "0.0.0.0", "127.0.0.1", "::", a host name */
+    int port;                /* 0 = any free port (http_server_port says which) */
+    const char *model_name;  /* the {m} of /v2/models/{m} */
+    uint64_t max_body;       /* request bodies above this get 413 */
+    metrics *metrics;        /* owned by the caller, outlives the server */
+} http_opts;
+
+typedef struct http_server http_server;
+
+/* Binds and starts the worker threads. */
+ferry_status http_server_start(const http_opts *o, http_server **out);
+int http_server_port(const http_server *s);
+
+/* The model is ready: inference endpoints submit to sc, ready answers 200. */
+void http_server_attach(http_server *s, engine *e, sched *sc);
+/* Back to "not ready": no handler touches the engine or scheduler after
+ * this returns, so the caller may sched_free and engine_close them. */
+void http_server_detach(http_server *s);
+/* Stops listening and closes every connection. No connection may still be
+ * waiting on a scheduler (sched_free first). */
+void http_server_stop(http_server *s);
+
+#endif

@@ -1,0 +1,599 @@
+/*
+ * kserve.c - KServe v2 request parsing and response writing. See kserve.h.
+ *
+ * Every failure is FERRY_ERR_INVALID with a message that names the field
+ * the client must change ("parameters.top_p must be a number in (0, 1]",
+ * "input_ids: shape [2, 3] needs 6 values, data has 5"). Unknown fields
+ * and parameters are refused rather than ignored, so that a typo
+ * ("max_tokens") is an error and not a silent default.
+ */
+#include "kserve.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_MAX_NEW 16
+#define MAX_TOKENS (1 << 28) /* B x T bound: keeps size arithmetic far from overflow */
+
+static void request_defaults(kserve_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->max_new_tokens = DEFAULT_MAX_NEW;
+    r->sampling = (sampling_params){0.0f, 0, 1.0f, 0};
+}
+
+void kserve_request_free(kserve_request *r)
+{
+    free(r->ids);
+    free(r->row_off);
+    free(r->row_len);
+    free(r->id);
+    memset(r, 0, sizeof *r);
+}
+
+/* Allocates n rows of len ids each (len 0: row lengths set later). */
+static ferry_status alloc_rows(kserve_request *r, int n, size_t total)
+{
+    r->n_rows = n;
+    r->row_off = calloc((size_t)n, sizeof *r->row_off);
+    r->row_len = calloc((size_t)n, sizeof *r->row_len);
+    r->ids = malloc((total ? total : 1) * sizeof *r->ids);
+    if (!r->row_off || !r->row_len || !r->ids) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    return FERRY_OK;
+}
+
+/* ---- parameters ----------------------------------------------------------------- */
+
+static bool is_int(const json_value *v) { return v->type == JSON_NUMBER && v->is_int; }
+
+static ferry_status parse_params(const json_value *params, int vocab, bool infer, kserve_request *r,
+                                 bool *binary_output)
+{
+    if (!params || params->type == JSON_NULL) return FERRY_OK;
+    if (params->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "parameters must be an object");
+    for (size_t i = 0; i < params->len; i++) {
+        const char *k = params->members[i].key;
+        const json_value *v = &params->members[i].value;
+        if (v->type == JSON_NULL) continue; /* null: the default */
+        if (!strcmp(k, "max_new_tokens")) {
+            if (!is_int(v) || v->integer < 1 || v->integer > MAX_TOKENS)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.max_new_tokens must be an integer >= 1");
+            r->max_new_tokens = (int)v->integer;
+        } else if (!strcmp(k, "temperature")) {
+            if (v->type != JSON_NUMBER || !(v->number >= 0) || !isfinite(v->number) || v->number > 1e30)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.temperature must be a number >= 0");
+            r->sampling.temperature = (float)v->number;
+        } else if (!strcmp(k, "top_k")) {
+            if (!is_int(v) || v->integer < 0)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.top_k must be an integer >= 0");
+            r->sampling.top_k = v->integer > vocab ? vocab : (int)v->integer; /* more than the vocabulary: all */
+        } else if (!strcmp(k, "top_p")) {
+            if (v->type != JSON_NUMBER || !(v->number > 0 && v->number <= 1))
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.top_p must be a number in (0, 1]");
+            r->sampling.top_p = (float)v->number;
+            if (!(r->sampling.top_p > 0)) r->sampling.top_p = 1e-30f; /* a denormal double: keep it positive */
+        } else if (!strcmp(k, "seed")) {
+            if (!is_int(v) || v->integer < 0)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.seed must be an integer >= 0");
+            r->sampling.seed = (uint64_t)v->integer;
+        } else if (!strcmp(k, "stop_token_ids")) {
+            if (v->type != JSON_ARRAY)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids must be an array of token ids");
+            if (v->len > SCHED_MAX_STOP)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: at most %d ids (got %zu)",
+                                  SCHED_MAX_STOP, v->len);
+            for (size_t j = 0; j < v->len; j++) {
+                const json_value *t = &v->items[j];
+                if (!is_int(t))
+                    return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids[%zu] is not an integer", j);
+                if (t->integer < 0 || t->integer >= vocab)
+                    return ferry_fail(FERRY_ERR_INVALID,
+                                      "parameters.stop_token_ids[%zu] = %lld is outside the vocabulary (size %d)", j,
+                                      (long long)t->integer, vocab);
+                r->stop_ids[j] = (int32_t)t->integer;
+            }
+            r->n_stop = (int)v->len;
+        } else if (infer && !strcmp(k, "binary_data_output")) {
+            if (v->type != JSON_BOOL)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.binary_data_output must be true or false");
+            *binary_output = v->boolean;
+        } else {
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
+                              "stop_token_ids%s)",
+                              k, infer ? ", binary_data_output" : "");
+        }
+    }
+    return FERRY_OK;
+}
+
+/* ---- input_ids ------------------------------------------------------------------ */
+
+static ferry_status check_id(int64_t v, size_t at, int vocab)
+{
+    if (v < 0 || v >= vocab)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: id %lld at index %zu is outside the vocabulary (size %d)",
+                          (long long)v, at, vocab);
+    return FERRY_OK;
+}
+
+/* Copies n integer ids from items into out; *at counts them (for messages). */
+static ferry_status copy_ids(const json_value *items, size_t n, int32_t *out, size_t *at, int vocab)
+{
+    for (size_t i = 0; i < n; i++, (*at)++) {
+        if (!is_int(&items[i])) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data value %zu is not an integer", *at);
+        FERRY_TRY(check_id(items[i].integer, *at, vocab));
+        out[*at] = (int32_t)items[i].integer;
+    }
+    return FERRY_OK;
+}
+
+/* data is flat (b*t ids) or nested exactly as the shape: b lists of t ids
+ * (nested only when the shape has two dimensions). */
+static ferry_status parse_data(const json_value *data, int64_t b, int64_t t, bool rank2, int32_t *out, int vocab)
+{
+    size_t total = (size_t)(b * t), at = 0;
+    bool nested = data->len > 0 && data->items[0].type == JSON_ARRAY;
+    if (!nested) {
+        if (data->len != total)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu values, data has %zu",
+                              (long long)b, (long long)t, total, data->len);
+        return copy_ids(data->items, total, out, &at, vocab);
+    }
+    if (!rank2 || data->len != (size_t)b)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: nested data does not match shape [%lld, %lld]", (long long)b,
+                          (long long)t);
+    for (int64_t i = 0; i < b; i++) {
+        const json_value *row = &data->items[i];
+        if (row->type != JSON_ARRAY || row->len != (size_t)t)
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "input_ids: nested data does not match shape [%lld, %lld] (row %lld)", (long long)b,
+                              (long long)t, (long long)i);
+        FERRY_TRY(copy_ids(row->items, (size_t)t, out, &at, vocab));
+    }
+    return FERRY_OK;
+}
+
+/* One input of an infer request; *bin_used grows by its binary bytes. */
+static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t bin_len, size_t *bin_used,
+                                int vocab, kserve_request *r)
+{
+    const json_value *datatype = NULL, *shape = NULL, *data = NULL, *params = NULL;
+    for (size_t i = 0; i < in->len; i++) {
+        const char *k = in->members[i].key;
+        const json_value *v = &in->members[i].value;
+        if (!strcmp(k, "name")) continue; /* checked by the caller */
+        else if (!strcmp(k, "datatype")) datatype = v;
+        else if (!strcmp(k, "shape")) shape = v;
+        else if (!strcmp(k, "data")) data = v;
+        else if (!strcmp(k, "parameters")) params = v;
+        else return ferry_fail(FERRY_ERR_INVALID, "input_ids: unknown field '%s'", k);
+    }
+    if (!datatype || datatype->type != JSON_STRING)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: datatype must be given as a string (INT64)");
+    if (strcmp(datatype->str, "INT64") != 0)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: datatype must be INT64 (got %s)", datatype->str);
+    if (!shape || shape->type != JSON_ARRAY || shape->len < 1 || shape->len > 2)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape must be [B, T] or [T]");
+    int64_t dims[2];
+    for (size_t i = 0; i < shape->len; i++) {
+        if (!is_int(&shape->items[i]) || shape->items[i].integer < 0)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape must hold non-negative integers");
+        dims[i] = shape->items[i].integer;
+    }
+    int64_t b = shape->len == 2 ? dims[0] : 1, t = shape->len == 2 ? dims[1] : dims[0];
+    if (b == 0 || t == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids is empty (shape has a 0)");
+    if (b > KSERVE_MAX_ROWS)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: %lld prompts in one request (at most %d)", (long long)b,
+                          KSERVE_MAX_ROWS);
+    if (t > MAX_TOKENS || b * t > MAX_TOKENS)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] is too large", (long long)b,
+                          (long long)t);
+    size_t total = (size_t)(b * t);
+
+    int64_t binary_size = -1;
+    if (params && params->type != JSON_NULL) {
+        if (params->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "input_ids: parameters must be an object");
+        for (size_t i = 0; i < params->len; i++) {
+            const json_value *v = &params->members[i].value;
+            if (strcmp(params->members[i].key, "binary_data_size") != 0)
+                return ferry_fail(FERRY_ERR_INVALID, "input_ids: unknown parameter '%s'", params->members[i].key);
+            if (v->type == JSON_NULL) continue;
+            if (!is_int(v) || v->integer < 0)
+                return ferry_fail(FERRY_ERR_INVALID, "input_ids: binary_data_size must be an integer >= 0");
+            binary_size = v->integer;
+        }
+    }
+
+    FERRY_TRY(alloc_rows(r, (int)b, total));
+    for (int i = 0; i < (int)b; i++) {
+        r->row_off[i] = i * (int)t;
+        r->row_len[i] = (int)t;
+    }
+    if (binary_size >= 0) {
+        if (data) return ferry_fail(FERRY_ERR_INVALID, "input_ids: both data and binary_data_size are given");
+        if ((uint64_t)binary_size != total * 8)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: binary_data_size is %lld, shape [%lld, %lld] INT64 needs %zu",
+                              (long long)binary_size, (long long)b, (long long)t, total * 8);
+        if (bin_len - *bin_used < total * 8)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: binary_data_size is %lld but only %zu binary bytes follow",
+                              (long long)binary_size, bin_len - *bin_used);
+        const uint8_t *p = bin + *bin_used;
+        for (size_t k = 0; k < total; k++) {
+            uint64_t u = 0;
+            for (int j = 7; j >= 0; j--) u = (u << 8) | p[k * 8 + (size_t)j]; /* little-endian */
+            FERRY_TRY(check_id((int64_t)u, k, vocab));
+            r->ids[k] = (int32_t)u;
+        }
+        *bin_used += total * 8;
+        return FERRY_OK;
+    }
+    if (!data) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data is missing");
+    if (data->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data must be an array");
+    return parse_data(data, b, t, shape->len == 2, r->ids, vocab);
+}
+
+/* ---- infer ---------------------------------------------------------------------- */
+
+static ferry_status parse_outputs(const json_value *outs, bool binary_default, kserve_request *r)
+{
+    if (outs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "outputs must be an array");
+    for (size_t i = 0; i < outs->len; i++) {
+        const json_value *o = &outs->items[i];
+        if (o->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu] must be an object", i);
+        bool bad = false;
+        const char *name = json_get_str(o, "name", &bad);
+        if (!name) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: name is missing", i);
+        int which;
+        if (!strcmp(name, "output_ids")) which = KSERVE_OUT_IDS;
+        else if (!strcmp(name, "logits")) which = KSERVE_OUT_LOGITS;
+        else return ferry_fail(FERRY_ERR_INVALID, "unknown output '%s' (the model has output_ids and logits)", name);
+        bool binary = binary_default;
+        for (size_t k = 0; k < o->len; k++) {
+            const char *key = o->members[k].key;
+            const json_value *v = &o->members[k].value;
+            if (!strcmp(key, "name")) continue;
+            if (strcmp(key, "parameters") != 0)
+                return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unknown field '%s'", i, key);
+            if (v->type == JSON_NULL) continue;
+            if (v->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: parameters must be an object", i);
+            for (size_t j = 0; j < v->len; j++) {
+                const json_value *pv = &v->members[j].value;
+                if (strcmp(v->members[j].key, "binary_data") != 0)
+                    return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unsupported parameter '%s'", i,
+                                      v->members[j].key);
+                if (pv->type == JSON_NULL) continue;
+                if (pv->type != JSON_BOOL)
+                    return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: binary_data must be true or false", i);
+                binary = pv->boolean;
+            }
+        }
+        int slot = -1;
+        for (int k = 0; k < r->n_outputs; k++)
+            if (r->outputs[k] == which) slot = k; /* named twice: the last settings win */
+        if (slot < 0) slot = r->n_outputs++;
+        r->outputs[slot] = which;
+        r->binary[slot] = binary;
+        if (which == KSERVE_OUT_LOGITS) r->want_logits = true;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size_t bin_len, int vocab,
+                                kserve_request *r)
+{
+    if (root->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
+    const json_value *inputs = NULL, *outputs = NULL, *params = NULL;
+    for (size_t i = 0; i < root->len; i++) {
+        const char *k = root->members[i].key;
+        const json_value *v = &root->members[i].value;
+        if (!strcmp(k, "inputs")) inputs = v;
+        else if (!strcmp(k, "outputs")) outputs = v->type == JSON_NULL ? NULL : v;
+        else if (!strcmp(k, "parameters")) params = v;
+        else if (!strcmp(k, "id")) {
+            if (v->type == JSON_NULL) continue;
+            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
+            free(r->id);
+            if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        } else {
+            return ferry_fail(FERRY_ERR_INVALID, "unknown field '%s' (a request has id, parameters, inputs, outputs)", k);
+        }
+    }
+    bool binary_output = false;
+    FERRY_TRY(parse_params(params, vocab, true, r, &binary_output));
+    if (!inputs || inputs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "inputs must be an array");
+    size_t bin_used = 0;
+    bool seen = false;
+    for (size_t i = 0; i < inputs->len; i++) {
+        const json_value *in = &inputs->items[i];
+        if (in->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu] must be an object", i);
+        bool bad = false;
+        const char *name = json_get_str(in, "name", &bad);
+        if (!name) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu]: name is missing", i);
+        if (strcmp(name, "input_ids") != 0)
+            return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", name);
+        if (seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is given twice");
+        seen = true;
+        FERRY_TRY(parse_input(in, bin, bin_len, &bin_used, vocab, r));
+    }
+    if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing from inputs");
+    if (bin_used != bin_len)
+        return ferry_fail(FERRY_ERR_INVALID, "%zu bytes of binary data follow the JSON, the inputs take %zu", bin_len,
+                          bin_used);
+    if (outputs) {
+        FERRY_TRY(parse_outputs(outputs, binary_output, r));
+    } else {
+        r->n_outputs = 1;
+        r->outputs[0] = KSERVE_OUT_IDS;
+        r->binary[0] = binary_output;
+    }
+    return FERRY_OK;
+}
+
+ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, int vocab, kserve_request *out)
+{
+    request_defaults(out);
+    if (json_len > (int64_t)len)
+        return ferry_fail(FERRY_ERR_INVALID, "Inference-Header-Content-Length %lld exceeds the body (%zu bytes)",
+                          (long long)json_len, len);
+    size_t jlen = json_len >= 0 ? (size_t)json_len : len;
+    json_doc *doc;
+    if (json_parse(body, jlen, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
+    ferry_status st = parse_infer(json_doc_root(doc), (const uint8_t *)body + jlen, len - jlen, vocab, out);
+    json_doc_free(doc);
+    if (st != FERRY_OK) kserve_request_free(out);
+    return st;
+}
+
+/* ---- generate ------------------------------------------------------------------- */
+
+static ferry_status parse_prompt(const json_value *v, int row, int vocab, kserve_request *r, size_t *at)
+{
+    if (v->len == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d] is empty", row);
+    r->row_off[row] = (int)*at;
+    r->row_len[row] = (int)v->len;
+    for (size_t k = 0; k < v->len; k++) {
+        const json_value *t = &v->items[k];
+        if (!is_int(t)) {
+            if (r->nested) return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d][%zu] is not an integer", row, k);
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] is not an integer", k);
+        }
+        if (t->integer < 0 || t->integer >= vocab) {
+            if (r->nested)
+                return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d][%zu] = %lld is outside the vocabulary (size %d)",
+                                  row, k, (long long)t->integer, vocab);
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] = %lld is outside the vocabulary (size %d)", k,
+                              (long long)t->integer, vocab);
+        }
+        r->ids[(*at)++] = (int32_t)t->integer;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status parse_generate(const json_value *root, int vocab, kserve_request *r)
+{
+    if (root->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
+    const json_value *ids = NULL, *params = NULL;
+    for (size_t i = 0; i < root->len; i++) {
+        const char *k = root->members[i].key;
+        const json_value *v = &root->members[i].value;
+        if (!strcmp(k, "input_ids")) ids = v;
+        else if (!strcmp(k, "parameters")) params = v;
+        else if (!strcmp(k, "id")) {
+            if (v->type == JSON_NULL) continue;
+            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
+            free(r->id);
+            if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        } else {
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "unknown field '%s' (a generate request has input_ids and parameters; generation "
+                              "parameters go inside \"parameters\")",
+                              k);
+        }
+    }
+    bool unused = false;
+    FERRY_TRY(parse_params(params, vocab, false, r, &unused));
+    if (!ids) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing");
+    if (ids->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids must be an array of token ids");
+    if (ids->len == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids is empty");
+    r->nested = ids->items[0].type == JSON_ARRAY;
+    size_t total = 0;
+    int rows = 1;
+    if (r->nested) {
+        if (ids->len > KSERVE_MAX_ROWS)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: %zu prompts in one request (at most %d)", ids->len,
+                              KSERVE_MAX_ROWS);
+        for (size_t i = 0; i < ids->len; i++) {
+            if (ids->items[i].type != JSON_ARRAY)
+                return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] must be a list of token ids like input_ids[0]", i);
+            total += ids->items[i].len;
+        }
+        rows = (int)ids->len;
+    } else {
+        total = ids->len;
+    }
+    if (total > MAX_TOKENS) return ferry_fail(FERRY_ERR_INVALID, "input_ids: too many tokens (%zu)", total);
+    FERRY_TRY(alloc_rows(r, rows, total));
+    size_t at = 0;
+    if (!r->nested) return parse_prompt(ids, 0, vocab, r, &at);
+    for (int i = 0; i < rows; i++) FERRY_TRY(parse_prompt(&ids->items[i], i, vocab, r, &at));
+    return FERRY_OK;
+}
+
+ferry_status kserve_parse_generate(const char *body, size_t len, int vocab, kserve_request *out)
+{
+    request_defaults(out);
+    json_doc *doc;
+    if (json_parse(body, len, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
+    ferry_status st = parse_generate(json_doc_root(doc), vocab, out);
+    json_doc_free(doc);
+    if (st != FERRY_OK) kserve_request_free(out);
+    return st;
+}
+
+sched_params kserve_row_params(const kserve_request *r, int row)
+{
+    sched_params p;
+    memset(&p, 0, sizeof p);
+    p.prompt = r->ids + r->row_off[row];
+    p.prompt_len = r->row_len[row];
+    p.max_new_tokens = r->max_new_tokens;
+    p.sampling = r->sampling;
+    /* Row i draws from stream i of the seed, as prompt i of `ferry generate`
+     * does. The scheduler seeds every request with stream 0, and sampler_init
+     * mixes the stream in as seed ^ (stream * 0xd1342543de82ef95), so this
+     * seed is exactly stream i. (A stream field in sched_params would say
+     * it without repeating sampling.c's constant.) */
+    p.sampling.seed = r->sampling.seed ^ ((uint64_t)row * 0xd1342543de82ef95ull);
+    memcpy(p.stop_ids, r->stop_ids, sizeof p.stop_ids);
+    p.n_stop = r->n_stop;
+    p.want_logits = r->want_logits;
+    return p;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+static void put_le(strbuf *sb, uint64_t v, int bytes)
+{
+    char b[8];
+    for (int i = 0; i < bytes; i++) b[i] = (char)(v >> (8 * i));
+    sb_append(sb, b, (size_t)bytes);
+}
+
+void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
+                           size_t *json_len)
+{
+    int b = r->n_rows, n = 0;
+    for (int i = 0; i < b; i++) n = rows[i].n_tokens > n ? rows[i].n_tokens : n;
+    bool any_binary = false;
+    size_t start = sb->len;
+    sb_puts(sb, "{\"model_name\": ");
+    sb_json_str(sb, model);
+    sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\"");
+    if (r->id) {
+        sb_puts(sb, ", \"id\": ");
+        sb_json_str(sb, r->id);
+    }
+    sb_puts(sb, ", \"outputs\": [");
+    for (int o = 0; o < r->n_outputs; o++) {
+        bool ids = r->outputs[o] == KSERVE_OUT_IDS;
+        int cols = ids ? n : vocab;
+        sb_printf(sb, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": [%d, %d]", o ? ", " : "",
+                  ids ? "output_ids" : "logits", ids ? "INT64" : "FP32", b, cols);
+        if (r->binary[o]) {
+            any_binary = true;
+            sb_printf(sb, ", \"parameters\": {\"binary_data_size\": %zu}}", (size_t)b * (size_t)cols * (ids ? 8 : 4));
+            continue;
+        }
+        sb_puts(sb, ", \"data\": [");
+        for (int i = 0; i < b; i++)
+            for (int k = 0; k < cols; k++) {
+                if (i || k) sb_puts(sb, ", ");
+                if (ids) sb_printf(sb, "%d", k < rows[i].n_tokens ? rows[i].tokens[k] : -1);
+                else sb_json_f32(sb, rows[i].logits ? rows[i].logits[k] : NAN);
+            }
+        sb_puts(sb, "]}");
+    }
+    sb_puts(sb, "]}");
+    *json_len = any_binary ? sb->len - start : 0;
+    for (int o = 0; o < r->n_outputs && any_binary; o++) {
+        if (!r->binary[o]) continue;
+        for (int i = 0; i < b; i++) {
+            if (r->outputs[o] == KSERVE_OUT_IDS) {
+                for (int k = 0; k < n; k++)
+                    put_le(sb, (uint64_t)(int64_t)(k < rows[i].n_tokens ? rows[i].tokens[k] : -1), 8);
+            } else {
+                for (int k = 0; k < vocab; k++) {
+                    float f = rows[i].logits ? rows[i].logits[k] : NAN;
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    put_le(sb, u, 4);
+                }
+            }
+        }
+    }
+}
+
+static void put_ids(strbuf *sb, const kserve_row *row)
+{
+    sb_putc(sb, '[');
+    for (int k = 0; k < row->n_tokens; k++) sb_printf(sb, "%s%d", k ? ", " : "", row->tokens[k]);
+    sb_putc(sb, ']');
+}
+
+void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows)
+{
+    sb_puts(sb, "{\"model_name\": ");
+    sb_json_str(sb, model);
+    sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\"");
+    if (r->id) {
+        sb_puts(sb, ", \"id\": ");
+        sb_json_str(sb, r->id);
+    }
+    sb_puts(sb, ", \"output_ids\": ");
+    if (!r->nested) {
+        put_ids(sb, &rows[0]);
+    } else {
+        sb_putc(sb, '[');
+        for (int i = 0; i < r->n_rows; i++) {
+            if (i) sb_puts(sb, ", ");
+            put_ids(sb, &rows[i]);
+        }
+        sb_putc(sb, ']');
+    }
+    sb_puts(sb, "}");
+}
+
+void kserve_stream_event(strbuf *sb, const char *model, int32_t token, int index)
+{
+    sb_puts(sb, "data: {\"model_name\": ");
+    sb_json_str(sb, model);
+    sb_printf(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\", \"token_id\": %d, \"index\": %d}\n\n", token,
+              index);
+}
+
+void kserve_stream_error(strbuf *sb, const char *msg)
+{
+    sb_puts(sb, "data: ");
+    kserve_error(sb, msg);
+    sb_puts(sb, "\n\n");
+}
+
+void kserve_error(strbuf *sb, const char *msg)
+{
+    sb_puts(sb, "{\"error\": ");
+    sb_json_str(sb, msg);
+    sb_putc(sb, '}');
+}
+
+void kserve_server_metadata(strbuf *sb)
+{
+    sb_puts(sb, "{\"name\": \"ferry\", \"version\": \"" FERRY_VERSION
+                "\", \"extensions\": [\"binary_tensor_data\", \"generate\"]}");
+}
+
+void kserve_model_metadata(strbuf *sb, const char *model, int vocab)
+{
+    sb_puts(sb, "{\"name\": ");
+    sb_json_str(sb, model);
+    sb_puts(sb, ", \"versions\": [\"" KSERVE_MODEL_VERSION "\"], \"platform\": \"ferry\", "
+                "\"inputs\": [{\"name\": \"input_ids\", \"datatype\": \"INT64\", \"shape\": [-1, -1]}], "
+                "\"outputs\": [{\"name\": \"output_ids\", \"datatype\": \"INT64\", \"shape\": [-1, -1]}, ");
+    sb_printf(sb, "{\"name\": \"logits\", \"datatype\": \"FP32\", \"shape\": [-1, %d]}]}", vocab);
+}
+
+int kserve_http_status(ferry_status st)
+{
+    switch (st) {
+    case FERRY_OK: return 200;
+    case FERRY_ERR_INVALID:
+    case FERRY_ERR_UNSUPPORTED: return 400;
+    case FERRY_ERR_NOT_FOUND: return 404;
+    case FERRY_ERR_BUSY:
+    case FERRY_ERR_NOMEM: return 503;
+    case FERRY_ERR_IO:
+    case FERRY_ERR_INTERNAL: return 500;
+    }
+    return 500;
+}

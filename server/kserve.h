@@ -1,0 +1,96 @@
+/*
+ * kserve.h - the KServe v2 (Open Inference Protocol) messages ferry speaks,
+ * independent of the transport: turning a request body into scheduler work
+ * and results into a response body. The HTTP front end (http.c) uses it
+ * today; the gRPC front end maps its protobuf messages onto the same
+ * kserve_request and kserve_row results.
+ *
+ * Requests carry prompts as rows of token ids. `infer` takes the tensor
+ * input_ids INT64 [B,T] (or [T], read as [1,T]) as JSON data, flat or
+ * nested, or as little-endian bytes after the JSON (the binary tensor data
+ * extension: the transport passes the JSON length, from the
+ * Inference-Header-Content-Length header). `generate` (Triton's generate
+ * extension) takes {"input_ids": [...] or [[...], ...], "parameters": {...}}.
+ * Every row becomes one scheduler request with the same parameters.
+ *
+ * Parsing validates everything the model does not need to know about, plus
+ * the vocabulary bound, and fails with FERRY_ERR_INVALID and a message naming
+ * the field: the transport answers 400 with {"error": message}.
+ */
+#ifndef FERRY_KSERVE_H
+#define FERRY_KSERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../engine/json.h"
+#include "../engine/scheduler.h"
+
+#define FERRY_VERSION "0.1.0"
+#define KSERVE_MODEL_VERSION "1"
+#define KSERVE_MAX_ROWS 1024 /* prompts in one request */
+
+typedef struct {
+    /* prompts: row i is ids[row_off[i] .. row_off[i] + row_len[i]) */
+    int n_rows;
+    int32_t *ids;
+    int *row_off, *row_len;
+    bool nested;             /* generate: input_ids was a list of lists (answer likewise) */
+    /* generation parameters, shared by every row */
+    int max_new_tokens;      /* default 16 */
+    sampling_params sampling;
+    int32_t stop_ids[SCHED_MAX_STOP];
+    int n_stop;
+    /* infer outputs, in the order to report them */
+    int n_outputs;
+    int outputs[2];          /* KSERVE_OUT_* */
+    bool binary[2];          /* per entry of outputs[]: binary tensor data */
+    bool want_logits;
+    char *id;                /* echoed when given */
+} kserve_request;
+
+enum { KSERVE_OUT_IDS, KSERVE_OUT_LOGITS };
+
+/* One row's outcome, as the transport collected it from the scheduler. */
+typedef struct {
+    int32_t *tokens;         /* generated ids, stop token included */
+    int n_tokens;
+    float *logits;           /* [vocab] for the last prompt position, or NULL */
+} kserve_row;
+
+/* Parses an infer body. json_len is the Inference-Header-Content-Length
+ * value (the JSON is body[0..json_len), binary tensor data follows), or -1
+ * when the header is absent (the whole body is JSON). */
+ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, int vocab, kserve_request *out);
+/* Parses a generate / generate_stream body. */
+ferry_status kserve_parse_generate(const char *body, size_t len, int vocab, kserve_request *out);
+void kserve_request_free(kserve_request *r);
+
+/* The scheduler parameters of row i (prompt points into r). */
+sched_params kserve_row_params(const kserve_request *r, int row);
+
+/* The infer response: JSON, followed by the binary outputs when any was
+ * asked for binary; *json_len is then the JSON's length (for the
+ * Inference-Header-Content-Length header), else 0. output_ids is [B,N] with
+ * N the longest row; shorter rows (a stop token ended them) are padded
+ * with -1. */
+void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
+                           size_t *json_len);
+/* {"model_name", "model_version", "output_ids"}: a flat list for one
+ * prompt, a list of lists when input_ids was nested. */
+void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows);
+/* One server-sent event for a streamed token, and the error event that
+ * ends a stream which already sent tokens. */
+void kserve_stream_event(strbuf *sb, const char *model, int32_t token, int index);
+void kserve_stream_error(strbuf *sb, const char *msg);
+
+/* {"error": msg} */
+void kserve_error(strbuf *sb, const char *msg);
+/* GET /v2 and GET /v2/models/{m} bodies. */
+void kserve_server_metadata(strbuf *sb);
+void kserve_model_metadata(strbuf *sb, const char *model, int vocab);
+
+/* The HTTP status of an outcome (gRPC maps the same enum its own way). */
+int kserve_http_status(ferry_status st);
+
+#endif
