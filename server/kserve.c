@@ -461,13 +461,9 @@ static void put_le(strbuf *sb, uint64_t v, int bytes)
     sb_append(sb, b, (size_t)bytes);
 }
 
-void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
-                           size_t *json_len)
+/* {"model_name": ..., "model_version": ..., "id": ... (when the request had one) */
+static void put_response_head(strbuf *sb, const kserve_request *r, const char *model)
 {
-    int b = r->n_rows, n = 0;
-    for (int i = 0; i < b; i++) n = rows[i].n_tokens > n ? rows[i].n_tokens : n;
-    bool any_binary = false;
-    size_t start = sb->len;
     sb_puts(sb, "{\"model_name\": ");
     sb_json_str(sb, model);
     sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\"");
@@ -475,6 +471,16 @@ void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *mode
         sb_puts(sb, ", \"id\": ");
         sb_json_str(sb, r->id);
     }
+}
+
+void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
+                           size_t *json_len)
+{
+    int b = r->n_rows, n = 0;
+    for (int i = 0; i < b; i++) n = rows[i].n_tokens > n ? rows[i].n_tokens : n;
+    bool any_binary = false;
+    size_t start = sb->len;
+    put_response_head(sb, r, model);
     sb_puts(sb, ", \"outputs\": [");
     for (int o = 0; o < r->n_outputs; o++) {
         bool ids = r->outputs[o] == KSERVE_OUT_IDS;
@@ -524,13 +530,7 @@ static void put_ids(strbuf *sb, const kserve_row *row)
 
 void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows)
 {
-    sb_puts(sb, "{\"model_name\": ");
-    sb_json_str(sb, model);
-    sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\"");
-    if (r->id) {
-        sb_puts(sb, ", \"id\": ");
-        sb_json_str(sb, r->id);
-    }
+    put_response_head(sb, r, model);
     sb_puts(sb, ", \"output_ids\": ");
     if (!r->nested) {
         put_ids(sb, &rows[0]);
