@@ -59,6 +59,7 @@ struct sched {
     int32_t *tokens, *pos;
     batch_seq *seqs;
     int *seq_slot_of;     /* [n_slots] batch sequence -> slot */
+    int32_t *new_tok;     /* [n_slots] the token each batch sequence produced, or -1 */
     float *logits;        /* [n_slots, vocab] */
 };
 
@@ -79,12 +80,15 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     double now = util_now();
     sched_result res = {q->gen, q->n_gen, q->logits, s->e->cfg.vocab, cancelled, r->t_admit - r->t_submit,
                         now - r->t_submit};
-    if (r->cb.on_done) r->cb.on_done(r->user, st, msg, &res);
+    /* the stats first: a client that got its answer finds it counted */
     pthread_mutex_lock(&s->mu);
     if (st != FERRY_OK) s->stats.requests_failed++;
     else if (cancelled) s->stats.requests_cancelled++;
     else s->stats.requests_done++;
     s->stats.running--;
+    pthread_mutex_unlock(&s->mu);
+    if (r->cb.on_done) r->cb.on_done(r->user, st, msg, &res);
+    pthread_mutex_lock(&s->mu);
     q->r = NULL; /* from here sched_cancel cannot reach r */
     pthread_mutex_unlock(&s->mu);
     sampler_free(&q->smp);
@@ -102,11 +106,11 @@ static void finish_unadmitted(sched *s, req *r, ferry_status st, const char *msg
 {
     double now = util_now();
     sched_result res = {NULL, 0, NULL, s->e->cfg.vocab, cancelled, now - r->t_submit, now - r->t_submit};
-    if (r->cb.on_done) r->cb.on_done(r->user, st, msg, &res);
     pthread_mutex_lock(&s->mu);
     if (st != FERRY_OK) s->stats.requests_failed++;
     else s->stats.requests_cancelled++;
     pthread_mutex_unlock(&s->mu);
+    if (r->cb.on_done) r->cb.on_done(r->user, st, msg, &res);
     req_free(r);
 }
 
@@ -234,15 +238,14 @@ static void run_step(sched *s)
     char msg[512] = "";
     if (st != FERRY_OK) snprintf(msg, sizeof msg, "%s", ferry_errmsg());
 
+    /* First advance every sequence and count, then publish the step's
+     * figures, then call back: a client that got its answer must find it in
+     * the stats already. new_tok[k] < 0: sequence k produced no token. */
     uint64_t prompted = 0, generated = 0;
-    for (int k = 0; k < ns; k++) {
-        int i = s->seq_slot_of[k];
-        seq_slot *q = &s->slots[i];
-        if (st != FERRY_OK) {
-            finish(s, i, st, msg, false);
-            continue;
-        }
+    for (int k = 0; k < ns && st == FERRY_OK; k++) {
+        seq_slot *q = &s->slots[s->seq_slot_of[k]];
         const float *row = s->logits + (size_t)k * (size_t)vocab;
+        s->new_tok[k] = -1;
         if (q->state == SEQ_PREFILL) {
             q->done_prompt += s->seqs[k].n_tokens;
             prompted += (uint64_t)s->seqs[k].n_tokens;
@@ -250,11 +253,9 @@ static void run_step(sched *s)
             if (q->logits) memcpy(q->logits, row, (size_t)vocab * sizeof *row);
             q->state = SEQ_DECODE;
         }
-        int32_t tok = sampler_next(&q->smp, row);
-        q->gen[q->n_gen++] = tok;
+        s->new_tok[k] = sampler_next(&q->smp, row);
+        q->gen[q->n_gen++] = s->new_tok[k];
         generated++;
-        if (q->r->cb.on_token) q->r->cb.on_token(q->r->user, tok, q->n_gen - 1);
-        if (q->n_gen == q->r->p.max_new_tokens || is_stop(q->r, tok)) finish(s, i, FERRY_OK, NULL, false);
     }
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
@@ -267,6 +268,19 @@ static void run_step(sched *s)
     while (bucket < 7 && ns >= (2 << bucket)) bucket++;
     s->stats.batch_hist[bucket]++;
     pthread_mutex_unlock(&s->mu);
+
+    for (int k = 0; k < ns; k++) {
+        int i = s->seq_slot_of[k];
+        seq_slot *q = &s->slots[i];
+        if (st != FERRY_OK) {
+            finish(s, i, st, msg, false);
+            continue;
+        }
+        int32_t tok = s->new_tok[k];
+        if (tok < 0) continue;
+        if (q->r->cb.on_token) q->r->cb.on_token(q->r->user, tok, q->n_gen - 1);
+        if (q->n_gen == q->r->p.max_new_tokens || is_stop(q->r, tok)) finish(s, i, FERRY_OK, NULL, false);
+    }
 }
 
 static void *engine_main(void *arg)
@@ -308,8 +322,9 @@ ferry_status sched_create(engine *e, const sched_opts *o, sched **out)
     s->pos = malloc((size_t)e->max_step_tokens * sizeof *s->pos);
     s->seqs = calloc((size_t)s->n_slots, sizeof *s->seqs);
     s->seq_slot_of = calloc((size_t)s->n_slots, sizeof *s->seq_slot_of);
+    s->new_tok = calloc((size_t)s->n_slots, sizeof *s->new_tok);
     s->logits = malloc((size_t)s->n_slots * (size_t)e->cfg.vocab * sizeof *s->logits);
-    if (!s->slots || !s->tokens || !s->pos || !s->seqs || !s->seq_slot_of || !s->logits) {
+    if (!s->slots || !s->tokens || !s->pos || !s->seqs || !s->seq_slot_of || !s->new_tok || !s->logits) {
         sched_free(s);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory for the scheduler");
     }
@@ -347,6 +362,7 @@ void sched_free(sched *s)
     free(s->pos);
     free(s->seqs);
     free(s->seq_slot_of);
+    free(s->new_tok);
     free(s->logits);
     free(s);
 }
