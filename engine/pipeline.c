@@ -279,12 +279,11 @@ static void compute_group(pipeline *pl, int g, const pipeline_units *u)
     else
         u->head(u->ctx);
     double t1 = util_now();
+    /* stats are read by other threads (metrics) under mu */
+    pthread_mutex_lock(&pl->mu);
     pl->stats.compute_s += t1 - t0;
-    if (pl->tracing) {
-        pthread_mutex_lock(&pl->mu);
-        trace_add(pl, TRACK_COMPUTE, g, t0, t1);
-        pthread_mutex_unlock(&pl->mu);
-    }
+    trace_add(pl, TRACK_COMPUTE, g, t0, t1);
+    pthread_mutex_unlock(&pl->mu);
 }
 
 ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
@@ -334,8 +333,10 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
         pthread_cond_signal(&pl->cv_fetch);
         pthread_mutex_unlock(&pl->mu);
     }
+    pthread_mutex_lock(&pl->mu);
     pl->stats.steps++;
     pl->stats.wall_s += util_now() - t_step;
+    pthread_mutex_unlock(&pl->mu);
     if (st != FERRY_OK) return ferry_fail(st, "%s", err);
     return FERRY_OK;
 }
