@@ -146,9 +146,9 @@ static void norm_task(void *vctx, int task, int worker)
     for (int r = task * c->rows_per_task; r < r1; r++) {
         const float *x = c->x + (size_t)r * (size_t)c->dim;
         float *o = c->out + (size_t)r * (size_t)c->dim;
-        float ss = 0;
-        for (int i = 0; i < c->dim; i++) ss += x[i] * x[i];
-        float inv = 1.0f / sqrtf(ss / (float)c->dim + c->eps);
+        double ss = 0; /* in double: a float sum over 4096+ elements drifts by ~1e-6 */
+        for (int i = 0; i < c->dim; i++) ss += (double)x[i] * x[i];
+        float inv = (float)(1.0 / sqrt(ss / c->dim + c->eps));
         for (int i = 0; i < c->dim; i++) o[i] = wf[i] * (x[i] * inv);
     }
 }

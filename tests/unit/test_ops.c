@@ -158,9 +158,10 @@ static void test_matmul(void)
 {
     static const ferry_dtype dts[] = {DT_F32, DT_F16, DT_BF16};
     static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 50, 100};
-    static const int64_t shapes[][2] = {{37, 67}, {64, 128}, {130, 256}};
+    /* 776 columns: several passes of a vectorised loop plus a partial one */
+    static const int64_t shapes[][2] = {{37, 67}, {64, 128}, {130, 256}, {70, 776}};
     for (size_t d = 0; d < 3; d++)
-        for (size_t s = 0; s < 3; s++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
                 for (int with_bias = 0; with_bias < 2; with_bias++) {
                     int64_t rows = shapes[s][0], cols = shapes[s][1];
@@ -196,15 +197,15 @@ static void test_matmul(void)
                 }
 }
 
-static void test_rmsnorm(void)
+static void test_rmsnorm(int dim)
 {
-    int n = 9, dim = 70;
+    int n = 9;
     double *wref, *xref;
     weight w = make_weight(DT_BF16, 1, dim, &wref, 0.5f, 1.5f);
     float *x = rand_vec((size_t)n * (size_t)dim, &xref);
     float *out = dev_poison((size_t)n * (size_t)dim);
     g_be->ops->rmsnorm(g_be, out, x, &w, n, dim, 1e-5f);
-    double want[9 * 70];
+    double *want = malloc((size_t)n * (size_t)dim * sizeof *want);
     for (int t = 0; t < n; t++) {
         double ss = 0;
         for (int i = 0; i < dim; i++) ss += xref[t * dim + i] * xref[t * dim + i];
@@ -219,6 +220,7 @@ static void test_rmsnorm(void)
     got = host_of(x, (size_t)n * (size_t)dim);
     CHECK_CLOSE("rmsnorm in place", got, want, (size_t)n * (size_t)dim, 1e-6);
     free(got);
+    free(want);
     free(wref);
     free(xref);
     g_be->ops->release(g_be, (void *)w.data);
@@ -226,13 +228,13 @@ static void test_rmsnorm(void)
     g_be->ops->release(g_be, out);
 }
 
-static void test_rope(void)
+static void test_rope(int hd)
 {
-    static const int spec[3][3] = {{0, 0, 5}, {1, 37, 1}, {2, 500, 3}};
+    static const int spec[3][3] = {{0, 0, 5}, {1, 37, 1}, {2, 30000, 3}};
     test_batch tb;
     batch_make(&tb, 3, spec, 100);
     FERRY_ASSERT(g_be->ops->set_batch(g_be, &tb.b) == FERRY_OK);
-    int heads = 3, hd = 16, n = tb.b.n_tokens;
+    int heads = 3, n = tb.b.n_tokens;
     double theta = 10000.0, *xref;
     float *x = rand_vec((size_t)n * (size_t)heads * (size_t)hd, &xref);
     g_be->ops->rope(g_be, x, heads, hd, (float)theta);
@@ -409,13 +411,22 @@ int main(int argc, char **argv)
         return skip ? 77 : 1;
     }
     test_matmul();
-    test_rmsnorm();
-    test_rope();
+    test_rmsnorm(70);
+    test_rmsnorm(4096);           /* more elements than one block's threads */
+    test_rope(16);
+    test_rope(128);
     test_embed_gather();
     test_elementwise();
     attention_case(4, 4, 16, 0);  /* MHA */
     attention_case(6, 2, 8, 0);   /* GQA */
     attention_case(4, 2, 16, 4);  /* sliding window */
+    /* the head sizes real models use, one that is not a multiple of 32, and
+     * wide query groups */
+    attention_case(8, 2, 64, 0);
+    attention_case(4, 1, 128, 0);
+    attention_case(2, 2, 256, 0);
+    attention_case(4, 2, 80, 0);
+    attention_case(8, 1, 32, 6);
     backend_free(g_be);
     return check_report();
 }
