@@ -430,3 +430,5 @@ sched_stats sched_get_stats(sched *s)
     pthread_mutex_unlock(&s->mu);
     return st;
 }
+
+int sched_max_queued(const sched *s) { return s->max_queued; }

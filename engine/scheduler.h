@@ -91,4 +91,7 @@ void sched_cancel(sched *s, uint64_t id);
 
 sched_stats sched_get_stats(sched *s);
 
+/* The queue's capacity: a request needing more places can never be queued. */
+int sched_max_queued(const sched *s);
+
 #endif

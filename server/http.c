@@ -79,6 +79,7 @@ struct http_server {
     uint64_t body_budget;    /* request bytes buffered at once, all connections */
     uint64_t body_bytes;     /* atomic */
     metrics *metrics;
+    bool log;                /* FERRY_HTTP_LOG set: print MHD's own messages (read once, at start) */
     int port;
     int active;              /* atomic: requests between their first call and completion */
     pthread_mutex_t reg_mu;  /* guards the list of live requests */
@@ -571,6 +572,12 @@ static enum MHD_Result start_inference(request *rq)
     pthread_rwlock_rdlock(&srv->lock);
     rq->s = srv->s;
     if (!rq->s) st = FERRY_ERR_BUSY, snprintf(msg, sizeof msg, "model not ready");
+    if (st == FERRY_OK && n > sched_max_queued(rq->s)) {
+        /* could never be queued whole: a client error, not a retryable 503 */
+        st = FERRY_ERR_INVALID;
+        snprintf(msg, sizeof msg, "the request holds %d prompts but the server queues at most %d (--max-queued)", n,
+                 sched_max_queued(rq->s));
+    }
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         rq->refs_of[i] = (row_ref){rq, i};
         sched_params p = kserve_row_params(&rq->kr, i);
@@ -707,10 +714,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
  * FERRY_HTTP_LOG=1 to see them. */
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
-    static int enabled = -1;
-    if (enabled < 0) enabled = getenv("FERRY_HTTP_LOG") != NULL;
-    if (!enabled) return;
+    const struct http_server *srv = cls;
+    if (!srv->log) return;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
@@ -732,7 +737,13 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     srv->body_budget = o->max_body > (UINT64_MAX / 4) ? UINT64_MAX : o->max_body * 4;
     if (srv->body_budget < (256ull << 20)) srv->body_budget = 256ull << 20;
     srv->metrics = o->metrics;
-    pthread_rwlock_init(&srv->lock, NULL);
+    srv->log = getenv("FERRY_HTTP_LOG") != NULL;
+    /* writer-preferring: under sustained load shutdown must still get it */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&srv->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&srv->reg_mu, NULL);
 
     char port[16];
@@ -756,7 +767,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)WORKER_THREADS,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)512,
-                              MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                              MHD_OPTION_EXTERNAL_LOGGER, on_log, srv,
                               MHD_OPTION_END);
     int err = errno;
     freeaddrinfo(ai);

@@ -206,11 +206,8 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
         }
     }
 
-    FERRY_TRY(alloc_rows(r, (int)b, total));
-    for (int i = 0; i < (int)b; i++) {
-        r->row_off[i] = i * (int)t;
-        r->row_len[i] = (int)t;
-    }
+    /* sizes are checked against what arrived before allocating for the
+     * shape: a 60-byte body must not make ferry allocate for [1, 2^28] */
     if (binary_size >= 0) {
         if (data) return ferry_fail(FERRY_ERR_INVALID, "input_ids: both data and binary_data_size are given");
         if ((uint64_t)binary_size != total * 8)
@@ -219,6 +216,16 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
         if (bin_len - *bin_used < total * 8)
             return ferry_fail(FERRY_ERR_INVALID, "input_ids: binary_data_size is %lld but only %zu binary bytes follow",
                               (long long)binary_size, bin_len - *bin_used);
+    } else if (data && data->type == JSON_ARRAY && data->len != total && data->len != (size_t)b) {
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu values but data holds %zu",
+                          (long long)b, (long long)t, total, data->len);
+    }
+    FERRY_TRY(alloc_rows(r, (int)b, total));
+    for (int i = 0; i < (int)b; i++) {
+        r->row_off[i] = i * (int)t;
+        r->row_len[i] = (int)t;
+    }
+    if (binary_size >= 0) {
         const uint8_t *p = bin + *bin_used;
         for (size_t k = 0; k < total; k++) {
             uint64_t u = 0;

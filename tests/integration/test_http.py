@@ -1605,3 +1605,19 @@ def test_serve_startup_errors(ferry_bin, tiny, tmp_path):
                   ["--name", "a/b"], ["--host", ""]):
         rc, last = _serve_fails(ferry_bin, "--model", tiny, "--host", "127.0.0.1", "--http-port", 0, *flags)
         assert rc == 2 and flags[0] in last, (flags, last)
+
+
+def test_more_prompts_than_the_queue_is_a_client_error(slow, vocab):
+    """A request that could never be queued whole is a 400 naming the limit,
+    not a retryable 503 (the slow server queues at most 2)."""
+    body = infer_body([prompt_ids(vocab, 3, 90 + i) for i in range(3)], max_new_tokens=2)
+    expect_error(slow, 400, "POST", "/v2/models/%s/infer" % slow.name, body, needles=("max-queued",))
+    assert_alive(slow)
+
+
+def test_huge_shape_with_little_data_is_refused(srv):
+    """The shape is checked against the data that arrived before anything is
+    allocated for it."""
+    body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 268435456], "data": []}]}
+    expect_error(srv, 400, "POST", "/v2/models/%s/infer" % srv.name, body, needles=("shape",))
+    assert_alive(srv)
