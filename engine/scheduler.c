@@ -267,6 +267,7 @@ static void run_step(sched *s)
     int bucket = 0;
     while (bucket < 7 && ns >= (2 << bucket)) bucket++;
     s->stats.batch_hist[bucket]++;
+    s->stats.batch_sum += (uint64_t)ns;
     pthread_mutex_unlock(&s->mu);
 
     for (int k = 0; k < ns; k++) {

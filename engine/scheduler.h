@@ -72,6 +72,7 @@ typedef struct {
     double last_step_s;
     int last_batch;          /* sequences in the last step */
     uint64_t batch_hist[8];  /* steps by sequences: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
+    uint64_t batch_sum;      /* sequences summed over steps */
 } sched_stats;
 
 typedef struct sched sched;

@@ -91,6 +91,7 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
         cum += s->batch_hist[b];
         sb_printf(sb, "ferry_batch_size_bucket{le=\"%s\"} %llu\n", k_batch_le[b], (unsigned long long)cum);
     }
+    sb_printf(sb, "ferry_batch_size_sum %llu\n", (unsigned long long)s->batch_sum);
     sb_printf(sb, "ferry_batch_size_count %llu\n", (unsigned long long)s->steps);
 
     help(sb, "ferry_requests_running", "gauge", "Sequences holding a batch slot");
