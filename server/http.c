@@ -82,6 +82,9 @@ struct http_server {
     bool log;                /* FERRY_HTTP_LOG set: print MHD's own messages (read once, at start) */
     int port;
     int active;              /* atomic: requests between their first call and completion */
+    pthread_t reaper;        /* notices clients that left while their request waits */
+    bool reaper_running;
+    int reaper_stop;         /* atomic */
     pthread_mutex_t reg_mu;  /* guards the list of live requests */
     struct request *live;
     pthread_rwlock_t lock;   /* guards e, s, vocab: held (read) around every use */
@@ -710,6 +713,46 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     request_unref(rq);
 }
 
+/* ---- the reaper ------------------------------------------------------------------- */
+
+/* MHD does not watch a suspended socket, and on_token notices a departed
+ * client only at its next token: a request still queued or prefilling
+ * would hold its place until then. Every REAP_INTERVAL_US this thread
+ * peeks at the sockets of suspended requests and cancels those whose
+ * client is gone. Locks: reg_mu, then rq->mu (as http_server_stop); the
+ * cancel itself runs with neither held, under the server lock (read), as
+ * on_completed does. */
+#define REAP_INTERVAL_US 250000
+#define REAP_BATCH 64
+
+static void *reaper_main(void *arg)
+{
+    http_server *srv = arg;
+    while (!__atomic_load_n(&srv->reaper_stop, __ATOMIC_ACQUIRE)) {
+        usleep(REAP_INTERVAL_US);
+        request *gone[REAP_BATCH];
+        int n = 0;
+        pthread_mutex_lock(&srv->reg_mu);
+        for (request *rq = srv->live; rq && n < REAP_BATCH; rq = rq->next) {
+            pthread_mutex_lock(&rq->mu);
+            if (rq->suspended && !rq->client_gone && !rq->done && rq->n_submitted > 0 && peer_gone(rq)) {
+                rq->client_gone = true;
+                rq->refs++; /* keeps rq alive past reg_mu */
+                gone[n++] = rq;
+            }
+            pthread_mutex_unlock(&rq->mu);
+        }
+        pthread_mutex_unlock(&srv->reg_mu);
+        for (int i = 0; i < n; i++) {
+            pthread_rwlock_rdlock(&srv->lock);
+            if (srv->s && srv->s == gone[i]->s) cancel_rows(gone[i]);
+            pthread_rwlock_unlock(&srv->lock);
+            request_unref(gone[i]);
+        }
+    }
+    return NULL;
+}
+
 /* MHD's own messages: kept quiet (client resets are routine); set
  * FERRY_HTTP_LOG=1 to see them. */
 static void on_log(void *cls, const char *fmt, va_list ap)
@@ -779,6 +822,9 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : o->port;
+    srv->reaper_running = pthread_create(&srv->reaper, NULL, reaper_main, srv) == 0;
+    if (!srv->reaper_running)
+        fprintf(stderr, "ferry: warning: no reaper thread; departed clients are noticed at their next token\n");
     *out = srv;
     return FERRY_OK;
 }
@@ -805,6 +851,11 @@ void http_server_detach(http_server *s)
 void http_server_stop(http_server *s)
 {
     if (!s) return;
+    if (s->reaper_running) {
+        __atomic_store_n(&s->reaper_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(s->reaper, NULL);
+        s->reaper_running = false;
+    }
     if (s->d) {
         /* MHD aborts when stopped with a connection suspended. sched_free has
          * ended every request it knew; one still waiting means a callback

@@ -1621,3 +1621,42 @@ def test_huge_shape_with_little_data_is_refused(srv):
     body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 268435456], "data": []}]}
     expect_error(srv, 400, "POST", "/v2/models/%s/infer" % srv.name, body, needles=("shape",))
     assert_alive(srv)
+
+
+def test_queued_client_that_leaves_is_cancelled_before_it_runs(slow):
+    """A client whose request waits in the queue and then disconnects is
+    cancelled while still queued (the reaper peeks at suspended sockets),
+    not after it has been admitted, prefilled and produced a token: with the
+    only slot held by a running stream, its cancellation is counted while
+    that stream still runs."""
+    before = metrics(slow)
+    conn, resp = open_stream(slow, [3, 4, 5], max_new_tokens=1500)
+    try:
+        assert resp.status == 200
+        next(sse_events(resp))  # the slot is taken
+        q = http.client.HTTPConnection("127.0.0.1", slow.port, timeout=REQ_TIMEOUT)
+        q.request("POST", "/v2/models/%s/generate" % slow.name,
+                  body=json.dumps({"input_ids": [7, 8, 9], "parameters": {"max_new_tokens": 5}}),
+                  headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + READY_TIMEOUT
+        while msum(metrics(slow), "ferry_requests_queued") < 1:
+            assert time.monotonic() < deadline, "the second request was never queued"
+            time.sleep(0.05)
+        try:
+            q.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        q.close()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while msum(metrics(slow), M_SEQUENCES, outcome="cancelled") - \
+                msum(before, M_SEQUENCES, outcome="cancelled") < 1:
+            assert time.monotonic() < deadline, "the departed queued request was never cancelled"
+            time.sleep(0.1)
+        assert msum(metrics(slow), "ferry_requests_running") == 1, "the stream should still be running"
+    finally:
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.close()
+    assert len(generate(slow, [9, 10, 11], max_new_tokens=3)) == 3
