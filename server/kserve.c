@@ -131,15 +131,19 @@ static ferry_status copy_ids(const json_value *items, size_t n, int32_t *out, si
 
 /* data is flat (b*t ids) or nested exactly as the shape: b lists of t ids
  * (nested only when the shape has two dimensions). */
-static ferry_status parse_data(const json_value *data, int64_t b, int64_t t, bool rank2, int32_t *out, int vocab)
+/* Does data (flat, or nested rows) hold exactly shape [b, t]? Checked
+ * before anything is allocated for the shape. */
+static ferry_status check_data_shape(const json_value *data, int64_t b, int64_t t, bool rank2)
 {
-    size_t total = (size_t)(b * t), at = 0;
+    size_t total = (size_t)(b * t);
+    if (!data) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data is missing");
+    if (data->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data must be an array");
     bool nested = data->len > 0 && data->items[0].type == JSON_ARRAY;
     if (!nested) {
         if (data->len != total)
             return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu values, data has %zu",
                               (long long)b, (long long)t, total, data->len);
-        return copy_ids(data->items, total, out, &at, vocab);
+        return FERRY_OK;
     }
     if (!rank2 || data->len != (size_t)b)
         return ferry_fail(FERRY_ERR_INVALID, "input_ids: nested data does not match shape [%lld, %lld]", (long long)b,
@@ -150,8 +154,16 @@ static ferry_status parse_data(const json_value *data, int64_t b, int64_t t, boo
             return ferry_fail(FERRY_ERR_INVALID,
                               "input_ids: nested data does not match shape [%lld, %lld] (row %lld)", (long long)b,
                               (long long)t, (long long)i);
-        FERRY_TRY(copy_ids(row->items, (size_t)t, out, &at, vocab));
     }
+    return FERRY_OK;
+}
+
+/* Copies data, whose shape check_data_shape accepted, checking every id. */
+static ferry_status copy_data(const json_value *data, int64_t b, int64_t t, int32_t *out, int vocab)
+{
+    size_t at = 0;
+    if (!(data->len > 0 && data->items[0].type == JSON_ARRAY)) return copy_ids(data->items, (size_t)(b * t), out, &at, vocab);
+    for (int64_t i = 0; i < b; i++) FERRY_TRY(copy_ids(data->items[i].items, (size_t)t, out, &at, vocab));
     return FERRY_OK;
 }
 
@@ -216,9 +228,8 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
         if (bin_len - *bin_used < total * 8)
             return ferry_fail(FERRY_ERR_INVALID, "input_ids: binary_data_size is %lld but only %zu binary bytes follow",
                               (long long)binary_size, bin_len - *bin_used);
-    } else if (data && data->type == JSON_ARRAY && data->len != total && data->len != (size_t)b) {
-        return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu values but data holds %zu",
-                          (long long)b, (long long)t, total, data->len);
+    } else {
+        FERRY_TRY(check_data_shape(data, b, t, shape->len == 2));
     }
     FERRY_TRY(alloc_rows(r, (int)b, total));
     for (int i = 0; i < (int)b; i++) {
@@ -236,9 +247,7 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
         *bin_used += total * 8;
         return FERRY_OK;
     }
-    if (!data) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data is missing");
-    if (data->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data must be an array");
-    return parse_data(data, b, t, shape->len == 2, r->ids, vocab);
+    return copy_data(data, b, t, r->ids, vocab);
 }
 
 /* ---- infer ---------------------------------------------------------------------- */
@@ -328,9 +337,8 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
     if (bin_used != bin_len)
         return ferry_fail(FERRY_ERR_INVALID, "%zu bytes of binary data follow the JSON, the inputs take %zu", bin_len,
                           bin_used);
-    if (outputs) {
-        FERRY_TRY(parse_outputs(outputs, binary_output, r));
-    } else {
+    if (outputs) FERRY_TRY(parse_outputs(outputs, binary_output, r));
+    if (r->n_outputs == 0) { /* no `outputs`, or an empty list: output_ids */
         r->n_outputs = 1;
         r->outputs[0] = KSERVE_OUT_IDS;
         r->binary[0] = binary_output;

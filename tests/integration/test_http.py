@@ -1618,8 +1618,12 @@ def test_more_prompts_than_the_queue_is_a_client_error(slow, vocab):
 def test_huge_shape_with_little_data_is_refused(srv):
     """The shape is checked against the data that arrived before anything is
     allocated for it."""
-    body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 268435456], "data": []}]}
-    expect_error(srv, 400, "POST", "/v2/models/%s/infer" % srv.name, body, needles=("shape",))
+    for data in ([], [0], None, 0):
+        inp = {"name": "input_ids", "datatype": "INT64", "shape": [1, 268435456]}
+        if data is not None:
+            inp["data"] = data
+        expect_error(srv, 400, "POST", "/v2/models/%s/infer" % srv.name, {"inputs": [inp]},
+                     needles=("shape", "data"))
     assert_alive(srv)
 
 
