@@ -252,6 +252,16 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
 
 /* ---- infer ---------------------------------------------------------------------- */
 
+/* The request's optional "id", echoed in the response. */
+static ferry_status parse_id(const json_value *v, kserve_request *r)
+{
+    if (v->type == JSON_NULL) return FERRY_OK;
+    if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
+    free(r->id);
+    if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    return FERRY_OK;
+}
+
 static ferry_status parse_outputs(const json_value *outs, bool binary_default, kserve_request *r)
 {
     if (outs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "outputs must be an array");
@@ -307,12 +317,8 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
         if (!strcmp(k, "inputs")) inputs = v;
         else if (!strcmp(k, "outputs")) outputs = v->type == JSON_NULL ? NULL : v;
         else if (!strcmp(k, "parameters")) params = v;
-        else if (!strcmp(k, "id")) {
-            if (v->type == JSON_NULL) continue;
-            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
-            free(r->id);
-            if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-        } else {
+        else if (!strcmp(k, "id")) FERRY_TRY(parse_id(v, r));
+        else {
             return ferry_fail(FERRY_ERR_INVALID, "unknown field '%s' (a request has id, parameters, inputs, outputs)", k);
         }
     }
@@ -395,12 +401,8 @@ static ferry_status parse_generate(const json_value *root, int vocab, kserve_req
         const json_value *v = &root->members[i].value;
         if (!strcmp(k, "input_ids")) ids = v;
         else if (!strcmp(k, "parameters")) params = v;
-        else if (!strcmp(k, "id")) {
-            if (v->type == JSON_NULL) continue;
-            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
-            free(r->id);
-            if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-        } else {
+        else if (!strcmp(k, "id")) FERRY_TRY(parse_id(v, r));
+        else {
             return ferry_fail(FERRY_ERR_INVALID,
                               "unknown field '%s' (a generate request has input_ids and parameters; generation "
                               "parameters go inside \"parameters\")",
