@@ -169,15 +169,16 @@ static void cpu_rope(backend *be, float *x, int heads, int head_dim, float theta
     cpu_backend *cb = (cpu_backend *)be;
     const batch *b = cb->b;
     int half = head_dim / 2;
-    float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim);
+    float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim + (size_t)half);
     FERRY_ASSERT(cs);
+    /* the frequencies and angles in float32, as transformers computes them,
+     * so long contexts match it rather than exact angles */
+    float *inv_freq = cs + head_dim;
+    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
     for (int t = 0; t < b->n_tokens; t++) {
         float p = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
-            /* the frequencies and angles in float32, as transformers computes
-             * them, so long contexts match it rather than exact angles */
-            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-            float ang = p * inv_freq;
+            float ang = p * inv_freq[i];
             cs[i] = (float)cos((double)ang);
             cs[half + i] = (float)sin((double)ang);
         }
