@@ -128,7 +128,7 @@ BUNDLE      := $(BUILD)/bundle
 BUNDLE_CUDA_LIBS ?= yes
 
 $(BUILD)/ferry: override LDLIBS += -rdynamic -ldl -Wl,-rpath,'$$ORIGIN'
-$(BUILD)/tests/test_ops: override LDLIBS += -rdynamic -ldl
+$(BUILD)/tests/test_ops: override LDLIBS += -rdynamic -ldl -Wl,-rpath,'$$ORIGIN'
 
 .PHONY: cuda test-gpu bundle
 ifneq ($(NVCC),)
@@ -161,9 +161,9 @@ endif
 
 # glibc, libgcc_s and libstdc++ are the target system's; everything else that
 # ldd resolves (liburing, the CUDA libraries) is copied, symlinks followed.
-bundle: all
+bundle: all $(BUILD)/tests/test_ops
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
-	cp $(BUILD)/ferry $(BUNDLE)/
+	cp $(BUILD)/ferry $(BUILD)/tests/test_ops $(BUNDLE)/
 	if [ -f $(CUDA_LIB) ]; then cp $(CUDA_LIB) $(BUNDLE)/; fi
 	ldd $(BUNDLE)/ferry $(if $(NVCC),$(BUNDLE)/libferry_cuda.so) \
 	  | awk '$$2 == "=>" && $$3 ~ /^\// {print $$1, $$3}' | sort -u | while read -r name path; do \
@@ -173,6 +173,6 @@ bundle: all
 	      *) cp -L "$$path" "$(BUNDLE)/$$name" ;; \
 	    esac; \
 	  done
-	printf '%s\n' "ferry $$(git describe --always --dirty 2>/dev/null): run ./ferry from this folder (it and libferry_cuda.so find the bundled libraries through rpath \$$ORIGIN); --device cuda needs an NVIDIA driver for CUDA 13 and a GPU of compute capability 9.0 or newer (H100/H200 run sm_90 code, newer GPUs JIT the compute_90 PTX; older GPUs need a rebuild with CUDA_ARCH)." > $(BUNDLE)/README
+	printf '%s\n' "ferry $$(git describe --always --dirty 2>/dev/null): run ./ferry from this folder (it, test_ops and libferry_cuda.so find the bundled libraries through rpath \$$ORIGIN; ./test_ops cuda compares every CUDA op with the CPU); --device cuda needs an NVIDIA driver for CUDA 13 and a GPU of compute capability 9.0 or newer (H100/H200 run sm_90 code, newer GPUs JIT the compute_90 PTX; older GPUs need a rebuild with CUDA_ARCH)." > $(BUNDLE)/README
 	$(BUNDLE)/ferry --help >/dev/null
 	@ls -la $(BUNDLE)
