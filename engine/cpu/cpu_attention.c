@@ -13,6 +13,49 @@
 
 #include "cpu.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline float dot(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int e = 0;
+    for (; e + 16 <= n; e += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + e), _mm256_loadu_ps(b + e), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + e + 8), _mm256_loadu_ps(b + e + 8), s1);
+    }
+    for (; e + 8 <= n; e += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + e), _mm256_loadu_ps(b + e), s0);
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    for (; e < n; e++) r += a[e] * b[e];
+    return r;
+}
+
+/* o += w * v */
+static inline void axpy(float *o, float w, const float *v, int n)
+{
+    __m256 wv = _mm256_set1_ps(w);
+    int e = 0;
+    for (; e + 8 <= n; e += 8) _mm256_storeu_ps(o + e, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + e), _mm256_loadu_ps(o + e)));
+    for (; e < n; e++) o[e] += w * v[e];
+}
+#else
+static inline float dot(const float *a, const float *b, int n)
+{
+    float r = 0;
+    for (int e = 0; e < n; e++) r += a[e] * b[e];
+    return r;
+}
+
+static inline void axpy(float *o, float w, const float *v, int n)
+{
+    for (int e = 0; e < n; e++) o[e] += w * v[e];
+}
+#endif
+
 typedef struct {
     float *out;
     const float *q;
@@ -41,10 +84,7 @@ static void att_task(void *vctx, int task, int worker)
     float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
-        const float *kv = kbase + (size_t)(lo + j) * row;
-        float d = 0;
-        for (int e = 0; e < hd; e++) d += qv[e] * kv[e];
-        d *= scale;
+        float d = dot(qv, kbase + (size_t)(lo + j) * row, hd) * scale;
         score[j] = d;
         if (d > mx) mx = d;
     }
@@ -57,9 +97,7 @@ static void att_task(void *vctx, int task, int worker)
     float *o = c->out + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
     memset(o, 0, (size_t)hd * sizeof *o);
     for (int j = 0; j < n; j++) {
-        const float *vv = vbase + (size_t)(lo + j) * row;
-        float wgt = score[j] * inv;
-        for (int e = 0; e < hd; e++) o[e] += wgt * vv[e];
+        axpy(o, score[j] * inv, vbase + (size_t)(lo + j) * row, hd);
     }
 }
 
