@@ -30,7 +30,7 @@ DEMO_MODEL  ?= $(BUILD)/demo-model
 BENCH_MODEL ?= $(BUILD)/bench-1b
 
 # Debian packages: build, and the PyTorch reference the tests compare against.
-DEB_PKGS := gcc make liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest
+DEB_PKGS := gcc make curl liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
