@@ -332,6 +332,15 @@ def open_stream(srv, ids, timeout=REQ_TIMEOUT, **params):
     return conn, resp
 
 
+def hang_up(conn):
+    """Closes a client connection abruptly, as a client that goes away does."""
+    try:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, AttributeError):
+        pass
+    conn.close()
+
+
 def stream(srv, ids, **params):
     conn, resp = open_stream(srv, ids, **params)
     try:
@@ -1369,11 +1378,7 @@ def test_queue_survives_cancelled_rows(slow):
         threads[-1].start()
         wait_for(lambda m: msum(m, "ferry_requests_queued") == 2, "D never queued")
     finally:
-        try:
-            conn.sock.shutdown(socket.SHUT_RDWR)                      # A goes away: the slot frees
-        except OSError:
-            pass
-        conn.close()
+        hang_up(conn)
         for t in threads:
             t.join(40)
     for key in ("X", "D"):
@@ -1397,11 +1402,7 @@ def test_stream_disconnect_frees_slot(slow):
         first = next(sse_events(resp))
         assert len(event_tokens(first)) == 1
     finally:
-        try:
-            conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        conn.close()
+        hang_up(conn)
     t0 = time.monotonic()
     out = generate(slow, [9, 10, 11], max_new_tokens=3)
     elapsed = time.monotonic() - t0
@@ -1427,8 +1428,7 @@ def test_infer_disconnect_frees_slot(slow):
     while msum(metrics(slow), M_GENERATED) == msum(before, M_GENERATED):
         assert time.monotonic() < deadline, "the infer request never started"
         time.sleep(0.01)
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
+    hang_up(conn)
     out = generate(slow, [9, 10, 11], max_new_tokens=3)
     assert len(out) == 3
     after = metrics(slow)
@@ -1646,11 +1646,7 @@ def test_queued_client_that_leaves_is_cancelled_before_it_runs(slow):
         while msum(metrics(slow), "ferry_requests_queued") < 1:
             assert time.monotonic() < deadline, "the second request was never queued"
             time.sleep(0.05)
-        try:
-            q.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        q.close()
+        hang_up(q)
         deadline = time.monotonic() + READY_TIMEOUT
         while msum(metrics(slow), M_SEQUENCES, outcome="cancelled") - \
                 msum(before, M_SEQUENCES, outcome="cancelled") < 1:
@@ -1658,9 +1654,5 @@ def test_queued_client_that_leaves_is_cancelled_before_it_runs(slow):
             time.sleep(0.1)
         assert msum(metrics(slow), "ferry_requests_running") == 1, "the stream should still be running"
     finally:
-        try:
-            conn.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        conn.close()
+        hang_up(conn)
     assert len(generate(slow, [9, 10, 11], max_new_tokens=3)) == 3

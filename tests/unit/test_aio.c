@@ -17,19 +17,15 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../../engine/aio.h"
 #include "../../engine/fault.h"
 #include "../../engine/util.h"
 #include "check.h"
+#include "seccomp_child.h"
 
 #define MiB (1u << 20)
 #define FILE_LEN (20 * MiB + 4096)
@@ -341,69 +337,52 @@ static void run_suite(bool expect_uring)
 
 /* In a child whose seccomp filter answers io_uring_setup with ENOSYS (as a
  * container runtime's might): aio_create must warn once and fall back. */
+static void fallback_body(void)
+{
+    /* The warning, captured. */
+    char *log = util_path_join(g_dir, "stderr.txt");
+    int logfd = open(log, O_CREAT | O_TRUNC | O_RDWR, 0644);
+    int saved = dup(2);
+    dup2(logfd, 2);
+    aio *a = NULL;
+    ferry_status st = aio_create(8, &a);
+    fflush(stderr);
+    dup2(saved, 2);
+    CHECK_STATUS(st, FERRY_OK);
+    char text[512] = {0};
+    CHECK(pread(logfd, text, sizeof text - 1, 0) > 0);
+    CHECK(strstr(text, "ferry: warning: io_uring unavailable (Function not implemented); using synchronous reads\n") ==
+          text);
+    CHECK(strchr(text, '\n') == text + strlen(text) - 1); /* one line */
+    CHECK(a && !aio_is_uring(a));
+    aio_free(a);
+    close(logfd);
+    unlink(log);
+    free(log);
+    /* The same again, with every aio_create's warning filtered out of
+     * what the suite says. */
+    FILE *quiet = tmpfile();
+    fflush(stderr);
+    dup2(fileno(quiet), 2);
+    run_suite(false);
+    fflush(stderr);
+    dup2(saved, 2);
+    rewind(quiet);
+    char line[1024];
+    while (fgets(line, sizeof line, quiet))
+        if (!strstr(line, "io_uring unavailable")) fputs(line, stderr);
+    fclose(quiet);
+}
+
 static void test_fallback(void)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        check_failures++;
-        return;
-    }
-    if (pid == 0) {
-        check_count = check_failures = 0; /* the parent reports its own */
-        struct sock_filter filter[] = {
-            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        };
-        struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-            fprintf(stderr, "test_aio: seccomp unavailable (%s); fallback not tested\n", strerror(errno));
-            _exit(0);
-        }
-        /* The warning, captured. */
-        char *log = util_path_join(g_dir, "stderr.txt");
-        int logfd = open(log, O_CREAT | O_TRUNC | O_RDWR, 0644);
-        int saved = dup(2);
-        dup2(logfd, 2);
-        aio *a = NULL;
-        ferry_status st = aio_create(8, &a);
-        fflush(stderr);
-        dup2(saved, 2);
-        CHECK_STATUS(st, FERRY_OK);
-        char text[512] = {0};
-        CHECK(pread(logfd, text, sizeof text - 1, 0) > 0);
-        CHECK(strstr(text, "ferry: warning: io_uring unavailable (Function not implemented); using synchronous reads\n") ==
-              text);
-        CHECK(strchr(text, '\n') == text + strlen(text) - 1); /* one line */
-        CHECK(a && !aio_is_uring(a));
-        aio_free(a);
-        close(logfd);
-        unlink(log);
-        free(log);
-        /* The same again, with every aio_create's warning filtered out of
-         * what the suite says. */
-        FILE *quiet = tmpfile();
-        fflush(stderr);
-        dup2(fileno(quiet), 2);
-        run_suite(false);
-        fflush(stderr);
-        dup2(saved, 2);
-        rewind(quiet);
-        char line[1024];
-        while (fgets(line, sizeof line, quiet))
-            if (!strstr(line, "io_uring unavailable")) fputs(line, stderr);
-        fclose(quiet);
-        int rc = check_report();
-        fflush(stdout);
-        _exit(rc);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    run_in_seccomp_child(filter, sizeof filter / sizeof filter[0], "test_aio fallback", fallback_body);
 }
 
 int main(void)

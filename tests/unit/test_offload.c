@@ -21,20 +21,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../../engine/fault.h"
 #include "../../engine/offload.h"
 #include "../../engine/util.h"
 #include "check.h"
+#include "seccomp_child.h"
 
 #define MiB (1u << 20)
 #define TAIL_ZEROS 1000 /* each blob ends in this many bytes of offload_pad */
@@ -523,39 +519,19 @@ static void test_crc(void)
 
 /* In a child whose seccomp filter fails every open with O_DIRECT with
  * EINVAL: the same sequence, every blob read through the page cache. */
+static void no_direct_body(void) { run_sequence("/tmp", false); }
+
 static void test_no_direct(void)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        check_failures++;
-        return;
-    }
-    if (pid == 0) {
-        check_count = check_failures = 0; /* the parent reports its own */
-        struct sock_filter filter[] = {
-            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 3),
-            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])), /* low half, x86-64 */
-            BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_DIRECT, 0, 1),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
-            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        };
-        struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-            fprintf(stderr, "test_offload: seccomp unavailable (%s); buffered path not tested\n", strerror(errno));
-            _exit(0);
-        }
-        run_sequence("/tmp", false);
-        int rc = check_report();
-        fflush(stdout);
-        _exit(rc);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])), /* low half, x86-64 */
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_DIRECT, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    run_in_seccomp_child(filter, sizeof filter / sizeof filter[0], "test_offload buffered path", no_direct_body);
 }
 
 int main(void)
