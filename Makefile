@@ -19,8 +19,8 @@ OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -pthread $(ARCH_FLAGS) -MMD -MP
 LDLIBS   += -lmicrohttpd -luring -lm -pthread
 
-ENGINE_SRC := $(wildcard engine/*.c engine/cpu/*.c) config/config.c
-SERVER_SRC := $(wildcard server/*.c)
+ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) config/config.c
+SERVER_SRC := $(wildcard server/*.c server/cli/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../engine/util.h"
+#include "../engine/base/util.h"
 
 const setting_def config_settings[SETTING_COUNT] = {
 #define FERRY_SETTING(name, type, def, doc) {#name, SET_##type, def, doc},

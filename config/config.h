@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../engine/status.h"
+#include "../engine/base/status.h"
 
 typedef enum { SET_STR, SET_INT, SET_FLOAT, SET_BOOL, SET_SIZE, SET_U64 } setting_type;
 

@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "status.h"
+#include "weights/dtype.h"
+#include "base/status.h"
 
 /* A weight tensor as compute reads it. 1-D weights have rows == 1. */
 typedef struct {

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define DEFAULT_STEP_TOKENS 512
 #define DEFAULT_PREFETCH 2

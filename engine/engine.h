@@ -15,10 +15,10 @@
 #define FERRY_ENGINE_H
 
 #include "backend.h"
-#include "model.h"
+#include "weights/model.h"
 #include "pipeline.h"
 #include "plan.h"
-#include "safetensors.h"
+#include "weights/safetensors.h"
 #include "sampling.h"
 #include "store.h"
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "aio.h"
-#include "json.h"
-#include "util.h"
+#include "io/aio.h"
+#include "base/json.h"
+#include "base/util.h"
 
 #define AIO_DEPTH 16
 

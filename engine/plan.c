@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define RUNTIME_OVERHEAD (96ull << 20) /* code, allocator, small buffers */
 

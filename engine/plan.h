@@ -24,7 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "base/status.h"
 
 typedef enum { TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_COUNT } tier;
 typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD } group_kind;

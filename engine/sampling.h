@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "status.h"
+#include "base/status.h"
 
 typedef struct {
     float temperature;

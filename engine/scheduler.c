@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define DEFAULT_MAX_QUEUED 64
 

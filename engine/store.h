@@ -23,8 +23,8 @@
 #define FERRY_STORE_H
 
 #include "backend.h"
-#include "model.h"
-#include "offload.h"
+#include "weights/model.h"
+#include "io/offload.h"
 #include "plan.h"
 
 #define STORE_TENSOR_ALIGN 256u

@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../engine/json.h"
+#include "../engine/base/json.h"
 #include "../engine/scheduler.h"
 
 #define FERRY_VERSION "0.1.0"

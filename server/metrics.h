@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../engine/json.h"
+#include "../engine/base/json.h"
 #include "../engine/pipeline.h"
 #include "../engine/plan.h"
 #include "../engine/scheduler.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/json.h"
+#include "../../engine/base/json.h"
 
 static void write_value(strbuf *sb, const json_value *v)
 {

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/safetensors.h"
+#include "../../engine/weights/safetensors.h"
 
 static volatile uint8_t sink;
 

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../engine/status.h"
+#include "../../engine/base/status.h"
 
 static int check_failures;
 static int check_count;

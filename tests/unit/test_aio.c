@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "../../engine/aio.h"
-#include "../../engine/fault.h"
-#include "../../engine/util.h"
+#include "../../engine/io/aio.h"
+#include "../../engine/io/fault.h"
+#include "../../engine/base/util.h"
 #include "check.h"
 #include "seccomp_child.h"
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "../../config/config.h"
-#include "../../engine/util.h"
+#include "../../engine/base/util.h"
 #include "check.h"
 
 static void test_defaults(void)

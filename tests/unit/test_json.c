@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../../engine/json.h"
+#include "../../engine/base/json.h"
 #include "check.h"
 
 /* Length of a string literal, embedded NULs and all. */

@@ -26,9 +26,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../engine/fault.h"
-#include "../../engine/offload.h"
-#include "../../engine/util.h"
+#include "../../engine/io/fault.h"
+#include "../../engine/io/crc32c.h"
+#include "../../engine/io/offload.h"
+#include "../../engine/base/util.h"
 #include "check.h"
 #include "seccomp_child.h"
 

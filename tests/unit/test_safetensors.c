@@ -18,11 +18,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../engine/dtype.h"
-#include "../../engine/json.h"
-#include "../../engine/safetensors.h"
-#include "../../engine/st_writer.h"
-#include "../../engine/util.h"
+#include "../../engine/weights/dtype.h"
+#include "../../engine/base/json.h"
+#include "../../engine/weights/safetensors.h"
+#include "../../engine/weights/st_writer.h"
+#include "../../engine/base/util.h"
 #include "check.h"
 
 #define LABEL "t.safetensors"

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
-#include "status.h"
+#include "../base/status.h"
 
 #define ST_MAX_HEADER 100000000ull
 #define ST_MAX_DIMS 8

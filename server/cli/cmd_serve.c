@@ -18,11 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../engine/engine.h"
-#include "../engine/scheduler.h"
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
 #include "cli.h"
-#include "http.h"
-#include "metrics.h"
+#include "../http.h"
+#include "../metrics.h"
 
 #define SERVE_DEFAULT_BATCH 8
 #define SERVE_DEFAULT_CONTEXT 4096 /* --context 0: min(max_position_embeddings, this) */

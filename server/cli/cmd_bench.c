@@ -13,10 +13,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../engine/aio.h"
-#include "../engine/engine.h"
-#include "../engine/json.h"
-#include "../engine/util.h"
+#include "../../engine/io/aio.h"
+#include "../../engine/engine.h"
+#include "../../engine/base/json.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 
 /* ---- memory bandwidth ------------------------------------------------- */

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
-#include "util.h"
+#include "../base/json.h"
+#include "../base/util.h"
 
 /* ---- config.json ------------------------------------------------------ */
 

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/engine.h"
-#include "../engine/json.h"
-#include "../engine/util.h"
+#include "../../engine/engine.h"
+#include "../../engine/base/json.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 
 typedef struct {

@@ -7,8 +7,8 @@
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H
 
-#include "../config/config.h"
-#include "../engine/status.h"
+#include "../../config/config.h"
+#include "../../engine/base/status.h"
 
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1
@@ -27,7 +27,7 @@ int cmd_serve(const ferry_config *cfg);
 
 /* Fills the engine options the placement flags give (budgets parsed);
  * returns 0, or the exit status of a usage error it printed. */
-#include "../engine/engine.h"
+#include "../../engine/engine.h"
 int cli_engine_opts(const ferry_config *cfg, engine_opts *eo);
 
 #endif

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
-#include "status.h"
+#include "../base/status.h"
 
 typedef struct {
     const char *name;

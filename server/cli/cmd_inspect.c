@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../engine/json.h"
-#include "../engine/model.h"
-#include "../engine/util.h"
+#include "../../engine/base/json.h"
+#include "../../engine/weights/model.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 
 int cmd_inspect(const ferry_config *cfg)

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/json.h"
-#include "../engine/util.h"
+#include "../../engine/base/json.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 
 static const char *group_name(const plan_group *g, char *buf, size_t cap)

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "../base/status.h"
 
 #define OFFLOAD_ALIGN 4096u
 #define OFFLOAD_MANIFEST "ferry-offload.json"
@@ -68,12 +68,5 @@ typedef struct {
 ferry_status offload_open(const char *dir, const char *fingerprint, const offload_spec *specs, int n,
                           offload_fill_fn fill, void *ctx, offload_dir **out);
 void offload_close(offload_dir *od);
-
-/* CRC-32C (Castagnoli), continuing from crc (start with 0). Uses SSE4.2
- * when the build targets it; crc32c_sw is the portable path, always built
- * so that tests can compare the two. */
-uint32_t crc32c(uint32_t crc, const void *data, size_t n);
-uint32_t crc32c_sw(uint32_t crc, const void *data, size_t n);
-
 
 #endif

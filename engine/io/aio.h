@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "../base/status.h"
 
 #define AIO_CHUNK (4u << 20)
 

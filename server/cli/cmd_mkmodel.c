@@ -20,10 +20,10 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "../engine/json.h"
-#include "../engine/model.h"
-#include "../engine/st_writer.h"
-#include "../engine/util.h"
+#include "../../engine/base/json.h"
+#include "../../engine/weights/model.h"
+#include "../../engine/weights/st_writer.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 
 typedef struct {

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "json.h"
-#include "util.h"
+#include "../base/json.h"
+#include "../base/util.h"
 
 struct st_writer {
     int fd;

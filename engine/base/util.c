@@ -4,7 +4,7 @@
 #define _GNU_SOURCE
 #include "util.h"
 
-#include "fault.h"
+#include "../io/fault.h"
 
 #include <errno.h>
 #include <fcntl.h>

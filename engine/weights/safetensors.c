@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "json.h"
-#include "util.h"
+#include "../base/json.h"
+#include "../base/util.h"
 
 struct st_header {
     json_doc *doc; /* owns the tensor names */
