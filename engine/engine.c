@@ -110,8 +110,8 @@ static ferry_status alloc_activations(engine *e)
         *bufs[i].p = e->be->ops->alloc(e->be, bufs[i].floats * sizeof(float));
         if (!*bufs[i].p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for activations of %zu tokens", n);
     }
-    if (e->plan.groups[e->store.embed_group].tier != TIER_DEVICE) {
-        size_t bytes = n * store_embed_row_bytes(&e->store);
+    if (e->plan.groups[store_embed_group(e->store)].tier != TIER_DEVICE) {
+        size_t bytes = n * store_embed_row_bytes(e->store);
         e->rows_host = e->be->ops->host_alloc(e->be, bytes, &e->rows_pinned);
         e->rows_dev = e->be->ops->alloc(e->be, bytes);
         if (!e->rows_host || !e->rows_dev) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for embedding rows");
@@ -192,7 +192,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     }
     if ((st = fingerprint(e, opts->model_dir, fp)) != FERRY_OK) goto fail;
     if ((st = store_open(&e->store, e->be, &e->plan, c, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK) goto fail;
-    if ((st = pipeline_create(&e->pipe, e->be, &e->store, &e->plan)) != FERRY_OK) goto fail;
+    if ((st = pipeline_create(&e->pipe, e->be, e->store, &e->plan)) != FERRY_OK) goto fail;
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     *out = e;
@@ -215,10 +215,10 @@ void engine_close(engine *e)
                 e->be->ops->release(e->be, e->kv[l].v);
             }
         if (e->rows_host)
-            e->be->ops->host_free(e->be, e->rows_host, (size_t)e->max_step_tokens * store_embed_row_bytes(&e->store),
+            e->be->ops->host_free(e->be, e->rows_host, (size_t)e->max_step_tokens * store_embed_row_bytes(e->store),
                                   e->rows_pinned);
         e->be->ops->release(e->be, e->rows_dev);
-        if (e->plan.groups) store_close(&e->store);
+        store_close(e->store);
         backend_free(e->be);
     }
     plan_free(&e->plan);
@@ -229,6 +229,10 @@ void engine_close(engine *e)
     st_checkpoint_close(e->ck);
     free(e);
 }
+
+int engine_n_groups(const engine *e) { return e->plan.n_groups; }
+
+store_source engine_group_source(const engine *e, int g) { return store_group_source(e->store, g); }
 
 static ferry_status check_batch(engine *e, const batch *b)
 {
@@ -276,8 +280,8 @@ static ferry_status unit_embed_rows(void *ctx)
 {
     engine *e = ctx;
     const batch *b = e->cur;
-    FERRY_TRY(store_embed_rows(&e->store, b->tokens, b->n_tokens, e->rows_host));
-    size_t row = store_embed_row_bytes(&e->store);
+    FERRY_TRY(store_embed_rows(e->store, b->tokens, b->n_tokens, e->rows_host));
+    size_t row = store_embed_row_bytes(e->store);
     e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
     weight rows = {e->ckw.embed.dtype, b->n_tokens, e->cfg.dim, e->rows_dev};
     e->be->ops->convert(e->be, e->x, &rows);

@@ -49,7 +49,7 @@ typedef struct {
     backend *be;
     plan_opts popts;
     plan plan;
-    store store;
+    store *store;
     pipeline *pipe;
     int n_slots, max_ctx, max_step_tokens;
     kv_layer *kv;        /* [n_layers] */
@@ -72,6 +72,9 @@ typedef struct {
 } engine;
 
 ferry_status engine_open(const engine_opts *opts, engine **out);
+/* The placement groups and where each one's bytes live (store.h). */
+int engine_n_groups(const engine *e);
+store_source engine_group_source(const engine *e, int g);
 void engine_close(engine *e);
 
 /* One forward pass. Every token id must be < vocab and every sequence must

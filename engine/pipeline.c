@@ -102,18 +102,18 @@ static void start_fetch(pipeline *pl, uint64_t q, stage_slot *sl)
     const plan_group *pg = &pl->p->groups[g];
     sl->t_fetch = util_now();
     if (pg->tier == TIER_HOST) {
-        copy_into_slot(pl, sl, pl->s->resident[g], pg->bytes, g);
+        copy_into_slot(pl, sl, store_group_source(pl->s, g).resident, pg->bytes, g);
         pthread_mutex_lock(&pl->mu);
         pl->stats.bytes[TIER_HOST] += pg->bytes;
         mark_ready(pl, sl, FERRY_OK, NULL);
         pthread_mutex_unlock(&pl->mu);
         return;
     }
-    const offload_blob *b = &pl->s->od->blobs[pl->s->blob[g]];
+    store_source src = store_group_source(pl->s, g);
     void *dst = pl->be->ops->unified ? sl->dev : sl->host;
     /* the bounce buffer is reused only after its last copy to the device */
     if (!pl->be->ops->unified) pl->be->ops->event_sync(pl->be, sl->copied);
-    ferry_status st = aio_read(pl->aio, b->fd, b->path, 0, dst, (size_t)b->size, q);
+    ferry_status st = aio_read(pl->aio, src.fd, src.path, src.offset, dst, (size_t)src.bytes, q);
     if (st != FERRY_OK) {
         pthread_mutex_lock(&pl->mu);
         mark_ready(pl, sl, st, ferry_errmsg());
@@ -187,8 +187,8 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (int g = 1; g < p->n_groups; g++)
-        if (p->groups[g].tier != TIER_DEVICE) pl->streamed[pl->n_streamed++] = g;
+    for (int g = 0; g < p->n_groups; g++)
+        if (p->groups[g].kind != GROUP_EMBED && p->groups[g].tier != TIER_DEVICE) pl->streamed[pl->n_streamed++] = g;
     FERRY_ASSERT(pl->n_streamed == p->n_streamed);
     if (pl->n_streamed == 0) {
         *out = pl;
@@ -294,18 +294,19 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
     char err[512] = "";
     if (st != FERRY_OK) return st;
 
-    int eg = pl->s->embed_group;
+    int eg = store_embed_group(pl->s);
     if (p->groups[eg].tier == TIER_DEVICE) {
-        store_bind(pl->s, eg, pl->s->resident[eg]);
+        store_bind(pl->s, eg, store_group_source(pl->s, eg).resident);
         u->embed(u->ctx);
     } else if ((st = u->embed_rows(u->ctx)) != FERRY_OK) {
         snprintf(err, sizeof err, "%s", ferry_errmsg());
     }
 
-    for (int g = 1; g < p->n_groups; g++) {
+    for (int g = 0; g < p->n_groups; g++) {
+        if (p->groups[g].kind == GROUP_EMBED) continue; /* done above, by rows */
         if (p->groups[g].tier == TIER_DEVICE) {
             if (st != FERRY_OK) continue;
-            store_bind(pl->s, g, pl->s->resident[g]);
+            store_bind(pl->s, g, store_group_source(pl->s, g).resident);
             compute_group(pl, g, u);
             continue;
         }

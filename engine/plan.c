@@ -60,7 +60,7 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
 
     for (int i = 0; i < out->n_groups; i++) {
         out->tier_bytes[g[i].tier] += g[i].bytes;
-        if (i > 0 && g[i].tier != TIER_DEVICE) {
+        if (g[i].kind != GROUP_EMBED && g[i].tier != TIER_DEVICE) {
             out->n_streamed++;
             if (g[i].bytes > out->slot_bytes) out->slot_bytes = g[i].bytes;
         }
@@ -70,8 +70,8 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     if (!o->unified) {
         /* disk reads land in pinned bounce buffers, one per slot */
         uint64_t disk_max = 0;
-        for (int i = 1; i < out->n_groups; i++)
-            if (g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
+        for (int i = 0; i < out->n_groups; i++)
+            if (g[i].kind != GROUP_EMBED && g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
         out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
     }
     out->kv_bytes = 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context * (uint64_t)m->kv_dim * 4;

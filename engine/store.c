@@ -15,14 +15,36 @@
 
 #define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
 
-static uint64_t slot_bytes(const tensor_slot *t)
+typedef struct {
+    int n;             /* tensors in the group */
+    int *entry;        /* [n] index into store.src / store.view */
+    uint64_t *offset;  /* [n] byte offset in the group's buffer */
+} group_layout;
+
+struct store {
+    backend *be;
+    const plan *plan;
+    int n_tensors;         /* tensors of the model */
+    tensor_entry *src;     /* [n_tensors] bound to the checkpoint weights */
+    tensor_entry *view;    /* [n_tensors] the same tensors in the compute view */
+    group_layout *layouts; /* [plan->n_groups] */
+    void **resident;       /* [n_groups] backend (device) or host buffer; NULL when on disk */
+    bool *pinned;          /* [n_groups] host buffer is pinned */
+    offload_dir *od;       /* disk tier, or NULL */
+    int *blob;             /* [n_groups] blob index in od, or -1 */
+    int embed_group;       /* the group holding model.embed_tokens.weight */
+    uint64_t embed_offset; /* its offset in that group */
+    int embed_fd;          /* buffered descriptor for row reads when the table is on disk */
+};
+
+static uint64_t entry_bytes(const tensor_entry *t)
 {
     return (uint64_t)t->dst->rows * (uint64_t)t->dst->cols * dtype_size(t->dst->dtype);
 }
 
-/* Unit of each tensor slot: 0 embedding, 1 + l layer l, n_layers + 1 head.
+/* Unit of each tensor entry: 0 embedding, 1 + l layer l, n_layers + 1 head.
  * A tied embedding table belongs to the head: it is the lm_head. */
-static int unit_of(const model_config *cfg, const tensor_slot *t)
+static int unit_of(const model_config *cfg, const tensor_entry *t)
 {
     switch (t->unit) {
     case UNIT_EMBED: return cfg->tied ? cfg->n_layers + 1 : 0;
@@ -34,25 +56,29 @@ static int unit_of(const model_config *cfg, const tensor_slot *t)
 
 ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, uint64_t *unit_bytes)
 {
-    tensor_slot *slots;
+    tensor_entry *entries;
     int n;
-    FERRY_TRY(model_tensor_slots(cfg, (model_weights *)w, &slots, &n));
+    FERRY_TRY(model_tensor_entries(cfg, (model_weights *)w, &entries, &n));
     memset(unit_bytes, 0, (size_t)(cfg->n_layers + 2) * sizeof *unit_bytes);
     for (int i = 0; i < n; i++) {
-        int u = unit_of(cfg, &slots[i]);
-        unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + slot_bytes(&slots[i]);
+        int u = unit_of(cfg, &entries[i]);
+        unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + entry_bytes(&entries[i]);
     }
     for (int u = 0; u < cfg->n_layers + 2; u++) unit_bytes[u] = ALIGN_UP(unit_bytes[u], OFFLOAD_ALIGN);
-    free(slots);
+    free(entries);
     return FERRY_OK;
 }
 
+/* The group of unit u (0 embedding, 1 + l layer l, n_layers + 1 head). */
 static int group_of_unit(const plan *p, int u, int n_layers)
 {
-    if (u == 0) return 0;
-    if (u == n_layers + 1) return p->n_groups - 1;
-    for (int g = 1; g < p->n_groups - 1; g++)
-        if (u - 1 >= p->groups[g].first_layer && u - 1 < p->groups[g].first_layer + p->groups[g].n_layers) return g;
+    for (int g = 0; g < p->n_groups; g++) {
+        const plan_group *pg = &p->groups[g];
+        if ((pg->kind == GROUP_EMBED && u == 0) || (pg->kind == GROUP_HEAD && u == n_layers + 1) ||
+            (pg->kind == GROUP_LAYERS && u - 1 >= pg->first_layer && u - 1 < pg->first_layer + pg->n_layers))
+            return g;
+    }
+    FERRY_ASSERT(!"every unit has a group");
     return -1;
 }
 
@@ -64,24 +90,24 @@ static ferry_status make_layouts(store *s, const model_config *cfg)
     s->layouts = calloc((size_t)p->n_groups, sizeof *s->layouts);
     if (!s->layouts) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     for (int g = 0; g < p->n_groups; g++) {
-        s->layouts[g].slot = calloc((size_t)s->n_slots, sizeof(int));
-        s->layouts[g].offset = calloc((size_t)s->n_slots, sizeof(uint64_t));
-        if (!s->layouts[g].slot || !s->layouts[g].offset) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        s->layouts[g].entry = calloc((size_t)s->n_tensors, sizeof(int));
+        s->layouts[g].offset = calloc((size_t)s->n_tensors, sizeof(uint64_t));
+        if (!s->layouts[g].entry || !s->layouts[g].offset) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
     uint64_t *fill = calloc((size_t)p->n_groups, sizeof *fill);
     if (!fill) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    /* slots come in execution order, so units (and groups) appear in order */
+    /* entries come in execution order, so units (and groups) appear in order */
     for (int u = 0; u < cfg->n_layers + 2; u++) {
         int g = group_of_unit(p, u, cfg->n_layers);
         fill[g] = ALIGN_UP(fill[g], OFFLOAD_ALIGN);
-        for (int i = 0; i < s->n_slots; i++) {
+        for (int i = 0; i < s->n_tensors; i++) {
             if (unit_of(cfg, &s->src[i]) != u) continue;
             group_layout *L = &s->layouts[g];
             fill[g] = ALIGN_UP(fill[g], STORE_TENSOR_ALIGN);
-            L->slot[L->n] = i;
+            L->entry[L->n] = i;
             L->offset[L->n] = fill[g];
             L->n++;
-            fill[g] += slot_bytes(&s->src[i]);
+            fill[g] += entry_bytes(&s->src[i]);
             if (s->src[i].unit == UNIT_EMBED) {
                 s->embed_group = g;
                 s->embed_offset = L->offset[L->n - 1];
@@ -115,8 +141,8 @@ static void fill_resident(store *s, int g, void *base, put_fn put)
 {
     const group_layout *L = &s->layouts[g];
     for (int k = 0; k < L->n; k++) {
-        const weight *w = s->src[L->slot[k]].dst;
-        size_t n = (size_t)slot_bytes(&s->src[L->slot[k]]);
+        const weight *w = s->src[L->entry[k]].dst;
+        size_t n = (size_t)entry_bytes(&s->src[L->entry[k]]);
         put(s, (char *)base + L->offset[k], w->data, n);
         st_release_pages(w->data, n);
     }
@@ -135,8 +161,8 @@ static ferry_status fill_blob(void *vctx, int i, offload_writer *w)
     const group_layout *L = &s->layouts[g];
     uint64_t at = 0;
     for (int k = 0; k < L->n; k++) {
-        const weight *src = s->src[L->slot[k]].dst;
-        size_t n = (size_t)slot_bytes(&s->src[L->slot[k]]);
+        const weight *src = s->src[L->entry[k]].dst;
+        size_t n = (size_t)entry_bytes(&s->src[L->entry[k]]);
         FERRY_TRY(offload_pad(w, (size_t)(L->offset[k] - at)));
         FERRY_TRY(offload_write(w, src->data, n));
         st_release_pages(src->data, n);
@@ -195,20 +221,22 @@ static ferry_status open_disk_tier(store *s, const char *dir, const char *finger
     return st;
 }
 
-ferry_status store_open(store *s, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
+ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
                         model_weights *view, const char *offload_dir, const char *fingerprint)
 {
-    memset(s, 0, sizeof *s);
+    *out = NULL;
+    store *s = calloc(1, sizeof *s);
+    if (!s) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     s->be = be;
     s->plan = p;
     s->embed_fd = -1;
     int n_view;
-    ferry_status st = model_tensor_slots(cfg, ckpt, &s->src, &s->n_slots);
-    if (st == FERRY_OK) st = model_tensor_slots(cfg, view, &s->view, &n_view);
+    ferry_status st = model_tensor_entries(cfg, ckpt, &s->src, &s->n_tensors);
+    if (st == FERRY_OK) st = model_tensor_entries(cfg, view, &s->view, &n_view);
     if (st != FERRY_OK) goto fail;
-    FERRY_ASSERT(n_view == s->n_slots);
+    FERRY_ASSERT(n_view == s->n_tensors);
     /* the view starts as a copy of the checkpoint weights' shapes and dtypes */
-    for (int i = 0; i < s->n_slots; i++) *s->view[i].dst = *s->src[i].dst;
+    for (int i = 0; i < s->n_tensors; i++) *s->view[i].dst = *s->src[i].dst;
     s->resident = calloc((size_t)p->n_groups, sizeof *s->resident);
     s->pinned = calloc((size_t)p->n_groups, sizeof *s->pinned);
     s->blob = malloc((size_t)p->n_groups * sizeof *s->blob);
@@ -242,6 +270,7 @@ ferry_status store_open(store *s, backend *be, const plan *p, const model_config
         }
     }
     if ((st = open_disk_tier(s, offload_dir, fingerprint)) != FERRY_OK) goto fail;
+    *out = s;
     return FERRY_OK;
 fail:
     store_close(s);
@@ -250,6 +279,7 @@ fail:
 
 void store_close(store *s)
 {
+    if (!s) return;
     if (s->resident)
         for (int g = 0; g < s->plan->n_groups; g++) {
             if (!s->resident[g]) continue;
@@ -258,7 +288,7 @@ void store_close(store *s)
         }
     if (s->layouts)
         for (int g = 0; g < s->plan->n_groups; g++) {
-            free(s->layouts[g].slot);
+            free(s->layouts[g].entry);
             free(s->layouts[g].offset);
         }
     if (s->embed_fd >= 0) close(s->embed_fd);
@@ -269,19 +299,33 @@ void store_close(store *s)
     free(s->blob);
     free(s->src);
     free(s->view);
-    memset(s, 0, sizeof *s);
-    s->embed_fd = -1;
+    free(s);
 }
+
+store_source store_group_source(const store *s, int g)
+{
+    const plan_group *pg = &s->plan->groups[g];
+    store_source src = {.tier = pg->tier, .bytes = pg->bytes, .resident = s->resident[g], .fd = -1};
+    if (s->blob[g] >= 0) {
+        const offload_blob *b = &s->od->blobs[s->blob[g]];
+        src.fd = b->fd;
+        src.path = b->path;
+        src.offset = 0; /* one blob per group */
+    }
+    return src;
+}
+
+int store_embed_group(const store *s) { return s->embed_group; }
 
 void store_bind(const store *s, int g, const void *base)
 {
     const group_layout *L = &s->layouts[g];
-    for (int k = 0; k < L->n; k++) s->view[L->slot[k]].dst->data = (const char *)base + L->offset[k];
+    for (int k = 0; k < L->n; k++) s->view[L->entry[k]].dst->data = (const char *)base + L->offset[k];
 }
 
 size_t store_embed_row_bytes(const store *s)
 {
-    for (int i = 0; i < s->n_slots; i++)
+    for (int i = 0; i < s->n_tensors; i++)
         if (s->src[i].unit == UNIT_EMBED)
             return (size_t)s->src[i].dst->cols * dtype_size(s->src[i].dst->dtype);
     return 0;

@@ -29,27 +29,20 @@
 
 #define STORE_TENSOR_ALIGN 256u
 
-typedef struct {
-    int n;             /* tensors in the group */
-    int *slot;         /* [n] index into store.src / store.view */
-    uint64_t *offset;  /* [n] byte offset in the group's buffer */
-} group_layout;
+typedef struct store store;
 
+/* Where group g's bytes are, in the group's layout: a resident buffer
+ * (device tier: backend memory; host tier: host memory), or a blob file of
+ * the offload dir (disk tier). The pipeline fetches from it and export reads
+ * from it; neither needs to know how the store keeps it. */
 typedef struct {
-    backend *be;
-    const plan *plan;
-    int n_slots;           /* tensors of the model */
-    tensor_slot *src;      /* [n_slots] bound to the checkpoint weights */
-    tensor_slot *view;     /* [n_slots] the same tensors in the compute view */
-    group_layout *layouts; /* [plan->n_groups] */
-    void **resident;       /* [n_groups] backend (device) or host buffer; NULL when on disk */
-    bool *pinned;          /* [n_groups] host buffer is pinned */
-    offload_dir *od;       /* disk tier, or NULL */
-    int *blob;             /* [n_groups] blob index in od, or -1 */
-    int embed_group;       /* the group holding model.embed_tokens.weight */
-    uint64_t embed_offset; /* its offset in that group */
-    int embed_fd;          /* buffered descriptor for row reads when the table is on disk */
-} store;
+    tier tier;
+    uint64_t bytes;       /* the group's size (0: nothing to fetch) */
+    const void *resident; /* device / host tier */
+    int fd;               /* disk tier: open for reading, O_DIRECT where the file system allows */
+    const char *path;     /* disk tier: the blob, for messages */
+    uint64_t offset;      /* disk tier: where the group starts in the file */
+} store_source;
 
 /* Byte sizes of the units (embedding, layers, head) in the blob layout. */
 ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, uint64_t *unit_bytes);
@@ -57,18 +50,22 @@ ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, u
 /* Lays out and loads every group as the plan says. `ckpt` (the bound
  * checkpoint weights) supplies the data; `view` is the compute view that
  * store_bind fills. offload_dir may be NULL when no group is on disk.
- * fingerprint identifies the checkpoint + conversion for the offload dir. */
-ferry_status store_open(store *s, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
+ * fingerprint identifies the checkpoint + conversion for the offload dir.
+ * The store keeps pointers to be, p, ckpt and view: they must outlive it. */
+ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
                         model_weights *view, const char *offload_dir, const char *fingerprint);
 void store_close(store *s);
+
+store_source store_group_source(const store *s, int g);
 
 /* Points the view's weights of group g at base (a buffer in g's layout). */
 void store_bind(const store *s, int g, const void *base);
 
+/* The group that holds the embedding table (the head group when tied). */
+int store_embed_group(const store *s);
 /* Copies the embedding rows of tokens[0..n) (in the table's dtype) into
  * dst (host memory, n x row bytes) from the host copy or the blob. */
 ferry_status store_embed_rows(const store *s, const int32_t *tokens, int n, void *dst);
-
 /* Bytes of one embedding row. */
 size_t store_embed_row_bytes(const store *s);
 

@@ -281,7 +281,7 @@ static bool cond_holds(const model_config *c, spec_cond cond)
     return false;
 }
 
-static void add_slot(const model_config *cfg, model_weights *w, size_t s, int layer, tensor_slot *out)
+static void add_entry(const model_config *cfg, model_weights *w, size_t s, int layer, tensor_entry *out)
 {
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, k_specs[s].fmt, layer);
@@ -293,25 +293,25 @@ static void add_slot(const model_config *cfg, model_weights *w, size_t s, int la
     out->dst = (weight *)(base + k_specs[s].field);
 }
 
-ferry_status model_tensor_slots(const model_config *cfg, model_weights *w, tensor_slot **out, int *n)
+ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, tensor_entry **out, int *n)
 {
     size_t cap = N_SPECS * (size_t)(cfg->n_layers + 1);
-    tensor_slot *v = calloc(cap, sizeof *v);
+    tensor_entry *v = calloc(cap, sizeof *v);
     if (!v) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     int k = 0;
     for (size_t s = 0; s < N_SPECS; s++)
-        if (k_specs[s].unit == UNIT_EMBED && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, 0, &v[k++]);
+        if (k_specs[s].unit == UNIT_EMBED && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, 0, &v[k++]);
     for (int l = 0; l < cfg->n_layers; l++)
         for (size_t s = 0; s < N_SPECS; s++)
-            if (k_specs[s].unit == UNIT_LAYER && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, l, &v[k++]);
+            if (k_specs[s].unit == UNIT_LAYER && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, l, &v[k++]);
     for (size_t s = 0; s < N_SPECS; s++)
-        if (k_specs[s].unit == UNIT_HEAD && cond_holds(cfg, k_specs[s].cond)) add_slot(cfg, w, s, 0, &v[k++]);
+        if (k_specs[s].unit == UNIT_HEAD && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, 0, &v[k++]);
     *out = v;
     *n = k;
     return FERRY_OK;
 }
 
-static ferry_status bind_one(const st_checkpoint *ck, const tensor_slot *s)
+static ferry_status bind_one(const st_checkpoint *ck, const tensor_entry *s)
 {
     const st_tensor *t = st_checkpoint_find(ck, s->name);
     if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, s->name);
@@ -343,11 +343,11 @@ ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck
     memset(w, 0, sizeof *w);
     w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
     if (!w->layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    tensor_slot *slots;
+    tensor_entry *entries;
     int n;
-    ferry_status st = model_tensor_slots(cfg, w, &slots, &n);
-    for (int i = 0; st == FERRY_OK && i < n; i++) st = bind_one(ck, &slots[i]);
-    free(slots);
+    ferry_status st = model_tensor_entries(cfg, w, &entries, &n);
+    for (int i = 0; st == FERRY_OK && i < n; i++) st = bind_one(ck, &entries[i]);
+    free(entries);
     if (st == FERRY_OK && cfg->tied) w->lm_head = w->embed;
     if (st != FERRY_OK) model_weights_free(w);
     return st;
@@ -357,24 +357,4 @@ void model_weights_free(model_weights *w)
 {
     free(w->layers);
     memset(w, 0, sizeof *w);
-}
-
-uint64_t model_weight_bytes(const model_config *cfg, ferry_dtype dt)
-{
-    model_weights w = {0};
-    layer_weights one;
-    tensor_slot *slots;
-    int n;
-    w.layers = &one;
-    model_config c = *cfg;
-    uint64_t per_layer = 0, other = 0;
-    c.n_layers = 1;
-    if (model_tensor_slots(&c, &w, &slots, &n) != FERRY_OK) return 0;
-    for (int i = 0; i < n; i++) {
-        uint64_t b = (uint64_t)(slots[i].rows ? slots[i].rows : 1) * (uint64_t)slots[i].cols * dtype_size(dt);
-        if (slots[i].unit == UNIT_LAYER) per_layer += b;
-        else other += b;
-    }
-    free(slots);
-    return other + per_layer * (uint64_t)cfg->n_layers;
 }

@@ -10,8 +10,7 @@
  *
  * The mapping is one table (model.c, k_specs): each entry names a checkpoint
  * tensor, the unit it belongs to (embedding, layer, head), its expected shape
- * and the engine field it fills. Loading walks it checkpoint -> engine;
- * export walks it back.
+ * and the engine field it fills. Loading walks it checkpoint -> engine.
  */
 #ifndef FERRY_MODEL_H
 #define FERRY_MODEL_H
@@ -83,18 +82,16 @@ typedef struct {
     int layer;          /* UNIT_LAYER only */
     int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
     weight *dst;        /* the field it fills */
-} tensor_slot;
+} tensor_entry;
 
 /* Lists every checkpoint tensor the config needs, in execution order, with
  * the engine field of `w` it fills. *out is malloc'd. */
-ferry_status model_tensor_slots(const model_config *cfg, model_weights *w, tensor_slot **out, int *n);
+ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, tensor_entry **out, int *n);
 
 /* Binds the weights to checkpoint tensors (zero copy: data points into the
  * mapping), validating names, shapes and dtypes. */
 ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w);
 void model_weights_free(model_weights *w);
 
-/* Bytes of compute weights the config implies (for planning and benches). */
-uint64_t model_weight_bytes(const model_config *cfg, ferry_dtype dt);
 
 #endif

@@ -122,10 +122,16 @@ static int cmp_double(const void *a, const void *b)
 static double raw_read_rate(const engine *e, uint64_t *bytes)
 {
     *bytes = 0;
-    const offload_dir *od = e->store.od;
-    if (!od || od->n == 0) return 0;
+    store_source blobs[engine_n_groups(e)];
+    int n_blobs = 0;
     uint64_t largest = 0;
-    for (int i = 0; i < od->n; i++) largest = od->blobs[i].size > largest ? od->blobs[i].size : largest;
+    for (int g = 0; g < engine_n_groups(e); g++) {
+        store_source src = engine_group_source(e, g);
+        if (src.tier != TIER_DISK || src.bytes == 0) continue;
+        blobs[n_blobs++] = src;
+        largest = src.bytes > largest ? src.bytes : largest;
+    }
+    if (n_blobs == 0) return 0;
     void *buf[2] = {NULL, NULL};
     aio *a = NULL;
     /* the same kind of memory as the staging slots: huge pages, so that
@@ -144,16 +150,16 @@ static double raw_read_rate(const engine *e, uint64_t *bytes)
     double t0 = util_now();
     aio_done d;
     int next = 0, ok = 1;
-    for (; next < od->n && next < 2; next++)
-        ok &= aio_read(a, od->blobs[next].fd, od->blobs[next].path, 0, buf[next % 2], (size_t)od->blobs[next].size,
-                       (uint64_t)next) == FERRY_OK;
+    for (; next < n_blobs && next < 2; next++)
+        ok &= aio_read(a, blobs[next].fd, blobs[next].path, blobs[next].offset, buf[next % 2],
+                       (size_t)blobs[next].bytes, (uint64_t)next) == FERRY_OK;
     while (ok && aio_pending(a) > 0) {
         if (aio_reap(a, &d, 1, true) == 0) continue;
         if (d.st != FERRY_OK) break;
-        *bytes += od->blobs[d.tag].size;
-        if (next < od->n) {
-            ok &= aio_read(a, od->blobs[next].fd, od->blobs[next].path, 0, buf[d.tag % 2],
-                           (size_t)od->blobs[next].size, (uint64_t)next) == FERRY_OK;
+        *bytes += blobs[d.tag].bytes;
+        if (next < n_blobs) {
+            ok &= aio_read(a, blobs[next].fd, blobs[next].path, blobs[next].offset, buf[d.tag % 2],
+                           (size_t)blobs[next].bytes, (uint64_t)next) == FERRY_OK;
             next++;
         }
     }

@@ -69,7 +69,7 @@ static float gen_next(value_gen *g)
     return g->lo + (float)u * (g->hi - g->lo);
 }
 
-static void gen_for(const tensor_slot *s, uint64_t seed, int index, value_gen *g)
+static void gen_for(const tensor_entry *s, uint64_t seed, int index, value_gen *g)
 {
     g->state = mix64(seed * 0x100000001b3ull + (uint64_t)index + 1);
     if (strstr(s->name, "norm")) {
@@ -84,14 +84,14 @@ static void gen_for(const tensor_slot *s, uint64_t seed, int index, value_gen *g
 
 /* ---- writing ------------------------------------------------------------ */
 
-static uint64_t slot_numel(const tensor_slot *s) { return (uint64_t)(s->rows ? s->rows : 1) * (uint64_t)s->cols; }
+static uint64_t entry_numel(const tensor_entry *s) { return (uint64_t)(s->rows ? s->rows : 1) * (uint64_t)s->cols; }
 
-static ferry_status write_tensor(st_writer *w, const tensor_slot *s, ferry_dtype dt, uint64_t seed, int index,
+static ferry_status write_tensor(st_writer *w, const tensor_entry *s, ferry_dtype dt, uint64_t seed, int index,
                                  void *buf, size_t chunk)
 {
     value_gen g;
     gen_for(s, seed, index, &g);
-    uint64_t left = slot_numel(s);
+    uint64_t left = entry_numel(s);
     while (left) {
         size_t n = left < chunk ? (size_t)left : chunk;
         if (dt == DT_F32) {
@@ -107,7 +107,7 @@ static ferry_status write_tensor(st_writer *w, const tensor_slot *s, ferry_dtype
     return FERRY_OK;
 }
 
-static ferry_status write_shard(const char *path, const tensor_slot *slots, int from, int to, ferry_dtype dt,
+static ferry_status write_shard(const char *path, const tensor_entry *slots, int from, int to, ferry_dtype dt,
                                 uint64_t seed)
 {
     st_decl *d = calloc((size_t)(to - from), sizeof *d);
@@ -249,11 +249,11 @@ static ferry_status write_checkpoint(const char *tmp, const model_config *c, con
 
     model_weights w = {0};
     w.layers = calloc((size_t)c->n_layers, sizeof *w.layers);
-    tensor_slot *slots = NULL;
+    tensor_entry *slots = NULL;
     int n = 0;
     int *shard_of = NULL;
     if (!w.layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    if ((st = model_tensor_slots(c, &w, &slots, &n)) != FERRY_OK) goto out;
+    if ((st = model_tensor_entries(c, &w, &slots, &n)) != FERRY_OK) goto out;
     shard_of = calloc((size_t)n + 1, sizeof *shard_of);
     if (!shard_of) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -262,7 +262,7 @@ static ferry_status write_checkpoint(const char *tmp, const model_config *c, con
     int shards = 1;
     uint64_t cur = 0;
     for (int i = 0; i < n; i++) {
-        uint64_t b = slot_numel(&slots[i]) * dtype_size(dt);
+        uint64_t b = entry_numel(&slots[i]) * dtype_size(dt);
         if (cur > 0 && cur + b > shard_size) {
             shards++;
             cur = 0;
@@ -284,7 +284,7 @@ static ferry_status write_checkpoint(const char *tmp, const model_config *c, con
     }
     if (st == FERRY_OK && shards > 1) {
         uint64_t total = 0;
-        for (int i = 0; i < n; i++) total += slot_numel(&slots[i]) * dtype_size(dt);
+        for (int i = 0; i < n; i++) total += entry_numel(&slots[i]) * dtype_size(dt);
         sb_init(&sb);
         sb_printf(&sb, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {\n", (unsigned long long)total);
         for (int i = 0; i < n; i++) {
