@@ -1,5 +1,5 @@
 /*
- * backend.h - the compute interface every backend fills (CPU now, CUDA next).
+ * backend.h - the compute interface every backend fills (cpu, cpu-split, cuda).
  *
  * Everything above this line - model, forward pass, plan, store, pipeline,
  * scheduler - is written once and calls only these functions. A backend
@@ -10,9 +10,10 @@
  * the Hugging Face Linear convention, with f32 accumulation.
  *
  * Ops run in submission order on the backend's compute stream; sync waits for
- * all of them. A batch (set_batch) describes which sequence, KV slot and
+ * all of them. A batch (set_batch) describes which sequence, KV sequence and
  * position every token row belongs to; embed, rope, kv_store, attention and
  * gather_last read it, so the same step serves sequences of any lengths.
+ * (batch.h)
  */
 #ifndef FERRY_BACKEND_H
 #define FERRY_BACKEND_H
@@ -21,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch.h"
 #include "weights/dtype.h"
 #include "base/status.h"
 
@@ -31,27 +33,11 @@ typedef struct {
     const void *data; /* backend-readable; NULL for an absent optional weight */
 } weight;
 
-/* One sequence's share of a step: tokens [first, first + n_tokens) of the
- * batch are at positions n_past .. n_past + n_tokens - 1 of KV slot `slot`. */
-typedef struct {
-    int slot;
-    int n_past;
-    int n_tokens;
-    int first;
-} batch_seq;
-
-typedef struct {
-    int n_tokens;
-    int n_seqs;
-    const int32_t *tokens; /* [n_tokens] */
-    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
-    const batch_seq *seqs; /* [n_seqs], in token order */
-} batch;
-
-/* The KV cache of one layer: [n_slots, max_ctx, kv_dim] f32 for K and V. */
+/* The KV cache of one layer: [n_seqs, max_ctx, kv_dim] f32 for K and V;
+ * batch_seq.kv_seq picks the sequence. */
 typedef struct {
     float *k, *v;
-    int n_slots, max_ctx, kv_dim;
+    int n_seqs, max_ctx, kv_dim;
 } kv_layer;
 
 typedef struct backend backend;

@@ -1,97 +1,84 @@
 /*
- * engine.h - a loaded model ready to run steps.
+ * engine.h - a loaded model ready to run steps: the API every front end and
+ * tool uses (the struct is engine.c's own).
  *
- * The engine owns the checkpoint mapping, the plan (which tier holds each
- * group), the store (the weights on those tiers, in the checkpoint's dtype,
- * which compute reads directly), the pipeline that streams the non-resident
- * groups, the backend, the KV cache (n_slots sequences of up to max_ctx
- * positions) and the activation buffers. engine_step runs one forward pass
- * over a batch - any mix of prompt (prefill) rows and single decode rows, at
- * most max_step_tokens rows - and returns the logits of the last row of every
- * sequence. One pass over the weights serves the whole batch; this is what
- * batching buys when weights are streamed.
+ * engine_open reads the checkpoint, asks the backend once whether its
+ * memory is unified and how much it has, plans placement (plan.h: every
+ * placement decision, defaults included, is the planner's, so `ferry plan`
+ * shows what `serve` runs), loads the store and starts the pipeline.
+ * engine_step runs one forward pass over a batch (batch.h) - any mix of
+ * prompt chunks and single decode rows - and returns the logits of the last
+ * row of every sequence: one pass over the weights serves the whole batch.
+ * Generation (sampling, continuous batching, stop conditions) is the
+ * scheduler's (scheduler.h), the one generation path of every front end.
  */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
 
-#include "backend.h"
-#include "weights/model.h"
-#include "pipeline.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "batch.h"
 #include "plan.h"
-#include "weights/safetensors.h"
-#include "sampling.h"
-#include "store.h"
+#include "request.h"
+#include "stats.h"
+
+typedef struct engine engine;
+typedef struct backend backend;
+typedef struct store store;
 
 typedef struct {
     const char *model_dir;
-    const char *device;      /* "cpu" (default) or "cuda" */
+    const char *device;      /* cpu, cpu-split or cuda */
     int threads;             /* CPU workers; 0 = all cores */
-    int n_slots;             /* sequences the KV cache holds */
-    int max_ctx;             /* positions per sequence; 0 = max_position_embeddings */
-    int max_step_tokens;     /* most token rows in one step; 0 = 512 */
+    int max_seqs;            /* sequences the KV cache holds */
+    int max_ctx;             /* positions per sequence; 0 = the planner's default (plan.h) */
+    int max_step_tokens;     /* most token rows in one step */
     uint64_t budget[2];      /* device, host weight budgets (PLAN_UNLIMITED) */
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
-    int group_size;          /* 0 = 1 */
-    int prefetch;            /* 0 = 2 */
+    int group_size;
+    int prefetch;
 } engine_opts;
 
-/* The plan options an engine_opts and model imply (shared with `ferry plan`). */
-plan_opts engine_plan_opts(const engine_opts *o, const model_config *cfg, bool unified);
-/* Plans placement for a model directory without loading weights. */
-ferry_status engine_plan(const engine_opts *o, const model_config *cfg, const st_checkpoint *ck, bool unified,
-                         plan *out);
-
-typedef struct {
-    model_config cfg;
-    st_checkpoint *ck;
-    model_weights ckw;   /* bound to the checkpoint mapping: the source of every load */
-    model_weights w;     /* the compute view: points into resident buffers or staging slots */
-    backend *be;
-    plan_opts popts;
-    plan plan;
-    store *store;
-    pipeline *pipe;
-    int n_slots, max_ctx, max_step_tokens;
-    kv_layer *kv;        /* [n_layers] */
-    uint8_t *slot_used;  /* [n_slots] scratch for batch checks */
-    const batch *cur;    /* the batch of the running step */
-    /* activations in backend memory, sized for max_step_tokens rows */
-    float *x;            /* [max, dim] residual stream */
-    float *xn;           /* [max, dim] normed input / projection output */
-    float *q;            /* [max, n_heads * head_dim] */
-    float *k;            /* [max, kv_dim] */
-    float *v;            /* [max, kv_dim] */
-    float *att;          /* [max, n_heads * head_dim] */
-    float *gate;         /* [max, hidden] */
-    float *up;           /* [max, hidden] */
-    float *last;         /* [n_slots, dim] */
-    float *logits;       /* [n_slots, vocab] */
-    void *rows_host;     /* [max, dim] embedding rows gathered on the host (table not on device) */
-    void *rows_dev;      /* [max, dim] the same rows in backend memory */
-    bool rows_pinned;
-} engine;
+/* The defaults of config/settings.def, budgets unlimited, no model. */
+void engine_opts_init(engine_opts *o);
 
 ferry_status engine_open(const engine_opts *opts, engine **out);
-/* The placement groups and where each one's bytes live (store.h). */
-int engine_n_groups(const engine *e);
-store_source engine_group_source(const engine *e, int g);
 void engine_close(engine *e);
 
+/* The plan engine_open would make, without loading weights: the same
+ * checks and decisions (the backend is created to ask it, then freed).
+ * *po receives the options the plan was made with. */
+ferry_status engine_plan(const engine_opts *opts, plan *out, plan_opts *po);
+
+/* What the model and the engine are. */
+typedef struct {
+    const char *arch;        /* config.json "architectures" */
+    int n_layers, dim;
+    const char *backend;     /* the backend's name */
+    bool unified;            /* device memory is host memory */
+} engine_info;
+
+engine_info engine_get_info(const engine *e);
+engine_limits engine_get_limits(const engine *e);
+const plan *engine_get_plan(const engine *e);
+pipeline_stats engine_pipeline_stats(engine *e);
+
 /* One forward pass. Every token id must be < vocab and every sequence must
- * fit its slot (checked). logits_out: host [b->n_seqs, vocab]. */
+ * fit the context (checked). logits_out: host [b->n_seqs, vocab]. */
 ferry_status engine_step(engine *e, const batch *b, float *logits_out);
 
-/* Generates max_new tokens for each prompt, all prompts in one batch:
- * prefill (in chunks of at most max_step_tokens rows), then one decode step
- * per token. out[i] receives max_new ids; first_logits (optional, host
- * [n, vocab]) the logits of each prompt's last position. Sequence i samples
- * with stream i of params->seed. */
-ferry_status engine_generate(engine *e, int n, const int32_t *const *prompts, const int *lens, int max_new,
-                             const sampling_params *params, int32_t **out, float *first_logits);
+/* Weight bytes one decode step of n_seqs sequences reads: every layer and
+ * the head in full, n_seqs embedding rows (for rooflines). */
+uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs);
 
-/* The units of the forward pass (forward.c), for the pipeline. */
-void forward_embed(engine *e, const batch *b);
-void forward_layer(engine *e, const layer_weights *lw, int layer, const batch *b);
-void forward_head(engine *e, const batch *b);
+/* For tools that measure the tiers (`ferry bench`) and export: the backend
+ * and the store the engine runs on. */
+backend *engine_backend(engine *e);
+const store *engine_store(const engine *e);
+
+/* A Chrome trace of the pipeline from now on (pipeline.h). */
+ferry_status engine_trace_start(engine *e, size_t max_events);
+ferry_status engine_trace_write(engine *e, const char *path);
 
 #endif

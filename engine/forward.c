@@ -5,7 +5,7 @@
  * Written once for every backend; the units here (embedding, layer, head) are
  * the units the planner places and the pipeline streams.
  */
-#include "engine.h"
+#include "engine_impl.h"
 
 #include <stdlib.h>
 #include <string.h>

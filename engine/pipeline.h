@@ -30,18 +30,10 @@
 #include <stdio.h>
 
 #include "backend.h"
+#include "stats.h"
 #include "store.h"
 
 typedef struct pipeline pipeline;
-
-typedef struct {
-    uint64_t steps;
-    uint64_t bytes[TIER_COUNT]; /* weight bytes brought to compute, by tier of origin */
-    double compute_s;           /* compute thread busy on groups */
-    double stall_s;             /* compute thread waiting for a fetch */
-    double fetch_s;             /* fetcher busy (reads or copies in flight) */
-    double wall_s;              /* inside pipeline_step */
-} pipeline_stats;
 
 ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *p);
 void pipeline_free(pipeline *pl);

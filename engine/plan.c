@@ -33,9 +33,10 @@ static void place(plan_group *g, uint64_t left[2])
     g->tier = TIER_DISK;
 }
 
-ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out)
+static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out)
 {
     memset(out, 0, sizeof *out);
+    out->opts = *o;
     if (o->group_size < 1) return ferry_fail(FERRY_ERR_INVALID, "--group-size must be >= 1 (got %d)", o->group_size);
     if (o->prefetch < 1) return ferry_fail(FERRY_ERR_INVALID, "--prefetch must be >= 1 (got %d)", o->prefetch);
     int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
@@ -80,6 +81,32 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
                      (uint64_t)o->n_seqs * ((uint64_t)m->dim + (uint64_t)m->vocab) * 4;
     return FERRY_OK;
+}
+
+ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *opts, plan *out)
+{
+    memset(out, 0, sizeof *out);
+    plan_opts o = *opts;
+    if (o.context == 0) o.context = m->max_pos < PLAN_DEFAULT_CONTEXT ? m->max_pos : PLAN_DEFAULT_CONTEXT;
+    if (o.context < 1 || o.context > m->max_pos)
+        return ferry_fail(FERRY_ERR_INVALID, "context of %d positions exceeds max_position_embeddings %d", o.context,
+                          m->max_pos);
+    FERRY_TRY(place_all(m, unit_bytes, &o, out));
+    if (o.unified || o.budget[0] != PLAN_UNLIMITED || o.device_avail == 0) return FERRY_OK;
+    /* No device budget on a device with memory of its own: keep resident
+     * what fits beside the working memory, and place again. The working
+     * memory of the second plan can only be larger by its staging slots,
+     * which the budget leaves room for. */
+    uint64_t host_need, dev_need;
+    plan_needs(out, &o, &host_need, &dev_need);
+    uint64_t work = dev_need - out->tier_bytes[TIER_DEVICE], avail = o.device_avail;
+    if (work >= avail || out->tier_bytes[TIER_DEVICE] <= avail - work) return FERRY_OK;
+    uint64_t largest = 0;
+    for (int g = 0; g < out->n_groups; g++) largest = out->groups[g].bytes > largest ? out->groups[g].bytes : largest;
+    uint64_t slots = (uint64_t)(o.prefetch + 1) * largest;
+    o.budget[0] = avail - work > slots ? avail - work - slots : 0;
+    plan_free(out);
+    return place_all(m, unit_bytes, &o, out);
 }
 
 void plan_free(plan *p)

@@ -17,6 +17,12 @@
  * cache, activations - is sized from the options and reported apart from
  * the weights; plan_check compares the total with what the machine has.
  * Planning reads no weights.
+ *
+ * Every placement decision is made here, defaults included, so that `ferry
+ * plan` shows what `serve` runs: a context of 0 means max_position_embeddings
+ * capped at PLAN_DEFAULT_CONTEXT (the KV cache is sized for it); on a
+ * backend that is not unified, no device budget means "keep resident what
+ * fits beside the working memory" (device_avail).
  */
 #ifndef FERRY_PLAN_H
 #define FERRY_PLAN_H
@@ -30,6 +36,7 @@ typedef enum { TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_COUNT } tier;
 typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD } group_kind;
 
 #define PLAN_UNLIMITED UINT64_MAX
+#define PLAN_DEFAULT_CONTEXT 4096 /* context 0: min(max_position_embeddings, this) */
 
 typedef struct {
     group_kind kind;
@@ -43,12 +50,14 @@ typedef struct {
     int group_size;       /* >= 1 */
     int prefetch;         /* groups fetched ahead of the computing one, >= 1 */
     int n_seqs;           /* sequences the KV cache holds */
-    int context;          /* positions per sequence */
+    int context;          /* positions per sequence; 0 = the default (above) */
     int max_step_tokens;  /* most token rows in one step */
     bool unified;         /* device memory is host memory (the CPU backend) */
+    uint64_t device_avail; /* not unified: device memory the backend can give; 0 = unknown */
 } plan_opts;
 
 typedef struct {
+    plan_opts opts;              /* as resolved: context, device budget */
     int n_groups;
     plan_group *groups;          /* embed, layer groups in order, head */
     uint64_t tier_bytes[TIER_COUNT];
@@ -65,6 +74,7 @@ typedef struct {
 typedef struct {
     int n_layers;
     int dim, hidden, vocab, q_dim, kv_dim;
+    int max_pos;          /* max_position_embeddings */
 } plan_model;
 
 /* unit_bytes: [n_layers + 2] = embedding, layer 0 .. n_layers-1, head; each a

@@ -87,10 +87,10 @@ struct http_server {
     int reaper_stop;         /* atomic */
     pthread_mutex_t reg_mu;  /* guards the list of live requests */
     struct request *live;
-    pthread_rwlock_t lock;   /* guards e, s, vocab: held (read) around every use */
+    pthread_rwlock_t lock;   /* guards e, s, lim: held (read) around every use */
     engine *e;
     sched *s;
-    int vocab;
+    engine_limits lim;
 };
 
 typedef enum { RQ_RECEIVING, RQ_RUNNING, RQ_STREAMING, RQ_ANSWERED } rq_state;
@@ -245,7 +245,7 @@ static void on_token(void *user, int32_t token, int index)
     if (cancel) cancel_rows(rq);
 }
 
-static void on_done(void *user, ferry_status st, const char *msg, const sched_result *res)
+static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
 {
     row_ref *ref = user;
     request *rq = ref->rq;
@@ -389,14 +389,14 @@ static enum MHD_Result answer_get(request *rq)
     sb_init(&sb);
     pthread_rwlock_rdlock(&srv->lock);
     bool ready = srv->s != NULL;
-    int vocab = srv->vocab;
+    int vocab = srv->lim.vocab;
     metrics_engine_view view;
     memset(&view, 0, sizeof view);
     if (rq->ep == EP_METRICS && ready) {
         view.ready = true;
         view.sched = sched_get_stats(srv->s);
-        view.pipe = pipeline_get_stats(srv->e->pipe);
-        memcpy(view.weight_bytes, srv->e->plan.tier_bytes, sizeof view.weight_bytes);
+        view.pipe = engine_pipeline_stats(srv->e);
+        memcpy(view.weight_bytes, engine_get_plan(srv->e)->tier_bytes, sizeof view.weight_bytes);
     }
     pthread_rwlock_unlock(&srv->lock);
     int code = 200;
@@ -454,7 +454,7 @@ static enum MHD_Result finish_or_wait(request *rq)
     sb_init(&sb);
     if (rq->ep == EP_INFER) {
         size_t json_len = 0;
-        kserve_infer_response(&sb, &rq->kr, rq->srv->name, rq->rows, rq->srv->vocab, &json_len);
+        kserve_infer_response(&sb, &rq->kr, rq->srv->name, rq->rows, rq->srv->lim.vocab, &json_len);
         if (json_len && !sb.oom) {
             char hl[32];
             snprintf(hl, sizeof hl, "%zu", json_len);
@@ -544,7 +544,7 @@ static enum MHD_Result start_inference(request *rq)
     http_server *srv = rq->srv;
     pthread_rwlock_rdlock(&srv->lock);
     bool ready = srv->s != NULL;
-    int vocab = srv->vocab;
+    engine_limits lim = srv->lim;
     pthread_rwlock_unlock(&srv->lock);
     if (!ready) return respond_error(rq, 503, "model not ready", NULL, NULL);
 
@@ -552,9 +552,9 @@ static enum MHD_Result start_inference(request *rq)
     if (rq->ep == EP_INFER) {
         int64_t hl = header_length(rq->conn);
         if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
-        st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, vocab, &rq->kr);
+        st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, &lim, &rq->kr);
     } else {
-        st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, vocab, &rq->kr);
+        st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, &lim, &rq->kr);
     }
     body_release(rq);
     if (st != FERRY_OK) return respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
@@ -583,7 +583,7 @@ static enum MHD_Result start_inference(request *rq)
     }
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         rq->refs_of[i] = (row_ref){rq, i};
-        sched_params p = kserve_row_params(&rq->kr, i);
+        gen_request p = kserve_row_request(&rq->kr, i);
         pthread_mutex_lock(&rq->mu);
         rq->refs++; /* on_done may run before sched_submit returns */
         pthread_mutex_unlock(&rq->mu);
@@ -836,7 +836,7 @@ void http_server_attach(http_server *s, engine *e, sched *sc)
     pthread_rwlock_wrlock(&s->lock);
     s->e = e;
     s->s = sc;
-    s->vocab = e->cfg.vocab;
+    s->lim = engine_get_limits(e);
     pthread_rwlock_unlock(&s->lock);
 }
 

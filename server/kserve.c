@@ -10,6 +10,8 @@
 #include "kserve.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,7 +49,7 @@ static ferry_status alloc_rows(kserve_request *r, int n, size_t total)
 
 static bool is_int(const json_value *v) { return v->type == JSON_NUMBER && v->is_int; }
 
-static ferry_status parse_params(const json_value *params, int vocab, bool infer, kserve_request *r,
+static ferry_status parse_params(const json_value *params, bool infer, kserve_request *r,
                                  bool *binary_output)
 {
     if (!params || params->type == JSON_NULL) return FERRY_OK;
@@ -67,7 +69,7 @@ static ferry_status parse_params(const json_value *params, int vocab, bool infer
         } else if (!strcmp(k, "top_k")) {
             if (!is_int(v) || v->integer < 0)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.top_k must be an integer >= 0");
-            r->sampling.top_k = v->integer > vocab ? vocab : (int)v->integer; /* more than the vocabulary: all */
+            r->sampling.top_k = v->integer > INT32_MAX ? INT32_MAX : (int)v->integer; /* >= vocabulary: all */
         } else if (!strcmp(k, "top_p")) {
             if (v->type != JSON_NUMBER || !(v->number > 0 && v->number <= 1))
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.top_p must be a number in (0, 1]");
@@ -80,17 +82,16 @@ static ferry_status parse_params(const json_value *params, int vocab, bool infer
         } else if (!strcmp(k, "stop_token_ids")) {
             if (v->type != JSON_ARRAY)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids must be an array of token ids");
-            if (v->len > SCHED_MAX_STOP)
+            if (v->len > REQUEST_MAX_STOP)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: at most %d ids (got %zu)",
-                                  SCHED_MAX_STOP, v->len);
+                                  REQUEST_MAX_STOP, v->len);
             for (size_t j = 0; j < v->len; j++) {
                 const json_value *t = &v->items[j];
                 if (!is_int(t))
                     return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids[%zu] is not an integer", j);
-                if (t->integer < 0 || t->integer >= vocab)
-                    return ferry_fail(FERRY_ERR_INVALID,
-                                      "parameters.stop_token_ids[%zu] = %lld is outside the vocabulary (size %d)", j,
-                                      (long long)t->integer, vocab);
+                if (t->integer < 0 || t->integer > INT32_MAX)
+                    return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids[%zu] = %lld is outside every vocabulary", j,
+                                      (long long)t->integer);
                 r->stop_ids[j] = (int32_t)t->integer;
             }
             r->n_stop = (int)v->len;
@@ -110,20 +111,22 @@ static ferry_status parse_params(const json_value *params, int vocab, bool infer
 
 /* ---- input_ids ------------------------------------------------------------------ */
 
-static ferry_status check_id(int64_t v, size_t at, int vocab)
+/* Whether the vocabulary holds an id is request_check's question (after
+ * parsing); here only whether it is an id at all. */
+static ferry_status check_id(int64_t v, size_t at)
 {
-    if (v < 0 || v >= vocab)
-        return ferry_fail(FERRY_ERR_INVALID, "input_ids: id %lld at index %zu is outside the vocabulary (size %d)",
-                          (long long)v, at, vocab);
+    if (v < 0 || v > INT32_MAX)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: %lld at index %zu is not a token id (ids are 0 .. vocabulary size - 1)",
+                          (long long)v, at);
     return FERRY_OK;
 }
 
 /* Copies n integer ids from items into out; *at counts them (for messages). */
-static ferry_status copy_ids(const json_value *items, size_t n, int32_t *out, size_t *at, int vocab)
+static ferry_status copy_ids(const json_value *items, size_t n, int32_t *out, size_t *at)
 {
     for (size_t i = 0; i < n; i++, (*at)++) {
         if (!is_int(&items[i])) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data value %zu is not an integer", *at);
-        FERRY_TRY(check_id(items[i].integer, *at, vocab));
+        FERRY_TRY(check_id(items[i].integer, *at));
         out[*at] = (int32_t)items[i].integer;
     }
     return FERRY_OK;
@@ -159,17 +162,17 @@ static ferry_status check_data_shape(const json_value *data, int64_t b, int64_t 
 }
 
 /* Copies data, whose shape check_data_shape accepted, checking every id. */
-static ferry_status copy_data(const json_value *data, int64_t b, int64_t t, int32_t *out, int vocab)
+static ferry_status copy_data(const json_value *data, int64_t b, int64_t t, int32_t *out)
 {
     size_t at = 0;
-    if (!(data->len > 0 && data->items[0].type == JSON_ARRAY)) return copy_ids(data->items, (size_t)(b * t), out, &at, vocab);
-    for (int64_t i = 0; i < b; i++) FERRY_TRY(copy_ids(data->items[i].items, (size_t)t, out, &at, vocab));
+    if (!(data->len > 0 && data->items[0].type == JSON_ARRAY)) return copy_ids(data->items, (size_t)(b * t), out, &at);
+    for (int64_t i = 0; i < b; i++) FERRY_TRY(copy_ids(data->items[i].items, (size_t)t, out, &at));
     return FERRY_OK;
 }
 
 /* One input of an infer request; *bin_used grows by its binary bytes. */
 static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t bin_len, size_t *bin_used,
-                                int vocab, kserve_request *r)
+                                kserve_request *r)
 {
     const json_value *datatype = NULL, *shape = NULL, *data = NULL, *params = NULL;
     for (size_t i = 0; i < in->len; i++) {
@@ -241,13 +244,13 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
         for (size_t k = 0; k < total; k++) {
             uint64_t u = 0;
             for (int j = 7; j >= 0; j--) u = (u << 8) | p[k * 8 + (size_t)j]; /* little-endian */
-            FERRY_TRY(check_id((int64_t)u, k, vocab));
+            FERRY_TRY(check_id((int64_t)u, k));
             r->ids[k] = (int32_t)u;
         }
         *bin_used += total * 8;
         return FERRY_OK;
     }
-    return copy_data(data, b, t, r->ids, vocab);
+    return copy_data(data, b, t, r->ids);
 }
 
 /* ---- infer ---------------------------------------------------------------------- */
@@ -306,8 +309,7 @@ static ferry_status parse_outputs(const json_value *outs, bool binary_default, k
     return FERRY_OK;
 }
 
-static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size_t bin_len, int vocab,
-                                kserve_request *r)
+static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size_t bin_len, kserve_request *r)
 {
     if (root->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
     const json_value *inputs = NULL, *outputs = NULL, *params = NULL;
@@ -323,7 +325,7 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
         }
     }
     bool binary_output = false;
-    FERRY_TRY(parse_params(params, vocab, true, r, &binary_output));
+    FERRY_TRY(parse_params(params, true, r, &binary_output));
     if (!inputs || inputs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "inputs must be an array");
     size_t bin_used = 0;
     bool seen = false;
@@ -337,7 +339,7 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
             return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", name);
         if (seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is given twice");
         seen = true;
-        FERRY_TRY(parse_input(in, bin, bin_len, &bin_used, vocab, r));
+        FERRY_TRY(parse_input(in, bin, bin_len, &bin_used, r));
     }
     if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing from inputs");
     if (bin_used != bin_len)
@@ -352,7 +354,21 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
     return FERRY_OK;
 }
 
-ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, int vocab, kserve_request *out)
+/* Every row against the engine's limits, before any is submitted. */
+static ferry_status check_rows(const kserve_request *r, const engine_limits *lim)
+{
+    char what[48];
+    for (int i = 0; i < r->n_rows; i++) {
+        if (r->n_rows == 1 && !r->nested) snprintf(what, sizeof what, "input_ids");
+        else snprintf(what, sizeof what, "input_ids[%d]", i);
+        gen_request g = kserve_row_request(r, i);
+        FERRY_TRY(request_check(&g, lim, what));
+    }
+    return FERRY_OK;
+}
+
+ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, const engine_limits *lim,
+                                kserve_request *out)
 {
     request_defaults(out);
     if (json_len > (int64_t)len)
@@ -361,15 +377,16 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
     size_t jlen = json_len >= 0 ? (size_t)json_len : len;
     json_doc *doc;
     if (json_parse(body, jlen, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
-    ferry_status st = parse_infer(json_doc_root(doc), (const uint8_t *)body + jlen, len - jlen, vocab, out);
+    ferry_status st = parse_infer(json_doc_root(doc), (const uint8_t *)body + jlen, len - jlen, out);
     json_doc_free(doc);
+    if (st == FERRY_OK) st = check_rows(out, lim);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
 }
 
 /* ---- generate ------------------------------------------------------------------- */
 
-static ferry_status parse_prompt(const json_value *v, int row, int vocab, kserve_request *r, size_t *at)
+static ferry_status parse_prompt(const json_value *v, int row, kserve_request *r, size_t *at)
 {
     if (v->len == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d] is empty", row);
     r->row_off[row] = (int)*at;
@@ -380,19 +397,19 @@ static ferry_status parse_prompt(const json_value *v, int row, int vocab, kserve
             if (r->nested) return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d][%zu] is not an integer", row, k);
             return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] is not an integer", k);
         }
-        if (t->integer < 0 || t->integer >= vocab) {
+        if (t->integer < 0 || t->integer > INT32_MAX) {
             if (r->nested)
-                return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d][%zu] = %lld is outside the vocabulary (size %d)",
-                                  row, k, (long long)t->integer, vocab);
-            return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] = %lld is outside the vocabulary (size %d)", k,
-                              (long long)t->integer, vocab);
+                return ferry_fail(FERRY_ERR_INVALID, "input_ids[%d][%zu] = %lld is outside every vocabulary", row, k,
+                                  (long long)t->integer);
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids[%zu] = %lld is outside every vocabulary", k,
+                              (long long)t->integer);
         }
         r->ids[(*at)++] = (int32_t)t->integer;
     }
     return FERRY_OK;
 }
 
-static ferry_status parse_generate(const json_value *root, int vocab, kserve_request *r)
+static ferry_status parse_generate(const json_value *root, kserve_request *r)
 {
     if (root->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
     const json_value *ids = NULL, *params = NULL;
@@ -410,7 +427,7 @@ static ferry_status parse_generate(const json_value *root, int vocab, kserve_req
         }
     }
     bool unused = false;
-    FERRY_TRY(parse_params(params, vocab, false, r, &unused));
+    FERRY_TRY(parse_params(params, false, r, &unused));
     if (!ids) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing");
     if (ids->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids must be an array of token ids");
     if (ids->len == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids is empty");
@@ -433,40 +450,36 @@ static ferry_status parse_generate(const json_value *root, int vocab, kserve_req
     if (total > MAX_TOKENS) return ferry_fail(FERRY_ERR_INVALID, "input_ids: too many tokens (%zu)", total);
     FERRY_TRY(alloc_rows(r, rows, total));
     size_t at = 0;
-    if (!r->nested) return parse_prompt(ids, 0, vocab, r, &at);
-    for (int i = 0; i < rows; i++) FERRY_TRY(parse_prompt(&ids->items[i], i, vocab, r, &at));
+    if (!r->nested) return parse_prompt(ids, 0, r, &at);
+    for (int i = 0; i < rows; i++) FERRY_TRY(parse_prompt(&ids->items[i], i, r, &at));
     return FERRY_OK;
 }
 
-ferry_status kserve_parse_generate(const char *body, size_t len, int vocab, kserve_request *out)
+ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out)
 {
     request_defaults(out);
     json_doc *doc;
     if (json_parse(body, len, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
-    ferry_status st = parse_generate(json_doc_root(doc), vocab, out);
+    ferry_status st = parse_generate(json_doc_root(doc), out);
     json_doc_free(doc);
+    if (st == FERRY_OK) st = check_rows(out, lim);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
 }
 
-sched_params kserve_row_params(const kserve_request *r, int row)
+gen_request kserve_row_request(const kserve_request *r, int row)
 {
-    sched_params p;
-    memset(&p, 0, sizeof p);
-    p.prompt = r->ids + r->row_off[row];
-    p.prompt_len = r->row_len[row];
-    p.max_new_tokens = r->max_new_tokens;
-    p.sampling = r->sampling;
-    /* Row i draws from stream i of the seed, as prompt i of `ferry generate`
-     * does. The scheduler seeds every request with stream 0, and sampler_init
-     * mixes the stream in as seed ^ (stream * 0xd1342543de82ef95), so this
-     * seed is exactly stream i. (A stream field in sched_params would say
-     * it without repeating sampling.c's constant.) */
-    p.sampling.seed = r->sampling.seed ^ ((uint64_t)row * 0xd1342543de82ef95ull);
-    memcpy(p.stop_ids, r->stop_ids, sizeof p.stop_ids);
-    p.n_stop = r->n_stop;
-    p.want_logits = r->want_logits;
-    return p;
+    gen_request g;
+    memset(&g, 0, sizeof g);
+    g.prompt = r->ids + r->row_off[row];
+    g.prompt_len = r->row_len[row];
+    g.max_new_tokens = r->max_new_tokens;
+    g.sampling = r->sampling;
+    g.stream = (uint64_t)row; /* row i draws from stream i, as prompt i of `ferry generate` */
+    memcpy(g.stop_ids, r->stop_ids, sizeof g.stop_ids);
+    g.n_stop = r->n_stop;
+    g.want_logits = r->want_logits;
+    return g;
 }
 
 /* ---- responses ------------------------------------------------------------------ */

@@ -11,10 +11,12 @@
  * extension: the transport passes the JSON length, from the
  * Inference-Header-Content-Length header). `generate` (Triton's generate
  * extension) takes {"input_ids": [...] or [[...], ...], "parameters": {...}}.
- * Every row becomes one scheduler request with the same parameters.
+ * Every row becomes one gen_request with the same parameters.
  *
- * Parsing validates everything the model does not need to know about, plus
- * the vocabulary bound, and fails with FERRY_ERR_INVALID and a message naming
+ * Parsing checks the protocol (fields, types, shapes), then every row with
+ * request_check against the engine's limits (ids in the vocabulary, prompt
+ * + new tokens within the context), so a request is refused whole before
+ * any row is submitted. Failures are FERRY_ERR_INVALID with a message naming
  * the field: the transport answers 400 with {"error": message}.
  */
 #ifndef FERRY_KSERVE_H
@@ -24,7 +26,7 @@
 #include <stdint.h>
 
 #include "../engine/base/json.h"
-#include "../engine/scheduler.h"
+#include "../engine/request.h"
 
 #define FERRY_VERSION "0.1.0"
 #define KSERVE_MODEL_VERSION "1"
@@ -39,7 +41,7 @@ typedef struct {
     /* generation parameters, shared by every row */
     int max_new_tokens;      /* default 16 */
     sampling_params sampling;
-    int32_t stop_ids[SCHED_MAX_STOP];
+    int32_t stop_ids[REQUEST_MAX_STOP];
     int n_stop;
     /* infer outputs, in the order to report them */
     int n_outputs;
@@ -61,13 +63,14 @@ typedef struct {
 /* Parses an infer body. json_len is the Inference-Header-Content-Length
  * value (the JSON is body[0..json_len), binary tensor data follows), or -1
  * when the header is absent (the whole body is JSON). */
-ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, int vocab, kserve_request *out);
+ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, const engine_limits *lim,
+                                kserve_request *out);
 /* Parses a generate / generate_stream body. */
-ferry_status kserve_parse_generate(const char *body, size_t len, int vocab, kserve_request *out);
+ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
 void kserve_request_free(kserve_request *r);
 
-/* The scheduler parameters of row i (prompt points into r). */
-sched_params kserve_row_params(const kserve_request *r, int row);
+/* Row i as a gen_request (prompt points into r; stream i of the seed). */
+gen_request kserve_row_request(const kserve_request *r, int row);
 
 /* The infer response: JSON, followed by the binary outputs when any was
  * asked for binary; *json_len is then the JSON's length (for the

@@ -19,9 +19,7 @@
 #include <stdint.h>
 
 #include "../engine/base/json.h"
-#include "../engine/pipeline.h"
-#include "../engine/plan.h"
-#include "../engine/scheduler.h"
+#include "../engine/stats.h"
 
 #define METRICS_MAX_SERIES 128  /* distinct (endpoint, code) pairs kept */
 #define METRICS_QUEUE_BUCKETS 12

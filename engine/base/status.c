@@ -39,6 +39,8 @@ ferry_status ferry_fail_context(ferry_status st, const char *fmt, ...)
 
 const char *ferry_errmsg(void) { return g_msg; }
 
+char *ferry_errmsg_dup(void) { return strdup(g_msg); }
+
 const char *ferry_status_name(ferry_status st)
 {
     switch (st) {

@@ -35,6 +35,9 @@ ferry_status ferry_fail_context(ferry_status st, const char *fmt, ...)
 
 /* The last message recorded on this thread ("" if none). */
 const char *ferry_errmsg(void);
+/* A malloc'd copy of this thread's message, for handing an error to another
+ * thread whole (NULL when out of memory). */
+char *ferry_errmsg_dup(void);
 
 const char *ferry_status_name(ferry_status st);
 

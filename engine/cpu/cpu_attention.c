@@ -3,7 +3,7 @@
  * cache, parallel over (token, head) pairs.
  *
  * Token i of sequence s sits at position p = pos[i] and sees cache positions
- * [lo, p] of its slot, where lo = 0, or p - window + 1 with a sliding window
+ * [lo, p] of its KV sequence, where lo = 0, or p - window + 1 with a sliding window
  * (Mistral: a key is visible while p - k < window). The new K/V rows were
  * stored by kv_store before this runs, so prefill rows also see each other.
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query).
@@ -77,8 +77,8 @@ static void att_task(void *vctx, int task, int worker)
     int n = p - lo + 1;
     const float *qv = c->q + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
     size_t row = (size_t)c->kv->kv_dim;
-    const float *kbase = c->kv->k + ((size_t)s->slot * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
-    const float *vbase = c->kv->v + ((size_t)s->slot * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
+    const float *kbase = c->kv->k + ((size_t)s->kv_seq * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
+    const float *vbase = c->kv->v + ((size_t)s->kv_seq * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
     float *score = cpu_scratch_get(c->cb, worker, (size_t)n);
     FERRY_ASSERT(score);
     float scale = 1.0f / sqrtf((float)hd);

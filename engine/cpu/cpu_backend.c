@@ -200,8 +200,8 @@ static void cpu_kv_store(backend *be, const kv_layer *kv, const float *k, const 
     size_t row = (size_t)kv->kv_dim;
     for (int s = 0; s < b->n_seqs; s++) {
         const batch_seq *q = &b->seqs[s];
-        FERRY_ASSERT(q->slot < kv->n_slots && q->n_past + q->n_tokens <= kv->max_ctx);
-        size_t dst = ((size_t)q->slot * (size_t)kv->max_ctx + (size_t)q->n_past) * row;
+        FERRY_ASSERT(q->kv_seq < kv->n_seqs && q->n_past + q->n_tokens <= kv->max_ctx);
+        size_t dst = ((size_t)q->kv_seq * (size_t)kv->max_ctx + (size_t)q->n_past) * row;
         memcpy(kv->k + dst, k + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
         memcpy(kv->v + dst, v + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
     }

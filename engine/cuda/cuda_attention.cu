@@ -4,7 +4,7 @@
  * per (token, head), so sequences of any lengths share a launch.
  *
  * Token t of sequence s sits at position p = pos[t] and sees cache rows
- * [lo, p] of slot s.slot, lo = 0, or p - window + 1 with a sliding window (a
+ * [lo, p] of KV sequence s.kv_seq, lo = 0, or p - window + 1 with a sliding window (a
  * key is visible while p - k < window); query head h reads KV head
  * h / (n_heads / n_kv_heads). kv_store has already written this step's rows,
  * so prefill rows see each other - the CPU backend's semantics.
@@ -40,7 +40,7 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
     const cuda_seq *s = &seqs[seq_of[tok]];
     int p = pos[tok];
     int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    size_t off = (size_t)s->slot * (size_t)max_ctx * (size_t)kv_dim + (size_t)(h / group) * (size_t)head_dim;
+    size_t off = (size_t)s->kv_seq * (size_t)max_ctx * (size_t)kv_dim + (size_t)(h / group) * (size_t)head_dim;
     const float *kb = kc + off, *vb = vc + off;
     const float *qv = q + ((size_t)tok * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
 

@@ -266,7 +266,7 @@ static ferry_status cuda_set_batch(backend *be, const batch *b)
     memset(seq_of, 0, nt * sizeof *seq_of);
     for (int s = 0; s < b->n_seqs; s++) {
         const batch_seq *q = &b->seqs[s];
-        cx->seqs_host[s] = (cuda_seq){q->slot, q->n_past, q->n_tokens, q->first};
+        cx->seqs_host[s] = (cuda_seq){q->kv_seq, q->n_past, q->n_tokens, q->first};
         for (int i = 0; i < q->n_tokens; i++) seq_of[q->first + i] = s;
     }
     memcpy(h + 3 * nt, cx->seqs_host, ns * sizeof(cuda_seq));
@@ -330,7 +330,7 @@ static void op_kv_store(backend *be, const kv_layer *kv, const float *k, const f
     cuda_ctx *cx = &cuda_of(be)->cx;
     for (int s = 0; s < cx->n_seqs; s++) {
         const cuda_seq *q = &cx->seqs_host[s];
-        FERRY_ASSERT(q->slot >= 0 && q->slot < kv->n_slots && q->n_past >= 0 && q->n_past + q->n_tokens <= kv->max_ctx);
+        FERRY_ASSERT(q->kv_seq >= 0 && q->kv_seq < kv->n_seqs && q->n_past >= 0 && q->n_past + q->n_tokens <= kv->max_ctx);
     }
     cuda_kv_store(cx, kv->k, kv->v, kv->max_ctx, kv->kv_dim, k, v);
 }

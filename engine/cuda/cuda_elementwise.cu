@@ -1,7 +1,7 @@
 /*
  * cuda_elementwise.cu - the light ops: SiLU(gate) x up, the residual add,
  * gather_last (each sequence's last row, for the head) and kv_store (the
- * step's K/V rows into their slots of the cache). All memory-bound, all in
+ * step's K/V rows into their sequences' rows of the cache). All memory-bound, all in
  * f32 with the CPU backend's expressions (expf and IEEE division: nvcc's
  * defaults, no fast math).
  */
@@ -34,13 +34,13 @@ __global__ void gather_last_kernel(float *out, const float *x, const cuda_seq *s
 }
 
 /* grid.x: tokens. Token t of sequence s goes to row n_past + (t - first) of
- * slot s.slot - the rows kv_store fills on the CPU. */
+ * KV sequence s.kv_seq - the rows kv_store fills on the CPU. */
 __global__ void kv_store_kernel(float *kc, float *vc, const float *k, const float *v, const int32_t *seq_of,
                                 const cuda_seq *seqs, int n_tokens, int max_ctx, int kv_dim)
 {
     for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const cuda_seq *s = &seqs[seq_of[t]];
-        size_t dst = ((size_t)s->slot * (size_t)max_ctx + (size_t)(s->n_past + t - s->first)) * (size_t)kv_dim;
+        size_t dst = ((size_t)s->kv_seq * (size_t)max_ctx + (size_t)(s->n_past + t - s->first)) * (size_t)kv_dim;
         size_t src = (size_t)t * (size_t)kv_dim;
         for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
             kc[dst + i] = k[src + i];

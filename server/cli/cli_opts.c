@@ -8,7 +8,7 @@
 
 int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
 {
-    memset(eo, 0, sizeof *eo);
+    engine_opts_init(eo);
     eo->model_dir = cfg->model;
     eo->device = cfg->device;
     eo->threads = (int)cfg->threads;
@@ -18,6 +18,10 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     if (cfg->prefetch < 1) return cli_error(EXIT_USAGE, "--prefetch must be >= 1");
     if (cfg->max_step_tokens < 1 || cfg->max_step_tokens > (1 << 20))
         return cli_error(EXIT_USAGE, "--max-step-tokens must be in 1..1048576");
+    if (cfg->batch < 1 || cfg->batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
+    if (cfg->context < 0 || cfg->context > (1 << 24)) return cli_error(EXIT_USAGE, "--context must be in 0..16777216");
+    eo->max_seqs = (int)cfg->batch;
+    eo->max_ctx = (int)cfg->context;
     eo->group_size = (int)cfg->group_size;
     eo->prefetch = (int)cfg->prefetch;
     eo->max_step_tokens = (int)cfg->max_step_tokens;

@@ -13,8 +13,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../../engine/io/aio.h"
+#include "../../engine/backend.h"
 #include "../../engine/engine.h"
+#include "../../engine/io/aio.h"
+#include "../../engine/sampling.h"
+#include "../../engine/store.h"
 #include "../../engine/base/json.h"
 #include "../../engine/base/util.h"
 #include "cli.h"
@@ -75,25 +78,6 @@ static double bw_measure(char *src, char *dst, int mode, int threads)
 
 /* ---- model timing --------------------------------------------------------- */
 
-/* Bytes of weights one decode step of b sequences reads: every layer, the
- * final norm and lm_head in full; b embedding rows. */
-static uint64_t decode_weight_bytes(const engine *e, int b)
-{
-    const model_weights *w = &e->w;
-    uint64_t total = 0;
-#define WB(x) ((x).data ? (uint64_t)(x).rows * (uint64_t)(x).cols * dtype_size((x).dtype) : 0)
-    for (int l = 0; l < e->cfg.n_layers; l++) {
-        const layer_weights *lw = &w->layers[l];
-        total += WB(lw->attn_norm) + WB(lw->wq) + WB(lw->wk) + WB(lw->wv) + WB(lw->wo) + WB(lw->bq) + WB(lw->bk) +
-                 WB(lw->bv) + WB(lw->bo) + WB(lw->q_norm) + WB(lw->k_norm) + WB(lw->mlp_norm) + WB(lw->w_gate) +
-                 WB(lw->w_up) + WB(lw->w_down);
-    }
-    total += WB(w->final_norm) + WB(w->lm_head);
-    total += (uint64_t)b * (uint64_t)w->embed.cols * dtype_size(w->embed.dtype);
-#undef WB
-    return total;
-}
-
 /* AnonHugePages of this process in bytes (0 if unknown): whether the
  * weights landed on transparent huge pages shows in decode speed. */
 static uint64_t huge_page_bytes(void)
@@ -122,11 +106,12 @@ static int cmp_double(const void *a, const void *b)
 static double raw_read_rate(const engine *e, uint64_t *bytes)
 {
     *bytes = 0;
-    store_source blobs[engine_n_groups(e)];
+    const plan *p = engine_get_plan(e);
+    store_source blobs[p->n_groups];
     int n_blobs = 0;
     uint64_t largest = 0;
-    for (int g = 0; g < engine_n_groups(e); g++) {
-        store_source src = engine_group_source(e, g);
+    for (int g = 0; g < p->n_groups; g++) {
+        store_source src = store_group_source(engine_store(e), g);
         if (src.tier != TIER_DISK || src.bytes == 0) continue;
         blobs[n_blobs++] = src;
         largest = src.bytes > largest ? src.bytes : largest;
@@ -219,195 +204,219 @@ static step_rec stats_delta(const pipeline_stats *a, const pipeline_stats *b)
     return r;
 }
 
+/* What one run measured. */
+typedef struct {
+    int batch, plen, steps, threads;
+    double load_s, prefill_s, step_s;   /* step_s: median decode step */
+    step_rec *rec;                      /* [steps] */
+    step_rec mean;                      /* steady state: every step but the first */
+    double raw_gbs, copy_peak_gbs, copy_gbs, read_gbs;
+    uint64_t raw_bytes, rss, wbytes;
+    bool copy_pinned;
+} bench_run;
+
+/* The timed steps. Every path that is timed runs once untimed first
+ * (first-use costs: page faults, library initialisation, kernel choice):
+ * a whole prefill of the prompt length, and the first decode step. */
+static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
+{
+    engine_limits lim = engine_get_limits(e);
+    int B = r->batch, plen = r->plen;
+    int ntok = plen > B * 4 ? plen : B * 4;
+    batch_builder bb;
+    int32_t *tokens = malloc((size_t)ntok * sizeof *tokens);
+    float *logits = malloc((size_t)B * (size_t)lim.vocab * sizeof *logits);
+    double *walls = malloc((size_t)r->steps * sizeof *walls);
+    ferry_status st = batch_builder_init(&bb, ntok, B);
+    if (st == FERRY_OK && (!tokens || !logits || !walls)) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (st != FERRY_OK) goto out;
+    for (int i = 0; i < ntok; i++) tokens[i] = (int32_t)((uint32_t)(i * 2654435761u) % (uint32_t)lim.vocab);
+
+    /* prefill: one prompt of plen tokens in one step, warmed then timed */
+    batch_builder_add(&bb, 0, 0, tokens, plen);
+    batch b = batch_builder_get(&bb);
+    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
+    double t0 = util_now();
+    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
+    r->prefill_s = util_now() - t0;
+
+    /* decode: B sequences with 4-token prompts, one warm step, then the timed ones */
+    batch_builder_clear(&bb);
+    for (int s = 0; s < B; s++) batch_builder_add(&bb, s, 0, tokens + s * 4, 4);
+    b = batch_builder_get(&bb);
+    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
+    for (int step = -1; step < r->steps; step++) {
+        if (step == 0 && cfg->trace && (st = engine_trace_start(e, 1u << 20)) != FERRY_OK) goto out;
+        batch_builder_clear(&bb);
+        for (int s = 0; s < B; s++) {
+            int32_t next = sample_argmax(logits + (size_t)s * (size_t)lim.vocab, lim.vocab);
+            batch_builder_add(&bb, s, 5 + step, &next, 1);
+        }
+        b = batch_builder_get(&bb);
+        pipeline_stats before = engine_pipeline_stats(e);
+        t0 = util_now();
+        if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
+        if (step < 0) continue;
+        walls[step] = util_now() - t0;
+        pipeline_stats after = engine_pipeline_stats(e);
+        r->rec[step] = stats_delta(&before, &after);
+        r->rec[step].wall = walls[step];
+    }
+    if (cfg->trace && (st = engine_trace_write(e, cfg->trace)) != FERRY_OK) goto out;
+    qsort(walls, (size_t)r->steps, sizeof *walls, cmp_double);
+    r->step_s = walls[r->steps / 2];
+    int from = r->steps > 1 ? 1 : 0, n = r->steps - from;
+    for (int i = from; i < r->steps; i++) {
+        r->mean.wall += r->rec[i].wall / n;
+        r->mean.compute += r->rec[i].compute / n;
+        r->mean.stall += r->rec[i].stall / n;
+        r->mean.fetch += r->rec[i].fetch / n;
+        for (int t = 0; t < TIER_COUNT; t++) r->mean.bytes[t] += r->rec[i].bytes[t] / (uint64_t)n;
+    }
+out:
+    batch_builder_free(&bb);
+    free(tokens);
+    free(logits);
+    free(walls);
+    return st;
+}
+
+/* Host memory bandwidth, on huge pages like the weights, so that both are
+ * measured on the same kind of memory. */
+static ferry_status measure_bandwidth(bench_run *r)
+{
+    char *src = NULL, *dst = NULL;
+    if (posix_memalign((void **)&src, 2u << 20, BW_BYTES) != 0 || posix_memalign((void **)&dst, 2u << 20, BW_BYTES) != 0) {
+        free(src);
+        free(dst);
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory for the bandwidth buffers (2 x 1 GiB)");
+    }
+    madvise(src, BW_BYTES, MADV_HUGEPAGE);
+    madvise(dst, BW_BYTES, MADV_HUGEPAGE);
+    memset(src, 1, BW_BYTES);
+    memset(dst, 2, BW_BYTES);
+    r->copy_gbs = bw_measure(src, dst, 0, r->threads);
+    r->read_gbs = bw_measure(src, dst, 1, r->threads);
+    free(src);
+    free(dst);
+    return FERRY_OK;
+}
+
+static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
+{
+    engine_info info = engine_get_info(e);
+    const plan *p = engine_get_plan(e);
+    const step_rec *m = &r->mean;
+    double weight_gbs = (double)r->wbytes / r->step_s / 1e9, bw = r->copy_gbs > r->read_gbs ? r->copy_gbs : r->read_gbs;
+    strbuf sb;
+    sb_init(&sb);
+    sb_puts(&sb, "{\"model\": ");
+    sb_json_str(&sb, cfg->model);
+    sb_printf(&sb,
+              ", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, \"load_s\": %.3f, "
+              "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
+              "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
+              "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu, "
+              "\"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, "
+              "\"step_compute_ms\": %.3f, \"step_fetch_ms\": %.3f, \"step_stall_ms\": %.3f, "
+              "\"step_disk_bytes\": %llu, \"step_host_bytes\": %llu, \"disk_gb_per_s\": %.3f, "
+              "\"host_gb_per_s\": %.3f, \"raw_direct_read_gb_per_s\": %.3f, \"raw_read_bytes\": %llu, "
+              "\"peak_rss_bytes\": %llu, \"copy_peak_gb_per_s\": %.3f, \"copy_peak_pinned\": %s, \"steps\": [",
+              info.backend, r->threads, r->batch, r->plen, r->load_s, r->plen / r->prefill_s, r->step_s * 1e3,
+              r->batch / r->step_s, (unsigned long long)r->wbytes, weight_gbs, r->copy_gbs, r->read_gbs,
+              weight_gbs / bw, (unsigned long long)huge_page_bytes(), (unsigned long long)p->tier_bytes[TIER_DEVICE],
+              (unsigned long long)p->tier_bytes[TIER_HOST], (unsigned long long)p->tier_bytes[TIER_DISK],
+              m->compute * 1e3, m->fetch * 1e3, m->stall * 1e3, (unsigned long long)m->bytes[TIER_DISK],
+              (unsigned long long)m->bytes[TIER_HOST], m->wall > 0 ? (double)m->bytes[TIER_DISK] / m->wall / 1e9 : 0,
+              m->wall > 0 ? (double)m->bytes[TIER_HOST] / m->wall / 1e9 : 0, r->raw_gbs,
+              (unsigned long long)r->raw_bytes, (unsigned long long)r->rss, r->copy_peak_gbs,
+              r->copy_pinned ? "true" : "false");
+    for (int i = 0; i < r->steps; i++)
+        sb_printf(&sb, "%s{\"wall_ms\": %.3f, \"compute_ms\": %.3f, \"fetch_ms\": %.3f, \"stall_ms\": %.3f, "
+                       "\"disk_bytes\": %llu, \"host_bytes\": %llu}",
+                  i ? ", " : "", r->rec[i].wall * 1e3, r->rec[i].compute * 1e3, r->rec[i].fetch * 1e3,
+                  r->rec[i].stall * 1e3, (unsigned long long)r->rec[i].bytes[TIER_DISK],
+                  (unsigned long long)r->rec[i].bytes[TIER_HOST]);
+    sb_puts(&sb, "]}\n");
+    fwrite(sb.data, 1, sb.len, stdout);
+    sb_free(&sb);
+}
+
+static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
+{
+    engine_info info = engine_get_info(e);
+    const plan *p = engine_get_plan(e);
+    const step_rec *m = &r->mean;
+    double weight_gbs = (double)r->wbytes / r->step_s / 1e9, bw = r->copy_gbs > r->read_gbs ? r->copy_gbs : r->read_gbs;
+    double disk_gbs = m->wall > 0 ? (double)m->bytes[TIER_DISK] / m->wall / 1e9 : 0;
+    double host_gbs = m->wall > 0 ? (double)m->bytes[TIER_HOST] / m->wall / 1e9 : 0;
+    char wb[32], b2[32], b3[32];
+    printf("model            %s (%s, %d layers)\n", cfg->model, info.arch, info.n_layers);
+    printf("device           %s, %d threads; loaded in %.2f s\n", info.backend, r->threads, r->load_s);
+    printf("placement        device %s, host %s, disk %s; %d groups streamed, %d staging slots\n",
+           util_fmt_bytes(p->tier_bytes[TIER_DEVICE], wb, sizeof wb), util_fmt_bytes(p->tier_bytes[TIER_HOST], b2, sizeof b2),
+           util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed, p->n_stage_slots);
+    printf("memory bandwidth memcpy %.2f GB/s (bytes copied), read %.2f GB/s\n", r->copy_gbs, r->read_gbs);
+    if (r->raw_bytes)
+        printf("raw O_DIRECT     %.3f GB/s reading the %s of blobs in order (same fs, aio depth 16, 2 files in flight)\n",
+               r->raw_gbs, util_fmt_bytes(r->raw_bytes, wb, sizeof wb));
+    printf("copy peak        %.2f GB/s host -> %s (copy_async from %s memory, 256 MiB)\n", r->copy_peak_gbs,
+           info.unified ? "slot (memcpy)" : "device", r->copy_pinned ? "pinned" : "pageable");
+    printf("prefill          %d tokens in %.3f s: %.1f tokens/s\n", r->plen, r->prefill_s, r->plen / r->prefill_s);
+    printf("decode batch %-3d step %.2f ms (median of %d): %.2f tokens/s\n", r->batch, r->step_s * 1e3, r->steps,
+           r->batch / r->step_s);
+    printf("per step (mean)  wall %.2f ms, compute %.2f ms, fetch %.2f ms, stall %.2f ms\n", m->wall * 1e3,
+           m->compute * 1e3, m->fetch * 1e3, m->stall * 1e3);
+    if (m->bytes[TIER_DISK] || m->bytes[TIER_HOST])
+        printf("streamed         disk %s/step = %.3f GB/s; host %s/step = %.3f GB/s\n",
+               util_fmt_bytes(m->bytes[TIER_DISK], wb, sizeof wb), disk_gbs,
+               util_fmt_bytes(m->bytes[TIER_HOST], b2, sizeof b2), host_gbs);
+    if (r->copy_peak_gbs > 0 && m->bytes[TIER_HOST])
+        printf("copy efficiency  host tier at %.0f%% of the copy peak\n", 100 * host_gbs / r->copy_peak_gbs);
+    if (r->raw_gbs > 0 && m->bytes[TIER_DISK])
+        printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
+               100 * disk_gbs / r->raw_gbs, m->wall / (m->fetch > m->compute ? m->fetch : m->compute));
+    printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
+    printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
+           util_fmt_bytes(r->wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);
+    printf("peak RSS         %s\n", util_fmt_bytes(r->rss, wb, sizeof wb));
+}
+
 int cmd_bench(const ferry_config *cfg)
 {
-    int B = (int)cfg->batch, steps = (int)cfg->steps, plen = (int)cfg->prompt_len;
-    if (B < 1 || B > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
-    if (steps < 1 || steps > 100000) return cli_error(EXIT_USAGE, "--steps must be in 1..100000");
-    if (plen < 1 || plen > 1000000) return cli_error(EXIT_USAGE, "--prompt-len must be in 1..1000000");
-    int threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (threads > 256) threads = 256;
+    bench_run r = {.batch = (int)cfg->batch, .plen = (int)cfg->prompt_len, .steps = (int)cfg->steps};
+    if (r.batch < 1 || r.batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
+    if (r.steps < 1 || r.steps > 100000) return cli_error(EXIT_USAGE, "--steps must be in 1..100000");
+    if (r.plen < 1 || r.plen > 1000000) return cli_error(EXIT_USAGE, "--prompt-len must be in 1..1000000");
+    r.threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (r.threads > 256) r.threads = 256;
     engine_opts eo;
     int rc = cli_engine_opts(cfg, &eo);
     if (rc) return rc;
-    eo.n_slots = B;
-    eo.max_ctx = plen + steps + 8;
-    if (eo.max_step_tokens < plen) eo.max_step_tokens = plen;
+    eo.max_seqs = r.batch;
+    eo.max_ctx = r.plen + r.steps + 8;
+    if (eo.max_step_tokens < r.plen) eo.max_step_tokens = r.plen;
+    if (eo.max_step_tokens < 4 * r.batch) eo.max_step_tokens = 4 * r.batch;
 
     engine *e;
     double t_open = util_now();
     ferry_status st = engine_open(&eo, &e);
     if (st != FERRY_OK) return cli_fail(st);
-    t_open = util_now() - t_open;
-    const model_config *c = &e->cfg;
-    uint64_t raw_bytes;
-    double raw_gbs = raw_read_rate(e, &raw_bytes);
-    bool copy_pinned = false;
-    double copy_peak_gbs = copy_peak_rate(e->be, &copy_pinned);
-
-    int ntok = plen > B * 4 ? plen : B * 4;
-    int32_t *tokens = malloc((size_t)ntok * sizeof *tokens), *pos = malloc((size_t)ntok * sizeof *pos);
-    float *logits = malloc((size_t)B * (size_t)c->vocab * sizeof *logits);
-    batch_seq *seqs = calloc((size_t)B, sizeof *seqs);
-    step_rec *rec = calloc((size_t)steps, sizeof *rec);
-    double *walls = malloc((size_t)steps * sizeof *walls);
-    if (!tokens || !pos || !logits || !seqs || !rec || !walls) {
-        rc = cli_error(EXIT_RUNTIME, "out of memory");
-        goto out;
+    r.load_s = util_now() - t_open;
+    r.raw_gbs = raw_read_rate(e, &r.raw_bytes);
+    r.copy_peak_gbs = copy_peak_rate(engine_backend(e), &r.copy_pinned);
+    r.wbytes = engine_decode_weight_bytes(e, r.batch);
+    r.rec = calloc((size_t)r.steps, sizeof *r.rec);
+    if (!r.rec) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (st == FERRY_OK) st = time_steps(e, cfg, &r);
+    r.rss = peak_rss_bytes(); /* before the bandwidth buffers exist */
+    if (st == FERRY_OK) st = measure_bandwidth(&r);
+    if (st == FERRY_OK) {
+        if (cfg->json) report_json(cfg, e, &r);
+        else report_text(cfg, e, &r);
     }
-    for (int i = 0; i < ntok; i++) tokens[i] = (int32_t)((uint32_t)(i * 2654435761u) % (uint32_t)c->vocab);
-
-    /* warm-up: one step touches every weight once */
-    seqs[0] = (batch_seq){0, 0, 1, 0};
-    pos[0] = 0;
-    batch b = {1, 1, tokens, pos, seqs};
-    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
-
-    /* prefill: one prompt of plen tokens in one step */
-    for (int i = 0; i < plen; i++) pos[i] = i;
-    seqs[0] = (batch_seq){0, 0, plen, 0};
-    b = (batch){plen, 1, tokens, pos, seqs};
-    double t0 = util_now();
-    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
-    double prefill_s = util_now() - t0;
-
-    /* decode: B sequences with 4-token prompts, then `steps` timed steps */
-    for (int s = 0; s < B; s++) {
-        seqs[s] = (batch_seq){s, 0, 4, s * 4};
-        for (int k = 0; k < 4; k++) pos[s * 4 + k] = k;
-    }
-    b = (batch){B * 4, B, tokens, pos, seqs};
-    if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
-    if (cfg->trace && (st = pipeline_trace_start(e->pipe, 1u << 20)) != FERRY_OK) goto fail;
-    for (int step = 0; step < steps; step++) {
-        for (int s = 0; s < B; s++) {
-            seqs[s] = (batch_seq){s, 4 + step, 1, s};
-            tokens[s] = sample_argmax(logits + (size_t)s * (size_t)c->vocab, c->vocab);
-            pos[s] = 4 + step;
-        }
-        b = (batch){B, B, tokens, pos, seqs};
-        pipeline_stats before = pipeline_get_stats(e->pipe);
-        t0 = util_now();
-        if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto fail;
-        walls[step] = util_now() - t0;
-        pipeline_stats after = pipeline_get_stats(e->pipe);
-        rec[step] = stats_delta(&before, &after);
-        rec[step].wall = walls[step];
-    }
-    if (cfg->trace && (st = pipeline_trace_write(e->pipe, cfg->trace)) != FERRY_OK) goto fail;
-    /* the run's peak RSS is taken before the bandwidth buffers exist */
-    uint64_t rss = peak_rss_bytes();
-    double copy_gbs = 0, read_gbs = 0;
-    {
-        /* huge pages, like the weights, so both are measured on the same kind of memory */
-        char *src = NULL, *dst = NULL;
-        if (posix_memalign((void **)&src, 2u << 20, BW_BYTES) != 0 || posix_memalign((void **)&dst, 2u << 20, BW_BYTES) != 0) {
-            free(src);
-            free(dst);
-            rc = cli_error(EXIT_RUNTIME, "out of memory for the bandwidth buffers (2 x 1 GiB)");
-            goto out;
-        }
-        madvise(src, BW_BYTES, MADV_HUGEPAGE);
-        madvise(dst, BW_BYTES, MADV_HUGEPAGE);
-        memset(src, 1, BW_BYTES);
-        memset(dst, 2, BW_BYTES);
-        copy_gbs = bw_measure(src, dst, 0, threads);
-        read_gbs = bw_measure(src, dst, 1, threads);
-        free(src);
-        free(dst);
-    }
-    qsort(walls, (size_t)steps, sizeof *walls, cmp_double);
-    double step_s = walls[steps / 2];
-    /* steady state: the mean of every step but the first */
-    step_rec mean = {0};
-    int from = steps > 1 ? 1 : 0;
-    for (int i = from; i < steps; i++) {
-        mean.wall += rec[i].wall / (steps - from);
-        mean.compute += rec[i].compute / (steps - from);
-        mean.stall += rec[i].stall / (steps - from);
-        mean.fetch += rec[i].fetch / (steps - from);
-        for (int t = 0; t < TIER_COUNT; t++) mean.bytes[t] += rec[i].bytes[t] / (uint64_t)(steps - from);
-    }
-    uint64_t wbytes = decode_weight_bytes(e, B);
-    double weight_gbs = (double)wbytes / step_s / 1e9;
-    double bw = copy_gbs > read_gbs ? copy_gbs : read_gbs;
-    double disk_gbs = mean.wall > 0 ? (double)mean.bytes[TIER_DISK] / mean.wall / 1e9 : 0;
-    double host_gbs = mean.wall > 0 ? (double)mean.bytes[TIER_HOST] / mean.wall / 1e9 : 0;
-
-    if (cfg->json) {
-        strbuf sb;
-        sb_init(&sb);
-        sb_puts(&sb, "{\"model\": ");
-        sb_json_str(&sb, cfg->model);
-        sb_printf(&sb,
-                  ", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, \"load_s\": %.3f, "
-                  "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
-                  "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
-                  "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu, "
-                  "\"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, "
-                  "\"step_compute_ms\": %.3f, \"step_fetch_ms\": %.3f, \"step_stall_ms\": %.3f, "
-                  "\"step_disk_bytes\": %llu, \"step_host_bytes\": %llu, \"disk_gb_per_s\": %.3f, "
-                  "\"host_gb_per_s\": %.3f, \"raw_direct_read_gb_per_s\": %.3f, \"raw_read_bytes\": %llu, "
-                  "\"peak_rss_bytes\": %llu, \"copy_peak_gb_per_s\": %.3f, \"copy_peak_pinned\": %s, \"steps\": [",
-                  e->be->ops->name, threads, B, plen, t_open, plen / prefill_s, step_s * 1e3, B / step_s,
-                  (unsigned long long)wbytes, weight_gbs, copy_gbs, read_gbs, weight_gbs / bw,
-                  (unsigned long long)huge_page_bytes(), (unsigned long long)e->plan.tier_bytes[TIER_DEVICE],
-                  (unsigned long long)e->plan.tier_bytes[TIER_HOST], (unsigned long long)e->plan.tier_bytes[TIER_DISK],
-                  mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3, (unsigned long long)mean.bytes[TIER_DISK],
-                  (unsigned long long)mean.bytes[TIER_HOST], disk_gbs, host_gbs, raw_gbs,
-                  (unsigned long long)raw_bytes, (unsigned long long)rss, copy_peak_gbs,
-                  copy_pinned ? "true" : "false");
-        for (int i = 0; i < steps; i++)
-            sb_printf(&sb, "%s{\"wall_ms\": %.3f, \"compute_ms\": %.3f, \"fetch_ms\": %.3f, \"stall_ms\": %.3f, "
-                           "\"disk_bytes\": %llu, \"host_bytes\": %llu}",
-                      i ? ", " : "", rec[i].wall * 1e3, rec[i].compute * 1e3, rec[i].fetch * 1e3, rec[i].stall * 1e3,
-                      (unsigned long long)rec[i].bytes[TIER_DISK], (unsigned long long)rec[i].bytes[TIER_HOST]);
-        sb_puts(&sb, "]}\n");
-        fwrite(sb.data, 1, sb.len, stdout);
-        sb_free(&sb);
-    } else {
-        char wb[32], b2[32], b3[32];
-        printf("model            %s (%s, %d layers)\n", cfg->model, c->arch_name, c->n_layers);
-        printf("device           %s, %d threads; loaded in %.2f s\n", e->be->ops->name, threads, t_open);
-        printf("placement        device %s, host %s, disk %s; %d groups streamed, %d staging slots\n",
-               util_fmt_bytes(e->plan.tier_bytes[TIER_DEVICE], wb, sizeof wb),
-               util_fmt_bytes(e->plan.tier_bytes[TIER_HOST], b2, sizeof b2),
-               util_fmt_bytes(e->plan.tier_bytes[TIER_DISK], b3, sizeof b3), e->plan.n_streamed,
-               e->plan.n_stage_slots);
-        printf("memory bandwidth memcpy %.2f GB/s (bytes copied), read %.2f GB/s\n", copy_gbs, read_gbs);
-        if (raw_bytes)
-            printf("raw O_DIRECT     %.3f GB/s reading the %s of blobs in order (same fs, aio depth 16, 2 files in flight)\n", raw_gbs,
-                   util_fmt_bytes(raw_bytes, wb, sizeof wb));
-        printf("copy peak        %.2f GB/s host -> %s (copy_async from %s memory, 256 MiB)\n", copy_peak_gbs,
-               e->be->ops->unified ? "slot (memcpy)" : "device", copy_pinned ? "pinned" : "pageable");
-        printf("prefill          %d tokens in %.3f s: %.1f tokens/s\n", plen, prefill_s, plen / prefill_s);
-        printf("decode batch %-3d step %.2f ms (median of %d): %.2f tokens/s\n", B, step_s * 1e3, steps, B / step_s);
-        printf("per step (mean)  wall %.2f ms, compute %.2f ms, fetch %.2f ms, stall %.2f ms\n", mean.wall * 1e3,
-               mean.compute * 1e3, mean.fetch * 1e3, mean.stall * 1e3);
-        if (mean.bytes[TIER_DISK] || mean.bytes[TIER_HOST])
-            printf("streamed         disk %s/step = %.3f GB/s; host %s/step = %.3f GB/s\n",
-                   util_fmt_bytes(mean.bytes[TIER_DISK], wb, sizeof wb), disk_gbs,
-                   util_fmt_bytes(mean.bytes[TIER_HOST], b2, sizeof b2), host_gbs);
-        if (copy_peak_gbs > 0 && mean.bytes[TIER_HOST])
-            printf("copy efficiency  host tier at %.0f%% of the copy peak\n", 100 * host_gbs / copy_peak_gbs);
-        if (raw_gbs > 0 && mean.bytes[TIER_DISK])
-            printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
-                   100 * disk_gbs / raw_gbs, mean.wall / (mean.fetch > mean.compute ? mean.fetch : mean.compute));
-        printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
-        printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
-               util_fmt_bytes(wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);
-        printf("peak RSS         %s\n", util_fmt_bytes(rss, wb, sizeof wb));
-    }
-    goto out;
-fail:
-    rc = cli_fail(st);
-out:
-    free(tokens);
-    free(pos);
-    free(logits);
-    free(seqs);
-    free(rec);
-    free(walls);
+    rc = st == FERRY_OK ? 0 : cli_fail(st);
+    free(r.rec);
     engine_close(e);
     return rc;
 }

@@ -4,11 +4,14 @@
  * prompts separated by ';' run as one batch.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
+#include "../../engine/weights/model.h"
 #include "../../engine/base/json.h"
 #include "../../engine/base/util.h"
 #include "cli.h"
@@ -70,6 +73,25 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
     return FERRY_OK;
 }
 
+/* Every prompt against the model's config with request_check, before any
+ * weight is loaded: a bad id or a prompt past max_position_embeddings costs
+ * no load. */
+static ferry_status engine_check_requests(const engine_opts *eo, const prompt_set *ps, const gen_request *proto)
+{
+    model_config mc;
+    FERRY_TRY(model_config_load(eo->model_dir, &mc));
+    engine_limits lim = {mc.vocab, mc.max_pos, ps->n, eo->max_step_tokens};
+    char what[48];
+    for (int i = 0; i < ps->n; i++) {
+        gen_request r = *proto;
+        r.prompt = ps->ids[i];
+        r.prompt_len = ps->lens[i];
+        snprintf(what, sizeof what, "--prompt-ids: prompt %d", i);
+        FERRY_TRY(request_check(&r, &lim, what));
+    }
+    return FERRY_OK;
+}
+
 static void print_ids(strbuf *sb, const int32_t *ids, int n)
 {
     sb_putc(sb, '[');
@@ -77,107 +99,156 @@ static void print_ids(strbuf *sb, const int32_t *ids, int n)
     sb_putc(sb, ']');
 }
 
+/* The outcome of each prompt, collected from the scheduler's callbacks
+ * (engine thread) for the main thread. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;             /* prompts not yet done */
+    ferry_status st;         /* the first failure */
+    char *msg;               /* its message, whole */
+} gen_wait;
+
+typedef struct {
+    gen_wait *w;
+    int32_t *ids;            /* [max_new] */
+    int n_ids;
+    float *logits;           /* [vocab]: the last prompt position's */
+} gen_out;
+
+static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
+{
+    gen_out *o = user;
+    if (st == FERRY_OK) {
+        memcpy(o->ids, res->tokens, (size_t)res->n_tokens * sizeof *o->ids);
+        o->n_ids = res->n_tokens;
+        if (res->logits) memcpy(o->logits, res->logits, (size_t)res->vocab * sizeof *o->logits);
+    }
+    pthread_mutex_lock(&o->w->mu);
+    if (st != FERRY_OK && o->w->st == FERRY_OK) {
+        o->w->st = st;
+        o->w->msg = strdup(msg ? msg : "generation failed");
+    }
+    if (--o->w->pending == 0) pthread_cond_signal(&o->w->cv);
+    pthread_mutex_unlock(&o->w->mu);
+}
+
+/* Every prompt through the scheduler (the one generation path): prompt i
+ * samples from stream i of the seed, all run in one batch. */
+static ferry_status generate_all(engine *e, const prompt_set *ps, const gen_request *proto, gen_out *outs)
+{
+    sched *s;
+    FERRY_TRY(sched_create(e, NULL, &s));
+    gen_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, ps->n, FERRY_OK, NULL};
+    sched_callbacks cb = {NULL, on_done};
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < ps->n; i++) {
+        gen_request r = *proto;
+        r.prompt = ps->ids[i];
+        r.prompt_len = ps->lens[i];
+        r.stream = (uint64_t)i;
+        outs[i].w = &w;
+        if ((st = sched_submit(s, &r, &cb, &outs[i], NULL)) != FERRY_OK) {
+            pthread_mutex_lock(&w.mu);
+            w.pending -= ps->n - i; /* never submitted: no callback will come */
+            pthread_mutex_unlock(&w.mu);
+            break;
+        }
+    }
+    pthread_mutex_lock(&w.mu);
+    while (w.pending > 0) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    sched_free(s);
+    if (st == FERRY_OK && w.st != FERRY_OK) st = ferry_fail(w.st, "%s", w.msg ? w.msg : "out of memory");
+    free(w.msg);
+    return st;
+}
+
+/* The logits of each prompt's last position, prompt after prompt. */
+static ferry_status dump_logits(const char *path, const gen_out *outs, int n, int vocab)
+{
+    size_t row = (size_t)vocab * sizeof(float);
+    char *all = malloc((size_t)n * row);
+    if (!all) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) memcpy(all + (size_t)i * row, outs[i].logits, row);
+    ferry_status st = util_write_file_atomic(path, all, (size_t)n * row);
+    free(all);
+    return st;
+}
+
+static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *outs, int n)
+{
+    if (cfg->json) {
+        sb_puts(sb, "{\"output_ids\": ");
+        if (n > 1) sb_putc(sb, '[');
+        for (int i = 0; i < n; i++) {
+            if (i) sb_puts(sb, ", ");
+            print_ids(sb, outs[i].ids, outs[i].n_ids);
+        }
+        if (n > 1) sb_putc(sb, ']');
+        sb_puts(sb, "}\n");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < outs[i].n_ids; k++) sb_printf(sb, "%s%d", k ? " " : "", outs[i].ids[k]);
+        sb_putc(sb, '\n');
+    }
+}
+
 int cmd_generate(const ferry_config *cfg)
 {
     if (cfg->max_new_tokens < 1 || cfg->max_new_tokens > (1 << 24))
         return cli_error(EXIT_USAGE, "--max-new-tokens must be in 1..16777216 (got %lld)",
                          (long long)cfg->max_new_tokens);
-    sampling_params sp = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed};
-    if (sampling_params_check(&sp) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    gen_request proto = {.max_new_tokens = (int)cfg->max_new_tokens,
+                         .sampling = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed},
+                         .want_logits = cfg->dump_logits != NULL};
+    if (sampling_params_check(&proto.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     prompt_set ps;
     if (prompts_parse(cfg->prompt_ids, &ps) != FERRY_OK) {
         prompts_free(&ps);
         return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     }
-    int max_new = (int)cfg->max_new_tokens, longest = 0;
+    int longest = 0;
     for (int i = 0; i < ps.n; i++) longest = ps.lens[i] > longest ? ps.lens[i] : longest;
-
-    /* what the config alone can refute, before any weight is loaded */
-    model_config mc;
-    if (model_config_load(cfg->model, &mc) != FERRY_OK) {
-        prompts_free(&ps);
-        return cli_fail(FERRY_ERR_INVALID);
-    }
-    for (int i = 0; i < ps.n; i++) {
-        for (int k = 0; k < ps.lens[i]; k++)
-            if (ps.ids[i][k] >= mc.vocab) {
-                int rc = cli_error(EXIT_RUNTIME,
-                                   "--prompt-ids: prompt %d: token id %d at position %d is outside the vocabulary "
-                                   "(size %d)",
-                                   i, ps.ids[i][k], k, mc.vocab);
-                prompts_free(&ps);
-                return rc;
-            }
-        if (max_new > mc.max_pos - ps.lens[i]) {
-            int rc = cli_error(EXIT_RUNTIME,
-                               "prompt %d: %d prompt + %d new tokens exceed max_position_embeddings %d", i,
-                               ps.lens[i], max_new, mc.max_pos);
-            prompts_free(&ps);
-            return rc;
-        }
-    }
 
     int rc = 0;
     engine *e = NULL;
-    int32_t **out = calloc((size_t)ps.n, sizeof *out);
-    float *logits = NULL;
+    gen_out *outs = calloc((size_t)ps.n, sizeof *outs);
     engine_opts eo;
     if ((rc = cli_engine_opts(cfg, &eo)) != 0) goto done;
-    eo.n_slots = ps.n;
-    eo.max_ctx = longest + max_new;
-    ferry_status st = out ? engine_open(&eo, &e) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    /* the KV cache holds exactly this batch: every prompt at once, each
+     * sequence as long as the longest needs */
+    eo.max_seqs = ps.n;
+    eo.max_ctx = longest + proto.max_new_tokens;
+    if (eo.max_step_tokens < ps.n) eo.max_step_tokens = ps.n;
+    /* what the config alone can refute, before any weight is loaded */
+    ferry_status st = outs ? engine_check_requests(&eo, &ps, &proto) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (st == FERRY_OK) st = engine_open(&eo, &e);
+    engine_limits lim = e ? engine_get_limits(e) : (engine_limits){0};
+    for (int i = 0; st == FERRY_OK && i < ps.n; i++) {
+        outs[i].ids = malloc((size_t)proto.max_new_tokens * sizeof *outs[i].ids);
+        outs[i].logits = malloc((size_t)lim.vocab * sizeof *outs[i].logits);
+        if (!outs[i].ids || !outs[i].logits) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    if (st == FERRY_OK) st = generate_all(e, &ps, &proto, outs);
+    if (st == FERRY_OK && cfg->dump_logits) st = dump_logits(cfg->dump_logits, outs, ps.n, lim.vocab);
     if (st != FERRY_OK) {
         rc = cli_fail(st);
         goto done;
-    }
-    logits = malloc((size_t)ps.n * (size_t)e->cfg.vocab * sizeof *logits);
-    for (int i = 0; i < ps.n && logits; i++)
-        if (!(out[i] = malloc((size_t)max_new * sizeof **out))) break;
-    if (!logits || !out[ps.n - 1]) {
-        rc = cli_error(EXIT_RUNTIME, "out of memory");
-        goto done;
-    }
-    st = engine_generate(e, ps.n, (const int32_t *const *)ps.ids, ps.lens, max_new, &sp, out, logits);
-    if (st != FERRY_OK) {
-        rc = cli_fail(st);
-        goto done;
-    }
-    if (cfg->dump_logits) {
-        st = util_write_file_atomic(cfg->dump_logits, logits, (size_t)ps.n * (size_t)e->cfg.vocab * sizeof *logits);
-        if (st != FERRY_OK) {
-            rc = cli_fail(st);
-            goto done;
-        }
     }
     strbuf sb;
     sb_init(&sb);
-    if (cfg->json) {
-        sb_puts(&sb, "{\"output_ids\": ");
-        if (ps.n == 1) {
-            print_ids(&sb, out[0], max_new);
-        } else {
-            sb_putc(&sb, '[');
-            for (int i = 0; i < ps.n; i++) {
-                if (i) sb_puts(&sb, ", ");
-                print_ids(&sb, out[i], max_new);
-            }
-            sb_putc(&sb, ']');
-        }
-        sb_puts(&sb, "}\n");
-    } else {
-        for (int i = 0; i < ps.n; i++) {
-            for (int k = 0; k < max_new; k++) sb_printf(&sb, "%s%d", k ? " " : "", out[i][k]);
-            sb_putc(&sb, '\n');
-        }
-    }
+    print_outputs(&sb, cfg, outs, ps.n);
     if (sb.oom) rc = cli_error(EXIT_RUNTIME, "out of memory");
     else fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);
 done:
-    if (out)
-        for (int i = 0; i < ps.n; i++) free(out[i]);
-    free(out);
-    free(logits);
+    for (int i = 0; outs && i < ps.n; i++) {
+        free(outs[i].ids);
+        free(outs[i].logits);
+    }
+    free(outs);
     engine_close(e);
     prompts_free(&ps);
     return rc;

@@ -18,80 +18,77 @@ static const char *group_name(const plan_group *g, char *buf, size_t cap)
     return buf;
 }
 
+static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail)
+{
+    char name[48];
+    sb_puts(sb, "{\"groups\": [");
+    for (int g = 0; g < p->n_groups; g++) {
+        const plan_group *pg = &p->groups[g];
+        sb_printf(sb, "%s{\"group\": %d, \"name\": ", g ? ", " : "", g);
+        sb_json_str(sb, group_name(pg, name, sizeof name));
+        sb_printf(sb, ", \"first_layer\": %d, \"n_layers\": %d, \"tier\": \"%s\", \"bytes\": %llu}",
+                  pg->kind == GROUP_LAYERS ? pg->first_layer : -1, pg->n_layers, tier_name(pg->tier),
+                  (unsigned long long)pg->bytes);
+    }
+    sb_printf(sb,
+              "], \"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, \"streamed_groups\": %d, "
+              "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
+              "\"host_staging_bytes\": %llu, \"kv_bytes\": %llu, \"activation_bytes\": %llu}, "
+              "\"sequences\": %d, \"context\": %d, "
+              "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s}\n",
+              (unsigned long long)p->tier_bytes[TIER_DEVICE], (unsigned long long)p->tier_bytes[TIER_HOST],
+              (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->n_stage_slots,
+              (unsigned long long)p->slot_bytes, (unsigned long long)p->stage_bytes,
+              (unsigned long long)p->host_stage_bytes, (unsigned long long)p->kv_bytes,
+              (unsigned long long)p->act_bytes, p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
+              (unsigned long long)need_dev, (unsigned long long)avail, need_host <= avail ? "true" : "false");
+}
+
+static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail)
+{
+    char name[48], b1[32], b2[32], b3[32], b4[32];
+    sb_printf(sb, "%-5s %-16s %-7s %14s\n", "group", "units", "tier", "bytes");
+    for (int g = 0; g < p->n_groups; g++) {
+        const plan_group *pg = &p->groups[g];
+        sb_printf(sb, "%-5d %-16s %-7s %14llu  %s\n", g, group_name(pg, name, sizeof name), tier_name(pg->tier),
+                  (unsigned long long)pg->bytes, util_fmt_bytes(pg->bytes, b1, sizeof b1));
+    }
+    sb_printf(sb, "\nweights   device %s, host %s, disk %s (%d groups streamed per step)\n",
+              util_fmt_bytes(p->tier_bytes[TIER_DEVICE], b1, sizeof b1),
+              util_fmt_bytes(p->tier_bytes[TIER_HOST], b2, sizeof b2),
+              util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed);
+    sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
+              util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
+    if (p->host_stage_bytes) sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->host_stage_bytes, b3, sizeof b3));
+    sb_printf(sb, ", KV cache %s (%d x %d positions), activations %s\n", util_fmt_bytes(p->kv_bytes, b1, sizeof b1),
+              p->opts.n_seqs, p->opts.context, util_fmt_bytes(p->act_bytes, b2, sizeof b2));
+    if (p->opts.unified)
+        sb_printf(sb, "needs     %s of RAM; %s available: %s\n", util_fmt_bytes(need_host, b1, sizeof b1),
+                  util_fmt_bytes(avail, b4, sizeof b4), need_host <= avail ? "fits" : "DOES NOT FIT");
+    else
+        sb_printf(sb, "needs     %s of host RAM (%s available), %s of device memory\n",
+                  util_fmt_bytes(need_host, b1, sizeof b1), util_fmt_bytes(avail, b4, sizeof b4),
+                  util_fmt_bytes(need_dev, b2, sizeof b2));
+}
+
+/* The plan `serve` would run with the same flags: engine_plan takes the
+ * path engine_open takes. */
 int cmd_plan(const ferry_config *cfg)
 {
     engine_opts eo;
     int rc = cli_engine_opts(cfg, &eo);
     if (rc) return rc;
-    if (cfg->batch < 1) return cli_error(EXIT_USAGE, "--batch must be >= 1");
-    if (cfg->context < 0) return cli_error(EXIT_USAGE, "--context must be >= 0");
-    eo.n_slots = (int)cfg->batch;
-    eo.max_ctx = (int)cfg->context;
-    model_config mc;
-    st_checkpoint *ck = NULL;
-    ferry_status st = model_config_load(cfg->model, &mc);
-    if (st == FERRY_OK) st = st_checkpoint_open(cfg->model, &ck);
-    bool unified = true; /* the CPU backend; the CUDA backend plans device and host apart */
-    if (cfg->device && strcmp(cfg->device, "cpu") != 0) unified = false;
-    plan p = {0};
-    if (st == FERRY_OK) st = engine_plan(&eo, &mc, ck, unified, &p);
-    st_checkpoint_close(ck);
+    plan p;
+    plan_opts po;
+    ferry_status st = engine_plan(&eo, &p, &po);
     if (st != FERRY_OK) return cli_fail(st);
-    plan_opts po = engine_plan_opts(&eo, &mc, unified);
     uint64_t need_host, need_dev;
     plan_needs(&p, &po, &need_host, &need_dev);
     uint64_t avail = plan_host_available();
-    bool fits = need_host <= avail;
-
     strbuf sb;
     sb_init(&sb);
-    char name[48], b1[32], b2[32], b3[32], b4[32];
-    if (cfg->json) {
-        sb_puts(&sb, "{\"groups\": [");
-        for (int g = 0; g < p.n_groups; g++) {
-            const plan_group *pg = &p.groups[g];
-            sb_printf(&sb, "%s{\"group\": %d, \"name\": ", g ? ", " : "", g);
-            sb_json_str(&sb, group_name(pg, name, sizeof name));
-            sb_printf(&sb, ", \"first_layer\": %d, \"n_layers\": %d, \"tier\": \"%s\", \"bytes\": %llu}",
-                      pg->kind == GROUP_LAYERS ? pg->first_layer : -1, pg->n_layers, tier_name(pg->tier),
-                      (unsigned long long)pg->bytes);
-        }
-        sb_printf(&sb,
-                  "], \"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, \"streamed_groups\": %d, "
-                  "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
-                  "\"host_staging_bytes\": %llu, \"kv_bytes\": %llu, \"activation_bytes\": %llu}, "
-                  "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s}\n",
-                  (unsigned long long)p.tier_bytes[TIER_DEVICE], (unsigned long long)p.tier_bytes[TIER_HOST],
-                  (unsigned long long)p.tier_bytes[TIER_DISK], p.n_streamed, p.n_stage_slots,
-                  (unsigned long long)p.slot_bytes, (unsigned long long)p.stage_bytes,
-                  (unsigned long long)p.host_stage_bytes, (unsigned long long)p.kv_bytes,
-                  (unsigned long long)p.act_bytes, (unsigned long long)need_host, (unsigned long long)need_dev,
-                  (unsigned long long)avail, fits ? "true" : "false");
-    } else {
-        sb_printf(&sb, "%-5s %-16s %-7s %14s\n", "group", "units", "tier", "bytes");
-        for (int g = 0; g < p.n_groups; g++) {
-            const plan_group *pg = &p.groups[g];
-            sb_printf(&sb, "%-5d %-16s %-7s %14llu  %s\n", g, group_name(pg, name, sizeof name), tier_name(pg->tier),
-                      (unsigned long long)pg->bytes, util_fmt_bytes(pg->bytes, b1, sizeof b1));
-        }
-        sb_printf(&sb, "\nweights   device %s, host %s, disk %s (%d groups streamed per step)\n",
-                  util_fmt_bytes(p.tier_bytes[TIER_DEVICE], b1, sizeof b1),
-                  util_fmt_bytes(p.tier_bytes[TIER_HOST], b2, sizeof b2),
-                  util_fmt_bytes(p.tier_bytes[TIER_DISK], b3, sizeof b3), p.n_streamed);
-        sb_printf(&sb, "working   staging %d x %s = %s", p.n_stage_slots, util_fmt_bytes(p.slot_bytes, b1, sizeof b1),
-                  util_fmt_bytes(p.stage_bytes, b2, sizeof b2));
-        if (p.host_stage_bytes) sb_printf(&sb, " (+ %s pinned host)", util_fmt_bytes(p.host_stage_bytes, b3, sizeof b3));
-        sb_printf(&sb, ", KV cache %s (%d x %d positions), activations %s\n",
-                  util_fmt_bytes(p.kv_bytes, b1, sizeof b1), po.n_seqs, po.context,
-                  util_fmt_bytes(p.act_bytes, b2, sizeof b2));
-        if (unified)
-            sb_printf(&sb, "needs     %s of RAM; %s available: %s\n", util_fmt_bytes(need_host, b1, sizeof b1),
-                      util_fmt_bytes(avail, b4, sizeof b4), fits ? "fits" : "DOES NOT FIT");
-        else
-            sb_printf(&sb, "needs     %s of host RAM (%s available), %s of device memory\n",
-                      util_fmt_bytes(need_host, b1, sizeof b1), util_fmt_bytes(avail, b4, sizeof b4),
-                      util_fmt_bytes(need_dev, b2, sizeof b2));
-    }
+    if (cfg->json) print_json(&sb, &p, need_host, need_dev, avail);
+    else print_text(&sb, &p, need_host, need_dev, avail);
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);
     plan_free(&p);

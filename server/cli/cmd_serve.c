@@ -24,8 +24,6 @@
 #include "../http.h"
 #include "../metrics.h"
 
-#define SERVE_DEFAULT_BATCH 8
-#define SERVE_DEFAULT_CONTEXT 4096 /* --context 0: min(max_position_embeddings, this) */
 
 enum { LOAD_RUNNING, LOAD_READY, LOAD_FAILED };
 
@@ -36,24 +34,19 @@ typedef struct {
     int state;          /* atomic: LOAD_* */
     engine *e;          /* valid once state is LOAD_READY */
     sched *s;
-    char err[1024];
+    char *err;          /* the loading error, whole (NULL: out of memory) */
 } loader;
 
 static void *load_main(void *arg)
 {
     loader *l = arg;
-    model_config mc;
-    ferry_status st = model_config_load(l->eo.model_dir, &mc);
-    if (st == FERRY_OK) {
-        if (l->eo.max_ctx == 0) l->eo.max_ctx = mc.max_pos < SERVE_DEFAULT_CONTEXT ? mc.max_pos : SERVE_DEFAULT_CONTEXT;
-        st = engine_open(&l->eo, &l->e);
-    }
+    ferry_status st = engine_open(&l->eo, &l->e);
     if (st == FERRY_OK) {
         sched_opts so = {l->max_queued};
         st = sched_create(l->e, &so, &l->s);
     }
     if (st != FERRY_OK) {
-        snprintf(l->err, sizeof l->err, "%s", ferry_errmsg());
+        l->err = ferry_errmsg_dup();
         engine_close(l->e);
         l->e = NULL;
     }
@@ -78,12 +71,9 @@ int cmd_serve(const ferry_config *cfg)
     int rc = cli_engine_opts(cfg, &eo);
     if (rc) return rc;
     if (cfg->http_port < 0 || cfg->http_port > 65535) return cli_error(EXIT_USAGE, "--http-port must be in 0..65535");
-    int batch = cfg->given[SETTING_batch] ? (int)cfg->batch : SERVE_DEFAULT_BATCH;
-    if (batch < 1 || batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
-    if (batch > eo.max_step_tokens)
+    if (eo.max_seqs > eo.max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
-                         batch, eo.max_step_tokens);
-    if (cfg->context < 0 || cfg->context > (1 << 24)) return cli_error(EXIT_USAGE, "--context must be in 0..16777216");
+                         eo.max_seqs, eo.max_step_tokens);
     if (cfg->max_queued < 1 || cfg->max_queued > (1 << 20))
         return cli_error(EXIT_USAGE, "--max-queued must be in 1..1048576");
     if (cfg->max_body < 1) return cli_error(EXIT_USAGE, "--max-body must be at least 1 byte");
@@ -93,8 +83,6 @@ int cmd_serve(const ferry_config *cfg)
     else default_name(cfg->model, name, sizeof name);
     if (!*name || strchr(name, '/') || strlen(name) > 200)
         return cli_error(EXIT_USAGE, "--name must be 1..200 characters without '/' (got '%s')", name);
-    eo.n_slots = batch;
-    eo.max_ctx = (int)cfg->context;
 
     /* every thread started from here inherits the mask: signals reach only sigwait below */
     sigset_t set;
@@ -135,7 +123,9 @@ int cmd_serve(const ferry_config *cfg)
             pthread_join(lt, NULL);
             http_server_stop(srv);
             metrics_free(&m);
-            return cli_error(EXIT_RUNTIME, "%s", ld.err);
+            rc = cli_error(EXIT_RUNTIME, "%s", ld.err ? ld.err : "out of memory");
+            free(ld.err);
+            return rc;
         }
         http_server_attach(srv, ld.e, ld.s);
         fprintf(stderr, "ferry: model %s ready\n", name);

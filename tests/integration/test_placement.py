@@ -234,8 +234,10 @@ def test_bad_max_memory(ferry, models):
 # ferry plan
 # --------------------------------------------------------------------------
 
-def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=1, context=None):
-    """Invariants of any plan (JSON of `ferry plan --json`)."""
+def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=8, context=None):
+    """Invariants of any plan (JSON of `ferry plan --json`). batch and context
+    default as settings.def says: 8 sequences, max_position_embeddings capped
+    at 4096."""
     L = cfg["num_hidden_layers"]
     groups = plan["groups"]
     assert [g["group"] for g in groups] == list(range(len(groups)))
@@ -269,7 +271,8 @@ def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=1, contex
     assert w["staging_slots"] == min(prefetch + 1, len(streamed))
     assert w["slot_bytes"] == max([g["bytes"] for g in streamed], default=0)
     assert w["staging_bytes"] == w["staging_slots"] * w["slot_bytes"]
-    ctx = context or cfg["max_position_embeddings"]
+    ctx = context or min(cfg["max_position_embeddings"], 4096)
+    assert plan["sequences"] == batch and plan["context"] == ctx
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_dim = (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * head_dim
     assert w["kv_bytes"] == 2 * L * batch * ctx * kv_dim * 4

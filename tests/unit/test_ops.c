@@ -133,23 +133,23 @@ static float *rand_vec(size_t n, double **ref)
 /* ---- a batch of 3 sequences at different positions ------------------------ */
 
 typedef struct {
+    batch_builder bb;
     batch b;
-    batch_seq seqs[3];
-    int32_t tokens[64], pos[64];
+    const batch_seq *seqs;
 } test_batch;
 
-/* seqs: (slot, n_past, n_tokens) */
+/* spec: (KV sequence, n_past, n_tokens) per sequence; free with batch_builder_free */
 static void batch_make(test_batch *tb, int n_seqs, const int (*spec)[3], int vocab)
 {
-    int t = 0;
+    FERRY_ASSERT(batch_builder_init(&tb->bb, 64, 3) == FERRY_OK);
     for (int s = 0; s < n_seqs; s++) {
-        tb->seqs[s] = (batch_seq){spec[s][0], spec[s][1], spec[s][2], t};
-        for (int i = 0; i < spec[s][2]; i++, t++) {
-            tb->tokens[t] = (int32_t)((unsigned)(t * 7 + 3) % (unsigned)vocab);
-            tb->pos[t] = spec[s][1] + i;
-        }
+        int32_t tokens[64];
+        for (int i = 0; i < spec[s][2]; i++)
+            tokens[i] = (int32_t)((unsigned)((tb->bb.n_tokens + i) * 7 + 3) % (unsigned)vocab);
+        batch_builder_add(&tb->bb, spec[s][0], spec[s][1], tokens, spec[s][2]);
     }
-    tb->b = (batch){t, n_seqs, tb->tokens, tb->pos, tb->seqs};
+    tb->b = batch_builder_get(&tb->bb);
+    tb->seqs = tb->b.seqs;
 }
 
 /* ---- tests ------------------------------------------------------------------ */
@@ -248,7 +248,7 @@ static void test_rope(int hd)
                 int j = i % (hd / 2);
                 /* float32 frequencies and angles, as transformers computes them */
                 float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)hd);
-                double ang = (double)((float)tb.pos[t] * inv_freq);
+                double ang = (double)((float)tb.b.pos[t] * inv_freq);
                 double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];
                 o[i] = v[i] * cos(ang) + rot * sin(ang);
             }
@@ -259,6 +259,7 @@ static void test_rope(int hd)
     free(want);
     free(xref);
     g_be->ops->release(g_be, x);
+    batch_builder_free(&tb.bb);
 }
 
 static void test_embed_gather(void)
@@ -275,7 +276,7 @@ static void test_embed_gather(void)
     g_be->ops->embed(g_be, out, &table);
     double want[7 * 24];
     for (int t = 0; t < n; t++)
-        for (int i = 0; i < dim; i++) want[t * dim + i] = tref[tb.tokens[t] * dim + i];
+        for (int i = 0; i < dim; i++) want[t * dim + i] = tref[tb.b.tokens[t] * dim + i];
     float *got = host_of(out, (size_t)n * (size_t)dim);
     CHECK_CLOSE("embed", got, want, (size_t)n * (size_t)dim, 0);
     float *last = dev_poison(3 * (size_t)dim);
@@ -291,6 +292,7 @@ static void test_embed_gather(void)
     g_be->ops->release(g_be, (void *)table.data);
     g_be->ops->release(g_be, out);
     g_be->ops->release(g_be, last);
+    batch_builder_free(&tb.bb);
 }
 
 static void test_elementwise(void)
@@ -324,10 +326,10 @@ static void test_elementwise(void)
  * are filled by a first step, then a second step adds rows and attends. */
 static void attention_case(int heads, int kv_heads, int hd, int window)
 {
-    int n_slots = 3, max_ctx = 40, kv_dim = kv_heads * hd;
-    size_t cache = (size_t)n_slots * (size_t)max_ctx * (size_t)kv_dim;
+    int n_seqs = 3, max_ctx = 40, kv_dim = kv_heads * hd;
+    size_t cache = (size_t)n_seqs * (size_t)max_ctx * (size_t)kv_dim;
     double *kref_all = calloc(cache, sizeof *kref_all), *vref_all = calloc(cache, sizeof *vref_all);
-    kv_layer kv = {dev_poison(cache), dev_poison(cache), n_slots, max_ctx, kv_dim};
+    kv_layer kv = {dev_poison(cache), dev_poison(cache), n_seqs, max_ctx, kv_dim};
     static const int step1[3][3] = {{0, 0, 6}, {2, 0, 20}, {1, 0, 1}};
     static const int step2[3][3] = {{2, 20, 1}, {0, 6, 5}, {1, 1, 1}};
     const int (*steps[2])[3] = {step1, step2};
@@ -342,7 +344,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
         float *v = rand_vec((size_t)n * (size_t)kv_dim, &vref);
         for (int s = 0; s < 3; s++)
             for (int i = 0; i < tb.seqs[s].n_tokens; i++) {
-                size_t dst = ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)(tb.seqs[s].n_past + i)) * (size_t)kv_dim;
+                size_t dst = ((size_t)tb.seqs[s].kv_seq * (size_t)max_ctx + (size_t)(tb.seqs[s].n_past + i)) * (size_t)kv_dim;
                 size_t src = (size_t)(tb.seqs[s].first + i) * (size_t)kv_dim;
                 memcpy(kref_all + dst, kref + src, (size_t)kv_dim * sizeof(double));
                 memcpy(vref_all + dst, vref + src, (size_t)kv_dim * sizeof(double));
@@ -355,7 +357,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
         double score[64];
         for (int s = 0; s < 3; s++)
             for (int i = 0; i < tb.seqs[s].n_tokens; i++) {
-                int t = tb.seqs[s].first + i, p = tb.pos[t];
+                int t = tb.seqs[s].first + i, p = tb.b.pos[t];
                 for (int h = 0; h < heads; h++) {
                     int g = h / (heads / kv_heads);
                     const double *qv = qref + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
@@ -363,7 +365,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
                     for (int j = 0; j <= p; j++) {
                         score[j] = -INFINITY;
                         if (window > 0 && p - j >= window) continue;
-                        const double *kv_ = kref_all + ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
+                        const double *kv_ = kref_all + ((size_t)tb.seqs[s].kv_seq * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
                         double d = 0;
                         for (int e = 0; e < hd; e++) d += qv[e] * kv_[e];
                         score[j] = d / sqrt(hd);
@@ -374,7 +376,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
                     for (int j = 0; j <= p; j++) {
                         if (score[j] == -INFINITY) continue;
                         double wgt = exp(score[j] - mx) / sum;
-                        const double *vv = vref_all + ((size_t)tb.seqs[s].slot * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
+                        const double *vv = vref_all + ((size_t)tb.seqs[s].kv_seq * (size_t)max_ctx + (size_t)j) * (size_t)kv_dim + (size_t)g * (size_t)hd;
                         for (int e = 0; e < hd; e++) o[e] += wgt * vv[e];
                     }
                 }
@@ -392,6 +394,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
         g_be->ops->release(g_be, k);
         g_be->ops->release(g_be, v);
         g_be->ops->release(g_be, out);
+        batch_builder_free(&tb.bb);
     }
     free(kref_all);
     free(vref_all);

@@ -16,7 +16,7 @@
 
 static plan_model model_of(int n_layers)
 {
-    plan_model m = {.n_layers = n_layers, .dim = 64, .hidden = 176, .vocab = 256, .q_dim = 64, .kv_dim = 32};
+    plan_model m = {.n_layers = n_layers, .dim = 64, .hidden = 176, .vocab = 256, .q_dim = 64, .kv_dim = 32, .max_pos = 1 << 24};
     return m;
 }
 

@@ -1,11 +1,11 @@
 /*
  * test_sched.c - the continuous-batching scheduler against plain
- * engine_generate: many requests of different lengths, more than there are
- * KV slots, with prompts longer than a step (chunked prefill mixed with
+ * one-at-a-time greedy generation driven by engine_step: many requests of
+ * different lengths, more than there are KV-cache sequences, with prompts longer than a step (chunked prefill mixed with
  * decode rows) give exactly the tokens and logits of one-at-a-time greedy
  * generation; tokens stream in order; stop ids end a request; a full queue
- * answers FERRY_ERR_BUSY; a cancelled request ends early with its slot
- * freed; bad requests are refused with a message naming the problem.
+ * answers FERRY_ERR_BUSY; a cancelled request ends early with its KV
+ * sequence freed; bad requests are refused with a message naming the problem.
  * The model is a tiny random checkpoint written by `ferry mkmodel`.
  */
 #define _GNU_SOURCE
@@ -42,7 +42,7 @@ static void on_token(void *user, int32_t tok, int index)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void on_done(void *user, ferry_status st, const char *msg, const sched_result *res)
+static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
 {
     (void)msg;
     waiter *w = user;
@@ -90,6 +90,38 @@ static void waiter_init(waiter *w)
 
 static const sched_callbacks k_cb = {on_token, on_done};
 
+/* The reference: one prompt alone in KV sequence 0, prefilled in chunks
+ * of max_step_tokens, then one greedy decode step per token. */
+static ferry_status generate_alone(engine *e, const int32_t *prompt, int len, int max_new, int32_t *out,
+                                   float *first_logits)
+{
+    engine_limits lim = engine_get_limits(e);
+    batch_builder bb;
+    FERRY_TRY(batch_builder_init(&bb, lim.max_step_tokens, 1));
+    float *logits = malloc((size_t)lim.vocab * sizeof *logits);
+    ferry_status st = FERRY_OK;
+    for (int done = 0; done < len && st == FERRY_OK;) {
+        int take = len - done < lim.max_step_tokens ? len - done : lim.max_step_tokens;
+        batch_builder_clear(&bb);
+        batch_builder_add(&bb, 0, done, prompt + done, take);
+        batch b = batch_builder_get(&bb);
+        st = engine_step(e, &b, logits);
+        done += take;
+    }
+    if (st == FERRY_OK) memcpy(first_logits, logits, (size_t)lim.vocab * sizeof *logits);
+    for (int k = 0; k < max_new && st == FERRY_OK; k++) {
+        out[k] = sample_argmax(logits, lim.vocab);
+        if (k + 1 == max_new) break;
+        batch_builder_clear(&bb);
+        batch_builder_add(&bb, 0, len + k, &out[k], 1);
+        batch b = batch_builder_get(&bb);
+        st = engine_step(e, &b, logits);
+    }
+    free(logits);
+    batch_builder_free(&bb);
+    return st;
+}
+
 int main(void)
 {
     char dir[] = "/tmp/ferry-test-sched-XXXXXX";
@@ -102,11 +134,16 @@ int main(void)
         return 1;
     }
     engine *e;
-    engine_opts eo = {.model_dir = model, .threads = 2, .n_slots = 3, .max_ctx = 64, .max_step_tokens = 8,
-                      .budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}};
+    engine_opts eo;
+    engine_opts_init(&eo);
+    eo.model_dir = model;
+    eo.threads = 2;
+    eo.max_seqs = 3;
+    eo.max_ctx = 64;
+    eo.max_step_tokens = 8;
     CHECK_STATUS(engine_open(&eo, &e), FERRY_OK);
     if (!e) return check_report();
-    int vocab = e->cfg.vocab;
+    int vocab = engine_get_limits(e).vocab;
 
     /* prompts of 1..19 tokens; the reference is one request at a time */
     int32_t prompts[N_REQ][20];
@@ -117,9 +154,7 @@ int main(void)
     for (int r = 0; r < N_REQ; r++) {
         lens[r] = 1 + (r * 3) % 19;
         for (int k = 0; k < lens[r]; k++) prompts[r][k] = (int32_t)((r * 31 + k * 7 + 3) % vocab);
-        const int32_t *p = prompts[r];
-        int32_t *o = want[r];
-        CHECK_STATUS(engine_generate(e, 1, &p, &lens[r], MAX_NEW, &greedy, &o, want_logits + (size_t)r * (size_t)vocab),
+        CHECK_STATUS(generate_alone(e, prompts[r], lens[r], MAX_NEW, want[r], want_logits + (size_t)r * (size_t)vocab),
                      FERRY_OK);
     }
 
@@ -127,11 +162,11 @@ int main(void)
     sched_opts so = {.max_queued = 16};
     CHECK_STATUS(sched_create(e, &so, &s), FERRY_OK);
 
-    /* all at once: 7 requests, 3 slots, steps of 8 rows */
+    /* all at once: 7 requests, 3 KV sequences, steps of 8 rows */
     waiter w[N_REQ];
     for (int r = 0; r < N_REQ; r++) {
         waiter_init(&w[r]);
-        sched_params p = {.prompt = prompts[r], .prompt_len = lens[r], .max_new_tokens = MAX_NEW,
+        gen_request p = {.prompt = prompts[r], .prompt_len = lens[r], .max_new_tokens = MAX_NEW,
                           .sampling = greedy, .want_logits = true};
         uint64_t id;
         CHECK_STATUS(sched_submit(s, &p, &k_cb, &w[r], &id), FERRY_OK);
@@ -150,7 +185,7 @@ int main(void)
     /* a stop id ends the request right after emitting it */
     waiter ws;
     waiter_init(&ws);
-    sched_params sp = {.prompt = prompts[3], .prompt_len = lens[3], .max_new_tokens = MAX_NEW, .sampling = greedy,
+    gen_request sp = {.prompt = prompts[3], .prompt_len = lens[3], .max_new_tokens = MAX_NEW, .sampling = greedy,
                        .n_stop = 1};
     sp.stop_ids[0] = want[3][4];
     int first = 0;
@@ -162,7 +197,7 @@ int main(void)
 
     /* refusals name the problem and call nothing */
     int32_t bad[2] = {1, vocab};
-    sched_params bp = {.prompt = bad, .prompt_len = 2, .max_new_tokens = 4, .sampling = greedy};
+    gen_request bp = {.prompt = bad, .prompt_len = 2, .max_new_tokens = 4, .sampling = greedy};
     CHECK_STATUS(sched_submit(s, &bp, &k_cb, NULL, NULL), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("outside the vocabulary");
     bp.prompt_len = 1;
@@ -174,7 +209,7 @@ int main(void)
     CHECK_MSG_HAS("max_new_tokens");
     sched_free(s);
 
-    /* a full queue answers busy; cancelling frees the slot early */
+    /* a full queue answers busy; cancelling frees the KV sequence early */
     so.max_queued = 1;
     CHECK_STATUS(sched_create(e, &so, &s), FERRY_OK);
     enum { MANY = 12 };
@@ -183,7 +218,7 @@ int main(void)
     int busy = 0, accepted = 0;
     for (int r = 0; r < MANY; r++) {
         waiter_init(&wm[r]);
-        sched_params p = {.prompt = prompts[r % N_REQ], .prompt_len = lens[r % N_REQ], .max_new_tokens = 40,
+        gen_request p = {.prompt = prompts[r % N_REQ], .prompt_len = lens[r % N_REQ], .max_new_tokens = 40,
                           .sampling = greedy};
         ferry_status st = sched_submit(s, &p, &k_cb, &wm[r], &ids[r]);
         if (st == FERRY_ERR_BUSY) {
@@ -218,12 +253,12 @@ int main(void)
     CHECK_STATUS(sched_create(e, &so, &s), FERRY_OK);
     waiter wl[3], wx, wy, wd;
     uint64_t lid[3], yid;
-    sched_params lp = {.prompt = prompts[0], .prompt_len = lens[0], .max_new_tokens = 60, .sampling = greedy};
+    gen_request lp = {.prompt = prompts[0], .prompt_len = lens[0], .max_new_tokens = 60, .sampling = greedy};
     for (int r = 0; r < 3; r++) {
         waiter_init(&wl[r]);
         CHECK_STATUS(sched_submit(s, &lp, &k_cb, &wl[r], &lid[r]), FERRY_OK);
     }
-    sched_params xp = {.prompt = prompts[2], .prompt_len = lens[2], .max_new_tokens = MAX_NEW, .sampling = greedy};
+    gen_request xp = {.prompt = prompts[2], .prompt_len = lens[2], .max_new_tokens = MAX_NEW, .sampling = greedy};
     waiter_init(&wx);
     waiter_init(&wy);
     waiter_init(&wd);

@@ -1,0 +1,50 @@
+/*
+ * engine_impl.h - the engine's state, private to engine.c and forward.c
+ * (the forward pass reads the activations, KV cache and weights view).
+ * Everything else goes through engine.h.
+ */
+#ifndef FERRY_ENGINE_IMPL_H
+#define FERRY_ENGINE_IMPL_H
+
+#include "backend.h"
+#include "engine.h"
+#include "pipeline.h"
+#include "store.h"
+#include "weights/model.h"
+#include "weights/safetensors.h"
+
+struct engine {
+    model_config cfg;
+    st_checkpoint *ck;
+    model_weights ckw;   /* bound to the checkpoint mapping: the source of every load */
+    model_weights w;     /* the compute view: points into resident buffers or staging slots */
+    backend *be;
+    plan_opts popts;
+    plan plan;
+    store *store;
+    pipeline *pipe;
+    kv_layer *kv;        /* [n_layers] */
+    uint8_t *seq_seen;   /* [max_seqs] scratch for batch checks */
+    const batch *cur;    /* the batch of the running step */
+    /* activations in backend memory, sized for max_step_tokens rows */
+    float *x;            /* [max, dim] residual stream */
+    float *xn;           /* [max, dim] normed input / projection output */
+    float *q;            /* [max, n_heads * head_dim] */
+    float *k;            /* [max, kv_dim] */
+    float *v;            /* [max, kv_dim] */
+    float *att;          /* [max, n_heads * head_dim] */
+    float *gate;         /* [max, hidden] */
+    float *up;           /* [max, hidden] */
+    float *last;         /* [max_seqs, dim] */
+    float *logits;       /* [max_seqs, vocab] */
+    void *rows_host;     /* [max, dim] embedding rows gathered on the host (table not on device) */
+    void *rows_dev;      /* [max, dim] the same rows in backend memory */
+    bool rows_pinned;
+};
+
+/* The units of the forward pass (forward.c), for the pipeline. */
+void forward_embed(engine *e, const batch *b);
+void forward_layer(engine *e, const layer_weights *lw, int layer, const batch *b);
+void forward_head(engine *e, const batch *b);
+
+#endif

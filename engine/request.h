@@ -1,0 +1,59 @@
+/*
+ * request.h - what a front end asks of the engine, and the one check of it.
+ *
+ * Every front end (the CLI, KServe over HTTP, gRPC and the OpenAI API
+ * next) turns its protocol into gen_request values and hands them to the
+ * scheduler; the engine's limits (engine_limits) are all a front end needs
+ * to know of the model to validate and describe it. request_check is the
+ * one validator: token ids in the vocabulary, prompt + new tokens within
+ * the context, generation and sampling parameters in range. This header is
+ * what a transport-neutral protocol layer (server/kserve) includes: no
+ * scheduler, engine or backend internals.
+ */
+#ifndef FERRY_REQUEST_H
+#define FERRY_REQUEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "sampling.h"
+
+#define REQUEST_MAX_STOP 16
+
+/* One sequence to generate. */
+typedef struct {
+    const int32_t *prompt;   /* [prompt_len] token ids; copied by sched_submit */
+    int prompt_len;
+    int max_new_tokens;      /* >= 1 */
+    sampling_params sampling;
+    uint64_t stream;         /* sampling stream of sampling.seed: prompt i of a request draws from stream i */
+    int32_t stop_ids[REQUEST_MAX_STOP]; /* generation ends after emitting one of these */
+    int n_stop;
+    bool want_logits;        /* report the logits of the last prompt position */
+} gen_request;
+
+/* What a loaded engine accepts. */
+typedef struct {
+    int vocab;               /* token ids are 0 .. vocab - 1 */
+    int max_ctx;             /* positions per sequence: prompt + new tokens */
+    int max_seqs;            /* sequences generating at once (the KV cache holds them) */
+    int max_step_tokens;     /* token rows in one step */
+} engine_limits;
+
+/* The outcome of one gen_request. */
+typedef struct {
+    const int32_t *tokens;   /* generated ids (stop token included) */
+    int n_tokens;
+    const float *logits;     /* [vocab] when want_logits, else NULL */
+    int vocab;
+    bool cancelled;
+    double queue_s;          /* submit -> admitted */
+    double total_s;          /* submit -> done */
+} gen_result;
+
+/* FERRY_ERR_INVALID with a message naming the problem, `what` naming the
+ * prompt in it (e.g. "input_ids", "input_ids[2]", "prompt 1"). */
+ferry_status request_check(const gen_request *r, const engine_limits *lim, const char *what);
+
+#endif

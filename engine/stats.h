@@ -1,0 +1,37 @@
+/*
+ * stats.h - the figures the engine publishes while it serves: the
+ * scheduler's (requests, tokens, steps, batch sizes) and the pipeline's
+ * (bytes streamed per tier, compute, stall and fetch time). Plain structs,
+ * so that metrics and admin front ends read them without seeing the
+ * modules that keep them.
+ */
+#ifndef FERRY_STATS_H
+#define FERRY_STATS_H
+
+#include <stdint.h>
+
+#include "plan.h"
+
+typedef struct {
+    uint64_t steps;
+    uint64_t bytes[TIER_COUNT]; /* weight bytes brought to compute, by tier of origin */
+    double compute_s;           /* compute thread busy on groups */
+    double stall_s;             /* compute thread waiting for a fetch */
+    double fetch_s;             /* fetcher busy (reads or copies in flight) */
+    double wall_s;              /* inside pipeline_step */
+} pipeline_stats;
+
+/* Per-step figures for metrics, read under the scheduler's lock. */
+typedef struct {
+    uint64_t steps;
+    uint64_t tokens_prompted, tokens_generated;
+    uint64_t requests_done, requests_failed, requests_cancelled;
+    int running, queued;     /* now */
+    double step_s_sum;       /* sum of step wall times */
+    double last_step_s;
+    int last_batch;          /* sequences in the last step */
+    uint64_t batch_hist[8];  /* steps by sequences: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
+    uint64_t batch_sum;      /* sequences summed over steps */
+} sched_stats;
+
+#endif
