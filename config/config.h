@@ -1,7 +1,6 @@
 /*
  * config.h - ferry's settings as a struct generated from settings.def, with
- * parsing from "name" + "value" strings (the command line now, the config
- * file later) and help text. Parsing errors name the setting.
+ * parsing from "name" + "value" strings (the command line) and help text. Parsing errors name the setting.
  */
 #ifndef FERRY_CONFIG_H
 #define FERRY_CONFIG_H

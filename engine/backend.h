@@ -1,8 +1,8 @@
 /*
  * backend.h - the compute interface every backend fills (cpu, cpu-split, cuda).
  *
- * Everything above this line - model, forward pass, plan, store, pipeline,
- * scheduler - is written once and calls only these functions. A backend
+ * Everything above this interface - model, forward pass, plan, store,
+ * pipeline, scheduler - is written once and calls only these functions. A backend
  * owns its memory (host RAM for the CPU, device memory for CUDA): pointers
  * passed to ops are backend memory obtained from alloc, or weights the
  * backend was given. Activations are f32, row-major [n_tokens, cols]; weights
@@ -12,8 +12,8 @@
  * Ops run in submission order on the backend's compute stream; sync waits for
  * all of them. A batch (set_batch) describes which sequence, KV sequence and
  * position every token row belongs to; embed, rope, kv_store, attention and
- * gather_last read it, so the same step serves sequences of any lengths.
- * (batch.h)
+ * gather_last read it (batch.h), so the same step serves sequences of any
+ * lengths.
  */
 #ifndef FERRY_BACKEND_H
 #define FERRY_BACKEND_H

@@ -149,8 +149,8 @@ static ferry_status alloc_activations(engine *e)
         *bufs[i].p = e->be->ops->alloc(e->be, bufs[i].floats * sizeof(float));
         if (!*bufs[i].p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for activations of %zu tokens", n);
     }
-    if (e->plan.groups[store_embed_group(e->store)].tier != TIER_DEVICE) {
-        size_t bytes = n * store_embed_row_bytes(e->store);
+    if (e->placement.groups[store_embed_group(e->storage)].tier != TIER_DEVICE) {
+        size_t bytes = n * store_embed_row_bytes(e->storage);
         e->rows_host = e->be->ops->host_alloc(e->be, bytes, &e->rows_pinned);
         e->rows_dev = e->be->ops->alloc(e->be, bytes);
         if (!e->rows_host || !e->rows_dev) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for embedding rows");
@@ -172,7 +172,7 @@ static ferry_status alloc_kv(engine *e)
         if (!kv->k || !kv->v) {
             char need[32];
             return ferry_fail(FERRY_ERR_NOMEM, "KV cache of %s (%d sequences x %d positions) cannot be allocated",
-                              util_fmt_bytes(e->plan.kv_bytes, need, sizeof need), n_seqs, ctx);
+                              util_fmt_bytes(e->placement.kv_bytes, need, sizeof need), n_seqs, ctx);
         }
     }
     return FERRY_OK;
@@ -191,9 +191,9 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
     if ((st = backend_create(opts->device ? opts->device : "cpu", &bo, &e->be)) != FERRY_OK) goto fail;
     plan_inputs in = {&e->cfg, e->ck, e->be};
-    if ((st = make_plan(opts, &in, &e->plan)) != FERRY_OK) goto fail;
-    e->popts = e->plan.opts;
-    if ((st = plan_check(&e->plan, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
+    if ((st = make_plan(opts, &in, &e->placement)) != FERRY_OK) goto fail;
+    e->popts = e->placement.opts;
+    if ((st = plan_check(&e->placement, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
         goto fail;
     e->w.layers = calloc((size_t)e->cfg.n_layers, sizeof *e->w.layers);
     e->seq_seen = calloc((size_t)e->popts.n_seqs, 1);
@@ -202,9 +202,9 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
         goto fail;
     }
     if ((st = fingerprint(e, opts->model_dir, fp)) != FERRY_OK) goto fail;
-    if ((st = store_open(&e->store, e->be, &e->plan, &e->cfg, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK)
+    if ((st = store_open(&e->storage, e->be, &e->placement, &e->cfg, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK)
         goto fail;
-    if ((st = pipeline_create(&e->pipe, e->be, e->store, &e->plan)) != FERRY_OK) goto fail;
+    if ((st = pipeline_create(&e->pipe, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     *out = e;
@@ -227,13 +227,13 @@ void engine_close(engine *e)
                 e->be->ops->release(e->be, e->kv[l].v);
             }
         if (e->rows_host)
-            e->be->ops->host_free(e->be, e->rows_host, (size_t)e->popts.max_step_tokens * store_embed_row_bytes(e->store),
+            e->be->ops->host_free(e->be, e->rows_host, (size_t)e->popts.max_step_tokens * store_embed_row_bytes(e->storage),
                                   e->rows_pinned);
         e->be->ops->release(e->be, e->rows_dev);
-        store_close(e->store);
+        store_close(e->storage);
         backend_free(e->be);
     }
-    plan_free(&e->plan);
+    plan_free(&e->placement);
     free(e->kv);
     free(e->seq_seen);
     free(e->w.layers);
@@ -254,13 +254,13 @@ engine_limits engine_get_limits(const engine *e)
     return (engine_limits){e->cfg.vocab, e->popts.context, e->popts.n_seqs, e->popts.max_step_tokens};
 }
 
-const plan *engine_get_plan(const engine *e) { return &e->plan; }
+const plan *engine_get_plan(const engine *e) { return &e->placement; }
 
 pipeline_stats engine_pipeline_stats(engine *e) { return pipeline_get_stats(e->pipe); }
 
 backend *engine_backend(engine *e) { return e->be; }
 
-const store *engine_store(const engine *e) { return e->store; }
+const store *engine_store(const engine *e) { return e->storage; }
 
 ferry_status engine_trace_start(engine *e, size_t max_events) { return pipeline_trace_start(e->pipe, max_events); }
 
@@ -338,8 +338,8 @@ static ferry_status unit_embed_rows(void *ctx)
 {
     engine *e = ctx;
     const batch *b = e->cur;
-    FERRY_TRY(store_embed_rows(e->store, b->tokens, b->n_tokens, e->rows_host));
-    size_t row = store_embed_row_bytes(e->store);
+    FERRY_TRY(store_embed_rows(e->storage, b->tokens, b->n_tokens, e->rows_host));
+    size_t row = store_embed_row_bytes(e->storage);
     e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
     weight rows = {e->ckw.embed.dtype, b->n_tokens, e->cfg.dim, e->rows_dev};
     e->be->ops->convert(e->be, e->x, &rows);

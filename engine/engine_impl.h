@@ -20,8 +20,8 @@ struct engine {
     model_weights w;     /* the compute view: points into resident buffers or staging slots */
     backend *be;
     plan_opts popts;
-    plan plan;
-    store *store;
+    plan placement;
+    store *storage;
     pipeline *pipe;
     kv_layer *kv;        /* [n_layers] */
     uint8_t *seq_seen;   /* [max_seqs] scratch for batch checks */

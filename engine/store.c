@@ -222,7 +222,7 @@ static ferry_status open_disk_tier(store *s, const char *dir, const char *finger
 }
 
 ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
-                        model_weights *view, const char *offload_dir, const char *fingerprint)
+                        model_weights *view, const char *offload_path, const char *fingerprint)
 {
     *out = NULL;
     store *s = calloc(1, sizeof *s);
@@ -269,7 +269,7 @@ ferry_status store_open(store **out, backend *be, const plan *p, const model_con
             fill_resident(s, g, s->resident[g], put_host);
         }
     }
-    if ((st = open_disk_tier(s, offload_dir, fingerprint)) != FERRY_OK) goto fail;
+    if ((st = open_disk_tier(s, offload_path, fingerprint)) != FERRY_OK) goto fail;
     *out = s;
     return FERRY_OK;
 fail:

@@ -49,11 +49,11 @@ ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, u
 
 /* Lays out and loads every group as the plan says. `ckpt` (the bound
  * checkpoint weights) supplies the data; `view` is the compute view that
- * store_bind fills. offload_dir may be NULL when no group is on disk.
+ * store_bind fills. offload_path (the offload dir) may be NULL when no group is on disk.
  * fingerprint identifies the checkpoint + conversion for the offload dir.
  * The store keeps pointers to be, p, ckpt and view: they must outlive it. */
 ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
-                        model_weights *view, const char *offload_dir, const char *fingerprint);
+                        model_weights *view, const char *offload_path, const char *fingerprint);
 void store_close(store *s);
 
 store_source store_group_source(const store *s, int g);

@@ -78,7 +78,7 @@ struct http_server {
     uint64_t max_body;
     uint64_t body_budget;    /* request bytes buffered at once, all connections */
     uint64_t body_bytes;     /* atomic */
-    metrics *metrics;
+    metrics *counters;
     bool log;                /* FERRY_HTTP_LOG set: print MHD's own messages (read once, at start) */
     int port;
     int active;              /* atomic: requests between their first call and completion */
@@ -250,7 +250,7 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     row_ref *ref = user;
     request *rq = ref->rq;
     kserve_row *row = &rq->rows[ref->row];
-    if (st == FERRY_OK && !res->cancelled) metrics_observe_queue(rq->srv->metrics, res->queue_s);
+    if (st == FERRY_OK && !res->cancelled) metrics_observe_queue(rq->srv->counters, res->queue_s);
     pthread_mutex_lock(&rq->mu);
     if (st == FERRY_OK && res->n_tokens > 0) {
         row->tokens = malloc((size_t)res->n_tokens * sizeof *row->tokens);
@@ -297,7 +297,7 @@ static enum MHD_Result respond(request *rq, int code, const char *type, char *bo
     if (h1) MHD_add_response_header(r, h1, v1);
     enum MHD_Result ret = MHD_queue_response(rq->conn, (unsigned)code, r);
     MHD_destroy_response(r);
-    metrics_count_request(rq->srv->metrics, k_ep_name[rq->ep], code);
+    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], code);
     return ret;
 }
 
@@ -418,7 +418,7 @@ static enum MHD_Result answer_get(request *rq)
         code = ready ? 200 : 503;
         break;
     case EP_METRICS: {
-        metrics_render(srv->metrics, &view, &sb);
+        metrics_render(srv->counters, &view, &sb);
         if (sb.oom) return respond_sb(rq, 503, &sb, NULL, NULL);
         return respond(rq, 200, "text/plain; version=0.0.4; charset=utf-8", sb.data, sb.len, NULL, NULL);
     }
@@ -458,7 +458,7 @@ static enum MHD_Result finish_or_wait(request *rq)
         if (json_len && !sb.oom) {
             char hl[32];
             snprintf(hl, sizeof hl, "%zu", json_len);
-            metrics_count_request(rq->srv->metrics, k_ep_name[rq->ep], 200);
+            metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], 200);
             rq->state = RQ_ANSWERED;
             struct MHD_Response *r = MHD_create_response_from_buffer(sb.len, sb.data, MHD_RESPMEM_MUST_FREE);
             if (!r) {
@@ -523,7 +523,7 @@ static enum MHD_Result stream_start(request *rq)
     rq->state = RQ_STREAMING;
     enum MHD_Result ret = MHD_queue_response(rq->conn, 200, r);
     MHD_destroy_response(r);
-    metrics_count_request(rq->srv->metrics, k_ep_name[rq->ep], 200);
+    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], 200);
     return ret;
 }
 
@@ -779,7 +779,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     srv->max_body = o->max_body;
     srv->body_budget = o->max_body > (UINT64_MAX / 4) ? UINT64_MAX : o->max_body * 4;
     if (srv->body_budget < (256ull << 20)) srv->body_budget = 256ull << 20;
-    srv->metrics = o->metrics;
+    srv->counters = o->counters;
     srv->log = getenv("FERRY_HTTP_LOG") != NULL;
     /* writer-preferring: under sustained load shutdown must still get it */
     pthread_rwlockattr_t ra;

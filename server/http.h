@@ -28,7 +28,7 @@ typedef struct {
     int port;                /* 0 = any free port (http_server_port says which) */
     const char *model_name;  /* the {m} of /v2/models/{m} */
     uint64_t max_body;       /* request bodies above this get 413 */
-    metrics *metrics;        /* owned by the caller, outlives the server */
+    metrics *counters;        /* owned by the caller, outlives the server */
 } http_opts;
 
 typedef struct http_server http_server;

@@ -15,14 +15,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_MAX_NEW 16
+#include "../config/config.h"
+
 #define MAX_TOKENS (1 << 28) /* B x T bound: keeps size arithmetic far from overflow */
 
+/* A request's parameters start as the settings' defaults (settings.def),
+ * the same a `ferry generate` without flags uses. */
 static void request_defaults(kserve_request *r)
 {
     memset(r, 0, sizeof *r);
-    r->max_new_tokens = DEFAULT_MAX_NEW;
-    r->sampling = (sampling_params){0.0f, 0, 1.0f, 0};
+    ferry_config d;
+    config_defaults(&d);
+    r->max_new_tokens = (int)d.max_new_tokens;
+    r->sampling = (sampling_params){(float)d.temperature, (int)d.top_k, (float)d.top_p, d.seed};
 }
 
 void kserve_request_free(kserve_request *r)

@@ -8,7 +8,7 @@
  * or exponent that fits in int64 has is_int set. Object members keep their
  * order and duplicates; callers that must reject duplicate keys (safetensors
  * headers) check for them. Used for safetensors headers, config.json, the
- * shard index and, later, request bodies.
+ * shard index, the offload manifest and request bodies.
  */
 #ifndef FERRY_JSON_H
 #define FERRY_JSON_H

@@ -6,7 +6,7 @@
  * held in memory beyond the header. The file is written under a temporary
  * name and renamed into place by st_writer_finish only when every byte was
  * written and synced, so a failed or interrupted write never leaves a
- * half-written checkpoint behind. Used by mkmodel and, later, export.
+ * half-written checkpoint behind. Used by mkmodel.
  */
 #ifndef FERRY_ST_WRITER_H
 #define FERRY_ST_WRITER_H

@@ -9,6 +9,7 @@
 
 #include "../../config/config.h"
 #include "../../engine/base/status.h"
+#include "../../engine/engine.h"
 
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1
@@ -25,9 +26,9 @@ int cmd_bench(const ferry_config *cfg);
 int cmd_plan(const ferry_config *cfg);
 int cmd_serve(const ferry_config *cfg);
 
-/* Fills the engine options the placement flags give (budgets parsed);
+/* Fills the engine options from the settings every model-running command
+ * shares (device, threads, placement, batch, context; budgets parsed);
  * returns 0, or the exit status of a usage error it printed. */
-#include "../../engine/engine.h"
 int cli_engine_opts(const ferry_config *cfg, engine_opts *eo);
 
 #endif
