@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-static _Thread_local char g_msg[1024];
+static _Thread_local char g_msg[FERRY_MSG_MAX];
 
 ferry_status ferry_fail(ferry_status st, const char *fmt, ...)
 {

@@ -34,6 +34,10 @@ ferry_status ferry_fail_context(ferry_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* The last message recorded on this thread ("" if none). */
+/* Messages are at most FERRY_MSG_MAX - 1 bytes; buffers that carry one to
+ * another thread are that size, so nothing is cut on the way. */
+#define FERRY_MSG_MAX 1024
+
 const char *ferry_errmsg(void);
 /* A malloc'd copy of this thread's message, for handing an error to another
  * thread whole (NULL when out of memory). */

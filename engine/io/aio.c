@@ -4,19 +4,25 @@
  * Two kinds of state. A *read* (aio_op) is what the caller asked for: one
  * file range into one buffer, reported once by aio_reap. A *chunk* is one
  * request of at most AIO_CHUNK bytes that the kernel works on; there are
- * `depth` chunk slots, and a chunk's user_data is its slot index. Reads
- * wait in a FIFO (the submit queue) until every byte of theirs has been
- * handed to a chunk; only the head of that queue can be partly handed out,
- * which is what keeps the requests in submission order and makes dropping a
- * failed read's unsubmitted part O(1).
+ * `depth` chunks, and a chunk's user_data is its index. Reads wait in a
+ * FIFO (the submit queue) until every byte of theirs has been handed to a
+ * chunk. A chunk is FREE, PREPPED (an SQE in the ring, not yet accepted by
+ * io_uring_submit) or in the kernel (KERNEL).
  *
- * A chunk is FREE, PREPPED (an SQE in the ring, not yet accepted by
- * io_uring_submit) or in the kernel. Each chunk holds at most one SQE and
- * there are no more chunks than SQ entries, so io_uring_get_sqe cannot run
- * dry. A read is finished when it has failed or has every byte, *and* none
- * of its chunks is still PREPPED or in the kernel: the kernel may be
- * writing into the caller's buffer until then, so a failed read is only
- * reported once its other chunks have drained.
+ * Invariants, cited where they are kept:
+ *   A1  Only the head of the submit queue can be partly handed out: requests
+ *       reach the kernel in submission order, and dropping a failed read's
+ *       unsubmitted part is O(1).
+ *   A2  Each chunk holds at most one SQE and there are no more chunks than
+ *       SQ entries, so io_uring_get_sqe cannot run dry.
+ *   A3  A read is reported (moved to the done queue) only when it has failed
+ *       or has every byte, *and* none of its chunks is PREPPED or KERNEL:
+ *       the kernel may be writing into the caller's buffer until then.
+ *   A4  With O_DIRECT every request, resubmissions included, starts on a
+ *       AIO_BLOCK boundary: a short read is taken down to a block boundary
+ *       and the partial block is read again.
+ *   A5  A broken ring never submits again; a read it held is failed, and
+ *       reported once its KERNEL chunks drain (A3).
  *
  * Where io_uring_queue_init fails, the same reads are done with pread when
  * the caller reaps them, through the same completion rules and fault hooks.
@@ -77,9 +83,9 @@ struct aio {
     unsigned depth;
 
     aio_chunk *chunks;        /* [depth] */
-    int *free_chunks;         /* stack of FREE slots */
+    int *free_chunks;         /* stack of FREE chunks */
     unsigned n_free;
-    int *prepped;             /* ring [depth] of PREPPED slots, in SQE order */
+    int *prepped;             /* ring [depth] of PREPPED chunks, in SQE order */
     unsigned prep_head, prep_count;
 
     aio_op *ops;              /* grows; referred to by index, never by pointer */
@@ -129,8 +135,8 @@ static void op_fail(aio_op *op, const char *fmt, ...)
 static void op_settle(aio *a, int i)
 {
     aio_op *op = &a->ops[i];
-    if (op->failed && a->submit.head == i) queue_pop(a, &a->submit);
-    if (op->inflight > 0) return;
+    if (op->failed && a->submit.head == i) queue_pop(a, &a->submit); /* A1: only the head is partly out */
+    if (op->inflight > 0) return;                                   /* A3 */
     if (!op->failed && op->arrived < op->len) return;
     queue_push(a, &a->done, i);
 }
@@ -168,7 +174,7 @@ static size_t op_accept(aio_op *op, uint64_t off, long res, size_t remaining)
      * O_DIRECT the rest must start on a block boundary, so a partial block
      * is read again; less than a block before the end means the file ended
      * inside that block. */
-    if (op->direct) res &= ~(long)(AIO_BLOCK - 1);
+    if (op->direct) res &= ~(long)(AIO_BLOCK - 1); /* A4 */
     if (res == 0) {
         op_fail(op, "%s: unexpected end of file at %" PRIu64, op->path, off);
         return 0;
@@ -182,7 +188,7 @@ static void chunk_prep(aio *a, int c)
 {
     aio_chunk *ch = &a->chunks[c];
     struct io_uring_sqe *sqe = io_uring_get_sqe(&a->ring);
-    FERRY_ASSERT(sqe != NULL); /* chunks <= SQ entries, one SQE each */
+    FERRY_ASSERT(sqe != NULL); /* A2 */
     unsigned n = (unsigned)ch->remaining; /* <= AIO_CHUNK */
     io_uring_prep_read(sqe, a->ops[ch->op].fd, ch->buf, n, ch->offset);
     io_uring_sqe_set_data64(sqe, (uint64_t)c);
@@ -191,7 +197,8 @@ static void chunk_prep(aio *a, int c)
     a->prep_count++;
 }
 
-/* Hands the next pieces of queued reads to free chunk slots, in order. */
+/* Hands the next pieces of queued reads to free chunks, in order (A1:
+ * a read leaves the submit queue only once wholly handed out). */
 static void pump(aio *a)
 {
     while (a->n_free > 0 && a->submit.head >= 0) {
@@ -242,7 +249,7 @@ static void break_ring(aio *a, int err, const char *call, bool drop_kernel)
     }
     a->prep_count = 0;
     /* What is left in the submit queue had nothing handed out, except
-     * perhaps its head, which settles when its last chunk drains. */
+     * perhaps its head (A1), which settles when its last chunk drains (A3). */
     int i;
     while ((i = queue_pop(a, &a->submit)) >= 0)
         if (a->ops[i].inflight == 0) queue_push(a, &a->done, i);
@@ -253,7 +260,7 @@ static void break_ring(aio *a, int err, const char *call, bool drop_kernel)
  * the ring. */
 static void flush(aio *a)
 {
-    while (a->prep_count > 0 && !a->broken) {
+    while (a->prep_count > 0 && !a->broken) { /* A5 */
         int r = io_uring_submit(&a->ring);
         if (r == -EINTR) continue;
         if (r == -EAGAIN || r == -EBUSY || r == -ENOMEM || r == 0) return;
@@ -299,7 +306,7 @@ static void handle_cqe(aio *a, struct io_uring_cqe *cqe)
 }
 
 /* Everything that can be done without blocking: hand out chunks, submit,
- * and handle the completions already posted (which may free slots or ask
+ * and handle the completions already posted (which may free chunks or ask
  * for resubmissions, hence the loop). */
 static void progress(aio *a)
 {

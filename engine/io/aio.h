@@ -31,7 +31,7 @@ typedef struct aio aio;
 typedef struct {
     uint64_t tag;      /* the caller's tag of the read */
     ferry_status st;   /* FERRY_OK, or FERRY_ERR_IO with msg set */
-    char msg[256];     /* one line naming the file, e.g. "offload/g3.bin: read at 4194304: Input/output error" */
+    char msg[FERRY_MSG_MAX]; /* one line naming the file, e.g. "offload/g3.bin: read at 4194304: Input/output error" */
 } aio_done;
 
 ferry_status aio_create(unsigned depth, aio **out);
