@@ -46,6 +46,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# test_kserve also links the protocol layer of the server
+$(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o
+
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
