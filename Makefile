@@ -76,7 +76,7 @@ unit: $(UNIT_BIN) $(BUILD)/ferry
 integration: all
 	$(PYTHON) -m pytest -q tests/integration
 
-test: deps all unit integration
+test: deps all unit fuzz-seeds integration
 
 $(BENCH_MODEL)/config.json: | $(BUILD)/ferry
 	$(BUILD)/ferry mkmodel --out $(BENCH_MODEL) --arch llama --preset 1b --dtype bf16 --seed 1
@@ -102,6 +102,64 @@ asan:
 
 test-asan: asan
 	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration
+
+# ---- fuzz targets -------------------------------------------------------------
+# tests/fuzz/fuzz_*.c are libFuzzer targets (tests/fuzz/README.md). fuzz-seeds,
+# part of `make test`, builds each with $(CC) under ASan + UBSan against
+# tests/fuzz/standalone_main.c (a driver that feeds it files, no libFuzzer
+# needed) and runs it once over its seed corpus tests/fuzz/corpus/<target>/,
+# so the targets keep compiling and their promises hold on the seeds. `make
+# fuzz` builds the real libFuzzer binaries with clang and runs each for
+# FUZZ_SECONDS (new inputs go to $(BUILD)/fuzz/corpus/<target>, crashes to
+# $(BUILD)/fuzz/). The targets link the engine and server/kserve.c objects,
+# built apart with the sanitizers; the linker takes what each one calls.
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_DIR     := $(BUILD)/fuzz
+FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c
+FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)
+FUZZ_SA_BIN  := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/sa/%)
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+# clang 14 has no x86 _Float16; no target converts halves
+FUZZ_LF_FLAGS = -std=gnu11 -O1 -g -pthread $(ARCH_FLAGS) -MMD -MP -D_Float16=__fp16 $(FUZZ_SAN)
+FUZZ_LF_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/lf/%.o)
+FUZZ_LF_BIN  := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/lf/%)
+
+.PHONY: fuzz-build fuzz-seeds fuzz
+fuzz-build: $(FUZZ_SA_BIN)
+
+fuzz-seeds: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  UBSAN_OPTIONS=halt_on_error=1 $(FUZZ_DIR)/sa/$$t tests/fuzz/corpus/$$t; \
+	done
+
+$(FUZZ_DIR)/sa/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -c -o $@ $<
+
+$(FUZZ_SA_BIN): $(FUZZ_DIR)/sa/%: $(FUZZ_DIR)/sa/tests/fuzz/%.o $(FUZZ_DIR)/sa/tests/fuzz/standalone_main.o $(FUZZ_SA_OBJ)
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+
+fuzz: $(FUZZ_LF_BIN)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_DIR)/corpus/$$t; \
+	  dict=tests/fuzz/$${t#fuzz_}.dict; [ -f $$dict ] && dict=-dict=$$dict || dict=; \
+	  echo "== $$t for $(FUZZ_SECONDS) s"; \
+	  UBSAN_OPTIONS=halt_on_error=1 $(FUZZ_DIR)/lf/$$t -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_DIR)/ \
+	    $$dict $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t; \
+	done
+
+$(FUZZ_DIR)/lf/%.o: %.c
+	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: $(FUZZ_CC) not found (set FUZZ_CC to a clang with libFuzzer)" >&2; exit 1; }
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_LF_BIN): $(FUZZ_DIR)/lf/%: $(FUZZ_DIR)/lf/tests/fuzz/%.o $(FUZZ_LF_OBJ)
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
+-include $(FUZZ_SA_OBJ:.o=.d) $(FUZZ_LF_OBJ:.o=.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/sa/%.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/lf/%.d)
 
 clean:
 	rm -rf $(BUILD) build-asan
