@@ -16,7 +16,7 @@ else
 ARCH_FLAGS ?=
 endif
 OPT      ?= -O2
-CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -pthread $(ARCH_FLAGS) -MMD -MP
+CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -MMD -MP
 LDLIBS   += -lmicrohttpd -luring -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) config/config.c
