@@ -65,7 +65,7 @@ static ferry_status parse_params(const json_value *params, bool infer, kserve_re
         if (v->type == JSON_NULL) continue; /* null: the default */
         if (!strcmp(k, "max_new_tokens")) {
             if (!is_int(v) || v->integer < 1 || v->integer > MAX_TOKENS)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.max_new_tokens must be an integer >= 1");
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.max_new_tokens must be an integer in 1..%d", MAX_TOKENS);
             r->max_new_tokens = (int)v->integer;
         } else if (!strcmp(k, "temperature")) {
             if (v->type != JSON_NUMBER || !(v->number >= 0) || !isfinite(v->number) || v->number > 1e30)
@@ -137,10 +137,9 @@ static ferry_status copy_ids(const json_value *items, size_t n, int32_t *out, si
     return FERRY_OK;
 }
 
-/* data is flat (b*t ids) or nested exactly as the shape: b lists of t ids
- * (nested only when the shape has two dimensions). */
-/* Does data (flat, or nested rows) hold exactly shape [b, t]? Checked
- * before anything is allocated for the shape. */
+/* Does data hold exactly shape [b, t] ([t] when not rank2): flat (b*t ids)
+ * or nested as the shape (b lists of t ids, rank 2 only)? Checked before
+ * anything is allocated for the shape. */
 static ferry_status check_data_shape(const json_value *data, int64_t b, int64_t t, bool rank2)
 {
     size_t total = (size_t)(b * t);
@@ -148,9 +147,12 @@ static ferry_status check_data_shape(const json_value *data, int64_t b, int64_t 
     if (data->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids: data must be an array");
     bool nested = data->len > 0 && data->items[0].type == JSON_ARRAY;
     if (!nested) {
-        if (data->len != total)
+        if (data->len != total && rank2)
             return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu values, data has %zu",
                               (long long)b, (long long)t, total, data->len);
+        if (data->len != total)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld] needs %zu values, data has %zu", (long long)t,
+                              total, data->len);
         return FERRY_OK;
     }
     if (!rank2 || data->len != (size_t)b)
@@ -278,7 +280,7 @@ static ferry_status parse_outputs(const json_value *outs, bool binary_default, k
         if (o->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu] must be an object", i);
         bool bad = false;
         const char *name = json_get_str(o, "name", &bad);
-        if (!name) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: name is missing", i);
+        if (!name) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: name %s", i, bad ? "must be a string" : "is missing");
         int which;
         if (!strcmp(name, "output_ids")) which = KSERVE_OUT_IDS;
         else if (!strcmp(name, "logits")) which = KSERVE_OUT_LOGITS;
@@ -339,7 +341,7 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
         if (in->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu] must be an object", i);
         bool bad = false;
         const char *name = json_get_str(in, "name", &bad);
-        if (!name) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu]: name is missing", i);
+        if (!name) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu]: name %s", i, bad ? "must be a string" : "is missing");
         if (strcmp(name, "input_ids") != 0)
             return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", name);
         if (seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is given twice");

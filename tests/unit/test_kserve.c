@@ -340,6 +340,7 @@ static void test_infer_refusals(void)
     REFUSE_INFER("{\"inputs\": []}", "input_ids is missing from inputs");
     REFUSE_INFER("{\"inputs\": [7]}", "inputs[0] must be an object");
     REFUSE_INFER("{\"inputs\": [{\"datatype\": \"INT64\"}]}", "inputs[0]: name is missing");
+    REFUSE_INFER("{\"inputs\": [{\"name\": 5}]}", "inputs[0]: name must be a string");
     REFUSE_INFER("{\"inputs\": [{\"name\": \"tokens\"}]}", "unknown input 'tokens'");
     REFUSE_INFER("{\"id\": 5, \"inputs\": []}", "id must be a string");
     REFUSE_INFER("{\"inputs\": [{\"name\": \"input_ids\", \"datatype\": \"INT64\", \"shape\": [1], \"data\": [1]}, "
@@ -375,7 +376,7 @@ static void test_infer_refusals(void)
     REFUSE_INFER(INFER1("\"datatype\": \"INT64\", \"shape\": [2, 3], \"data\": [1, 2, 3, 4, 5]"),
                  "input_ids: shape [2, 3] needs 6 values, data has 5");
     REFUSE_INFER(INFER1("\"datatype\": \"INT64\", \"shape\": [3], \"data\": [1, 2, 3, 4]"),
-                 "shape [1, 3] needs 3 values, data has 4");
+                 "shape [3] needs 3 values, data has 4");
     REFUSE_INFER(INFER1("\"datatype\": \"INT64\", \"shape\": [2, 3], \"data\": [[1, 2, 3], [4, 5]]"),
                  "input_ids: nested data does not match shape [2, 3] (row 1)");
     REFUSE_INFER(INFER1("\"datatype\": \"INT64\", \"shape\": [2, 3], \"data\": [[1, 2, 3], 4]"),
@@ -401,7 +402,7 @@ static void test_infer_refusals(void)
     /* generation parameters: type and range */
     REFUSE_INFER(INFER_P("[]"), "parameters must be an object");
     REFUSE_INFER(INFER_P("{\"max_tokens\": 5}"), "unknown parameter 'max_tokens'");
-    REFUSE_INFER(INFER_P("{\"max_new_tokens\": 0}"), "parameters.max_new_tokens must be an integer >= 1");
+    REFUSE_INFER(INFER_P("{\"max_new_tokens\": 0}"), "parameters.max_new_tokens must be an integer in 1..268435456");
     REFUSE_INFER(INFER_P("{\"max_new_tokens\": \"5\"}"), "parameters.max_new_tokens");
     REFUSE_INFER(INFER_P("{\"max_new_tokens\": 2.5}"), "parameters.max_new_tokens");
     REFUSE_INFER(INFER_P("{\"temperature\": -0.5}"), "parameters.temperature must be a number >= 0");
