@@ -627,6 +627,7 @@ int kserve_http_status(ferry_status st)
     case FERRY_ERR_INVALID:
     case FERRY_ERR_UNSUPPORTED: return 400;
     case FERRY_ERR_NOT_FOUND: return 404;
+    case FERRY_ERR_TOO_LARGE: return 413;
     case FERRY_ERR_BUSY:
     case FERRY_ERR_NOMEM: return 503;
     case FERRY_ERR_IO:

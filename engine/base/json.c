@@ -24,19 +24,42 @@ typedef struct arena_block {
     _Alignas(16) unsigned char data[];
 } arena_block;
 
+/* The tree lives in blocks: arena blocks for strings, and the finished
+ * item/member lists, each its own block (a list grows in place while it is
+ * parsed and is kept, not copied, when it ends). `held` counts every byte
+ * allocated for the document, lists still growing included, against
+ * `limit`. */
 struct json_doc {
-    arena_block *blocks;
+    arena_block *blocks;     /* arena blocks: the head has room */
+    arena_block *lists;      /* finished lists */
+    size_t held, limit;
+    bool refused;            /* an allocation would have passed the limit */
     json_value root;
 };
 
+/* Accounts n more bytes; false when that would pass the limit. */
+static bool doc_take(json_doc *doc, size_t n)
+{
+    if (n > doc->limit - doc->held) return !(doc->refused = true);
+    doc->held += n;
+    return true;
+}
+
+#define ARENA_BLOCK 65536
+
+/* NULL: out of memory, or past the limit (doc->refused) */
 static void *arena_alloc(json_doc *doc, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
     arena_block *b = doc->blocks;
     if (!b || b->cap - b->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
+        size_t cap = n > ARENA_BLOCK ? n : ARENA_BLOCK;
+        if (!doc_take(doc, sizeof *b + cap)) return NULL;
         b = malloc(sizeof *b + cap);
-        if (!b) return NULL;
+        if (!b) {
+            doc->held -= sizeof *b + cap;
+            return NULL;
+        }
         b->cap = cap;
         b->used = 0;
         b->next = doc->blocks;
@@ -64,9 +87,15 @@ static bool perr(parser *p, const char *what)
     return false;
 }
 
+/* An allocation failed: past the limit, or the system's memory. */
 static bool oom(parser *p)
 {
-    if (p->st == FERRY_OK) p->st = ferry_fail(FERRY_ERR_NOMEM, "out of memory parsing JSON");
+    if (p->st != FERRY_OK) return false;
+    if (p->doc->refused)
+        p->st = ferry_fail(FERRY_ERR_TOO_LARGE, "JSON of %zu bytes needs more than %zu bytes to parse", p->len,
+                           p->doc->limit);
+    else
+        p->st = ferry_fail(FERRY_ERR_NOMEM, "out of memory parsing JSON");
     return false;
 }
 
@@ -267,34 +296,44 @@ static bool match_lit(parser *p, const char *lit)
     return true;
 }
 
-/* Growable scratch vector used while the count of items is unknown; the
- * result is copied into the arena. */
+/* A list being parsed: its own block, grown by half each time (so it holds
+ * at most 1.5x what it needs), kept as it is when the list ends. */
 typedef struct {
-    void *data;
+    arena_block *blk;
     size_t n, cap, elem;
 } vec;
 
-static void *vec_push(vec *v)
+static void *vec_push(json_doc *doc, vec *v)
 {
     if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 8;
-        void *d = realloc(v->data, cap * v->elem);
-        if (!d) return NULL;
-        v->data = d;
+        size_t cap = v->cap ? v->cap + v->cap / 2 : 8;
+        if (!doc_take(doc, (cap - v->cap) * v->elem)) return NULL;
+        arena_block *b = realloc(v->blk, sizeof *b + cap * v->elem);
+        if (!b) {
+            doc->held -= (cap - v->cap) * v->elem;
+            return NULL;
+        }
+        if (!v->blk) doc->held += sizeof *b;
+        v->blk = b;
         v->cap = cap;
     }
-    return (char *)v->data + v->elem * v->n++;
+    return v->blk->data + v->elem * v->n++;
+}
+
+static void vec_drop(json_doc *doc, vec *v)
+{
+    if (v->blk) doc->held -= sizeof *v->blk + v->cap * v->elem;
+    free(v->blk);
+    v->blk = NULL;
 }
 
 static bool vec_finish(parser *p, vec *v, void **out)
 {
     *out = NULL;
-    if (v->n) {
-        *out = arena_alloc(p->doc, v->n * v->elem);
-        if (!*out) { free(v->data); return oom(p); }
-        memcpy(*out, v->data, v->n * v->elem);
-    }
-    free(v->data);
+    if (!v->blk) return true;
+    v->blk->next = p->doc->lists;
+    p->doc->lists = v->blk;
+    *out = v->blk->data;
     return true;
 }
 
@@ -307,13 +346,13 @@ static bool parse_array(parser *p, json_value *v, int depth)
         p->pos++;
     } else {
         for (;;) {
-            json_value *it = vec_push(&items);
-            if (!it) { free(items.data); return oom(p); }
-            if (!parse_value(p, it, depth + 1)) { free(items.data); return false; }
+            json_value *it = vec_push(p->doc, &items);
+            if (!it) { vec_drop(p->doc, &items); return oom(p); }
+            if (!parse_value(p, it, depth + 1)) { vec_drop(p->doc, &items); return false; }
             skip_ws(p);
             if (p->pos < p->len && p->s[p->pos] == ',') { p->pos++; continue; }
             if (p->pos < p->len && p->s[p->pos] == ']') { p->pos++; break; }
-            free(items.data);
+            vec_drop(p->doc, &items);
             return perr(p, "expected ',' or ']'");
         }
     }
@@ -332,19 +371,19 @@ static bool parse_object(parser *p, json_value *v, int depth)
     } else {
         for (;;) {
             skip_ws(p);
-            if (p->pos >= p->len || p->s[p->pos] != '"') { free(mem.data); return perr(p, "expected string key"); }
-            json_member *m = vec_push(&mem);
-            if (!m) { free(mem.data); return oom(p); }
+            if (p->pos >= p->len || p->s[p->pos] != '"') { vec_drop(p->doc, &mem); return perr(p, "expected string key"); }
+            json_member *m = vec_push(p->doc, &mem);
+            if (!m) { vec_drop(p->doc, &mem); return oom(p); }
             memset(m, 0, sizeof *m);
-            if (!parse_string(p, &m->key, &m->key_len)) { free(mem.data); return false; }
+            if (!parse_string(p, &m->key, &m->key_len)) { vec_drop(p->doc, &mem); return false; }
             skip_ws(p);
-            if (p->pos >= p->len || p->s[p->pos] != ':') { free(mem.data); return perr(p, "expected ':'"); }
+            if (p->pos >= p->len || p->s[p->pos] != ':') { vec_drop(p->doc, &mem); return perr(p, "expected ':'"); }
             p->pos++;
-            if (!parse_value(p, &m->value, depth + 1)) { free(mem.data); return false; }
+            if (!parse_value(p, &m->value, depth + 1)) { vec_drop(p->doc, &mem); return false; }
             skip_ws(p);
             if (p->pos < p->len && p->s[p->pos] == ',') { p->pos++; continue; }
             if (p->pos < p->len && p->s[p->pos] == '}') { p->pos++; break; }
-            free(mem.data);
+            vec_drop(p->doc, &mem);
             return perr(p, "expected ',' or '}'");
         }
     }
@@ -375,9 +414,15 @@ static bool parse_value(parser *p, json_value *v, int depth)
 
 ferry_status json_parse(const char *text, size_t len, json_doc **out)
 {
+    return json_parse_limited(text, len, SIZE_MAX, out);
+}
+
+ferry_status json_parse_limited(const char *text, size_t len, size_t max_bytes, json_doc **out)
+{
     *out = NULL;
     json_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return ferry_fail(FERRY_ERR_NOMEM, "out of memory parsing JSON");
+    doc->limit = max_bytes;
     parser p = {text, len, 0, doc, FERRY_OK, 0};
     if (parse_value(&p, &doc->root, 0)) {
         skip_ws(&p);
@@ -393,15 +438,22 @@ ferry_status json_parse(const char *text, size_t len, json_doc **out)
 
 const json_value *json_doc_root(const json_doc *doc) { return &doc->root; }
 
-void json_doc_free(json_doc *doc)
+size_t json_doc_bytes(const json_doc *doc) { return sizeof *doc + doc->held; }
+
+static void free_blocks(arena_block *b)
 {
-    if (!doc) return;
-    arena_block *b = doc->blocks;
     while (b) {
         arena_block *next = b->next;
         free(b);
         b = next;
     }
+}
+
+void json_doc_free(json_doc *doc)
+{
+    if (!doc) return;
+    free_blocks(doc->blocks);
+    free_blocks(doc->lists);
     free(doc);
 }
 

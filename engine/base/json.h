@@ -24,16 +24,20 @@ typedef enum { JSON_NULL, JSON_BOOL, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_
 typedef struct json_value json_value;
 typedef struct json_member json_member;
 
+/* 40 bytes: a tree costs at most ~20x its text ("1," per value), which is
+ * what bounds parse memory by the input size (json_parse_limited). */
 struct json_value {
     json_type type;
     bool boolean;
     bool is_int;          /* number literal is an integer that fits int64   */
     int64_t integer;      /* valid when is_int                              */
     double number;        /* every number                                   */
-    const char *str;      /* JSON_STRING: decoded, NUL-terminated           */
     size_t len;           /* string length in bytes, or item/member count   */
-    json_value *items;    /* JSON_ARRAY: len items                          */
-    json_member *members; /* JSON_OBJECT: len members, in document order    */
+    union {
+        const char *str;      /* JSON_STRING: decoded, NUL-terminated       */
+        json_value *items;    /* JSON_ARRAY: len items                      */
+        json_member *members; /* JSON_OBJECT: len members, in document order */
+    };
 };
 
 struct json_member {
@@ -47,6 +51,12 @@ typedef struct json_doc json_doc;
 /* Parses text[0..len). On error returns FERRY_ERR_INVALID with a message
  * giving the byte offset ("at byte 17: expected ':'"). */
 ferry_status json_parse(const char *text, size_t len, json_doc **out);
+/* The same, failing with FERRY_ERR_TOO_LARGE ("... more than N bytes to
+ * parse") once the memory the parse holds at any moment - tree, strings and
+ * growing lists - would pass max_bytes. */
+ferry_status json_parse_limited(const char *text, size_t len, size_t max_bytes, json_doc **out);
+/* Bytes the tree holds (for memory accounting). */
+size_t json_doc_bytes(const json_doc *doc);
 const json_value *json_doc_root(const json_doc *doc);
 void json_doc_free(json_doc *doc);
 

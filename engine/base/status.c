@@ -52,6 +52,7 @@ const char *ferry_status_name(ferry_status st)
     case FERRY_ERR_NOMEM: return "out of memory";
     case FERRY_ERR_BUSY: return "busy";
     case FERRY_ERR_INTERNAL: return "internal error";
+    case FERRY_ERR_TOO_LARGE: return "too large";
     }
     return "unknown";
 }

@@ -22,6 +22,7 @@ typedef enum {
     FERRY_ERR_NOMEM,       /* memory could not be had (HTTP 503)            */
     FERRY_ERR_BUSY,        /* full queue or batch; retry later (HTTP 503)   */
     FERRY_ERR_INTERNAL,    /* a bug surfaced as an outcome (HTTP 500)       */
+    FERRY_ERR_TOO_LARGE,   /* input past a size limit (HTTP 413)            */
 } ferry_status;
 
 /* Records the message for the calling thread and returns `st`, so that
