@@ -1,5 +1,7 @@
 /*
- * backend.c - choosing a backend by name.
+ * backend.c - choosing a backend by name: cpu, cpu-split (the CPU kernels
+ * behind a GPU's separate memory and streams, cpu/split_backend.c, so the
+ * non-unified paths run without a GPU) or cuda.
  *
  * The CUDA backend is a separate library, libferry_cuda.so, loaded on
  * demand: the ferry binary links no CUDA library, so the same build runs on
@@ -10,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include "backend.h"
+#include "cpu/split.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -63,6 +66,7 @@ ferry_status backend_create(const char *name, const backend_opts *opts, backend 
 {
     *out = NULL;
     if (strcmp(name, "cpu") == 0) return cpu_backend_create(opts, out);
+    if (strcmp(name, "cpu-split") == 0) return split_backend_create(opts, out);
     if (strcmp(name, "cuda") == 0) return cuda_backend_open(opts, out);
-    return ferry_fail(FERRY_ERR_INVALID, "unknown device '%s' (expected cpu or cuda)", name);
+    return ferry_fail(FERRY_ERR_INVALID, "unknown device '%s' (expected cpu, cpu-split or cuda)", name);
 }
