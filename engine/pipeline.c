@@ -1,6 +1,6 @@
 /*
  * pipeline.c - the step walk and the fetcher thread. See pipeline.h for the
- * slot protocol; the invariants it keeps are restated where they are kept.
+ * slot protocol; its invariants P1..P8 are cited where they are kept.
  */
 #define _GNU_SOURCE
 #include "pipeline.h"
@@ -15,6 +15,19 @@
 
 #define AIO_DEPTH 16
 
+/* ---- mutants ----------------------------------------------------------------
+ * Deliberate ordering bugs, for `make test-mutants` only: a build with
+ * -DFERRY_PIPELINE_MUTANT=N breaks one invariant, and the cpu-split tests
+ * must then fail. 0 (every normal build) compiles each hook away.
+ *   1  release a slot before queuing the ops that read it (P3)
+ *   2  compute does not wait for the slot's `copied` event (P5)
+ *   3  a disk read reuses the bounce buffer without event_sync (P6)
+ *   4  the copy into a slot does not wait for its `computed` event (P3) */
+#ifndef FERRY_PIPELINE_MUTANT
+#define FERRY_PIPELINE_MUTANT 0
+#endif
+#define MUTANT(n) (FERRY_PIPELINE_MUTANT == (n))
+
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY };
 enum { TRACK_DISK, TRACK_COPY, TRACK_COMPUTE };
 
@@ -27,7 +40,7 @@ typedef struct {
     int state;
     uint64_t seq;       /* the fetch it holds (FILLING/READY) */
     ferry_status st;
-    char msg[256];
+    char *msg;          /* st's message (heap, whole) until compute takes it */
     double t_fetch;     /* when its fetch started */
 } stage_slot;
 
@@ -70,11 +83,19 @@ static void trace_add(pipeline *pl, int track, int group, double t0, double t1)
 
 /* ---- fetcher ---------------------------------------------------------------- */
 
+/* A copy of msg for another thread to report; never truncated. */
+static char *msg_dup(const char *msg)
+{
+    char *m = strdup(msg);
+    return m ? m : strdup("out of memory copying an error message");
+}
+
 /* With pl->mu held. */
 static void mark_ready(pipeline *pl, stage_slot *sl, ferry_status st, const char *msg)
 {
     sl->st = st;
-    if (msg) snprintf(sl->msg, sizeof sl->msg, "%s", msg);
+    free(sl->msg);
+    sl->msg = st != FERRY_OK ? msg_dup(msg ? msg : ferry_status_name(st)) : NULL; /* P7 */
     sl->state = SLOT_READY;
     if (--pl->in_flight == 0) pl->stats.fetch_s += util_now() - pl->busy_since;
     pthread_cond_broadcast(&pl->cv_compute);
@@ -86,9 +107,9 @@ static void copy_into_slot(pipeline *pl, stage_slot *sl, const void *src, uint64
 {
     backend *be = pl->be;
     double t0 = util_now();
-    be->ops->stream_wait(be, STREAM_COPY, sl->computed);
+    if (!MUTANT(4)) be->ops->stream_wait(be, STREAM_COPY, sl->computed); /* P3 */
     be->ops->copy_async(be, sl->dev, src, (size_t)bytes);
-    be->ops->event_record(be, sl->copied, STREAM_COPY);
+    be->ops->event_record(be, sl->copied, STREAM_COPY); /* P4, P5 */
     pthread_mutex_lock(&pl->mu);
     trace_add(pl, TRACK_COPY, group, t0, util_now());
     pthread_mutex_unlock(&pl->mu);
@@ -111,12 +132,12 @@ static void start_fetch(pipeline *pl, uint64_t q, stage_slot *sl)
     }
     store_source src = store_group_source(pl->s, g);
     void *dst = pl->be->ops->unified ? sl->dev : sl->host;
-    /* the bounce buffer is reused only after its last copy to the device */
-    if (!pl->be->ops->unified) pl->be->ops->event_sync(pl->be, sl->copied);
+    /* P6: the bounce buffer is reused only after its last copy to the device */
+    if (!pl->be->ops->unified && !MUTANT(3)) pl->be->ops->event_sync(pl->be, sl->copied);
     ferry_status st = aio_read(pl->aio, src.fd, src.path, src.offset, dst, (size_t)src.bytes, q);
     if (st != FERRY_OK) {
         pthread_mutex_lock(&pl->mu);
-        mark_ready(pl, sl, st, ferry_errmsg());
+        mark_ready(pl, sl, st, ferry_errmsg()); /* P7 */
         pthread_mutex_unlock(&pl->mu);
     }
 }
@@ -142,7 +163,7 @@ static void *fetcher_main(void *arg)
     pthread_mutex_lock(&pl->mu);
     for (;;) {
         uint64_t q = pl->next_fetch;
-        /* fetch q may take its slot once fetch q - n_slots was released */
+        /* P2: fetch q may take its slot once fetch q - n_slots was released */
         if (!pl->stop && q < pl->released + (uint64_t)pl->n_slots) {
             stage_slot *sl = &pl->slots[q % (uint64_t)pl->n_slots];
             sl->state = SLOT_FILLING;
@@ -248,11 +269,12 @@ void pipeline_free(pipeline *pl)
         pl->stop = true;
         pthread_cond_broadcast(&pl->cv_fetch);
         pthread_mutex_unlock(&pl->mu);
-        pthread_join(pl->thread, NULL); /* it drains its reads before exiting */
+        pthread_join(pl->thread, NULL); /* P8: it drains its reads before exiting */
     }
     for (int i = 0; pl->slots && i < pl->n_slots; i++) {
         stage_slot *sl = &pl->slots[i];
-        if (sl->copied) pl->be->ops->event_sync(pl->be, sl->copied);
+        if (sl->copied) pl->be->ops->event_sync(pl->be, sl->copied); /* P8 */
+        free(sl->msg);
         if (sl->dev) pl->be->ops->release(pl->be, sl->dev);
         if (sl->host) pl->be->ops->host_free(pl->be, sl->host, (size_t)pl->p->slot_bytes, sl->host_pinned);
         if (sl->copied) pl->be->ops->event_destroy(pl->be, sl->copied);
@@ -286,20 +308,32 @@ static void compute_group(pipeline *pl, int g, const pipeline_units *u)
     pthread_mutex_unlock(&pl->mu);
 }
 
+/* Hands a slot back to the fetcher: `computed` covers the ops queued on it
+ * (P3), and the release lets the fetcher claim it for a later fetch (P2). */
+static void release_slot(pipeline *pl, stage_slot *sl)
+{
+    pl->be->ops->event_record(pl->be, sl->computed, STREAM_COMPUTE);
+    pthread_mutex_lock(&pl->mu);
+    sl->state = SLOT_FREE;
+    pl->released++;
+    pthread_cond_signal(&pl->cv_fetch);
+    pthread_mutex_unlock(&pl->mu);
+}
+
 ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
 {
     const plan *p = pl->p;
     double t_step = util_now();
     ferry_status st = pipeline_start(pl);
-    char err[512] = "";
     if (st != FERRY_OK) return st;
+    char *err = NULL; /* the message of the step's first error, whole (P7) */
 
     int eg = store_embed_group(pl->s);
     if (p->groups[eg].tier == TIER_DEVICE) {
         store_bind(pl->s, eg, store_group_source(pl->s, eg).resident);
         u->embed(u->ctx);
     } else if ((st = u->embed_rows(u->ctx)) != FERRY_OK) {
-        snprintf(err, sizeof err, "%s", ferry_errmsg());
+        err = msg_dup(ferry_errmsg());
     }
 
     for (int g = 0; g < p->n_groups; g++) {
@@ -311,35 +345,35 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
             continue;
         }
         uint64_t q = pl->next_compute++;
-        FERRY_ASSERT(pl->streamed[q % (uint64_t)pl->n_streamed] == g);
+        FERRY_ASSERT(pl->streamed[q % (uint64_t)pl->n_streamed] == g); /* P1 */
         stage_slot *sl = &pl->slots[q % (uint64_t)pl->n_slots];
         pthread_mutex_lock(&pl->mu);
         double t0 = util_now();
-        while (!(sl->state == SLOT_READY && sl->seq == q)) pthread_cond_wait(&pl->cv_compute, &pl->mu);
+        while (!(sl->state == SLOT_READY && sl->seq == q)) pthread_cond_wait(&pl->cv_compute, &pl->mu); /* P4 */
         pl->stats.stall_s += util_now() - t0;
-        ferry_status fst = sl->st;
-        if (fst != FERRY_OK && st == FERRY_OK) snprintf(err, sizeof err, "%s", sl->msg);
+        if (sl->st != FERRY_OK && st == FERRY_OK) {
+            st = sl->st;
+            err = sl->msg; /* P7: taken whole */
+            sl->msg = NULL;
+        }
         pthread_mutex_unlock(&pl->mu);
-        if (st == FERRY_OK) st = fst;
+        if (MUTANT(1)) release_slot(pl, sl);
         if (st == FERRY_OK) {
-            pl->be->ops->stream_wait(pl->be, STREAM_COMPUTE, sl->copied);
+            if (!MUTANT(2)) pl->be->ops->stream_wait(pl->be, STREAM_COMPUTE, sl->copied); /* P5 */
             store_bind(pl->s, g, sl->dev);
             compute_group(pl, g, u);
         }
-        /* release: the next fetch into this slot waits for these ops */
-        pl->be->ops->event_record(pl->be, sl->computed, STREAM_COMPUTE);
-        pthread_mutex_lock(&pl->mu);
-        sl->state = SLOT_FREE;
-        pl->released++;
-        pthread_cond_signal(&pl->cv_fetch);
-        pthread_mutex_unlock(&pl->mu);
+        if (!MUTANT(1)) release_slot(pl, sl); /* P3; P7: computed or not */
     }
     pthread_mutex_lock(&pl->mu);
     pl->stats.steps++;
     pl->stats.wall_s += util_now() - t_step;
     pthread_mutex_unlock(&pl->mu);
-    if (st != FERRY_OK) return ferry_fail(st, "%s", err);
-    return FERRY_OK;
+    if (st != FERRY_OK) {
+        ferry_fail(st, "%s", err ? err : ferry_status_name(st));
+        free(err);
+    }
+    return st;
 }
 
 pipeline_stats pipeline_get_stats(pipeline *pl)

@@ -12,17 +12,36 @@
  *       ^                                                  |
  *       +------ compute releases after its ops ------------+
  *
- * The fetcher starts fetch q only once compute has released fetch
- * q - n_slots (that slot's previous group), and on backends with streams
- * the copy into the slot also waits for the event recorded after the
- * compute that read it; compute waits for READY of exactly fetch q, and for
- * the copy's event. So a slot is never overwritten while read, and never
- * read before it is whole.
+ * The protocol keeps these invariants; each is cited as P1..P8 at the code
+ * that keeps it (pipeline.c), and `make test-mutants` breaks P3, P5 and P6
+ * on purpose to show that the tests notice:
  *
- * A failed read (EIO, ...) marks its slot READY with the error: the step
- * goes on consuming its remaining groups without computing, so that the
- * fetch sequence stays aligned, and returns the error; the next step runs
- * normally. Resident (device) groups are computed in place.
+ * P1  Fetch q holds group streamed[q % n_streamed] in slot q % n_slots. The
+ *     fetcher starts fetches, and compute consumes them, in increasing q;
+ *     every step consumes each streamed group once, in execution order.
+ * P2  The fetcher claims fetch q only once compute has released fetch
+ *     q - n_slots: no two unreleased fetches share a slot.
+ * P3  Compute releases a fetch only after it has queued every op that reads
+ *     the slot, and records the slot's `computed` event after those ops;
+ *     the copy for the slot's next fetch waits for that event on the copy
+ *     stream. (Release is a fact of the host; on a backend with streams the
+ *     ops may still be running, and the event is what covers them.)
+ * P4  Compute uses fetch q only once its slot is READY with seq q: the read
+ *     has finished and the copy into the slot is queued with `copied`
+ *     recorded after it (unified backends: the bytes are in the slot).
+ * P5  Compute's ops on a slot wait for its `copied` event on the compute
+ *     stream: READY says the copy is queued, not that it has landed.
+ * P6  A disk read into a slot's bounce buffer (non-unified) starts only
+ *     once the host has seen the buffer's previous copy complete (event_sync
+ *     on `copied`): the copy stream reads the buffer after the release.
+ * P7  A failed fetch is READY with its error and released like any other;
+ *     a step that failed consumes and releases each of its remaining
+ *     streamed groups without computing, so that P1 holds for the next step,
+ *     which runs normally. The error's message reaches the caller whole.
+ * P8  pipeline_free stops the fetcher, which drains its reads, and waits for
+ *     each slot's last copy before releasing the slot's buffers.
+ *
+ * Resident (device) groups are computed in place.
  */
 #ifndef FERRY_PIPELINE_H
 #define FERRY_PIPELINE_H
