@@ -1,0 +1,550 @@
+/*
+ * test_pipeline.c - the pipeline's slot protocol (engine/pipeline.h) on the
+ * cpu-split backend, whose device memory is apart from host memory and whose
+ * copies land late (FERRY_SPLIT_DELAY_US).
+ *
+ * The units here compute nothing of a model: each reads the weights its
+ * group bound, as compute would - a `convert` of every tensor into a device
+ * buffer of its own, queued on the compute stream - and after the step the
+ * buffers are downloaded and compared bit for bit with the CPU backend's
+ * conversion of the checkpoint (what an all-resident run reads). A slot
+ * read before its copy landed (fresh device memory is NaN), or overwritten
+ * while its ops were pending, shows up as a named tensor with wrong bytes.
+ * Units must also come in execution order, once per step.
+ *
+ * Two checkpoints from `ferry mkmodel` (llama untied f32, 5 layers; qwen2
+ * tied bf16, 4 layers: the table in the head group) under every placement
+ * (host, disk, mixed, only the embedding off the device), group sizes 1 and
+ * 2, prefetch 1 and 2, the compute stream inline and on its own thread,
+ * copies landing at once and 300 us late. Then faults (engine/io/fault.h):
+ * read_short on every completion changes nothing; read_eio fails exactly
+ * one step with FERRY_ERR_IO and a message naming the blob, whole, and the
+ * steps after it are right. The stats count steps and streamed bytes. Last,
+ * the backend itself: fresh memory is poison, event_sync and compute-stream
+ * waits last as long as the copy they wait for.
+ *
+ * Built against a mutant pipeline (make test-mutants) this test must fail.
+ */
+#define _GNU_SOURCE
+#include <ftw.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../../engine/backend.h"
+#include "../../engine/pipeline.h"
+#include "../../engine/plan.h"
+#include "../../engine/store.h"
+#include "../../engine/base/util.h"
+#include "../../engine/io/fault.h"
+#include "../../engine/weights/model.h"
+#include "../../engine/weights/safetensors.h"
+#include "check.h"
+
+#define STEPS 4
+#define MAX_VISITS 64
+#define HEAD_VISIT 1000
+#define EMBED_VISIT -1
+
+static const int32_t k_tokens[] = {0, 255, 7, 7, 123}; /* the first and last rows of the table (vocab 256) */
+#define N_TOKENS ((int)(sizeof k_tokens / sizeof k_tokens[0]))
+
+/* ---- the checkpoint and what compute must read from it ----------------------- */
+
+typedef struct {
+    const char *label;
+    char dir[PATH_MAX];
+    model_config cfg;
+    st_checkpoint *ck;
+    model_weights w;    /* bound to the checkpoint */
+    tensor_entry *ents; /* [n] in execution order */
+    int n;
+    uint64_t *units;    /* [n_layers + 2] */
+    float **want;       /* [n] each tensor as f32 (the CPU backend's convert) */
+} model_fx;
+
+static void model_open(model_fx *m, const char *root, const char *label, const char *mkmodel_args)
+{
+    char exe[PATH_MAX], cmd[3 * PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) exit(2);
+    exe[len] = '\0';
+    *strrchr(exe, '/') = '\0'; /* .../tests */
+    *strrchr(exe, '/') = '\0'; /* the build dir, which holds ferry */
+    memset(m, 0, sizeof *m);
+    m->label = label;
+    snprintf(m->dir, sizeof m->dir, "%s/%s", root, label);
+    snprintf(cmd, sizeof cmd, "%s/ferry mkmodel --out %s %s >/dev/null", exe, m->dir, mkmodel_args);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "test_pipeline: `%s` failed (build ferry first)\n", cmd);
+        exit(2);
+    }
+    if (model_config_load(m->dir, &m->cfg) != FERRY_OK || st_checkpoint_open(m->dir, &m->ck) != FERRY_OK ||
+        model_weights_bind(&m->cfg, m->ck, &m->w) != FERRY_OK ||
+        model_tensor_entries(&m->cfg, &m->w, &m->ents, &m->n) != FERRY_OK) {
+        fprintf(stderr, "test_pipeline: %s: %s\n", m->dir, ferry_errmsg());
+        exit(2);
+    }
+    m->units = calloc((size_t)m->cfg.n_layers + 2, sizeof *m->units);
+    m->want = calloc((size_t)m->n, sizeof *m->want);
+    backend *cpu;
+    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, m->units) != FERRY_OK ||
+        cpu_backend_create(&(backend_opts){.threads = 1}, &cpu) != FERRY_OK)
+        exit(2);
+    for (int k = 0; k < m->n; k++) {
+        const weight *w = m->ents[k].dst;
+        m->want[k] = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+        if (!m->want[k]) exit(2);
+        cpu->ops->convert(cpu, m->want[k], w);
+    }
+    backend_free(cpu);
+}
+
+static void model_close(model_fx *m)
+{
+    for (int k = 0; k < m->n; k++) free(m->want[k]);
+    free(m->want);
+    free(m->units);
+    free(m->ents);
+    model_weights_free(&m->w);
+    st_checkpoint_close(m->ck);
+}
+
+/* ---- one run: backend, plan, store, pipeline, and the units ------------------ */
+
+typedef struct {
+    int group_size, prefetch;
+    const char *budgets; /* "device=..,host=.." as --max-memory; NULL: everything on the device */
+    const char *compute; /* FERRY_SPLIT_COMPUTE */
+    unsigned delay_us;   /* FERRY_SPLIT_DELAY_US */
+} run_opts;
+
+typedef struct {
+    const model_fx *m;
+    backend *be;
+    plan p;
+    model_weights view; /* what store_bind points at the group's buffer */
+    tensor_entry *view_ents;
+    store *s;
+    pipeline *pl;
+    float **got;        /* [m->n] device buffers, one per tensor */
+    void *rows_host, *rows_dev;
+    float *rows_got;    /* [N_TOKENS, dim] device */
+    void *poison;       /* host, 0xFF: the largest buffer's size */
+    size_t poison_bytes;
+    int visits[MAX_VISITS], n_visits;
+    char what[256];
+} run_fx;
+
+static size_t floats_of(const weight *w) { return (size_t)(w->rows * w->cols); }
+
+/* Queues a convert of every tensor of the given unit (layer: only that layer). */
+static void read_unit(run_fx *r, unit_kind kind, int layer)
+{
+    for (int k = 0; k < r->m->n; k++) {
+        const tensor_entry *e = &r->view_ents[k];
+        if (e->unit == kind && (kind != UNIT_LAYER || e->layer == layer))
+            r->be->ops->convert(r->be, r->got[k], e->dst);
+    }
+}
+
+static void visit(run_fx *r, int v)
+{
+    if (r->n_visits < MAX_VISITS) r->visits[r->n_visits] = v;
+    r->n_visits++;
+}
+
+static void unit_embed(void *ctx)
+{
+    run_fx *r = ctx;
+    visit(r, EMBED_VISIT);
+    read_unit(r, UNIT_EMBED, 0);
+}
+
+/* As the engine does it: rows gathered on the host, uploaded, widened. */
+static ferry_status unit_embed_rows(void *ctx)
+{
+    run_fx *r = ctx;
+    visit(r, EMBED_VISIT);
+    FERRY_TRY(store_embed_rows(r->s, k_tokens, N_TOKENS, r->rows_host));
+    r->be->ops->upload(r->be, r->rows_dev, r->rows_host, (size_t)N_TOKENS * store_embed_row_bytes(r->s));
+    weight rows = {r->m->w.embed.dtype, N_TOKENS, r->m->cfg.dim, r->rows_dev};
+    r->be->ops->convert(r->be, r->rows_got, &rows);
+    return FERRY_OK;
+}
+
+static void unit_layer(void *ctx, int layer)
+{
+    run_fx *r = ctx;
+    visit(r, layer);
+    read_unit(r, UNIT_LAYER, layer);
+}
+
+static void unit_head(void *ctx)
+{
+    run_fx *r = ctx;
+    visit(r, HEAD_VISIT);
+    read_unit(r, UNIT_HEAD, 0);
+    if (r->m->cfg.tied) read_unit(r, UNIT_EMBED, 0); /* the table is the head group's */
+}
+
+static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char *od)
+{
+    memset(r, 0, sizeof *r);
+    r->m = m;
+    snprintf(r->what, sizeof r->what, "%s %s group=%d prefetch=%d compute=%s delay=%uus", m->label,
+             o->budgets ? o->budgets : "resident", o->group_size, o->prefetch, o->compute, o->delay_us);
+    char delay[16];
+    snprintf(delay, sizeof delay, "%u", o->delay_us);
+    setenv("FERRY_SPLIT_DELAY_US", delay, 1);
+    setenv("FERRY_SPLIT_COMPUTE", o->compute, 1);
+    plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = o->group_size,
+                    .prefetch = o->prefetch, .n_seqs = 1, .context = 64, .max_step_tokens = N_TOKENS};
+    const model_config *c = &m->cfg;
+    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
+                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
+                     .max_pos = c->max_pos};
+    ferry_status st = backend_create("cpu-split", &(backend_opts){.threads = 2}, &r->be);
+    if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
+    po.unified = r->be ? r->be->ops->unified : false;
+    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
+    r->view.layers = calloc((size_t)c->n_layers, sizeof *r->view.layers);
+    if (st == FERRY_OK)
+        st = store_open(&r->s, r->be, &r->p, c, (model_weights *)&m->w, &r->view, od, "test-pipeline");
+    if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
+    if (st == FERRY_OK) st = pipeline_create(&r->pl, r->be, r->s, &r->p);
+    CHECK_STATUS(st, FERRY_OK);
+    if (st != FERRY_OK) {
+        fprintf(stderr, "  (%s)\n", r->what);
+        return false;
+    }
+    r->got = calloc((size_t)m->n, sizeof *r->got);
+    for (int k = 0; k < m->n; k++) {
+        size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
+        r->got[k] = r->be->ops->alloc(r->be, bytes);
+        if (bytes > r->poison_bytes) r->poison_bytes = bytes;
+    }
+    size_t row = store_embed_row_bytes(r->s);
+    bool pinned;
+    r->rows_host = r->be->ops->host_alloc(r->be, N_TOKENS * row, &pinned);
+    r->rows_dev = r->be->ops->alloc(r->be, N_TOKENS * row);
+    r->rows_got = r->be->ops->alloc(r->be, (size_t)N_TOKENS * (size_t)c->dim * sizeof(float));
+    r->poison = malloc(r->poison_bytes);
+    if (!r->poison) exit(2);
+    memset(r->poison, 0xFF, r->poison_bytes);
+    return true;
+}
+
+static void run_close(run_fx *r)
+{
+    pipeline_free(r->pl); /* before the slots' store and backend go */
+    if (r->be) {
+        for (int k = 0; r->got && k < r->m->n; k++) r->be->ops->release(r->be, r->got[k]);
+        if (r->rows_host) r->be->ops->host_free(r->be, r->rows_host, 0, true);
+        r->be->ops->release(r->be, r->rows_dev);
+        r->be->ops->release(r->be, r->rows_got);
+    }
+    store_close(r->s);
+    backend_free(r->be);
+    plan_free(&r->p);
+    free(r->view_ents);
+    free(r->view.layers);
+    free(r->got);
+    free(r->poison);
+}
+
+/* One step; true when it succeeded and compute read exactly the checkpoint. */
+static ferry_status run_step(run_fx *r, int step, bool *right)
+{
+    const model_fx *m = r->m;
+    backend *be = r->be;
+    for (int k = 0; k < m->n; k++)
+        be->ops->upload(be, r->got[k], r->poison, floats_of(m->ents[k].dst) * sizeof(float));
+    be->ops->upload(be, r->rows_got, r->poison, (size_t)N_TOKENS * (size_t)m->cfg.dim * sizeof(float));
+    r->n_visits = 0;
+    pipeline_units u = {unit_embed, unit_embed_rows, unit_layer, unit_head, r};
+    ferry_status st = pipeline_step(r->pl, &u);
+    *right = false;
+    if (st != FERRY_OK) return st;
+
+    /* execution order: the embedding, every layer, the head */
+    bool order = r->n_visits == m->cfg.n_layers + 2 && r->visits[0] == EMBED_VISIT &&
+                 r->visits[r->n_visits - 1] == HEAD_VISIT;
+    for (int l = 0; order && l < m->cfg.n_layers; l++) order = r->visits[1 + l] == l;
+    if (!order) CHECK_FAIL_("%s step %d: units visited out of order (%d visits)", r->what, step, r->n_visits);
+
+    int bad = 0;
+    size_t cap = r->poison_bytes;
+    float *host = malloc(cap);
+    bool rows = r->p.groups[store_embed_group(r->s)].tier != TIER_DEVICE;
+    for (int k = 0; k < m->n; k++) {
+        size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
+        if (rows && m->ents[k].unit == UNIT_EMBED && !m->cfg.tied) continue; /* read by rows, below */
+        be->ops->download(be, host, r->got[k], bytes);
+        if (memcmp(host, m->want[k], bytes) != 0 && bad++ == 0)
+            CHECK_FAIL_("%s step %d: compute read wrong bytes of %s", r->what, step, m->ents[k].name);
+    }
+    if (rows) {
+        size_t dim = (size_t)m->cfg.dim, ek = 0;
+        for (int k = 0; k < m->n; k++)
+            if (m->ents[k].unit == UNIT_EMBED) ek = (size_t)k;
+        be->ops->download(be, host, r->rows_got, (size_t)N_TOKENS * dim * sizeof(float));
+        for (int i = 0; i < N_TOKENS; i++)
+            if (memcmp(host + (size_t)i * dim, m->want[ek] + (size_t)k_tokens[i] * dim, dim * sizeof(float)) != 0 &&
+                bad++ == 0)
+                CHECK_FAIL_("%s step %d: embedding row of token %d is wrong", r->what, step, k_tokens[i]);
+    }
+    free(host);
+    check_count++;
+    *right = order && bad == 0;
+    return FERRY_OK;
+}
+
+/* ---- every placement: compute reads the checkpoint -------------------------- */
+
+/* --max-memory specs for the placements, from the group sizes of the all-
+ * device plan of group size g. */
+static void placements(const model_fx *m, int g, char specs[4][96])
+{
+    plan p;
+    const model_config *c = &m->cfg;
+    plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = g, .prefetch = 1, .n_seqs = 1,
+                    .context = 64, .max_step_tokens = N_TOKENS, .unified = true};
+    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
+                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
+                     .max_pos = c->max_pos};
+    if (plan_make(&pm, m->units, &po, &p) != FERRY_OK) exit(2);
+    uint64_t rest = 0; /* every group but the embedding */
+    for (int i = 0; i < p.n_groups; i++)
+        if (p.groups[i].kind != GROUP_EMBED) rest += p.groups[i].bytes;
+    snprintf(specs[0], 96, "device=0");
+    snprintf(specs[1], 96, "device=0,host=0");
+    /* the first layer group on the device, the second on host, the rest on disk */
+    snprintf(specs[2], 96, "device=%llu,host=%llu", (unsigned long long)p.groups[1].bytes,
+             (unsigned long long)p.groups[2].bytes);
+    /* everything but the embedding on the device; it goes to disk (untied) */
+    snprintf(specs[3], 96, "device=%llu,host=0", (unsigned long long)rest);
+    plan_free(&p);
+}
+
+static void test_placements(const model_fx *m, const char *root)
+{
+    static const run_opts modes[] = {
+        {.compute = "inline", .delay_us = 0},
+        {.compute = "inline", .delay_us = 300},
+        {.compute = "thread", .delay_us = 0},
+        {.compute = "thread", .delay_us = 300},
+    };
+    int runs = 0;
+    for (int g = 1; g <= 2; g++) {
+        char specs[4][96];
+        placements(m, g, specs);
+        for (int pi = 0; pi < 4; pi++)
+            for (int pf = 1; pf <= 2; pf++)
+                for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+                    run_opts o = modes[mi];
+                    o.group_size = g;
+                    o.prefetch = pf;
+                    o.budgets = specs[pi];
+                    char od[PATH_MAX];
+                    snprintf(od, sizeof od, "%s/od-%s-g%d", root, m->label, g);
+                    run_fx r;
+                    if (run_open(&r, m, &o, od)) {
+                        for (int step = 0; step < STEPS; step++) {
+                            bool right;
+                            CHECK_STATUS(run_step(&r, step, &right), FERRY_OK);
+                            if (!right) break; /* one message per run */
+                        }
+                        runs++;
+                    }
+                    run_close(&r);
+                }
+    }
+    CHECK_EQ_INT(runs, 2 * 4 * 2 * 4);
+}
+
+/* ---- faults and stats -------------------------------------------------------- */
+
+static uint64_t streamed_bytes(const plan *p, tier t)
+{
+    uint64_t n = 0;
+    for (int g = 0; g < p->n_groups; g++)
+        if (p->groups[g].kind != GROUP_EMBED && p->groups[g].tier == t) n += p->groups[g].bytes;
+    return n;
+}
+
+/* The stats count every step and every streamed byte that arrived (the
+ * fetcher runs at most n_slots fetches ahead; `failed` fetches bring none). */
+static void check_stats(run_fx *r, uint64_t steps, int failed)
+{
+    pipeline_stats s = pipeline_get_stats(r->pl);
+    CHECK_EQ_U64(s.steps, steps);
+    for (tier t = TIER_HOST; t <= TIER_DISK; t++) {
+        uint64_t per_step = streamed_bytes(&r->p, t), ahead = (uint64_t)r->p.n_stage_slots * r->p.slot_bytes;
+        uint64_t lost = t == TIER_DISK ? (uint64_t)failed * r->p.slot_bytes : 0;
+        CHECK(s.bytes[t] + lost >= steps * per_step && s.bytes[t] <= steps * per_step + ahead);
+    }
+    CHECK_EQ_U64(s.bytes[TIER_DEVICE], 0);
+    CHECK(s.wall_s > 0 && s.compute_s > 0 && s.fetch_s > 0);
+}
+
+static void test_faults(const model_fx *m, const char *root)
+{
+    /* a long offload dir: the message must carry all of its path */
+    char od[PATH_MAX];
+    snprintf(od, sizeof od, "%s/od-faults-%s-%s", root, m->label,
+             "a-directory-name-long-enough-that-a-message-naming-a-blob-in-it-runs-past-one-hundred-"
+             "and-twenty-characters");
+    run_opts o = {.group_size = 1, .prefetch = 2, .budgets = "device=0,host=0", .compute = "thread",
+                  .delay_us = 300};
+
+    /* every completion short: resubmitted, nothing changes */
+    setenv("FERRY_FAULT", "read_short=1", 1);
+    fault_reset();
+    run_fx r;
+    if (run_open(&r, m, &o, od)) {
+        for (int step = 0; step < STEPS; step++) {
+            bool right;
+            CHECK_STATUS(run_step(&r, step, &right), FERRY_OK);
+            CHECK(right);
+        }
+        check_stats(&r, STEPS, 0);
+    }
+    run_close(&r);
+
+    /* EIO on the (n_streamed + 2)th completion, a read of the second step:
+     * that step fails naming the blob, every other step is right */
+    o.compute = "inline";
+    for (int pass = 0; pass < 2; pass++, o.compute = "thread") {
+        if (!run_open(&r, m, &o, od)) {
+            run_close(&r);
+            continue;
+        }
+        char fault[32];
+        snprintf(fault, sizeof fault, "read_eio=%d", r.p.n_streamed + 2);
+        setenv("FERRY_FAULT", fault, 1);
+        fault_reset();
+        int failed = 0, failed_step = -1;
+        for (int step = 0; step < STEPS; step++) {
+            bool right;
+            ferry_status st = run_step(&r, step, &right);
+            if (st == FERRY_OK) {
+                CHECK(right);
+                continue;
+            }
+            failed++;
+            failed_step = step;
+            CHECK_EQ_INT(st, FERRY_ERR_IO);
+            CHECK_MSG_HAS("Input/output error");
+            bool names_blob = false;
+            for (int g = 0; g < r.p.n_groups; g++) {
+                store_source src = store_group_source(r.s, g);
+                if (src.tier == TIER_DISK && src.path && strstr(ferry_errmsg(), src.path)) names_blob = true;
+            }
+            check_count++;
+            if (!names_blob) CHECK_FAIL_("%s: the EIO message names no blob: \"%s\"", r.what, ferry_errmsg());
+        }
+        CHECK_EQ_INT(failed, 1);
+        CHECK_EQ_INT(failed_step, 1);
+        check_stats(&r, STEPS, failed);
+        run_close(&r);
+    }
+    unsetenv("FERRY_FAULT");
+    fault_reset();
+}
+
+/* ---- the backend's own model --------------------------------------------------- */
+
+static double seconds_since(double t0) { return util_now() - t0; }
+
+static void test_backend(void)
+{
+    setenv("FERRY_SPLIT_DELAY_US", "100000", 1); /* 0.1 s: longer than any scheduling hiccup */
+    setenv("FERRY_SPLIT_COMPUTE", "inline", 1);
+    backend *be;
+    CHECK_STATUS(backend_create("cpu-split", &(backend_opts){.threads = 1}, &be), FERRY_OK);
+    if (!be) return;
+    CHECK(!be->ops->unified);
+    enum { N = 4096 };
+    uint8_t *dev = be->ops->alloc(be, N), *back = malloc(N);
+    bool pinned;
+    uint8_t *src = be->ops->host_alloc(be, N, &pinned);
+    be_event *ev = be->ops->event_create(be), *never = be->ops->event_create(be);
+
+    /* fresh device memory is NaN bytes */
+    be->ops->download(be, back, dev, N);
+    bool poison = true;
+    for (int i = 0; i < N; i++) poison = poison && back[i] == 0xFF;
+    CHECK(poison);
+
+    /* an event never recorded is complete; a copy lands late, download does
+     * not wait for it (only for compute, as on CUDA), event_sync does */
+    for (int i = 0; i < N; i++) src[i] = (uint8_t)i;
+    double t0 = util_now();
+    be->ops->event_sync(be, never);
+    be->ops->stream_wait(be, STREAM_COMPUTE, never);
+    be->ops->copy_async(be, dev, src, N);
+    be->ops->event_record(be, ev, STREAM_COPY);
+    be->ops->download(be, back, dev, N);
+    CHECK(back[1] == 0xFF);
+    be->ops->event_sync(be, ev);
+    CHECK(seconds_since(t0) >= 0.099);
+    be->ops->download(be, back, dev, N);
+    CHECK(memcmp(back, src, N) == 0);
+
+    /* on the inline compute stream a wait for a copy blocks the caller */
+    memset(src, 0x5A, N);
+    t0 = util_now();
+    be->ops->copy_async(be, dev, src, N);
+    be->ops->event_record(be, ev, STREAM_COPY);
+    be->ops->stream_wait(be, STREAM_COMPUTE, ev);
+    CHECK(seconds_since(t0) >= 0.099);
+    be->ops->download(be, back, dev, N);
+    CHECK(back[0] == 0x5A && back[N - 1] == 0x5A);
+
+    be->ops->event_destroy(be, ev);
+    be->ops->event_destroy(be, never);
+    be->ops->host_free(be, src, N, pinned);
+    be->ops->release(be, dev);
+    backend_free(be);
+    free(back);
+
+    setenv("FERRY_SPLIT_DELAY_US", "-5", 1);
+    CHECK_STATUS(backend_create("cpu-split", NULL, &be), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("FERRY_SPLIT_DELAY_US");
+    setenv("FERRY_SPLIT_DELAY_US", "0", 1);
+    setenv("FERRY_SPLIT_COMPUTE", "gpu", 1);
+    CHECK_STATUS(backend_create("cpu-split", NULL, &be), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("FERRY_SPLIT_COMPUTE");
+}
+
+/* ---- main ---------------------------------------------------------------------- */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+int main(void)
+{
+    char root[] = "/tmp/ferry-test-pipeline-XXXXXX";
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    unsetenv("FERRY_FAULT");
+    fault_reset();
+    test_backend();
+    model_fx models[2];
+    model_open(&models[0], root, "llama-f32", "--arch llama --preset tiny --layers 5 --tied false --seed 11");
+    model_open(&models[1], root, "qwen2-bf16-tied",
+               "--arch qwen2 --preset tiny --layers 4 --dtype bf16 --tied true --seed 12");
+    for (int i = 0; i < 2; i++) {
+        test_placements(&models[i], root);
+        test_faults(&models[i], root);
+        model_close(&models[i]);
+    }
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return check_report();
+}
