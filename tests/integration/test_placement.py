@@ -11,6 +11,16 @@ tokens and last-position logits as ferry's all-resident run (rel err <=
 1e-6), and for two models the PyTorch reference as in test_numerics. Peak RSS
 follows the budgets.
 
+The same matrix runs on --device cpu-split for three of the checkpoints
+(untied, tied, and the one of multi-request reads): the CPU kernels behind
+a GPU's separate device memory and asynchronous copy stream, so the
+pipeline's non-unified paths (disk bounce buffers, copy and compute events,
+slot reuse, the embedding rows' upload) run here. Each (group, prefetch)
+combination runs with its own compute stream (inline, or a thread that lets
+the host run ahead) and copy latency (FERRY_SPLIT_DELAY_US), and must match
+the all-resident CPU run as closely. `make test-mutants` runs these against
+pipelines with deliberate ordering bugs and expects them to fail.
+
 Then `ferry plan`: its JSON is self-consistent (totals = sum of the groups,
 every layer in exactly one group, groups contiguous), budgets are respected,
 placement is first-fit in execution order with the embedding last, working
@@ -19,6 +29,7 @@ has says so - and `ferry generate` refuses it at startup in one line.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,6 +62,15 @@ PLACEMENTS = ["resident", "host", "disk", "mixed", "embed-host", "embed-disk", "
 GROUP_PREFETCH = [(1, 1), (1, 3), (3, 1), (3, 3), (7, 2)]
 CHUNKED = [(1, 1), (3, 3)]  # (group, prefetch) combinations also run with chunked prefill
 
+SPLIT_MODELS = ["llama-untied-f32", "llama-tied-f32", "qwen2-small-tied"]
+# (group, prefetch) -> cpu-split's compute stream and copy delay (us). A delay
+# makes a read of a slot before its copy landed visible; no delay and a
+# compute thread make a copy that overtakes the compute still reading the
+# slot visible (with 5 layers, group 1 or 3 and prefetch 1, a slot holds a
+# different group on its next fill).
+SPLIT_MODES = {(1, 1): ("thread", 1000), (1, 3): ("inline", 300), (3, 1): ("thread", 0), (3, 3): ("inline", 0),
+               (7, 2): ("thread", 200)}
+
 
 def _model(models, name):
     opts = dict(MODELS[name])
@@ -80,7 +100,8 @@ def _run(ferry, d, prompts, flags, dump):
     else:
         out, logits = ferry.generate(d, prompts, N_NEW, *flags, dump_logits=dump)
     assert logits.shape[0] == len(prompts)
-    assert np.all(np.isfinite(logits))
+    bad = int(np.sum(~np.isfinite(logits)))
+    assert bad == 0, "%s: %d of %d logits are not finite" % (" ".join(str(f) for f in flags), bad, logits.size)
     return out, logits
 
 
@@ -95,13 +116,16 @@ def plan_json(ferry, d, *flags):
 _BASE = {}
 
 
-def baseline(ferry, d, cfg, name, wl, tmp):
+def baseline(ferry, d, cfg, name, wl, tmp, device=None):
     """The all-resident run of workload wl (no placement flags, and for the
-    chunked workload no --max-step-tokens: it is compared with one-step prefill)."""
-    key = (str(d), wl)
+    chunked workload no --max-step-tokens: it is compared with one-step prefill)
+    on `device` (default: ferry's, or $FERRY_DEVICE)."""
+    key = (str(d), wl, device or os.environ.get("FERRY_DEVICE") or "cpu")
     if key not in _BASE:
         prompts, extra = _workloads(cfg["vocab_size"], MODELS[name]["seed"])[wl]
         extra = [] if wl == "chunk" else list(extra)
+        if device:
+            extra += ["--device", device]
         _BASE[key] = _run(ferry, d, prompts, extra, tmp / ("base-%s.bin" % wl))
     return _BASE[key]
 
@@ -147,8 +171,8 @@ def tiers_of(plan):
     return [g["tier"] for g in plan["groups"]]
 
 
-def placement_flags(ferry, d, placement, group, prefetch, od):
-    flags = ["--group-size", group, "--prefetch", prefetch]
+def placement_flags(ferry, d, placement, group, prefetch, od, device=None):
+    flags = ["--group-size", group, "--prefetch", prefetch] + (["--device", device] if device else [])
     plan0 = plan_json(ferry, d, *flags)
     spec, want = split_budgets(plan0["groups"], placement)
     if spec is not None:
@@ -166,25 +190,35 @@ def placement_flags(ferry, d, placement, group, prefetch, od):
     return flags, plan
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("name", list(MODELS))
-def test_placement_matches_resident(ferry, models, tmp_path, name, placement):
+@pytest.mark.parametrize("name,placement,device", [
+    pytest.param(name, placement, device, id="%s-%s%s" % (name, placement, "-split" if device else ""))
+    for device, names in ((None, list(MODELS)), ("cpu-split", SPLIT_MODELS))
+    for name in names for placement in PLACEMENTS])
+def test_placement_matches_resident(ferry, models, tmp_path, monkeypatch, name, placement, device):
+    """device None: ferry's default (or $FERRY_DEVICE) against its own
+    all-resident run; cpu-split: against the CPU's."""
     d, cfg = _model(models, name)
     wls = _workloads(cfg["vocab_size"], MODELS[name]["seed"])
     runs = 0
     for group, prefetch in GROUP_PREFETCH:
+        what = "%s %s group=%d prefetch=%d" % (name, placement, group, prefetch)
+        if device:
+            compute, delay = SPLIT_MODES[(group, prefetch)]
+            monkeypatch.setenv("FERRY_SPLIT_COMPUTE", compute)
+            monkeypatch.setenv("FERRY_SPLIT_DELAY_US", str(delay))
+            what += " %s (compute %s, copies %d us late)" % (device, compute, delay)
         od = tmp_path / ("od-g%d-p%d" % (group, prefetch))
-        flags, _ = placement_flags(ferry, d, placement, group, prefetch, od)
+        flags, _ = placement_flags(ferry, d, placement, group, prefetch, od, device)
         for wl, (prompts, extra) in wls.items():
             if wl == "chunk" and (group, prefetch) not in CHUNKED:
                 continue
-            want_out, want_logits = baseline(ferry, d, cfg, name, wl, tmp_path)
-            what = "%s %s group=%d prefetch=%d %s" % (name, placement, group, prefetch, wl)
+            want_out, want_logits = baseline(ferry, d, cfg, name, wl, tmp_path, "cpu" if device else None)
+            what_wl = "%s %s" % (what, wl)
             out, logits = _run(ferry, d, prompts, flags + list(extra), tmp_path / "l.bin")
-            assert out == want_out, "%s: tokens %r, all-resident %r" % (what, out, want_out)
+            assert out == want_out, "%s: tokens %r, all-resident %r" % (what_wl, out, want_out)
             for i in range(len(prompts)):
                 err = rel_err(logits[i], want_logits[i])
-                assert err <= SAME, "%s: prompt %d: rel logit error %.3g vs all-resident" % (what, i, err)
+                assert err <= SAME, "%s: prompt %d: rel logit error %.3g vs all-resident" % (what_wl, i, err)
             runs += 1
     assert runs == len(GROUP_PREFETCH) * 3 + len(CHUNKED)
 
