@@ -237,3 +237,36 @@ bundle: all $(BUILD)/tests/test_ops
 	printf '%s\n' "ferry $$(git describe --always --dirty 2>/dev/null): run ./ferry from this folder (it, test_ops and libferry_cuda.so find the bundled libraries through rpath \$$ORIGIN; ./test_ops cuda compares every CUDA op with the CPU); --device cuda needs an NVIDIA driver for CUDA 13 and a GPU of compute capability 9.0 or newer (H100/H200 run sm_90 code, newer GPUs JIT the compute_90 PTX; older GPUs need a rebuild with CUDA_ARCH)." > $(BUNDLE)/README
 	$(BUNDLE)/ferry --help >/dev/null
 	@ls -la $(BUNDLE)
+
+# ---- pipeline mutants -------------------------------------------------------
+# test-mutants shows that the tests catch ordering bugs in the pipeline: for
+# each deliberate bug of engine/pipeline.c (FERRY_PIPELINE_MUTANT=N, listed
+# there) it builds ferry and test_pipeline into $(BUILD)/mutant-N and runs
+# test_pipeline and the cpu-split placement tests against them; both must
+# fail. It passes only when every mutant is caught by both.
+# `make test` runs it too: about 35 s on 2 cores the first time (four
+# builds), 10 s once they are built.
+MUTANTS ?= 1 2 3 4
+MUTANT_PYTEST := $(PYTHON) -m pytest -q -x -p no:cacheprovider tests/integration/test_placement.py -k "matches_resident and split"
+
+.PHONY: test-mutants
+test: test-mutants
+test-mutants:
+	@for n in $(MUTANTS); do \
+	  $(MAKE) --no-print-directory BUILD=$(BUILD)/mutant-$$n OPT="$(OPT) -DFERRY_PIPELINE_MUTANT=$$n" \
+	    $(BUILD)/mutant-$$n/ferry $(BUILD)/mutant-$$n/tests/test_pipeline >/dev/null || exit 1; \
+	done
+	@missed=0; for n in $(MUTANTS); do \
+	  d=$(BUILD)/mutant-$$n; \
+	  if $$d/tests/test_pipeline >$$d/unit.log 2>&1; then \
+	    echo "mutant $$n: NOT caught by test_pipeline"; missed=1; \
+	  else \
+	    echo "mutant $$n: caught by test_pipeline: $$(grep -m1 'test_pipeline.c:' $$d/unit.log)"; \
+	  fi; \
+	  FERRY_BIN=$(CURDIR)/$$d/ferry $(MUTANT_PYTEST) >$$d/placement.log 2>&1; rc=$$?; \
+	  if [ $$rc = 1 ]; then \
+	    echo "mutant $$n: caught by $$(grep -m1 '^FAILED' $$d/placement.log | cut -c8-): $$(grep -m1 '^E ' $$d/placement.log | sed 's/^E *//' | cut -c1-240)"; \
+	  else \
+	    echo "mutant $$n: NOT caught by the cpu-split placement tests (pytest exit $$rc, $$d/placement.log)"; missed=1; \
+	  fi; \
+	done; exit $$missed
