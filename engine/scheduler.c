@@ -229,6 +229,8 @@ static void run_step(sched *s)
     ferry_status st = engine_step(s->e, &b, s->logits);
     double dt = util_now() - t0;
     char *msg = st != FERRY_OK ? ferry_errmsg_dup() : NULL; /* whole, for every sequence's on_done */
+    if (st != FERRY_OK) /* the operator's record: clients see it too, but only their own */
+        fprintf(stderr, "ferry: step of %d sequences failed: %s\n", ns, msg ? msg : "out of memory");
 
     /* First advance every sequence and count, then publish the step's
      * figures, then call back: a client that got its answer must find it in
@@ -260,6 +262,7 @@ static void run_step(sched *s)
     while (bucket < 7 && ns >= (2 << bucket)) bucket++;
     s->stats.batch_hist[bucket]++;
     s->stats.batch_sum += (uint64_t)ns;
+    s->stats.failing_steps = st == FERRY_OK ? 0 : s->stats.failing_steps + 1;
     pthread_mutex_unlock(&s->mu);
 
     for (int k = 0; k < ns; k++) {

@@ -32,6 +32,11 @@ typedef struct {
     int last_batch;          /* sequences in the last step */
     uint64_t batch_hist[8];  /* steps by sequences: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
     uint64_t batch_sum;      /* sequences summed over steps */
+    int failing_steps;       /* steps failed in a row (0 after one succeeds) */
 } sched_stats;
+
+/* After this many failed steps in a row the server says it is not ready
+ * (health/ready 503) until a step succeeds again. */
+#define SCHED_UNHEALTHY_STEPS 3
 
 #endif

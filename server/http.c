@@ -43,15 +43,26 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../engine/base/util.h"
 #include "kserve.h"
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
 
 #define WORKER_THREADS 4
 #define CONNECTION_TIMEOUT_S 60
 #define STREAM_BLOCK 4096
 #define STOP_GRACE_MS 2000
+#define DRAIN_MIN (1u << 20) /* body bytes past --max-body read to answer 413 */
 
 typedef enum {
     EP_LIVE,
@@ -76,8 +87,9 @@ struct http_server {
     struct MHD_Daemon *d;
     char *name;
     uint64_t max_body;
-    uint64_t body_budget;    /* request bytes buffered at once, all connections */
-    uint64_t body_bytes;     /* atomic */
+    uint64_t mem_budget;     /* --request-memory: bytes held for requests in flight, all connections */
+    uint64_t mem_used;       /* atomic */
+    int request_timeout_s;   /* to receive a request's head and body */
     metrics *counters;
     bool log;                /* FERRY_HTTP_LOG set: print MHD's own messages (read once, at start) */
     int port;
@@ -85,8 +97,9 @@ struct http_server {
     pthread_t reaper;        /* notices clients that left while their request waits */
     bool reaper_running;
     int reaper_stop;         /* atomic */
-    pthread_mutex_t reg_mu;  /* guards the list of live requests */
+    pthread_mutex_t reg_mu;  /* guards the lists of live requests and of connections */
     struct request *live;
+    struct conn_track *conns;
     pthread_rwlock_t lock;   /* guards e, s, lim: held (read) around every use */
     engine *e;
     sched *s;
@@ -115,6 +128,8 @@ struct request {
     char *body;
     size_t len, cap;
     bool too_large, over_budget;
+    uint64_t received;           /* body bytes received, kept or not */
+    uint64_t mem;                /* bytes of the budget this request holds (MHD thread; last unref) */
     /* work: fixed once submitted */
     kserve_request kr;
     sched *s;                    /* the scheduler the rows went to */
@@ -133,10 +148,24 @@ struct request {
     ferry_status st;             /* the first failure */
     char msg[256];
     bool cancelled;
-    strbuf out;                  /* stream: events not yet handed to MHD */
+    strbuf out;                  /* stream: events not yet handed to MHD; infer: the current piece */
     size_t out_sent;
     int n_events;
+    kserve_infer_writer writer;  /* infer: the answer, piece by piece */
 };
+
+/* A connection, from accept to close, for the receive deadline: MHD calls
+ * the access handler only once a request's head is whole, so a client that
+ * trickles its head (slow loris) is seen only here. Under srv->reg_mu. */
+typedef struct conn_track {
+    struct conn_track *prev, *next;
+    int fd;
+    double since;     /* when the current request's head started (accept, or the last answer) */
+    bool receiving;   /* its head or body is still arriving */
+    bool cut;         /* shut down for passing the deadline */
+} conn_track;
+
+static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving);
 
 /* ---- request objects ------------------------------------------------------------ */
 
@@ -158,9 +187,31 @@ static request *request_new(http_server *srv, struct MHD_Connection *c)
     return rq;
 }
 
+/* ---- the request-memory budget ------------------------------------------------ */
+
+/* Every byte held for a request - its body, its parse, its results and the
+ * answer not yet sent - is taken from one budget (--request-memory) before
+ * it is allocated; a request that cannot have it is answered 503. */
+static bool mem_take(request *rq, uint64_t n)
+{
+    http_server *srv = rq->srv;
+    uint64_t used = __atomic_load_n(&srv->mem_used, __ATOMIC_RELAXED);
+    do {
+        if (n > srv->mem_budget - used) return false;
+    } while (!__atomic_compare_exchange_n(&srv->mem_used, &used, used + n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    rq->mem += n;
+    return true;
+}
+
+static void mem_give(request *rq, uint64_t n)
+{
+    rq->mem -= n;
+    __atomic_fetch_sub(&rq->srv->mem_used, n, __ATOMIC_RELAXED);
+}
+
 static void body_release(request *rq)
 {
-    if (rq->cap) __atomic_fetch_sub(&rq->srv->body_bytes, (uint64_t)rq->cap, __ATOMIC_RELAXED);
+    mem_give(rq, rq->cap);
     free(rq->body);
     rq->body = NULL;
     rq->len = rq->cap = 0;
@@ -189,6 +240,7 @@ static void request_unref(request *rq)
     free(rq->refs_of);
     kserve_request_free(&rq->kr);
     sb_free(&rq->out);
+    mem_give(rq, rq->mem);
     pthread_mutex_destroy(&rq->mu);
     free(rq);
 }
@@ -388,27 +440,33 @@ static enum MHD_Result answer_get(request *rq)
     strbuf sb;
     sb_init(&sb);
     pthread_rwlock_rdlock(&srv->lock);
-    bool ready = srv->s != NULL;
+    bool loaded = srv->s != NULL;
     int vocab = srv->lim.vocab;
     metrics_engine_view view;
     memset(&view, 0, sizeof view);
-    if (rq->ep == EP_METRICS && ready) {
-        view.ready = true;
-        view.sched = sched_get_stats(srv->s);
+    if (loaded) view.sched = sched_get_stats(srv->s);
+    /* loaded, and its steps are not failing one after another */
+    bool ready = loaded && view.sched.failing_steps < SCHED_UNHEALTHY_STEPS;
+    if (rq->ep == EP_METRICS && loaded) {
+        view.ready = ready;
         view.pipe = engine_pipeline_stats(srv->e);
         memcpy(view.weight_bytes, engine_get_plan(srv->e)->tier_bytes, sizeof view.weight_bytes);
     }
     pthread_rwlock_unlock(&srv->lock);
+    view.request_memory = __atomic_load_n(&srv->mem_used, __ATOMIC_RELAXED);
+    view.request_memory_limit = srv->mem_budget;
     int code = 200;
     switch (rq->ep) {
     case EP_LIVE: sb_puts(&sb, "{\"live\": true}"); break;
     case EP_READY:
-        sb_puts(&sb, ready ? "{\"ready\": true}" : "{\"ready\": false, \"error\": \"model not ready\"}");
+        if (ready) sb_puts(&sb, "{\"ready\": true}");
+        else if (loaded) sb_puts(&sb, "{\"ready\": false, \"error\": \"the last steps failed (see the server log)\"}");
+        else sb_puts(&sb, "{\"ready\": false, \"error\": \"model not ready\"}");
         code = ready ? 200 : 503;
         break;
     case EP_SERVER_META: kserve_server_metadata(&sb); break;
     case EP_MODEL_META:
-        if (ready) kserve_model_metadata(&sb, srv->name, vocab);
+        if (loaded) kserve_model_metadata(&sb, srv->name, vocab);
         else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
         break;
     case EP_MODEL_READY:
@@ -429,7 +487,41 @@ static enum MHD_Result answer_get(request *rq)
 
 /* ---- inference endpoints -------------------------------------------------------- */
 
+static enum MHD_Result respond_busy(request *rq)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "server busy: %llu bytes of request memory in use, limit %llu (--request-memory)",
+             (unsigned long long)__atomic_load_n(&rq->srv->mem_used, __ATOMIC_RELAXED),
+             (unsigned long long)rq->srv->mem_budget);
+    return respond_error(rq, 503, msg, NULL, NULL);
+}
+
+/* The most a request's results and answer can hold, taken before any row
+ * is submitted so that nothing after can fail for memory: every row's
+ * tokens and logits; and the answer: an infer answer goes out one piece
+ * (one row of one output) at a time, a generate answer is built whole, a
+ * stream holds the events its client has not read yet. */
+#define EVENT_BYTES 160 /* one SSE token event, model name aside */
+static uint64_t answer_bytes(const request *rq, int vocab)
+{
+    const kserve_request *r = &rq->kr;
+    uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->max_new_tokens;
+    uint64_t results = rows * (new_tokens * sizeof(int32_t) + (r->want_logits ? (uint64_t)vocab * sizeof(float) : 0)) +
+                       rows * sizeof(kserve_row);
+    uint64_t answer;
+    if (rq->ep == EP_INFER) {
+        uint64_t ids_row = new_tokens * 24, logits_row = r->want_logits ? (uint64_t)vocab * 24 : 0; /* JSON */
+        answer = 2 * ((ids_row > logits_row ? ids_row : logits_row) + 4096); /* a piece, and its growth */
+    } else if (rq->ep == EP_GENERATE) {
+        answer = rows * new_tokens * 16 + 4096;
+    } else {
+        answer = new_tokens * (EVENT_BYTES + strlen(rq->srv->name)) + 4096;
+    }
+    return results + answer;
+}
+
 static enum MHD_Result stream_start(request *rq);
+static enum MHD_Result infer_start(request *rq);
 
 /* Answers once every row ended (or, streaming, once the first token is
  * there), else suspends until a callback resumes the connection. */
@@ -450,31 +542,59 @@ static enum MHD_Result finish_or_wait(request *rq)
     /* cancelled: the client went away; 499 (nginx's "client closed request") only shows in the metrics */
     if (rq->cancelled) return respond_error(rq, 499, "request cancelled", NULL, NULL);
     if (rq->ep == EP_STREAM) return respond_error(rq, 500, "internal error: a stream ended without tokens", NULL, NULL);
+    if (rq->ep == EP_INFER) return infer_start(rq);
     strbuf sb;
     sb_init(&sb);
-    if (rq->ep == EP_INFER) {
-        size_t json_len = 0;
-        kserve_infer_response(&sb, &rq->kr, rq->srv->name, rq->rows, rq->srv->lim.vocab, &json_len);
-        if (json_len && !sb.oom) {
-            char hl[32];
-            snprintf(hl, sizeof hl, "%zu", json_len);
-            metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], 200);
-            rq->state = RQ_ANSWERED;
-            struct MHD_Response *r = MHD_create_response_from_buffer(sb.len, sb.data, MHD_RESPMEM_MUST_FREE);
-            if (!r) {
-                sb_free(&sb);
-                return MHD_NO;
-            }
-            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
-            MHD_add_response_header(r, "Inference-Header-Content-Length", hl);
-            enum MHD_Result ret = MHD_queue_response(rq->conn, 200, r);
-            MHD_destroy_response(r);
-            return ret;
-        }
-    } else {
-        kserve_generate_response(&sb, &rq->kr, rq->srv->name, rq->rows);
-    }
+    kserve_generate_response(&sb, &rq->kr, rq->srv->name, rq->rows);
     return respond_sb(rq, 200, &sb, NULL, NULL);
+}
+
+/* MHD asks for the next bytes of an infer answer: pieces from the writer,
+ * one at a time, so that the answer is never held whole (its rows are). */
+static ssize_t infer_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    request *rq = cls;
+    while (rq->out.len == rq->out_sent) {
+        rq->out.len = rq->out_sent = 0;
+        if (!kserve_infer_writer_next(&rq->writer, &rq->out)) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (rq->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = rq->out.len - rq->out_sent < max ? rq->out.len - rq->out_sent : max;
+    memcpy(buf, rq->out.data + rq->out_sent, n);
+    rq->out_sent += n;
+    return (ssize_t)n;
+}
+
+static void reader_free(void *cls) { request_unref(cls); }
+
+/* The answer of a finished infer request, streamed by infer_read. With a
+ * binary output, Inference-Header-Content-Length needs the JSON part's
+ * length first: a counting pass formats it once without keeping it. */
+static enum MHD_Result infer_start(request *rq)
+{
+    kserve_infer_writer_init(&rq->writer, &rq->kr, rq->srv->name, rq->rows, rq->srv->lim.vocab);
+    size_t json_len = kserve_infer_json_len(&rq->kr, rq->srv->name, rq->rows, rq->srv->lim.vocab);
+    pthread_mutex_lock(&rq->mu);
+    rq->refs++; /* the reader's */
+    pthread_mutex_unlock(&rq->mu);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK * 16, infer_read, rq,
+                                                               reader_free);
+    if (!r) {
+        request_unref(rq);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, json_len ? "application/octet-stream" : "application/json");
+    if (json_len) {
+        char hl[32];
+        snprintf(hl, sizeof hl, "%zu", json_len);
+        MHD_add_response_header(r, "Inference-Header-Content-Length", hl);
+    }
+    rq->state = RQ_ANSWERED;
+    enum MHD_Result ret = MHD_queue_response(rq->conn, 200, r);
+    MHD_destroy_response(r);
+    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], 200);
+    return ret;
 }
 
 /* MHD asks for the next bytes of the event stream. */
@@ -505,15 +625,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     return 0;
 }
 
-static void stream_free(void *cls) { request_unref(cls); }
-
 static enum MHD_Result stream_start(request *rq)
 {
     pthread_mutex_lock(&rq->mu);
     rq->refs++; /* the reader's */
     pthread_mutex_unlock(&rq->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, rq,
-                                                               stream_free);
+                                                               reader_free);
     if (!r) {
         request_unref(rq);
         return MHD_NO;
@@ -549,18 +667,20 @@ static enum MHD_Result start_inference(request *rq)
     if (!ready) return respond_error(rq, 503, "model not ready", NULL, NULL);
 
     ferry_status st;
-    if (rq->ep == EP_INFER) {
-        int64_t hl = header_length(rq->conn);
-        if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
-        st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, &lim, &rq->kr);
-    } else {
-        st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, &lim, &rq->kr);
-    }
+    int64_t hl = rq->ep == EP_INFER ? header_length(rq->conn) : -1;
+    if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
+    /* the parse may hold up to kserve_parse_bound of the body's size */
+    uint64_t parse = kserve_parse_bound(rq->len);
+    if (!mem_take(rq, parse)) return respond_busy(rq);
+    if (rq->ep == EP_INFER) st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, &lim, &rq->kr);
+    else st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, &lim, &rq->kr);
+    mem_give(rq, parse);
     body_release(rq);
     if (st != FERRY_OK) return respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
     int n = rq->kr.n_rows;
     if (rq->ep == EP_STREAM && n != 1)
         return respond_error(rq, 400, "generate_stream takes one prompt (input_ids: a list of token ids)", NULL, NULL);
+    if (!mem_take(rq, kserve_request_bytes(&rq->kr) + answer_bytes(rq, lim.vocab))) return respond_busy(rq);
     rq->sid = calloc((size_t)n, sizeof *rq->sid);
     rq->refs_of = calloc((size_t)n, sizeof *rq->refs_of);
     rq->rows = calloc((size_t)n, sizeof *rq->rows);
@@ -623,6 +743,13 @@ static enum MHD_Result dispatch(request *rq)
     return answer_get(rq);
 }
 
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) (*(int *)cls)++;
+    return MHD_YES;
+}
+
 /* Appends upload data, within max_body and the server-wide budget. */
 static void body_append(request *rq, const char *data, size_t n)
 {
@@ -638,10 +765,10 @@ static void body_append(request *rq, const char *data, size_t n)
         while (cap < rq->len + n) cap *= 2;
         if (cap > srv->max_body) cap = (size_t)srv->max_body;
         uint64_t grow = cap - rq->cap;
-        uint64_t now = __atomic_add_fetch(&srv->body_bytes, grow, __ATOMIC_RELAXED);
-        char *p = now <= srv->body_budget ? realloc(rq->body, cap) : NULL;
+        bool taken = mem_take(rq, grow);
+        char *p = taken ? realloc(rq->body, cap) : NULL;
         if (!p) {
-            __atomic_fetch_sub(&srv->body_bytes, grow, __ATOMIC_RELAXED);
+            if (taken) mem_give(rq, grow);
             rq->over_budget = true;
             body_release(rq);
             return;
@@ -664,6 +791,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(rq = request_new(srv, c))) return MHD_NO;
         *con_cls = rq;
         route(rq, url, method);
+        int lengths = 0;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &lengths);
+        if (lengths > 1) {
+            /* two lengths: a proxy in front may have read the body by the other (request smuggling) */
+            rq->early_code = 400;
+            rq->early_msg = "more than one Content-Length header";
+            conn_mark(srv, c, false);
+            return dispatch(rq);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (!rq->early_code && is_post_endpoint(rq->ep) && cl) {
             char *end;
@@ -671,6 +807,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             unsigned long long v = strtoull(cl, &end, 10);
             if (end != cl && !*end && (errno || v > srv->max_body)) {
                 rq->too_large = true;
+                conn_mark(srv, c, false);
                 return dispatch(rq);
             }
         }
@@ -680,9 +817,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case RQ_RECEIVING:
         if (*upload_data_size) {
             body_append(rq, upload_data, *upload_data_size);
+            rq->received += *upload_data_size;
             *upload_data_size = 0;
+            /* past --max-body (a chunked body announces no length): MHD can
+             * answer only once the body is in, so the rest is read and
+             * dropped - for at most another max(--max-body, 1 MiB), so that
+             * a client a little over the limit is told 413; beyond that the
+             * connection is closed at once rather than read on (a 30 GB body) */
+            if (rq->too_large && rq->received - srv->max_body > (srv->max_body > DRAIN_MIN ? srv->max_body : DRAIN_MIN)) {
+                metrics_count_request(srv->counters, k_ep_name[rq->ep], 413);
+                rq->state = RQ_ANSWERED;
+                return MHD_NO;
+            }
             return MHD_YES;
         }
+        conn_mark(srv, c, false);
         return dispatch(rq);
     case RQ_RUNNING: return finish_or_wait(rq);
     case RQ_STREAMING:
@@ -693,13 +842,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
     (void)toe;
     http_server *srv = cls;
     request *rq = *con_cls;
+    conn_mark(srv, c, true); /* a kept-alive connection now waits for its next request */
     if (!rq) return;
     *con_cls = NULL;
     __atomic_fetch_sub(&srv->active, 1, __ATOMIC_RELAXED);
+    /* never answered: the client left while its request waited (a 499 is
+     * counted when one is queued; this one had no chance to be) */
+    if (rq->state != RQ_ANSWERED && rq->state != RQ_STREAMING)
+        metrics_count_request(srv->counters, k_ep_name[rq->ep], 499);
     pthread_mutex_lock(&rq->mu);
     rq->conn = NULL;
     bool running = rq->rows_left > 0;
@@ -713,9 +866,95 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     request_unref(rq);
 }
 
+/* ---- connections: the receive deadline ------------------------------------------ */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    http_server *srv = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_track *t = calloc(1, sizeof *t);
+        if (!t || !ci) {
+            free(t);
+            return; /* untracked: it only misses the deadline */
+        }
+        *t = (conn_track){.fd = ci->connect_fd, .since = util_now(), .receiving = true};
+        pthread_mutex_lock(&srv->reg_mu);
+        t->next = srv->conns;
+        if (srv->conns) srv->conns->prev = t;
+        srv->conns = t;
+        pthread_mutex_unlock(&srv->reg_mu);
+        *socket_context = t;
+        return;
+    }
+    /* CLOSED: MHD notifies before it closes the socket, so while a track is
+     * listed (under reg_mu) its fd is this connection's */
+    conn_track *t = *socket_context;
+    if (!t) return;
+    pthread_mutex_lock(&srv->reg_mu);
+    if (t->prev) t->prev->next = t->next;
+    else srv->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    pthread_mutex_unlock(&srv->reg_mu);
+    free(t);
+    *socket_context = NULL;
+}
+
+/* A request's head is whole and its body received (receiving false), or
+ * it was answered and the connection waits for the next head (true: the
+ * deadline starts again). */
+static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_track *t = ci ? ci->socket_context : NULL;
+    if (!t) return;
+    pthread_mutex_lock(&srv->reg_mu);
+    t->receiving = receiving;
+    t->since = util_now();
+    pthread_mutex_unlock(&srv->reg_mu);
+}
+
+/* Shuts down connections that took longer than the deadline to send a
+ * request (head and body): MHD then sees the socket fail and closes it
+ * itself. An idle keep-alive connection counts as receiving its next head. */
+static void cut_slow_connections(http_server *srv)
+{
+    double now = util_now();
+    pthread_mutex_lock(&srv->reg_mu);
+    for (conn_track *t = srv->conns; t; t = t->next)
+        if (t->receiving && !t->cut && now - t->since > srv->request_timeout_s) {
+            t->cut = true;
+            shutdown(t->fd, SHUT_RDWR);
+        }
+    pthread_mutex_unlock(&srv->reg_mu);
+}
+
+/* Percent-decoding of the path, except %00: a NUL would end the path early
+ * ("/v2/models/m%00x" would name model m), so it stays as written and
+ * matches nothing. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 /* ---- the reaper ------------------------------------------------------------------- */
 
-/* MHD does not watch a suspended socket, and on_token notices a departed
+/* The reaper also enforces the receive deadline (above). MHD does not
+ * watch a suspended socket, and on_token notices a departed
  * client only at its next token: a request still queued or prefilling
  * would hold its place until then. Every REAP_INTERVAL_US this thread
  * peeks at the sockets of suspended requests and cancels those whose
@@ -730,6 +969,7 @@ static void *reaper_main(void *arg)
     http_server *srv = arg;
     while (!__atomic_load_n(&srv->reaper_stop, __ATOMIC_ACQUIRE)) {
         usleep(REAP_INTERVAL_US);
+        cut_slow_connections(srv);
         request *gone[REAP_BATCH];
         int n = 0;
         pthread_mutex_lock(&srv->reg_mu);
@@ -777,8 +1017,8 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
     srv->max_body = o->max_body;
-    srv->body_budget = o->max_body > (UINT64_MAX / 4) ? UINT64_MAX : o->max_body * 4;
-    if (srv->body_budget < (256ull << 20)) srv->body_budget = 256ull << 20;
+    srv->mem_budget = o->request_memory;
+    srv->request_timeout_s = o->request_timeout_s;
     srv->counters = o->counters;
     srv->log = getenv("FERRY_HTTP_LOG") != NULL;
     /* writer-preferring: under sustained load shutdown must still get it */
@@ -807,6 +1047,10 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     srv->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, srv,
                               MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                              MHD_OPTION_UNESCAPE_CALLBACK, unescape, srv,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_ip,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)WORKER_THREADS,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)512,

@@ -19,6 +19,18 @@
 
 #define MAX_TOKENS (1 << 28) /* B x T bound: keeps size arithmetic far from overflow */
 
+size_t kserve_parse_bound(size_t body_len)
+{
+    return body_len > (SIZE_MAX - KSERVE_PARSE_SLACK) / KSERVE_PARSE_RATIO ? SIZE_MAX
+                                                                          : KSERVE_PARSE_RATIO * body_len + KSERVE_PARSE_SLACK;
+}
+
+size_t kserve_request_bytes(const kserve_request *r)
+{
+    return sizeof *r + (size_t)r->n_rows * 2 * sizeof(int) + (r->n_rows ? (size_t)(r->row_off[r->n_rows - 1] + r->row_len[r->n_rows - 1]) * sizeof(int32_t) : 0) +
+           (r->id ? strlen(r->id) + 1 : 0);
+}
+
 /* A request's parameters start as the settings' defaults (settings.def),
  * the same a `ferry generate` without flags uses. */
 static void request_defaults(kserve_request *r)
@@ -267,6 +279,8 @@ static ferry_status parse_id(const json_value *v, kserve_request *r)
 {
     if (v->type == JSON_NULL) return FERRY_OK;
     if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "id must be a string");
+    if (v->len > KSERVE_MAX_ID)
+        return ferry_fail(FERRY_ERR_INVALID, "id is %zu bytes (at most %d)", v->len, KSERVE_MAX_ID);
     free(r->id);
     if (!(r->id = strdup(v->str))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     return FERRY_OK;
@@ -383,7 +397,8 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
                           (long long)json_len, len);
     size_t jlen = json_len >= 0 ? (size_t)json_len : len;
     json_doc *doc;
-    if (json_parse(body, jlen, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
+    ferry_status pst = json_parse_limited(body, jlen, kserve_parse_bound(jlen), &doc);
+    if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;
     ferry_status st = parse_infer(json_doc_root(doc), (const uint8_t *)body + jlen, len - jlen, out);
     json_doc_free(doc);
     if (st == FERRY_OK) st = check_rows(out, lim);
@@ -466,7 +481,8 @@ ferry_status kserve_parse_generate(const char *body, size_t len, const engine_li
 {
     request_defaults(out);
     json_doc *doc;
-    if (json_parse(body, len, &doc) != FERRY_OK) return ferry_fail_context(FERRY_ERR_INVALID, "malformed JSON");
+    ferry_status pst = json_parse_limited(body, len, kserve_parse_bound(len), &doc);
+    if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;
     ferry_status st = parse_generate(json_doc_root(doc), out);
     json_doc_free(doc);
     if (st == FERRY_OK) st = check_rows(out, lim);
@@ -510,52 +526,133 @@ static void put_response_head(strbuf *sb, const kserve_request *r, const char *m
     }
 }
 
-void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
-                           size_t *json_len)
+enum { W_HEAD, W_OUTPUT, W_ROWS, W_BINARY, W_DONE };
+
+void kserve_infer_writer_init(kserve_infer_writer *w, const kserve_request *r, const char *model,
+                              const kserve_row *rows, int vocab)
 {
-    int b = r->n_rows, n = 0;
-    for (int i = 0; i < b; i++) n = rows[i].n_tokens > n ? rows[i].n_tokens : n;
-    bool any_binary = false;
-    size_t start = sb->len;
-    put_response_head(sb, r, model);
-    sb_puts(sb, ", \"outputs\": [");
-    for (int o = 0; o < r->n_outputs; o++) {
+    memset(w, 0, sizeof *w);
+    w->r = r;
+    w->model = model;
+    w->rows = rows;
+    w->vocab = vocab;
+    for (int i = 0; i < r->n_rows; i++) w->n = rows[i].n_tokens > w->n ? rows[i].n_tokens : w->n;
+    for (int o = 0; o < r->n_outputs; o++) w->any_binary |= r->binary[o];
+}
+
+/* Row i of output o as JSON values (", "-separated, continuing the list). */
+static void put_row_json(kserve_infer_writer *w, strbuf *sb, int o, int i)
+{
+    const kserve_row *row = &w->rows[i];
+    if (w->r->outputs[o] == KSERVE_OUT_IDS) {
+        for (int k = 0; k < w->n; k++) sb_printf(sb, "%s%d", i || k ? ", " : "", k < row->n_tokens ? row->tokens[k] : -1);
+        return;
+    }
+    for (int k = 0; k < w->vocab; k++) {
+        if (i || k) sb_puts(sb, ", ");
+        sb_json_f32(sb, row->logits ? row->logits[k] : NAN);
+    }
+}
+
+/* Row i of output o as little-endian binary. */
+static void put_row_binary(kserve_infer_writer *w, strbuf *sb, int o, int i)
+{
+    const kserve_row *row = &w->rows[i];
+    if (w->r->outputs[o] == KSERVE_OUT_IDS) {
+        for (int k = 0; k < w->n; k++) put_le(sb, (uint64_t)(int64_t)(k < row->n_tokens ? row->tokens[k] : -1), 8);
+        return;
+    }
+    for (int k = 0; k < w->vocab; k++) {
+        float f = row->logits ? row->logits[k] : NAN;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        put_le(sb, u, 4);
+    }
+}
+
+bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb)
+{
+    const kserve_request *r = w->r;
+    int b = r->n_rows;
+    switch (w->stage) {
+    case W_HEAD:
+        put_response_head(sb, r, w->model);
+        sb_puts(sb, ", \"outputs\": [");
+        w->stage = W_OUTPUT;
+        return true;
+    case W_OUTPUT: {
+        int o = w->o;
+        if (o == r->n_outputs) {
+            sb_puts(sb, "]}");
+            w->stage = W_BINARY;
+            w->o = w->i = 0;
+            return true;
+        }
         bool ids = r->outputs[o] == KSERVE_OUT_IDS;
-        int cols = ids ? n : vocab;
+        int cols = ids ? w->n : w->vocab;
         sb_printf(sb, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": [%d, %d]", o ? ", " : "",
                   ids ? "output_ids" : "logits", ids ? "INT64" : "FP32", b, cols);
         if (r->binary[o]) {
-            any_binary = true;
             sb_printf(sb, ", \"parameters\": {\"binary_data_size\": %zu}}", (size_t)b * (size_t)cols * (ids ? 8 : 4));
-            continue;
+            w->o++;
+        } else {
+            sb_puts(sb, ", \"data\": [");
+            w->stage = W_ROWS;
+            w->i = 0;
         }
-        sb_puts(sb, ", \"data\": [");
-        for (int i = 0; i < b; i++)
-            for (int k = 0; k < cols; k++) {
-                if (i || k) sb_puts(sb, ", ");
-                if (ids) sb_printf(sb, "%d", k < rows[i].n_tokens ? rows[i].tokens[k] : -1);
-                else sb_json_f32(sb, rows[i].logits ? rows[i].logits[k] : NAN);
-            }
-        sb_puts(sb, "]}");
+        return true;
     }
-    sb_puts(sb, "]}");
-    *json_len = any_binary ? sb->len - start : 0;
-    for (int o = 0; o < r->n_outputs && any_binary; o++) {
-        if (!r->binary[o]) continue;
-        for (int i = 0; i < b; i++) {
-            if (r->outputs[o] == KSERVE_OUT_IDS) {
-                for (int k = 0; k < n; k++)
-                    put_le(sb, (uint64_t)(int64_t)(k < rows[i].n_tokens ? rows[i].tokens[k] : -1), 8);
-            } else {
-                for (int k = 0; k < vocab; k++) {
-                    float f = rows[i].logits ? rows[i].logits[k] : NAN;
-                    uint32_t u;
-                    memcpy(&u, &f, 4);
-                    put_le(sb, u, 4);
-                }
-            }
+    case W_ROWS:
+        put_row_json(w, sb, w->o, w->i);
+        if (++w->i == b) {
+            sb_puts(sb, "]}");
+            w->o++;
+            w->stage = W_OUTPUT;
         }
+        return true;
+    case W_BINARY:
+        while (w->o < r->n_outputs && !r->binary[w->o]) w->o++;
+        if (w->o == r->n_outputs) {
+            w->stage = W_DONE;
+            return false;
+        }
+        put_row_binary(w, sb, w->o, w->i);
+        if (++w->i == b) {
+            w->i = 0;
+            w->o++;
+        }
+        return true;
     }
+    return false;
+}
+
+bool kserve_infer_writer_in_json(const kserve_infer_writer *w) { return w->stage < W_BINARY; }
+
+size_t kserve_infer_json_len(const kserve_request *r, const char *model, const kserve_row *rows, int vocab)
+{
+    kserve_infer_writer w;
+    kserve_infer_writer_init(&w, r, model, rows, vocab);
+    if (!w.any_binary) return 0;
+    strbuf piece;
+    sb_init(&piece);
+    size_t n = 0;
+    while (kserve_infer_writer_in_json(&w) && kserve_infer_writer_next(&w, &piece)) {
+        n += piece.len;
+        piece.len = 0;
+    }
+    sb_free(&piece);
+    return n;
+}
+
+void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
+                           size_t *json_len)
+{
+    kserve_infer_writer w;
+    kserve_infer_writer_init(&w, r, model, rows, vocab);
+    size_t start = sb->len;
+    *json_len = 0;
+    while (kserve_infer_writer_next(&w, sb))
+        if (!kserve_infer_writer_in_json(&w) && w.any_binary && !*json_len) *json_len = sb->len - start;
 }
 
 static void put_ids(strbuf *sb, const kserve_row *row)

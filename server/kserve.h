@@ -31,6 +31,11 @@
 #define FERRY_VERSION "0.1.0"
 #define KSERVE_MODEL_VERSION "1"
 #define KSERVE_MAX_ROWS 1024 /* prompts in one request */
+#define KSERVE_MAX_ID 1024   /* bytes of a request's "id" (it is echoed in the answer) */
+/* Parsing a body may hold at most RATIO x its size + SLACK bytes (the JSON
+ * tree): more is a 413, however much memory the server has. */
+#define KSERVE_PARSE_RATIO 24
+#define KSERVE_PARSE_SLACK (1u << 20)
 
 typedef struct {
     /* prompts: row i is ids[row_off[i] .. row_off[i] + row_len[i]) */
@@ -69,6 +74,12 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
 void kserve_request_free(kserve_request *r);
 
+/* The most memory parsing a body of body_len bytes may hold at once (a
+ * transport reserves it before parsing). */
+size_t kserve_parse_bound(size_t body_len);
+/* Memory a parsed request holds. */
+size_t kserve_request_bytes(const kserve_request *r);
+
 /* Row i as a gen_request (prompt points into r; stream i of the seed). */
 gen_request kserve_row_request(const kserve_request *r, int row);
 
@@ -76,9 +87,33 @@ gen_request kserve_row_request(const kserve_request *r, int row);
  * asked for binary; *json_len is then the JSON's length (for the
  * Inference-Header-Content-Length header), else 0. output_ids is [B,N] with
  * N the longest row; shorter rows (a stop token ended them) are padded
- * with -1. */
+ * with -1. Built whole: for tests and small answers. */
 void kserve_infer_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
                            size_t *json_len);
+
+/* The same bytes piece by piece, so that a large answer (the logits of many
+ * prompts) goes to the socket without being built whole: each call to
+ * kserve_infer_writer_next appends one piece (a header, or one row of one
+ * output) and returns false when nothing is left. rows and r must outlive
+ * the writer. */
+typedef struct {
+    const kserve_request *r;
+    const char *model;
+    const kserve_row *rows;
+    int vocab, n;            /* n: the longest row */
+    bool any_binary;
+    int stage, o, i;         /* where the next piece starts */
+} kserve_infer_writer;
+
+void kserve_infer_writer_init(kserve_infer_writer *w, const kserve_request *r, const char *model,
+                              const kserve_row *rows, int vocab);
+bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb);
+/* Still writing the JSON part (before the binary outputs)? */
+bool kserve_infer_writer_in_json(const kserve_infer_writer *w);
+/* The JSON part's length when any output is binary, else 0 (a counting
+ * pass: nothing is kept). */
+size_t kserve_infer_json_len(const kserve_request *r, const char *model, const kserve_row *rows, int vocab);
+
 /* {"model_name", "model_version", "output_ids"}: a flat list for one
  * prompt, a list of lists when input_ids was nested. */
 void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows);

@@ -54,6 +54,11 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     help(sb, "ferry_model_ready", "gauge", "1 once the model is loaded and serving");
     sb_printf(sb, "ferry_model_ready %d\n", v->ready ? 1 : 0);
 
+    help(sb, "ferry_request_memory_bytes", "gauge", "Memory held for requests in flight (bodies, parses, results, answers)");
+    sb_printf(sb, "ferry_request_memory_bytes %llu\n", (unsigned long long)v->request_memory);
+    help(sb, "ferry_request_memory_limit_bytes", "gauge", "The --request-memory budget");
+    sb_printf(sb, "ferry_request_memory_limit_bytes %llu\n", (unsigned long long)v->request_memory_limit);
+
     help(sb, "ferry_requests_total", "counter", "Requests answered, by endpoint and HTTP status code");
     for (int i = 0; i < c.n_req; i++)
         sb_printf(sb, "ferry_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n", c.req[i].endpoint, c.req[i].code,

@@ -46,6 +46,7 @@ typedef struct {
     sched_stats sched;
     pipeline_stats pipe;
     uint64_t weight_bytes[TIER_COUNT]; /* the plan's bytes per tier */
+    uint64_t request_memory, request_memory_limit; /* the front end's budget: in use, limit */
 } metrics_engine_view;
 
 void metrics_init(metrics *m);

@@ -3,7 +3,8 @@
  * an orchestrator sees the process live while weights load), loads the
  * engine on a background thread, then starts the scheduler and marks the
  * model ready. The main thread only waits for signals: SIGUSR1 from the
- * loader when loading ended, SIGINT/SIGTERM to stop.
+ * loader when loading ended, SIGINT/SIGTERM/SIGHUP to stop (SIGHUP is a
+ * graceful stop too: a closed terminal must not cut answers off).
  *
  * Stopping follows http.h: detach the model (handlers stop submitting),
  * sched_free (every request in flight ends and its connection resumes),
@@ -12,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,28 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+/* Every connection is a descriptor: raise the soft limit to what
+ * max_connections needs (plus the engine's own files), up to the hard
+ * limit, and say so when that is not enough. */
+static int fit_fd_limit(int *max_connections)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    rlim_t want = (rlim_t)*max_connections + 256;
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = want < rl.rlim_max ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < want) {
+        if (rl.rlim_cur < 256 + 8) return cli_error(EXIT_RUNTIME, "the open-file limit (%llu) is too low to serve", (unsigned long long)rl.rlim_cur);
+        *max_connections = (int)(rl.rlim_cur - 256);
+        fprintf(stderr, "ferry: warning: open-file limit %llu: at most %d connections\n", (unsigned long long)rl.rlim_cur,
+                *max_connections);
+    }
+    return 0;
+}
+
 /* The model directory's base name ("models/llama-1b/" -> "llama-1b"). */
 static void default_name(const char *dir, char *out, size_t cap)
 {
@@ -77,6 +101,15 @@ int cmd_serve(const ferry_config *cfg)
     if (cfg->max_queued < 1 || cfg->max_queued > (1 << 20))
         return cli_error(EXIT_USAGE, "--max-queued must be in 1..1048576");
     if (cfg->max_body < 1) return cli_error(EXIT_USAGE, "--max-body must be at least 1 byte");
+    if (cfg->request_memory < cfg->max_body)
+        return cli_error(EXIT_USAGE, "--request-memory must be at least --max-body (%llu bytes)",
+                         (unsigned long long)cfg->max_body);
+    if (cfg->request_timeout < 1 || cfg->request_timeout > 86400)
+        return cli_error(EXIT_USAGE, "--request-timeout must be in 1..86400 seconds");
+    if (cfg->max_connections < 8 || cfg->max_connections > 1000000)
+        return cli_error(EXIT_USAGE, "--max-connections must be in 8..1000000");
+    if (cfg->max_connections_per_ip < 1 || cfg->max_connections_per_ip > cfg->max_connections)
+        return cli_error(EXIT_USAGE, "--max-connections-per-ip must be in 1..--max-connections");
     if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
     char name[256];
     if (cfg->name) snprintf(name, sizeof name, "%s", cfg->name);
@@ -89,13 +122,23 @@ int cmd_serve(const ferry_config *cfg)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
     sigaddset(&set, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     metrics m;
     metrics_init(&m);
-    http_opts ho = {cfg->host, (int)cfg->http_port, name, cfg->max_body, &m};
+    http_opts ho = {.host = cfg->host,
+                    .port = (int)cfg->http_port,
+                    .model_name = name,
+                    .max_body = cfg->max_body,
+                    .request_memory = cfg->request_memory,
+                    .request_timeout_s = (int)cfg->request_timeout,
+                    .max_connections = (int)cfg->max_connections,
+                    .max_connections_per_ip = (int)cfg->max_connections_per_ip,
+                    .counters = &m};
+    if ((rc = fit_fd_limit(&ho.max_connections)) != 0) return rc;
     http_server *srv;
     if (http_server_start(&ho, &srv) != FERRY_OK) {
         metrics_free(&m);

@@ -41,7 +41,8 @@ static const command k_commands[] = {
      {S(model), END}},
     {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, Prometheus metrics)",
      {S(model), S(device), S(threads), S(batch), S(context), S(http_port), S(host), S(name), S(max_body),
-      S(max_queued), PLACEMENT, END},
+      S(max_queued), S(request_memory), S(request_timeout), S(max_connections), S(max_connections_per_ip),
+      PLACEMENT, END},
      {S(model), END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
