@@ -671,6 +671,12 @@ static enum MHD_Result start_inference(request *rq)
     if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
     /* the parse may hold up to kserve_parse_bound of the body's size */
     uint64_t parse = kserve_parse_bound(rq->len);
+    if (parse > srv->mem_budget) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "a body of %zu bytes may need %llu bytes to parse, more than --request-memory (%llu)",
+                 rq->len, (unsigned long long)parse, (unsigned long long)srv->mem_budget);
+        return respond_error(rq, 413, msg, NULL, NULL);
+    }
     if (!mem_take(rq, parse)) return respond_busy(rq);
     if (rq->ep == EP_INFER) st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, &lim, &rq->kr);
     else st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, &lim, &rq->kr);
