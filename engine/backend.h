@@ -64,9 +64,10 @@ struct backend_ops {
     void (*sync)(backend *be);
 
     /* streaming (pipeline.c). `unified`: device memory is host memory (the
-     * CPU), so disk reads land in device buffers directly. On the CPU copies
-     * are memcpy on the calling thread and events are no-ops, because every
-     * op has finished when it returns. */
+     * CPU), so disk reads land in device buffers directly; the planner reads
+     * it once (plan_opts.unified) and everything after follows the plan. On
+     * the CPU copies are memcpy on the calling thread and events are no-ops,
+     * because every op has finished when it returns. */
     bool unified;
     void *(*host_alloc)(backend *be, size_t bytes, bool *pinned); /* pinned when it can be */
     void (*host_free)(backend *be, void *p, size_t bytes, bool pinned);
@@ -112,7 +113,7 @@ typedef struct {
     int threads; /* CPU: 0 = all cores */
 } backend_opts;
 
-/* Creates the named backend ("cpu", "cuda"). */
+/* Creates the named backend ("cpu", "cpu-split", "cuda"). */
 ferry_status backend_create(const char *name, const backend_opts *opts, backend **out);
 
 static inline void backend_free(backend *be)

@@ -246,7 +246,7 @@ void engine_close(engine *e)
 
 engine_info engine_get_info(const engine *e)
 {
-    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->be->ops->unified};
+    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified};
 }
 
 engine_limits engine_get_limits(const engine *e)

@@ -131,9 +131,9 @@ static void start_fetch(pipeline *pl, uint64_t q, stage_slot *sl)
         return;
     }
     store_source src = store_group_source(pl->s, g);
-    void *dst = pl->be->ops->unified ? sl->dev : sl->host;
+    void *dst = pl->p->opts.unified ? sl->dev : sl->host;
     /* P6: the bounce buffer is reused only after its last copy to the device */
-    if (!pl->be->ops->unified && !MUTANT(3)) pl->be->ops->event_sync(pl->be, sl->copied);
+    if (!pl->p->opts.unified && !MUTANT(3)) pl->be->ops->event_sync(pl->be, sl->copied);
     ferry_status st = aio_read(pl->aio, src.fd, src.path, src.offset, dst, (size_t)src.bytes, q);
     if (st != FERRY_OK) {
         pthread_mutex_lock(&pl->mu);
@@ -148,7 +148,7 @@ static void finish_read(pipeline *pl, const aio_done *d)
     int g = pl->streamed[d->tag % (uint64_t)pl->n_streamed];
     uint64_t bytes = pl->p->groups[g].bytes;
     double t1 = util_now();
-    if (d->st == FERRY_OK && !pl->be->ops->unified) copy_into_slot(pl, sl, sl->host, bytes, g);
+    if (d->st == FERRY_OK && !pl->p->opts.unified) copy_into_slot(pl, sl, sl->host, bytes, g);
     pthread_mutex_lock(&pl->mu);
     trace_add(pl, TRACK_DISK, g, sl->t_fetch, t1);
     if (d->st == FERRY_OK) pl->stats.bytes[TIER_DISK] += bytes;
@@ -233,7 +233,7 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
                             util_fmt_bytes(p->slot_bytes, b, sizeof b));
             goto fail;
         }
-        if (any_disk && !be->ops->unified) {
+        if (any_disk && !p->opts.unified) {
             sl->host = be->ops->host_alloc(be, (size_t)p->slot_bytes, &sl->host_pinned);
             if (!sl->host) {
                 st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate disk bounce buffers of %s",
