@@ -23,7 +23,8 @@ void engine_opts_init(engine_opts *o)
                        .max_step_tokens = (int)d.max_step_tokens,
                        .budget = {PLAN_UNLIMITED, PLAN_UNLIMITED},
                        .group_size = (int)d.group_size,
-                       .prefetch = (int)d.prefetch};
+                       .prefetch = (int)d.prefetch,
+                       .verify_reads = d.verify_reads};
 }
 
 /* ---- planning --------------------------------------------------------------- */
@@ -205,6 +206,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     if ((st = store_open(&e->storage, e->be, &e->placement, &e->cfg, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK)
         goto fail;
     if ((st = pipeline_create(&e->pipe, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
+    pipeline_set_verify(e->pipe, opts->verify_reads);
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     *out = e;
@@ -359,6 +361,24 @@ static void unit_head(void *ctx)
     forward_head(e, e->cur);
 }
 
+/* A NaN or infinity in the logits means damaged weights or a broken
+ * kernel, never an answer: the step fails rather than sample from it. */
+static ferry_status check_logits(const engine *e, const batch *b, const float *logits)
+{
+    size_t vocab = (size_t)e->cfg.vocab;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const float *row = logits + (size_t)s * vocab;
+        float acc = 0; /* x * 0 is 0 for every finite x, NaN otherwise */
+        for (size_t k = 0; k < vocab; k++) acc += row[k] * 0.0f;
+        if (acc != 0)
+            return ferry_fail(FERRY_ERR_INTERNAL,
+                              "non-finite logits (NaN or infinity) for sequence %d of the step: the weights or a kernel "
+                              "are damaged",
+                              s);
+    }
+    return FERRY_OK;
+}
+
 ferry_status engine_step(engine *e, const batch *b, float *logits_out)
 {
     FERRY_TRY(check_batch(e, b));
@@ -370,5 +390,5 @@ ferry_status engine_step(engine *e, const batch *b, float *logits_out)
     if (st != FERRY_OK) return st;
     e->be->ops->download(e->be, logits_out, e->logits, (size_t)b->n_seqs * (size_t)e->cfg.vocab * sizeof(float));
     e->be->ops->sync(e->be);
-    return FERRY_OK;
+    return check_logits(e, b, logits_out);
 }

@@ -38,6 +38,7 @@ typedef struct {
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
     int group_size;
     int prefetch;
+    bool verify_reads;       /* check every read of the disk tier against its CRC-32C */
 } engine_opts;
 
 /* The defaults of config/settings.def, budgets unlimited, no model. */

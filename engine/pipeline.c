@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "io/aio.h"
+#include "io/crc32c.h"
 #include "base/json.h"
 #include "base/util.h"
 
@@ -68,6 +69,9 @@ struct pipeline {
     uint64_t next_compute; /* compute thread only */
     int in_flight;         /* mu: claimed, not yet READY */
     double busy_since;     /* mu: start of the current in-flight period */
+
+    bool verify;           /* check each disk read's CRC-32C (set before the first step) */
+    bool *damaged;         /* mu: [n_groups] a read of it failed its check */
 
     pipeline_stats stats;  /* mu for the fetcher's fields */
     bool tracing;
@@ -142,18 +146,56 @@ static void start_fetch(pipeline *pl, uint64_t q, stage_slot *sl)
     }
 }
 
+/* The bytes of a disk read against the manifest's CRC-32C (the blob is
+ * one group, read whole): the check runs on the fetcher thread while the
+ * next reads are in flight. */
+static ferry_status verify_read(pipeline *pl, int g, const void *data, uint64_t bytes, char **msg)
+{
+    store_source src = store_group_source(pl->s, g);
+    uint32_t got = crc32c(0, data, (size_t)bytes);
+    if (got == src.crc) return FERRY_OK;
+    char buf[FERRY_MSG_MAX];
+    snprintf(buf, sizeof buf,
+             "%s: checksum mismatch (CRC-32C %08x, the offload manifest says %08x): the blob changed or the disk "
+             "returned bad data; ferry rebuilds it from the checkpoint",
+             src.path, (unsigned)got, (unsigned)src.crc);
+    *msg = msg_dup(buf);
+    return FERRY_ERR_IO;
+}
+
 static void finish_read(pipeline *pl, const aio_done *d)
 {
     stage_slot *sl = &pl->slots[d->tag % (uint64_t)pl->n_slots];
     int g = pl->streamed[d->tag % (uint64_t)pl->n_streamed];
     uint64_t bytes = pl->p->groups[g].bytes;
     double t1 = util_now();
-    if (d->st == FERRY_OK && !pl->p->opts.unified) copy_into_slot(pl, sl, sl->host, bytes, g);
+    ferry_status st = d->st;
+    char *bad = NULL;
+    if (st == FERRY_OK && pl->verify)
+        st = verify_read(pl, g, pl->p->opts.unified ? sl->dev : sl->host, bytes, &bad);
+    if (st == FERRY_OK && !pl->p->opts.unified) copy_into_slot(pl, sl, sl->host, bytes, g);
     pthread_mutex_lock(&pl->mu);
     trace_add(pl, TRACK_DISK, g, sl->t_fetch, t1);
-    if (d->st == FERRY_OK) pl->stats.bytes[TIER_DISK] += bytes;
-    mark_ready(pl, sl, d->st, d->st == FERRY_OK ? NULL : d->msg);
+    if (st == FERRY_OK) pl->stats.bytes[TIER_DISK] += bytes;
+    if (bad) pl->damaged[g] = true;
+    mark_ready(pl, sl, st, st == FERRY_OK ? NULL : bad ? bad : d->msg);
     pthread_mutex_unlock(&pl->mu);
+    free(bad);
+}
+
+void pipeline_set_verify(pipeline *pl, bool on) { pl->verify = on; }
+
+int pipeline_take_damaged(pipeline *pl, bool *out)
+{
+    int n = 0;
+    pthread_mutex_lock(&pl->mu);
+    for (int g = 0; g < pl->p->n_groups; g++) {
+        out[g] = pl->damaged[g];
+        n += pl->damaged[g];
+        pl->damaged[g] = false;
+    }
+    pthread_mutex_unlock(&pl->mu);
+    return n;
 }
 
 static void *fetcher_main(void *arg)
@@ -203,8 +245,10 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
     pthread_cond_init(&pl->cv_fetch, NULL);
     pthread_cond_init(&pl->cv_compute, NULL);
     ferry_status st = FERRY_OK;
+    pl->verify = true;
     pl->streamed = calloc((size_t)p->n_groups, sizeof *pl->streamed);
-    if (!pl->streamed) {
+    pl->damaged = calloc((size_t)p->n_groups, sizeof *pl->damaged);
+    if (!pl->streamed || !pl->damaged) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -286,6 +330,7 @@ void pipeline_free(pipeline *pl)
     pthread_cond_destroy(&pl->cv_compute);
     free(pl->slots);
     free(pl->streamed);
+    free(pl->damaged);
     free(pl->trace);
     free(pl);
 }

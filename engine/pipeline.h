@@ -72,6 +72,15 @@ typedef struct {
 
 ferry_status pipeline_step(pipeline *pl, const pipeline_units *u);
 
+/* Whether every group read from disk is checked against the CRC-32C the
+ * offload manifest records (on by default): a blob changed or damaged while
+ * serving fails the step that read it, naming the file, instead of giving
+ * wrong answers. Call before the first step. */
+void pipeline_set_verify(pipeline *pl, bool on);
+/* Groups whose last read failed its check, since the last call (cleared):
+ * out[g] set for each; returns how many. */
+int pipeline_take_damaged(pipeline *pl, bool *out);
+
 pipeline_stats pipeline_get_stats(pipeline *pl);
 
 /* Records a Chrome trace of every fetch, copy and compute from now on (at

@@ -311,6 +311,7 @@ store_source store_group_source(const store *s, int g)
         src.fd = b->fd;
         src.path = b->path;
         src.offset = 0; /* one blob per group */
+        src.crc = b->crc;
     }
     return src;
 }

@@ -42,6 +42,7 @@ typedef struct {
     int fd;               /* disk tier: open for reading, O_DIRECT where the file system allows */
     const char *path;     /* disk tier: the blob, for messages */
     uint64_t offset;      /* disk tier: where the group starts in the file */
+    uint32_t crc;         /* disk tier: CRC-32C of the group's bytes, as verified when the store opened */
 } store_source;
 
 /* Byte sizes of the units (embedding, layers, head) in the blob layout. */

@@ -11,7 +11,7 @@
 
 #define S(x) SETTING_##x
 #define END (-1)
-#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(max_step_tokens)
+#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(max_step_tokens), S(verify_reads)
 
 typedef struct {
     const char *name;
