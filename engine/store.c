@@ -5,7 +5,6 @@
 #include "store.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +33,7 @@ struct store {
     int *blob;             /* [n_groups] blob index in od, or -1 */
     int embed_group;       /* the group holding model.embed_tokens.weight */
     uint64_t embed_offset; /* its offset in that group */
-    int embed_fd;          /* buffered descriptor for row reads when the table is on disk */
+    int embed_fd;          /* buffered descriptor on the verified embedding blob, for row reads when on disk */
 };
 
 static uint64_t entry_bytes(const tensor_entry *t)
@@ -210,10 +209,9 @@ static ferry_status open_disk_tier(store *s, const char *dir, const char *finger
     blob_ctx ctx = {s, groups};
     if (st == FERRY_OK) st = offload_open(dir, fingerprint, specs, n, fill_blob, &ctx, &s->od);
     if (st == FERRY_OK && p->groups[s->embed_group].tier == TIER_DISK) {
-        /* row reads are small and unaligned: a buffered descriptor */
-        const char *path = s->od->blobs[s->blob[s->embed_group]].path;
-        s->embed_fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (s->embed_fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+        /* row reads are small and unaligned: a buffered descriptor, on the
+         * very file offload_open verified (never one reopened by name) */
+        st = offload_blob_open_buffered(&s->od->blobs[s->blob[s->embed_group]], &s->embed_fd);
     }
     free(specs);
     free(keys);

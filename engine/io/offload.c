@@ -4,22 +4,28 @@
  * offload_open runs in three phases, and the order is what makes it safe:
  * (1) every blob is verified or rebuilt (temp file, fsync, rename) while the
  * old manifest stays in place; (2) only when all are valid is the new
- * manifest written atomically; (3) then blobs the old manifest listed and
- * the new one does not are deleted. A blob rewritten in phase 1 of a run
+ * manifest written atomically; (3) then files of ours the new one does not
+ * list are deleted. A blob rewritten in phase 1 of a run
  * that later fails is still listed in the old manifest with its old
  * checksum, so the next run's verification catches it: trust always comes
  * from the checksum, never from the file being there.
  *
- * Deletion only ever touches files the old manifest names, and only after
- * checking that each name is KEY.bin for a well-formed key, so a stray or
- * hand-edited manifest cannot make ferry delete anything else.
+ * Writing blobs and phases 2 and 3 happen only under the exclusive lock
+ * (offload.h, L1-L4). A process that found the directory in use holds it
+ * shared and only verifies; the first blob it would have to write makes it
+ * try for the exclusive lock, which it gets only when the others have gone
+ * (then it goes on as a writer), and otherwise ends offload_open (L3).
+ *
+ * Deletion only ever touches names of ferry's own forms (KEY.bin for a
+ * well-formed key, its temporary files, the manifest's), whatever a manifest
+ * says, so a stray or hand-edited manifest cannot make ferry delete anything
+ * else.
  */
 #define _GNU_SOURCE
 #include "offload.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -36,6 +42,15 @@
 
 #define WRITE_BUF (1u << 20)  /* the writer's staging buffer: small writes gather here */
 #define VERIFY_BUF (4u << 20) /* read size when verifying a reused blob */
+
+/* Opens path for reading, with O_DIRECT where the file system allows it. */
+static int open_read(const char *path, bool *direct)
+{
+    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    *direct = fd >= 0;
+    if (fd < 0 && errno == EINVAL) fd = open(path, O_RDONLY | O_CLOEXEC); /* tmpfs and friends */
+    return fd;
+}
 
 /* ---- writing -------------------------------------------------------------- */
 
@@ -107,6 +122,7 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
     if (!tmp) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", b->path);
     snprintf(tmp, n, "%s.tmp.%ld", b->path, (long)getpid());
     ferry_status st;
+    int rfd = -1;
     offload_writer w = {.fd = -1, .path = b->path, .key = spec->key, .size = spec->size, .buf = buf};
     unlink(tmp); /* a leftover of a killed run with our pid */
     w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -134,18 +150,26 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
         st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", b->path, strerror(errno));
         goto fail;
     }
+    /* L4: the descriptor that reads the blob is opened on the file just
+     * written, under its private name, before the rename publishes it. */
+    if ((rfd = open_read(tmp, &b->direct)) < 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", tmp, strerror(errno));
+        goto fail;
+    }
     if (rename(tmp, b->path) != 0) {
         st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", b->path, strerror(errno));
         goto fail;
     }
     util_fsync_dir_of(b->path);
     free(tmp);
+    b->fd = rfd;
     b->crc = w.crc;
     b->rebuilt = true;
     return FERRY_OK;
 
 fail:
     if (w.fd >= 0) close(w.fd);
+    if (rfd >= 0) close(rfd);
     unlink(tmp);
     free(tmp);
     return st;
@@ -239,8 +263,8 @@ static const char *manifest_parse(old_manifest *m)
         int64_t size = -1;
         json_get_int(e, "size", &size, &bad);
         old_entry ent = {0};
-        /* The file name must be exactly what ferry would have written: it is
-         * the only name this code will ever delete. */
+        /* The file name must be exactly what ferry would have written (and
+         * only names of that form are ever deleted). */
         if (bad || !key_valid(key) || !file || strlen(file) != strlen(key) + 4 || strncmp(file, key, strlen(key)) ||
             strcmp(file + strlen(key), ".bin") || size < 0 || !parse_crc(crc, &ent.crc) || manifest_find(m, key)) {
             why = "a malformed blob entry";
@@ -298,35 +322,104 @@ static ferry_status manifest_render(const char *fingerprint, const offload_dir *
     return FERRY_OK;
 }
 
-/* ---- verification and the directory -------------------------------------- */
+/* ---- the lock (offload.h, L1-L3) ------------------------------------------ */
 
-/* Opens path for reading, with O_DIRECT where the file system allows it. */
-static int open_read(const char *path, bool *direct)
+typedef struct {
+    int fd;          /* OFFLOAD_LOCK, or -1: a read-only dir without one */
+    int ro_errno;    /* why fd is not open for writing (0: it is) */
+    bool exclusive;  /* this process may write and delete (L1) */
+} dir_lock;
+
+/* Sets an open file description lock on the whole file: F_WRLCK, F_RDLCK
+ * or F_UNLCK; waits for it when `wait`. Converting one we hold never lets
+ * it go, whether it succeeds or not. Returns 0 or an errno value. */
+static int lock_set(int fd, short type, bool wait)
 {
-    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-    *direct = fd >= 0;
-    if (fd < 0 && errno == EINVAL) fd = open(path, O_RDONLY | O_CLOEXEC); /* tmpfs and friends */
-    return fd;
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET}; /* l_start 0, l_len 0: all; l_pid must be 0 */
+    while (fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl) != 0) {
+        if (errno != EINTR) return errno == EACCES ? EAGAIN : errno;
+    }
+    return 0;
 }
 
-/* True when path holds exactly `size` bytes whose CRC-32C is `want`. Says
- * on stderr why not when that is a surprise (the manifest vouched for it). */
-static bool blob_verify(const char *path, uint64_t size, uint32_t want, uint8_t *buf)
+/* Takes the exclusive lock when nobody else holds the dir, else a shared
+ * one, waiting while a writer finishes. A dir where the lock file cannot be
+ * opened for writing (read-only) is only ever taken shared. */
+static ferry_status lock_take(const char *dir, dir_lock *lk)
 {
+    *lk = (dir_lock){.fd = -1};
+    char *path = util_path_join(dir, OFFLOAD_LOCK);
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
+    /* O_NONBLOCK: a FIFO planted under the name must not hang the open */
+    lk->fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (lk->fd < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
+        lk->ro_errno = errno;
+        lk->fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (lk->fd < 0 && errno == ENOENT) {
+            free(path); /* nobody can have written a dir we cannot create a file in */
+            return FERRY_OK;
+        }
+    }
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        fprintf(stderr, "ferry: warning: %s: %s; rebuilding it\n", path, strerror(errno));
-        return false;
+    ferry_status st = FERRY_OK;
+    if (lk->fd < 0) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    } else if (fstat(lk->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = ferry_fail(FERRY_ERR_IO, "%s: not a regular file", path);
+    } else {
+        int err = lk->ro_errno ? EAGAIN : lock_set(lk->fd, F_WRLCK, false);
+        lk->exclusive = err == 0;
+        if (err == EAGAIN) err = lock_set(lk->fd, F_RDLCK, true);
+        if (err) st = ferry_fail(FERRY_ERR_IO, "%s: cannot lock: %s", path, strerror(err));
     }
-    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size) {
-        fprintf(stderr, "ferry: warning: %s: %" PRIu64 " bytes, the manifest says %" PRIu64 "; rebuilding it\n", path,
-                (uint64_t)sb.st_size, size);
-        return false;
+    if (st != FERRY_OK && lk->fd >= 0) {
+        close(lk->fd);
+        lk->fd = -1;
     }
-    bool direct;
-    int fd = open_read(path, &direct);
+    free(path);
+    return st;
+}
+
+/* Turns a shared lock into the exclusive one, without letting it go, when
+ * this process is the only one holding the dir; `why` says what made the
+ * write necessary. */
+static ferry_status lock_upgrade(const char *dir, dir_lock *lk, const char *why)
+{
+    if (lk->exclusive) return FERRY_OK;
+    if (lk->ro_errno || lk->fd < 0)
+        return ferry_fail(FERRY_ERR_IO, "%s: cannot write the offload dir (%s) and %s", dir,
+                          strerror(lk->ro_errno ? lk->ro_errno : EROFS), why);
+    int err = lock_set(lk->fd, F_WRLCK, false);
+    if (err == EAGAIN)
+        return ferry_fail(FERRY_ERR_BUSY,
+                          "%s: in use by another ferry process, and %s; give each model (and group size) its "
+                          "own --offload-dir",
+                          dir, why);
+    if (err) return ferry_fail(FERRY_ERR_IO, "%s/%s: cannot lock: %s", dir, OFFLOAD_LOCK, strerror(err));
+    lk->exclusive = true;
+    return FERRY_OK;
+}
+
+/* ---- verification and the directory -------------------------------------- */
+
+/* Opens path and checks, through that descriptor, that it holds exactly
+ * `size` bytes whose CRC-32C is `want`: then *fd is the descriptor to read
+ * the blob through (L4). Says on stderr why not when that is a surprise (the
+ * manifest vouched for it). */
+static bool blob_open_verified(const char *path, uint64_t size, uint32_t want, uint8_t *buf, int *fd_out,
+                               bool *direct)
+{
+    *fd_out = -1;
+    int fd = open_read(path, direct);
     if (fd < 0) {
         fprintf(stderr, "ferry: warning: %s: %s; rebuilding it\n", path, strerror(errno));
+        return false;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size) {
+        fprintf(stderr, "ferry: warning: %s: %" PRIu64 " bytes, the manifest says %" PRIu64 "; rebuilding it\n", path,
+                (uint64_t)sb.st_size, size);
+        close(fd);
         return false;
     }
     uint32_t crc = 0;
@@ -338,7 +431,7 @@ static bool blob_verify(const char *path, uint64_t size, uint32_t want, uint8_t 
         if (r < 0 && errno == EINTR) continue;
         /* A short O_DIRECT read would leave the next one unaligned; a file
          * that reads short is not one to trust anyway. */
-        if (r <= 0 || (direct && (size_t)r != want_n)) {
+        if (r <= 0 || (*direct && (size_t)r != want_n)) {
             fprintf(stderr, "ferry: warning: %s: read at %" PRIu64 ": %s; rebuilding it\n", path, off,
                     r < 0 ? strerror(errno) : "short read");
             ok = false;
@@ -347,36 +440,70 @@ static bool blob_verify(const char *path, uint64_t size, uint32_t want, uint8_t 
         crc = crc32c(crc, buf, (size_t)r);
         off += (uint64_t)r;
     }
-    close(fd);
     if (ok && crc != want)
         fprintf(stderr, "ferry: warning: %s: checksum %08" PRIx32 ", the manifest says %08" PRIx32 "; rebuilding it\n",
                 path, crc, want);
-    return ok && crc == want;
+    if (!ok || crc != want) {
+        close(fd);
+        return false;
+    }
+    *fd_out = fd;
+    return true;
 }
 
-/* Deletes KEY.bin.tmp.PID files whose writer is gone (a killed build):
- * only names of exactly that form, only when no process PID exists. */
-static void remove_stale_temps(const char *dir)
+/* True for "KEY<suffix>" with a well-formed KEY. */
+static bool is_key_name(const char *name, size_t len, const char *suffix)
+{
+    size_t n = strlen(suffix);
+    if (len <= n || memcmp(name + len - n, suffix, n) != 0 || len - n >= 128) return false;
+    char key[128];
+    memcpy(key, name, len - n);
+    key[len - n] = '\0';
+    return key_valid(key);
+}
+
+/* True for NAME.tmp.PID, the temporary files of blob_build (NAME is
+ * KEY.bin) and of util_write_file_atomic (the manifest). */
+static bool is_temp_name(const char *name)
+{
+    const char *t = strstr(name, ".tmp.");
+    if (!t || !t[5]) return false;
+    for (const char *d = t + 5; *d; d++)
+        if (*d < '0' || *d > '9') return false;
+    size_t stem = (size_t)(t - name);
+    return (stem == strlen(OFFLOAD_MANIFEST) && memcmp(name, OFFLOAD_MANIFEST, stem) == 0) ||
+           is_key_name(name, stem, ".bin");
+}
+
+/* Phase 3, under the exclusive lock: deletes what the new manifest does not
+ * list among ferry's own files - blobs of an older layout, or written by a
+ * build that failed before its manifest (never listed anywhere), and
+ * temporary files (their writers are dead: no live process writes without
+ * the lock). A KEY.bin must be a regular file, listed in the old manifest or
+ * of whole 4096-byte blocks as every blob is; anything else is left alone. */
+static void remove_unused(const char *dir, const offload_spec *specs, int n, const old_manifest *old)
 {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *de;
     while ((de = readdir(d))) {
-        const char *t = strstr(de->d_name, ".bin.tmp.");
-        if (!t) continue;
-        char key[128];
-        size_t kl = (size_t)(t - de->d_name);
-        if (kl == 0 || kl >= sizeof key) continue;
-        memcpy(key, de->d_name, kl);
-        key[kl] = '\0';
-        const char *digits = t + strlen(".bin.tmp.");
-        char *end;
-        long pid = strtol(digits, &end, 10);
-        if (!key_valid(key) || end == digits || *end || pid <= 0) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
-        char *p = util_path_join(dir, de->d_name);
-        if (p) unlink(p);
-        free(p);
+        const char *name = de->d_name;
+        size_t len = strlen(name);
+        bool temp = is_temp_name(name), blob = !temp && is_key_name(name, len, ".bin");
+        if (!temp && !blob) continue;
+        bool needed = false;
+        for (int i = 0; blob && i < n && !needed; i++)
+            needed = strlen(specs[i].key) + 4 == len && strncmp(name, specs[i].key, len - 4) == 0;
+        struct stat sb;
+        if (needed || fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (blob && sb.st_size % OFFLOAD_ALIGN) {
+            char key[128];
+            snprintf(key, sizeof key, "%.*s", (int)(len - 4), name);
+            if (!manifest_find(old, key)) continue;
+        }
+        if (unlinkat(dirfd(d), name, 0) != 0 && errno != ENOENT)
+            fprintf(stderr, "ferry: warning: %s/%s: cannot delete unused file: %s\n", dir, name, strerror(errno));
     }
     closedir(d);
 }
@@ -451,6 +578,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
     uint8_t *buf = NULL;
     char *mpath = util_path_join(dir, OFFLOAD_MANIFEST);
     offload_dir *od = calloc(1, sizeof *od);
+    if (od) od->lock_fd = -1;
     if (!mpath || !od || !(od->dir = strdup(dir)) || !(od->blobs = calloc(n ? (size_t)n : 1, sizeof *od->blobs))) {
         st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
         goto fail;
@@ -464,10 +592,18 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
         goto fail;
     }
 
+    /* Before anything is read: the manifest read under the lock is the one
+     * every blob is checked against until offload_close. */
+    dir_lock lk;
+    if ((st = lock_take(dir, &lk)) != FERRY_OK) goto fail;
+    od->lock_fd = lk.fd;
     manifest_load(mpath, &old);
     bool same_inputs = old.fingerprint && strcmp(old.fingerprint, fingerprint) == 0;
 
-    /* Phase 1: every blob valid, the old manifest untouched. */
+    /* Phase 1: every blob valid, the old manifest untouched. A blob that
+     * must be written needs the exclusive lock (L1); a joiner that cannot
+     * have it stops here (L3). */
+    char why[300];
     for (int i = 0; i < n; i++) {
         offload_blob *b = &od->blobs[i];
         b->size = specs[i].size;
@@ -476,10 +612,15 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
             goto fail;
         }
         const old_entry *e = same_inputs ? manifest_find(&old, specs[i].key) : NULL;
-        if (e && e->size == b->size && blob_verify(b->path, b->size, e->crc, buf)) {
+        if (e && e->size == b->size && blob_open_verified(b->path, b->size, e->crc, buf, &b->fd, &b->direct)) {
             b->crc = e->crc;
             continue;
         }
+        if (!old.fingerprint) snprintf(why, sizeof why, "it has no valid manifest");
+        else if (!same_inputs) snprintf(why, sizeof why, "its blobs were made from other inputs");
+        else if (!e || e->size != b->size) snprintf(why, sizeof why, "it has no blob %s of this layout", specs[i].key);
+        else snprintf(why, sizeof why, "blob %s must be rebuilt", specs[i].key);
+        if ((st = lock_upgrade(dir, &lk, why)) != FERRY_OK) goto fail;
         if (!fill) {
             st = ferry_fail(FERRY_ERR_INTERNAL, "%s: must be rebuilt, but no fill callback was given", b->path);
             goto fail;
@@ -487,31 +628,17 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
         if ((st = blob_build(b, &specs[i], i, fill, ctx, buf)) != FERRY_OK) goto fail;
     }
 
-    /* Phase 2: the new manifest vouches for exactly these blobs. */
-    if ((st = manifest_render(fingerprint, od, specs, &sb)) != FERRY_OK) goto fail;
-    if (!old.text || old.len != sb.len || memcmp(old.text, sb.data, sb.len) != 0)
-        if ((st = util_write_file_atomic(mpath, sb.data, sb.len)) != FERRY_OK) goto fail;
-
-    /* Phase 3: what no manifest vouches for any more goes. */
-    for (int k = 0; k < old.n; k++) {
-        bool needed = false;
-        for (int i = 0; i < n && !needed; i++) needed = strcmp(old.entries[k].key, specs[i].key) == 0;
-        if (needed) continue;
-        char *p = blob_path(dir, old.entries[k].key);
-        if (p && unlink(p) != 0 && errno != ENOENT)
-            fprintf(stderr, "ferry: warning: %s: cannot delete unused blob: %s\n", p, strerror(errno));
-        free(p);
-    }
-
-    remove_stale_temps(dir);
-
-    for (int i = 0; i < n; i++) {
-        offload_blob *b = &od->blobs[i];
-        b->fd = open_read(b->path, &b->direct);
-        if (b->fd < 0) {
-            st = ferry_fail(FERRY_ERR_IO, "%s: %s", b->path, strerror(errno));
-            goto fail;
-        }
+    if (lk.exclusive) {
+        /* Phase 2: the new manifest vouches for exactly these blobs. */
+        if ((st = manifest_render(fingerprint, od, specs, &sb)) != FERRY_OK) goto fail;
+        if (!old.text || old.len != sb.len || memcmp(old.text, sb.data, sb.len) != 0)
+            if ((st = util_write_file_atomic(mpath, sb.data, sb.len)) != FERRY_OK) goto fail;
+        /* Phase 3: what no manifest vouches for any more goes. */
+        remove_unused(dir, specs, n, &old);
+        /* L2: readers with the same inputs may join from now on. */
+        lock_set(lk.fd, F_RDLCK, false);
+    } else {
+        od->joined = lk.fd >= 0;
     }
     *out = od;
     od = NULL;
@@ -532,7 +659,31 @@ void offload_close(offload_dir *od)
         if (od->blobs[i].fd >= 0) close(od->blobs[i].fd);
         free(od->blobs[i].path);
     }
+    if (od->lock_fd >= 0) close(od->lock_fd); /* lets the lock go */
     free(od->blobs);
     free(od->dir);
     free(od);
+}
+
+ferry_status offload_blob_open_buffered(const offload_blob *b, int *fd)
+{
+    *fd = -1;
+    if (!b->direct) {
+        /* the verified descriptor is buffered already: share it */
+        *fd = fcntl(b->fd, F_DUPFD_CLOEXEC, 0);
+        return *fd >= 0 ? FERRY_OK : ferry_fail(FERRY_ERR_IO, "%s: dup: %s", b->path, strerror(errno));
+    }
+    int nfd = open(b->path, O_RDONLY | O_CLOEXEC);
+    if (nfd < 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", b->path, strerror(errno));
+    /* b->fd keeps its inode alive, so no other file can have the same
+     * (device, inode) pair: equal means the very file verified. */
+    struct stat a, c;
+    if (fstat(b->fd, &a) != 0 || fstat(nfd, &c) != 0 || a.st_dev != c.st_dev || a.st_ino != c.st_ino) {
+        close(nfd);
+        return ferry_fail(FERRY_ERR_IO,
+                          "%s: replaced after it was verified (is another program writing the offload dir?)",
+                          b->path);
+    }
+    *fd = nfd;
+    return FERRY_OK;
 }

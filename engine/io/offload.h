@@ -14,6 +14,29 @@
  * the manifest is replaced atomically last: an interrupted build never
  * leaves a blob that a later run would trust.
  *
+ * Several processes and one directory (the lock, ferry-offload.lock):
+ *   L1. Only the holder of the exclusive lock writes, renames or deletes
+ *       anything in the directory.
+ *   L2. Every offload_dir holds the lock, shared at least, from offload_open
+ *       to offload_close; a writer turns its exclusive lock into a shared
+ *       one atomically when the directory is ready, so no other writer can
+ *       come in between.
+ *   L3. A process that finds the directory in use joins it (shared, read
+ *       only) when the manifest is for its inputs and every blob it needs
+ *       verifies; otherwise offload_open fails with FERRY_ERR_BUSY, "DIR: in
+ *       use by another ferry process ...", having changed nothing.
+ *   L4. Each blob is read through the descriptor it was verified through
+ *       (or written through): a name is never opened again and trusted, so
+ *       a file renamed over a blob later is not what is read.
+ * The locks are open file description locks (F_OFD_SETLK): released when the
+ * process ends however it ends, and converted without being let go.
+ *
+ * Files in the directory named like ferry's own (KEY.bin for a well-formed
+ * key, a whole number of 4096-byte blocks; KEY.bin.tmp.PID and
+ * ferry-offload.json.tmp.PID) that the new manifest does not list are
+ * deleted by the exclusive holder: blobs of an older layout or of a build
+ * that failed, temporary files of a killed one. Nothing else is touched.
+ *
  * Writing streams: the fill callback hands data piece by piece (normally one
  * tensor at a time straight from the checkpoint mapping); nothing holds a
  * whole blob in memory.
@@ -29,6 +52,7 @@
 
 #define OFFLOAD_ALIGN 4096u
 #define OFFLOAD_MANIFEST "ferry-offload.json"
+#define OFFLOAD_LOCK "ferry-offload.lock"
 
 typedef struct offload_writer offload_writer;
 
@@ -47,8 +71,8 @@ typedef struct {
 } offload_spec;
 
 typedef struct {
-    char *path;        /* dir/key.bin */
-    int fd;            /* open for reading (O_DIRECT where the file system allows) */
+    char *path;        /* dir/key.bin, for messages */
+    int fd;            /* the verified (or written) file, open for reading (O_DIRECT where the file system allows) */
     bool direct;       /* fd has O_DIRECT */
     uint64_t size;
     uint32_t crc;
@@ -59,14 +83,23 @@ typedef struct {
     char *dir;
     int n;
     offload_blob *blobs; /* [n], in spec order */
+    int lock_fd;         /* OFFLOAD_LOCK, locked shared until offload_close (-1: a read-only dir without one) */
+    bool joined;         /* the dir was in use by another process: reused, nothing written (L3) */
 } offload_dir;
 
 /* Makes dir (mkdir -p) hold a valid blob for every spec, reusing what it can
  * (see above) and calling fill for the rest; fingerprint is a string the
- * caller derives from its inputs. Blobs listed in an old manifest that are
- * not needed any more are deleted. Verification reads every reused blob. */
+ * caller derives from its inputs. Files of ours that the new manifest does
+ * not list are deleted. Verification reads every reused blob. Waits while
+ * another process is writing the dir; fails with FERRY_ERR_BUSY when one is
+ * using it for other inputs (L3). */
 ferry_status offload_open(const char *dir, const char *fingerprint, const offload_spec *specs, int n,
                           offload_fill_fn fill, void *ctx, offload_dir **out);
 void offload_close(offload_dir *od);
+
+/* A second, buffered descriptor on blob b (for small unaligned reads; b->fd
+ * may be O_DIRECT). It is proven to be the verified file (same device and
+ * inode as b->fd); a file put in its place since fails with FERRY_ERR_IO. */
+ferry_status offload_blob_open_buffered(const offload_blob *b, int *fd);
 
 #endif

@@ -8,6 +8,7 @@ run of the same checkpoint.
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ N_NEW = 8
 SAME = 1e-6
 DISK = ("--max-memory", "device=0,host=0")
 MANIFEST = "ferry-offload.json"
+LOCK = "ferry-offload.lock"
 
 # ---- CRC-32C (Castagnoli, reflected 0x82F63B78), as the manifest records it
 
@@ -98,7 +100,8 @@ def check_manifest(od, keys, allow_tmp=False):
     """The manifest lists exactly `keys` in order; each blob is KEY.bin, its
     size a multiple of 4096 equal to the file's, its CRC-32C right (checked
     here for blobs up to 1 MiB: the Python CRC is slow); no other files are
-    there (but temporary files of killed runs when allow_tmp)."""
+    there but the lock file (and temporary files of killed runs when
+    allow_tmp)."""
     m = manifest(od)
     assert "format" in m and isinstance(m["fingerprint"], str) and m["fingerprint"]
     assert [b["key"] for b in m["blobs"]] == keys
@@ -109,7 +112,7 @@ def check_manifest(od, keys, allow_tmp=False):
         if b["size"] <= 1 << 20:
             assert int(b["crc32c"], 16) == crc32c(p.read_bytes()), "%s: CRC-32C does not match" % b["file"]
     names = [p.name for p in Path(od).iterdir() if not (allow_tmp and ".tmp." in p.name)]
-    assert sorted(names) == sorted([MANIFEST] + [k + ".bin" for k in keys])
+    assert sorted(names) == sorted([MANIFEST, LOCK] + [k + ".bin" for k in keys])
     return m
 
 
@@ -226,18 +229,20 @@ def test_rebuild_when_data_changes_under_the_same_mtime(ferry, models, model, wo
 
 
 def test_stale_temp_files_removed(ferry, model, work, resident):
-    """A killed build leaves KEY.bin.tmp.PID behind; the next run deletes
-    those whose process is gone, and nothing else."""
+    """A killed build leaves KEY.bin.tmp.PID (or the manifest's) behind; the
+    next run deletes them - whatever the pid, as nothing writes the dir
+    without its lock - and nothing else."""
     od = work / "od"
     gen(ferry, model, od, tmp=work)
     dead = od / "layers-000-000.bin.tmp.2147480000"   # no such pid
-    alive = od / ("layers-000-000.bin.tmp.%d" % os.getpid())
+    reused = od / ("layers-000-000.bin.tmp.%d" % os.getpid())  # a pid in use, not a writer
+    mtmp = od / (MANIFEST + ".tmp.12")
     other = od / "notes.bin.tmp.x"
-    for f in (dead, alive, other):
+    for f in (dead, reused, mtmp, other):
         f.write_bytes(b"partial")
     assert_same(gen(ferry, model, od, tmp=work), resident)
-    assert not dead.exists()
-    assert alive.exists() and other.exists()
+    assert not dead.exists() and not reused.exists() and not mtmp.exists()
+    assert other.exists()
 
 
 def test_rebuild_on_config_change(ferry, model, work, resident):
@@ -519,6 +524,109 @@ def test_concurrent_first_runs(ferry, big_model, work, big_resident):
                     big_resident, "concurrent run")
     assert temp_files(od) == []
     check_manifest(od, ["layers-000-001", "layers-002-003", "head"])
+
+
+def _serve(ferry, d, od):
+    """`ferry serve` of d with every group on disk in od, on a free loopback
+    port; returns (process, base URL) once the model is ready."""
+    import subprocess
+    import threading
+    argv = [ferry.path, "serve", "--model", d, "--http-port", 0, "--host", "127.0.0.1", *DISK, "--offload-dir", od]
+    p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    timer = threading.Timer(60, p.kill)  # a hang fails the test, never blocks it
+    timer.start()
+    url, log = None, []
+    for raw in iter(p.stderr.readline, b""):
+        line = raw.decode(errors="replace")
+        log.append(line)
+        m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
+        url = url or (m and m.group(1))
+        if line.rstrip().endswith(" ready"):
+            break
+    timer.cancel()
+    assert url and p.poll() is None, "ferry serve did not become ready: %r" % log
+    return p, url
+
+
+def _http_generate(url, name, prompts):
+    import urllib.request
+    body = json.dumps({"input_ids": prompts, "parameters": {"max_new_tokens": N_NEW}}).encode()
+    req = urllib.request.Request("%s/v2/models/%s/generate" % (url, name), data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read().decode())["output_ids"]
+
+
+def test_dir_in_use_by_other_inputs(ferry, models, model, work, resident):
+    """One offload dir, two checkpoints: while a server streams one from it,
+    a run of the other fails at startup naming the dir (and changes nothing),
+    and the server's answers stay right. The same inputs may share the dir;
+    another layout of them may not. Once the server is gone the other
+    checkpoint takes the dir over."""
+    import signal
+    od = work / "od"
+    other = models.get("llama", "tiny", layers=5, tied=False, seed=303)
+    want_other = gen(ferry, other, None, tmp=work)
+    assert want_other[0] != resident[0], "the two seeds give the same tokens: the test would prove nothing"
+    srv, url = _serve(ferry, model, od)
+    try:
+        before = snapshot(od)
+        p = gen(ferry, other, od, tmp=work, env={})
+        line = assert_ferry_error(p, "in use", rcs=(1,))
+        assert str(od) in line, line
+        p = gen(ferry, model, od, "--group-size", 2, tmp=work, env={})
+        line = assert_ferry_error(p, "in use", rcs=(1,))
+        assert str(od) in line, line
+        assert snapshot(od) == before, "a refused run changed the offload dir"
+        assert_same(gen(ferry, model, od, tmp=work), resident, "a second run of the same inputs")
+        assert snapshot(od) == before, "a run that joined the dir changed it"
+        vocab = st_util.read_config(model)["vocab_size"]
+        assert _http_generate(url, model.name, _prompts(vocab)) == resident[0]
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.communicate(timeout=30)
+    assert srv.returncode == 0
+    assert_same(gen(ferry, other, od, tmp=work), want_other, "the other checkpoint, alone")
+    check_manifest(od, ["embed"] + layer_keys(5, 1) + ["head"])
+
+
+def test_concurrent_runs_of_two_checkpoints(ferry, models, model, work, resident):
+    """Two checkpoints started together on one dir, a few times over: every
+    run either gives its own checkpoint's outputs or fails cleanly because
+    the dir is in use - never the other's blobs with exit status 0."""
+    other = models.get("llama", "tiny", layers=5, tied=False, seed=303)
+    want = {0: resident, 1: gen(ferry, other, None, tmp=work)}
+    od = work / "od"
+    for _ in range(3):
+        procs = [_spawn(ferry, d, od, work, i) for i, d in enumerate((model, other))]
+        for i, (p, dump) in enumerate(procs):
+            out, err = p.communicate(timeout=120)
+            if p.returncode == 0:
+                got = (json.loads(out.decode())["output_ids"], np.fromfile(str(dump), dtype="<f4").reshape(2, -1))
+                assert_same(got, want[i], "checkpoint %d, run concurrently" % i)
+            else:
+                p.stdout, p.stderr = out, err
+                assert str(od) in assert_ferry_error(p, "in use", rcs=(1,))
+
+
+def test_orphans_of_a_failed_build_removed(ferry, model, work, resident):
+    """A build for a new layout that failed half way leaves blobs no manifest
+    lists; the next run deletes them - and nothing that is not ferry's."""
+    od = work / "od"
+    gen(ferry, model, od, tmp=work)
+    p = gen(ferry, model, od, "--group-size", 3, tmp=work, env={"FERRY_FAULT": "write_enospc=2"})
+    _check_enospc(p, od)
+    assert (od / "layers-000-002.bin").exists(), "the failed build should have written its first blob"
+    mine = {"notes.txt": b"keep", "weights.bin": b"x" * 100, "Backup.bin": b"x" * 4096, "layers.bin.old": b"x"}
+    for name, data in mine.items():
+        (od / name).write_bytes(data)
+    assert_same(gen(ferry, model, od, tmp=work), resident)
+    assert not (od / "layers-000-002.bin").exists(), "the orphan blob is still there"
+    for name, data in mine.items():
+        assert (od / name).read_bytes() == data, "%s was touched" % name
+    for name in mine:
+        (od / name).unlink()
+    check_manifest(od, ["embed"] + layer_keys(5, 1) + ["head"])
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.03, 0.1])

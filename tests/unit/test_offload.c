@@ -11,9 +11,13 @@
  * old manifest and no temporary file left; the half-rebuilt directory
  * repaired by checksum on the next run), a fill that writes too little or
  * too much, bad specs, and manifests that are garbage or that name files
- * outside the directory. The same runs again in a child whose seccomp filter
- * makes O_DIRECT opens fail with EINVAL, as tmpfs used to, to take the
- * buffered path. CRC-32C is checked against the standard check value and a
+ * outside the directory. Then one directory and two offload_dirs at once
+ * (each its own lock holder, as two processes are): other inputs or another
+ * layout refused while the first is open, the same inputs joined read-only;
+ * orphan blobs and temporary files deleted, files not named like ferry's
+ * kept; a blob renamed over after its verification never read. Both run
+ * again in a child whose seccomp filter makes O_DIRECT opens fail with
+ * EINVAL, as tmpfs used to, to take the buffered path. CRC-32C is checked against the standard check value and a
  * bitwise reference, in both implementations.
  */
 #define _GNU_SOURCE
@@ -42,6 +46,7 @@ typedef struct {
     const char *fingerprint; /* content depends on it, like real conversions */
     int calls;
     int64_t skew;            /* bytes written beyond (or short of) the size */
+    void (*hook)(void);      /* run once, at the first call (then cleared) */
 } fill_ctx;
 
 static const char *g_keys[3] = {"layers-000-002", "layers-003-005", "lm-head"};
@@ -72,6 +77,11 @@ static ferry_status fill(void *vctx, int i, offload_writer *w)
 {
     fill_ctx *ctx = vctx;
     ctx->calls++;
+    if (ctx->hook) {
+        void (*hook)(void) = ctx->hook;
+        ctx->hook = NULL;
+        hook();
+    }
     uint64_t size = (uint64_t)((int64_t)g_specs[i].size + ctx->skew);
     uint8_t *b = content(g_keys[i], ctx->fingerprint, size);
     uint64_t data = size - TAIL_ZEROS, off = 0;
@@ -458,6 +468,209 @@ static void run_sequence(const char *base, bool expect_direct)
     free(w);
 }
 
+/* ---- several users of one directory ------------------------------------------- */
+
+static void put_file(const char *dir, const char *name, size_t size)
+{
+    char *p = file_in(dir, name);
+    FILE *f = fopen(p, "w");
+    for (size_t k = 0; f && k < size; k++) fputc('x', f);
+    if (!f || fclose(f) != 0) {
+        perror(p);
+        exit(2);
+    }
+    free(p);
+}
+
+static ino_t inode_of(const char *dir, const char *name)
+{
+    char *p = file_in(dir, name);
+    struct stat sb;
+    ino_t ino = lstat(p, &sb) == 0 ? sb.st_ino : 0;
+    free(p);
+    return ino;
+}
+
+static char *g_replace_dir; /* replace_first_blob's directory */
+
+/* Another program's hand: renames a file of other content over
+ * layers-000-002.bin, which offload_open has verified by now. */
+static void replace_first_blob(void)
+{
+    char *tmp = file_in(g_replace_dir, "intruder");
+    char *blob = file_in(g_replace_dir, "layers-000-002.bin");
+    uint8_t *other = content(g_keys[0], "fp-X", g_specs[0].size);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fwrite(other, 1, g_specs[0].size, f) != g_specs[0].size || fclose(f) != 0 || rename(tmp, blob) != 0) {
+        perror(tmp);
+        exit(2);
+    }
+    free(other);
+    free(blob);
+    free(tmp);
+}
+
+/* Each offload_dir holds its own open file description of the lock file,
+ * so two in one process exclude each other exactly as two processes do. */
+static void test_shared_dir_(const char *base)
+{
+    uint64_t sizes[3] = {8192, 16384, 12288};
+    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){g_keys[i], sizes[i]};
+    char *top = make_dir(base);
+    char *dir = file_in(top, "od");
+    char *manifest = file_in(dir, OFFLOAD_MANIFEST);
+    offload_dir *a = NULL, *b = NULL;
+    fill_ctx ca = {.fingerprint = "fp-A"}, cb = {.fingerprint = "fp-B"};
+    CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 3, fill, &ca, &a), FERRY_OK);
+    CHECK(a && !a->joined);
+    size_t mlen = 0, mlen2 = 0;
+    char *mtext = read_all(manifest, &mlen);
+    ino_t ino0 = inode_of(dir, "layers-000-002.bin");
+
+    /* Other inputs while a is open: refused, naming the dir; nothing written. */
+    CHECK_STATUS(offload_open(dir, "fp-B", g_specs, 3, fill, &cb, &b), FERRY_ERR_BUSY);
+    CHECK(b == NULL);
+    CHECK_MSG_HAS(dir);
+    CHECK_MSG_HAS("in use by another ferry process");
+    CHECK_EQ_INT(cb.calls, 0);
+    /* Another layout of the same inputs (a blob of another size): the same. */
+    g_specs[1].size = 20480;
+    CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 3, fill, &cb, &b), FERRY_ERR_BUSY);
+    g_specs[1].size = 16384;
+    CHECK_EQ_INT(cb.calls, 0);
+    char *mtext2 = read_all(manifest, &mlen2);
+    CHECK(mtext && mtext2 && mlen == mlen2 && memcmp(mtext, mtext2, mlen) == 0);
+    free(mtext2);
+    CHECK(inode_of(dir, "layers-000-002.bin") == ino0);
+
+    /* The same inputs join read-only (every blob verified), also for a
+     * subset; an orphan stays while the dir is shared (nobody deletes
+     * under a reader), and goes with the next exclusive open. */
+    put_file(dir, "layers-000-005.bin", 8192);
+    CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 3, fill, &cb, &b), FERRY_OK);
+    CHECK(b && b->joined);
+    offload_close(b);
+    CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 2, fill, &cb, &b), FERRY_OK);
+    CHECK(b && b->joined && b->n == 2);
+    CHECK_EQ_INT(cb.calls, 0);
+    CHECK(inode_of(dir, "layers-000-005.bin") != 0);
+    offload_close(b);
+    b = NULL;
+    mtext2 = read_all(manifest, &mlen2);
+    CHECK(mtext && mtext2 && mlen == mlen2 && memcmp(mtext, mtext2, mlen) == 0);
+    free(mtext2);
+    free(mtext);
+
+    /* Alone again: other inputs are built, the orphan deleted. */
+    offload_close(a);
+    a = NULL;
+    cb = (fill_ctx){.fingerprint = "fp-B"};
+    CHECK_STATUS(offload_open(dir, "fp-B", g_specs, 3, fill, &cb, &a), FERRY_OK);
+    CHECK(a && !a->joined);
+    CHECK_EQ_INT(cb.calls, 3);
+    CHECK(inode_of(dir, "layers-000-005.bin") == 0);
+    offload_close(a);
+    a = NULL;
+
+    /* Left behind by failed or killed builds (an orphan blob of a layout no
+     * manifest lists, temporary files): deleted. Anything not named like
+     * ferry's own files: kept. */
+    put_file(dir, "layers-000-001.bin", 4096);
+    put_file(dir, "layers-003-005.bin.tmp.2147480000", 100);
+    put_file(dir, "layers-003-005.bin.tmp.1", 100); /* a live pid: no ferry writes without the lock */
+    put_file(dir, OFFLOAD_MANIFEST ".tmp.77", 10);
+    static const char *keep[] = {"notes.txt", "data.bin", "Big.bin", "weights.bin.bak", "x.bin.tmp.abc",
+                                 "a_b.bin", ".bin", "README"};
+    put_file(dir, "data.bin", 100); /* not a multiple of 4096: never one of ours */
+    put_file(dir, "Big.bin", 4096);
+    put_file(dir, "a_b.bin", 4096);
+    put_file(dir, ".bin", 4096);
+    put_file(dir, "weights.bin.bak", 4096);
+    put_file(dir, "x.bin.tmp.abc", 10);
+    put_file(dir, "notes.txt", 5);
+    put_file(dir, "README", 5);
+    char *outside = file_in(top, "outside");
+    put_file(top, "outside", 4096);
+    char *link = file_in(dir, "link.bin");
+    char *sub = file_in(dir, "sub.bin");
+    CHECK(symlink(outside, link) == 0 && mkdir(sub, 0755) == 0);
+    cb = (fill_ctx){.fingerprint = "fp-B"};
+    CHECK_STATUS(offload_open(dir, "fp-B", g_specs, 3, fill, &cb, &a), FERRY_OK);
+    CHECK_EQ_INT(cb.calls, 0);
+    CHECK(inode_of(dir, "layers-000-001.bin") == 0);
+    CHECK_EQ_INT(temp_files(dir), 1); /* x.bin.tmp.abc */
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+        check_count++;
+        if (!inode_of(dir, keep[k])) CHECK_FAIL_("%s was deleted", keep[k]);
+    }
+    struct stat sb;
+    CHECK(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode) && stat(outside, &sb) == 0 && sb.st_size == 4096);
+    CHECK(lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode));
+    CHECK(inode_of(dir, OFFLOAD_LOCK) != 0);
+    offload_close(a);
+    a = NULL;
+    free(outside);
+    free(link);
+    free(sub);
+
+    /* A blob replaced by rename after it was verified (here while another
+     * blob is rebuilt) is not what is read: the verified descriptor is kept,
+     * and a second one is the verified file too (a dup of it when buffered)
+     * or refused (opened by name, it is another file). */
+    char *victim = file_in(dir, "lm-head.bin");
+    CHECK(truncate(victim, 4096) == 0);
+    free(victim);
+    g_replace_dir = dir;
+    cb = (fill_ctx){.fingerprint = "fp-B", .hook = replace_first_blob};
+    quiet_begin();
+    CHECK_STATUS(offload_open(dir, "fp-B", g_specs, 3, fill, &cb, &a), FERRY_OK);
+    free(quiet_end());
+    CHECK_EQ_INT(cb.calls, 1);
+    g_od = a;
+    CHECK_BLOBS(dir, "fp-B", 3, 4); /* reads through each blob's fd */
+    g_od = NULL;
+    int fd = -1;
+    for (int i = 0; a && i < 2; i++) {
+        uint8_t *want = content(g_keys[i], "fp-B", g_specs[i].size), got[100];
+        if (i == 0 && a->blobs[i].direct) {
+            CHECK_STATUS(offload_blob_open_buffered(&a->blobs[i], &fd), FERRY_ERR_IO);
+            CHECK_MSG_HAS("layers-000-002.bin: replaced after it was verified");
+            CHECK_EQ_INT(fd, -1);
+        } else {
+            CHECK_STATUS(offload_blob_open_buffered(&a->blobs[i], &fd), FERRY_OK);
+            CHECK(fd >= 0 && pread(fd, got, 100, 333) == 100 && memcmp(got, want + 333, 100) == 0);
+        }
+        if (fd >= 0) close(fd);
+        fd = -1;
+        free(want);
+    }
+    offload_close(a);
+    a = NULL;
+    /* The next run finds the intruder by its checksum. */
+    cb = (fill_ctx){.fingerprint = "fp-B"};
+    quiet_begin();
+    CHECK_STATUS(offload_open(dir, "fp-B", g_specs, 3, fill, &cb, &a), FERRY_OK);
+    char *w = quiet_end();
+    CHECK(w && strstr(w, "layers-000-002.bin: checksum "));
+    free(w);
+    CHECK_EQ_INT(cb.calls, 1);
+    g_od = a;
+    CHECK_BLOBS(dir, "fp-B", 3, 1);
+    g_od = NULL;
+    offload_close(a);
+
+    free(manifest);
+    free(dir);
+    remove_tree(top);
+}
+
+static void test_shared_dir(void)
+{
+    test_shared_dir_("/tmp");
+    struct stat sb;
+    if (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode)) test_shared_dir_("/dev/shm");
+}
+
 static void test_write_all(void)
 {
     char *top = make_dir("/tmp");
@@ -519,8 +732,12 @@ static void test_crc(void)
 /* ---- without O_DIRECT ------------------------------------------------------------ */
 
 /* In a child whose seccomp filter fails every open with O_DIRECT with
- * EINVAL: the same sequence, every blob read through the page cache. */
-static void no_direct_body(void) { run_sequence("/tmp", false); }
+ * EINVAL: the same sequences, every blob read through the page cache. */
+static void no_direct_body(void)
+{
+    run_sequence("/tmp", false);
+    test_shared_dir_("/tmp");
+}
 
 static void test_no_direct(void)
 {
@@ -544,6 +761,7 @@ int main(void)
     struct stat sb;
     if (stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode))
         run_sequence("/dev/shm", probe_direct("/dev/shm")); /* tmpfs: O_DIRECT only since Linux 6.6 */
+    test_shared_dir();
     test_no_direct();
     return check_report();
 }
