@@ -3,6 +3,7 @@
  * (every flag is a setting from config/settings.def; a command accepts only
  * the settings listed for it here) and runs it.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,6 +47,11 @@ static const command k_commands[] = {
      {S(model), END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
+
+/* Settings that name a file or directory. An empty one is a usage error
+ * naming it: "" would otherwise become paths like "/config.json", or an
+ * error about whatever was derived from it (serve's --name from --model). */
+static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace)};
 
 int cli_error(int code, const char *fmt, ...)
 {
@@ -120,21 +126,48 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         }
         if (config_set(cfg, id, value) != FERRY_OK) return cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
     }
+    char flag[64];
     for (int i = 0; c->required[i] != END; i++) {
-        if (!cfg->given[c->required[i]]) {
-            char flag[64];
+        if (!cfg->given[c->required[i]])
             return cli_error(EXIT_USAGE, "%s: missing required flag %s", c->name,
                              config_flag(c->required[i], flag, sizeof flag));
+    }
+    for (size_t i = 0; i < sizeof k_path_settings / sizeof k_path_settings[0]; i++) {
+        int id = k_path_settings[i];
+        const char *v = NULL;
+        switch (id) { /* the settings are struct fields: no lookup by id */
+        case S(model): v = cfg->model; break;
+        case S(out): v = cfg->out; break;
+        case S(offload_dir): v = cfg->offload_dir; break;
+        case S(dump_logits): v = cfg->dump_logits; break;
+        case S(trace): v = cfg->trace; break;
         }
+        if (cfg->given[id] && v && !*v)
+            return cli_error(EXIT_USAGE, "%s: %s must not be empty (it names a file or directory)", c->name,
+                             config_flag(id, flag, sizeof flag));
     }
     return 0;
+}
+
+/* Every command's results go to stdout through stdio, where a failed write
+ * (a full disk, /dev/full) shows only when the buffer is flushed - after
+ * main would have returned 0. So each run ends here: the results reached
+ * stdout, or the exit status is 1 with one line saying so. */
+static int finish_stdout(int rc)
+{
+    errno = 0;
+    bool flush_failed = fflush(stdout) != 0;
+    int err = errno;
+    if (!flush_failed && !ferror(stdout)) return rc;
+    if (rc) return rc; /* the command failed and said why already: one line */
+    return cli_error(EXIT_RUNTIME, "stdout: %s", flush_failed && err ? strerror(err) : "write error");
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? EXIT_USAGE : 0;
+        return finish_stdout(argc < 2 ? EXIT_USAGE : 0);
     }
     for (int i = 0; i < N_COMMANDS; i++) {
         const command *c = &k_commands[i];
@@ -142,12 +175,12 @@ int main(int argc, char **argv)
         for (int k = 2; k < argc; k++)
             if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) {
                 command_help(c);
-                return 0;
+                return finish_stdout(0);
             }
         ferry_config cfg;
         int rc = parse_args(c, argc - 2, argv + 2, &cfg);
         if (rc) return rc;
-        return c->run(&cfg);
+        return finish_stdout(c->run(&cfg));
     }
     return cli_error(EXIT_USAGE, "unknown command '%s' (try 'ferry --help')", argv[1]);
 }

@@ -462,3 +462,22 @@ def test_mkmodel_bad_shard_size(ferry, work):
     p = ferry.run("mkmodel", "--out", work / "x", "--arch", "llama", "--preset", "tiny",
                   "--shard-size", "12XB")
     assert_ferry_error(p, ["shard-size", "shard_size", "12xb"])
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "plan", "inspect", "bench"])
+def test_empty_model_flag(ferry, command):
+    """An empty --model is a usage error naming --model (serve used to blame
+    --name, which derives from it; the others looked for /config.json)."""
+    p = ferry.run(command, "--model", "", *(("--prompt-ids", "1,2") if command == "generate" else ()))
+    line = assert_ferry_error(p, "--model", rcs=(2,))
+    assert "empty" in line, line
+
+
+@pytest.mark.parametrize("flag", ["--offload-dir", "--dump-logits"])
+def test_empty_path_flag(ferry, good, flag):
+    p = ferry.run("generate", "--model", good, "--prompt-ids", "1,2", flag, "")
+    assert_ferry_error(p, [flag + " must not be empty"], rcs=(2,))
+
+
+def test_mkmodel_empty_out(ferry):
+    assert_ferry_error(ferry.run("mkmodel", "--out", ""), ["--out must not be empty"], rcs=(2,))

@@ -1,4 +1,5 @@
-"""ferry CLI behaviour: inspect, mkmodel, sampling determinism, output formats."""
+"""ferry CLI behaviour: inspect, mkmodel, sampling determinism, output formats, and where results go
+(write errors on stdout)."""
 
 import json
 import os
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import st_util
-from conftest import prompt_ids, rel_err
+from conftest import assert_ferry_error, prompt_ids, rel_err
 
 N = 16
 
@@ -286,3 +287,28 @@ def test_dump_logits_size(ferry, model, prompt, tmp_path):
 def test_identical_prompts_in_batch_same_tokens(ferry, model, prompt):
     out, _ = ferry.generate(model, [prompt, prompt, prompt], N)
     assert out[0] == out[1] == out[2]
+
+
+# --------------------------------------------------------------------------
+# where results go: a write error on stdout is an error
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("generate",), ("generate", "--json"), ("plan",), ("plan", "--json"),
+                                  ("inspect",), ("inspect", "--json"), ("help",)],
+                         ids=["generate", "generate-json", "plan", "plan-json", "inspect", "inspect-json", "help"])
+def test_stdout_write_error(ferry, model, prompt, args):
+    """Results that cannot be written to stdout are an error (exit 1, one
+    line naming stdout), not a success with the output lost."""
+    import subprocess
+    cmd, flags = args[0], list(args[1:])
+    if cmd == "help":
+        argv = ["generate", "--help"]
+    else:
+        argv = [cmd, "--model", model] + flags
+        if cmd == "generate":
+            argv += ["--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", 2]
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([ferry.path] + [str(a) for a in argv], stdout=full, stderr=subprocess.PIPE, timeout=60)
+    p.stdout = b""
+    line = assert_ferry_error(p, "stdout", rcs=(1,))
+    assert "No space left on device" in line, line
