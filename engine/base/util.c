@@ -95,6 +95,49 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
     return st;
 }
 
+/* Writes into what path is, in place: for files that must not be replaced. */
+static ferry_status write_in_place(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC); /* no O_CREAT, no O_TRUNC */
+    if (fd < 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || S_ISREG(sb.st_mode)) {
+        /* it became a regular file since it was looked at: writing into it
+         * would leave it half old, half new */
+        close(fd);
+        return ferry_fail(FERRY_ERR_IO, "%s: changed while it was being opened", path);
+    }
+    ferry_status st = util_write_all(fd, path, data, len);
+    if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", path, strerror(errno));
+    return st;
+}
+
+ferry_status util_write_output(const char *path, const void *data, size_t len)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return util_write_file_atomic(path, data, len);
+        return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (S_ISREG(sb.st_mode)) return util_write_file_atomic(path, data, len);
+    if (S_ISDIR(sb.st_mode)) return ferry_fail(FERRY_ERR_INVALID, "%s: is a directory", path);
+    if (!S_ISLNK(sb.st_mode)) return write_in_place(path, data, len);
+    /* a symbolic link: the rules apply to where it leads */
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: a symbolic link to nothing (not followed)", path);
+        return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (S_ISDIR(sb.st_mode)) return ferry_fail(FERRY_ERR_INVALID, "%s: leads to a directory", path);
+    if (!S_ISREG(sb.st_mode)) return write_in_place(path, data, len);
+    char *target = realpath(path, NULL);
+    if (!target) return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    ferry_status st = util_write_file_atomic(target, data, len);
+    if (st != FERRY_OK) st = ferry_fail_context(st, "%s", path);
+    free(target);
+    return st;
+}
+
 void util_fsync_dir_of(const char *path)
 {
     char *dir = strdup(path);

@@ -22,6 +22,19 @@ ferry_status util_write_all(int fd, const char *path, const void *buf, size_t n)
  * fsync'd, then renamed over path. Nothing half-written is ever left. */
 ferry_status util_write_file_atomic(const char *path, const void *data, size_t len);
 
+/* Writes data to a file the user named (--dump-logits FILE): never replaces
+ * anything that is not a regular file.
+ *   - nothing there: a new file, written atomically (as above);
+ *   - a regular file: replaced atomically;
+ *   - a symbolic link: followed - the file it leads to is what is written
+ *     (by these rules), the link stays; a link to nothing is refused;
+ *   - anything else (a FIFO, a character device such as /dev/full, a pipe
+ *     named /dev/stdout): opened for writing as it is - no create, no
+ *     truncate, no rename - and written in place; a FIFO waits for its
+ *     reader. A write that fails (/dev/full: ENOSPC) fails the call.
+ * Errors name path. */
+ferry_status util_write_output(const char *path, const void *data, size_t len);
+
 /* fsyncs the directory holding path, so that a rename into it is durable. */
 void util_fsync_dir_of(const char *path);
 

@@ -171,7 +171,7 @@ static ferry_status dump_logits(const char *path, const gen_out *outs, int n, in
     char *all = malloc((size_t)n * row);
     if (!all) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) memcpy(all + (size_t)i * row, outs[i].logits, row);
-    ferry_status st = util_write_file_atomic(path, all, (size_t)n * row);
+    ferry_status st = util_write_output(path, all, (size_t)n * row);
     free(all);
     return st;
 }

@@ -1,5 +1,5 @@
 """ferry CLI behaviour: inspect, mkmodel, sampling determinism, output formats, and where results go
-(write errors on stdout)."""
+(--dump-logits into what is not a regular file, write errors on stdout)."""
 
 import json
 import os
@@ -290,8 +290,88 @@ def test_identical_prompts_in_batch_same_tokens(ferry, model, prompt):
 
 
 # --------------------------------------------------------------------------
-# where results go: a write error on stdout is an error
+# where results go: --dump-logits FILE never replaces what is not a regular
+# file; a write error on stdout is an error
 # --------------------------------------------------------------------------
+
+def _reference_logits(ferry, model, prompt, tmp_path):
+    ferry.generate(model, prompt, 1, dump_logits=tmp_path / "ref.bin")
+    return (tmp_path / "ref.bin").read_bytes()
+
+
+def _dump(ferry, model, prompt, path):
+    return ferry.run("generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+                     "--max-new-tokens", 1, "--dump-logits", path, timeout=60)
+
+
+def test_dump_logits_into_a_fifo(ferry, model, prompt, tmp_path):
+    """A FIFO is written through (a reader gets the logits) and stays a FIFO."""
+    import stat
+    want = _reference_logits(ferry, model, prompt, tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(str(fifo))
+    # the read end is open before ferry starts (and never blocks): the
+    # logits fit in the pipe's buffer, so nothing here can hang
+    fd = os.open(str(fifo), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        p = _dump(ferry, model, prompt, fifo)
+        assert p.returncode == 0, p.stderr
+        got = b""
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        os.close(fd)
+    assert stat.S_ISFIFO(os.lstat(str(fifo)).st_mode), "the FIFO was replaced"
+    assert got == want
+
+
+def test_dump_logits_through_a_symlink(ferry, model, prompt, tmp_path):
+    """A symlink is followed: the file it leads to gets the logits, the link
+    stays; a link to nothing is refused, naming it."""
+    want = _reference_logits(ferry, model, prompt, tmp_path)
+    (tmp_path / "sub").mkdir()
+    target = tmp_path / "sub" / "target.bin"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.bin"
+    os.symlink("sub/target.bin", str(link))
+    p = _dump(ferry, model, prompt, link)
+    assert p.returncode == 0, p.stderr
+    assert os.path.islink(str(link)) and os.readlink(str(link)) == "sub/target.bin"
+    assert target.read_bytes() == want
+    dangling = tmp_path / "dangling.bin"
+    os.symlink("nowhere/x.bin", str(dangling))
+    line = assert_ferry_error(_dump(ferry, model, prompt, dangling), "symbolic link", rcs=(1,))
+    assert str(dangling) in line
+    assert os.path.islink(str(dangling)) and not (tmp_path / "nowhere").exists()
+
+
+def test_dump_logits_into_a_full_device(ferry, model, prompt, tmp_path):
+    """A character device is written in place, never replaced: /dev/full
+    fails the write with ENOSPC, and ferry exits 1 naming the path. (The
+    device is reached through a link and, where mknod is allowed, as a node
+    of our own - never /dev/full itself, which a broken ferry running as
+    root would replace.)"""
+    import stat
+    paths = [tmp_path / "to-dev-full"]
+    os.symlink("/dev/full", str(paths[0]))
+    try:
+        os.mknod(str(tmp_path / "full"), 0o600 | stat.S_IFCHR, os.makedev(1, 7))
+        paths.append(tmp_path / "full")
+    except OSError:
+        pass  # not root, or no mknod here: the link still tests the rule
+    for path in paths:
+        line = assert_ferry_error(_dump(ferry, model, prompt, path), "No space left on device", rcs=(1,))
+        assert str(path) in line, line
+        assert stat.S_ISCHR(os.stat(str(path)).st_mode), "%s is no longer a character device" % path
+    assert os.path.islink(str(paths[0]))
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
 
 @pytest.mark.parametrize("args", [("generate",), ("generate", "--json"), ("plan",), ("plan", "--json"),
                                   ("inspect",), ("inspect", "--json"), ("help",)],
