@@ -607,7 +607,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
     for (int i = 0; i < n; i++) {
         offload_blob *b = &od->blobs[i];
         b->size = specs[i].size;
-        if (!(b->path = blob_path(dir, specs[i].key))) {
+        if (!(b->key = strdup(specs[i].key)) || !(b->path = blob_path(dir, specs[i].key))) {
             st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
             goto fail;
         }
@@ -657,12 +657,53 @@ void offload_close(offload_dir *od)
     if (!od) return;
     for (int i = 0; od->blobs && i < od->n; i++) {
         if (od->blobs[i].fd >= 0) close(od->blobs[i].fd);
+        free(od->blobs[i].key);
         free(od->blobs[i].path);
     }
     if (od->lock_fd >= 0) close(od->lock_fd); /* lets the lock go */
     free(od->blobs);
     free(od->dir);
     free(od);
+}
+
+ferry_status offload_rebuild(offload_dir *od, int i, offload_fill_fn fill, void *ctx)
+{
+    FERRY_ASSERT(i >= 0 && i < od->n);
+    offload_blob *b = &od->blobs[i];
+    if (od->lock_fd < 0)
+        return ferry_fail(FERRY_ERR_IO, "%s: cannot rebuild it: the offload dir is read-only", b->path);
+    int err = lock_set(od->lock_fd, F_WRLCK, false);
+    if (err == EAGAIN)
+        return ferry_fail(FERRY_ERR_BUSY, "%s: cannot rebuild it: %s is in use by another ferry process", b->path,
+                          od->dir);
+    if (err) return ferry_fail(FERRY_ERR_IO, "%s/%s: cannot lock: %s", od->dir, OFFLOAD_LOCK, strerror(err));
+    uint8_t *buf = NULL;
+    offload_blob nb = {.key = b->key, .path = b->path, .fd = -1, .size = b->size};
+    offload_spec spec = {b->key, b->size};
+    ferry_status st;
+    if (posix_memalign((void **)&buf, OFFLOAD_ALIGN, WRITE_BUF) != 0) {
+        buf = NULL;
+        st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", b->path);
+    } else {
+        st = blob_build(&nb, &spec, i, fill, ctx, buf);
+    }
+    if (st == FERRY_OK && nb.crc != b->crc) {
+        /* not what the manifest vouches for (the checkpoint changed under a
+         * running process?): the next offload_open finds it by checksum */
+        st = ferry_fail(FERRY_ERR_IO, "%s: rebuilt with checksum %08" PRIx32 ", the manifest says %08" PRIx32,
+                        b->path, nb.crc, b->crc);
+    }
+    if (st == FERRY_OK) {
+        close(b->fd);
+        b->fd = nb.fd;
+        b->direct = nb.direct;
+        b->rebuilt = true;
+    } else if (nb.fd >= 0) {
+        close(nb.fd);
+    }
+    free(buf);
+    lock_set(od->lock_fd, F_RDLCK, false); /* L2 again */
+    return st;
 }
 
 ferry_status offload_blob_open_buffered(const offload_blob *b, int *fd)

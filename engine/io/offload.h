@@ -71,6 +71,7 @@ typedef struct {
 } offload_spec;
 
 typedef struct {
+    char *key;         /* the spec's */
     char *path;        /* dir/key.bin, for messages */
     int fd;            /* the verified (or written) file, open for reading (O_DIRECT where the file system allows) */
     bool direct;       /* fd has O_DIRECT */
@@ -96,6 +97,15 @@ typedef struct {
 ferry_status offload_open(const char *dir, const char *fingerprint, const offload_spec *specs, int n,
                           offload_fill_fn fill, void *ctx, offload_dir **out);
 void offload_close(offload_dir *od);
+
+/* Rewrites blob i, which a read found damaged, from fill (the same
+ * callback, with the same inputs, as offload_open's) and reads it through
+ * the new file's descriptor from then on (L4); its bytes must come out with
+ * the checksum the manifest records. It needs the exclusive lock for the
+ * moment (L1): FERRY_ERR_BUSY, nothing changed, when another process shares
+ * the dir. Nothing may be reading blob i meanwhile, and descriptors from
+ * offload_blob_open_buffered on it are stale after. */
+ferry_status offload_rebuild(offload_dir *od, int i, offload_fill_fn fill, void *ctx);
 
 /* A second, buffered descriptor on blob b (for small unaligned reads; b->fd
  * may be O_DIRECT). It is proven to be the verified file (same device and
