@@ -244,6 +244,28 @@ void engine_close(engine *e)
     free(e);
 }
 
+ferry_status engine_repair(engine *e)
+{
+    int n_groups = e->placement.n_groups;
+    bool damaged[n_groups];
+    if (pipeline_take_damaged(e->pipe, damaged) == 0) return FERRY_OK;
+    pipeline_quiesce(e->pipe);
+    ferry_status first = FERRY_OK;
+    for (int g = 0; g < n_groups; g++) {
+        if (!damaged[g]) continue;
+        const char *path = store_group_source(e->storage, g).path;
+        fprintf(stderr, "ferry: rebuilding %s from the checkpoint\n", path);
+        double t0 = util_now();
+        ferry_status st = store_rebuild_group(e->storage, g);
+        if (st == FERRY_OK)
+            fprintf(stderr, "ferry: rebuilt %s in %.2f s\n", store_group_source(e->storage, g).path, util_now() - t0);
+        else
+            fprintf(stderr, "ferry: could not rebuild group %d: %s\n", g, ferry_errmsg());
+        if (st != FERRY_OK && first == FERRY_OK) first = st;
+    }
+    return first;
+}
+
 /* ---- what the engine is ------------------------------------------------------ */
 
 engine_info engine_get_info(const engine *e)

@@ -69,6 +69,13 @@ pipeline_stats engine_pipeline_stats(engine *e);
  * fit the context (checked). logits_out: host [b->n_seqs, vocab]. */
 ferry_status engine_step(engine *e, const batch *b, float *logits_out);
 
+/* Between steps, after one failed: rebuilds from the checkpoint every blob
+ * of the offload dir that a read found damaged (checksum mismatch, or
+ * shorter than its group), with the pipeline quiet, and says so on stderr.
+ * Returns the first failure (the blobs stay damaged; the next failed step
+ * tries again). */
+ferry_status engine_repair(engine *e);
+
 /* Weight bytes one decode step of n_seqs sequences reads: every layer and
  * the head in full, n_seqs embedding rows (for rooflines). */
 uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs);

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "io/aio.h"
 #include "io/crc32c.h"
@@ -163,6 +164,15 @@ static ferry_status verify_read(pipeline *pl, int g, const void *data, uint64_t 
     return FERRY_ERR_IO;
 }
 
+/* A read failed: was the blob cut short (truncated while running)? That is
+ * damage to repair, where an I/O error of the disk is not. */
+static bool blob_too_short(pipeline *pl, int g, uint64_t bytes)
+{
+    store_source src = store_group_source(pl->s, g);
+    struct stat sb;
+    return fstat(src.fd, &sb) == 0 && (uint64_t)sb.st_size < src.offset + bytes;
+}
+
 static void finish_read(pipeline *pl, const aio_done *d)
 {
     stage_slot *sl = &pl->slots[d->tag % (uint64_t)pl->n_slots];
@@ -173,11 +183,12 @@ static void finish_read(pipeline *pl, const aio_done *d)
     char *bad = NULL;
     if (st == FERRY_OK && pl->verify)
         st = verify_read(pl, g, pl->p->opts.unified ? sl->dev : sl->host, bytes, &bad);
+    bool short_blob = st != FERRY_OK && !bad && blob_too_short(pl, g, bytes);
     if (st == FERRY_OK && !pl->p->opts.unified) copy_into_slot(pl, sl, sl->host, bytes, g);
     pthread_mutex_lock(&pl->mu);
     trace_add(pl, TRACK_DISK, g, sl->t_fetch, t1);
     if (st == FERRY_OK) pl->stats.bytes[TIER_DISK] += bytes;
-    if (bad) pl->damaged[g] = true;
+    if (bad || short_blob) pl->damaged[g] = true;
     mark_ready(pl, sl, st, st == FERRY_OK ? NULL : bad ? bad : d->msg);
     pthread_mutex_unlock(&pl->mu);
     free(bad);
@@ -305,16 +316,38 @@ ferry_status pipeline_start(pipeline *pl)
     return FERRY_OK;
 }
 
+static void stop_fetcher(pipeline *pl)
+{
+    if (!pl->running) return;
+    pthread_mutex_lock(&pl->mu);
+    pl->stop = true;
+    pthread_cond_broadcast(&pl->cv_fetch);
+    pthread_mutex_unlock(&pl->mu);
+    pthread_join(pl->thread, NULL); /* P8, P9: it drains its reads before exiting */
+    pl->running = false;
+    pl->stop = false;
+}
+
+void pipeline_quiesce(pipeline *pl)
+{
+    stop_fetcher(pl);
+    for (int i = 0; pl->slots && i < pl->n_slots; i++) {
+        stage_slot *sl = &pl->slots[i];
+        pl->be->ops->event_sync(pl->be, sl->copied); /* P9: the copies have landed */
+        free(sl->msg);
+        sl->msg = NULL;
+        sl->state = SLOT_FREE;
+    }
+    pthread_mutex_lock(&pl->mu);
+    pl->next_fetch = pl->released = pl->next_compute; /* P9 */
+    pl->in_flight = 0;
+    pthread_mutex_unlock(&pl->mu);
+}
+
 void pipeline_free(pipeline *pl)
 {
     if (!pl) return;
-    if (pl->running) {
-        pthread_mutex_lock(&pl->mu);
-        pl->stop = true;
-        pthread_cond_broadcast(&pl->cv_fetch);
-        pthread_mutex_unlock(&pl->mu);
-        pthread_join(pl->thread, NULL); /* P8: it drains its reads before exiting */
-    }
+    stop_fetcher(pl);
     for (int i = 0; pl->slots && i < pl->n_slots; i++) {
         stage_slot *sl = &pl->slots[i];
         if (sl->copied) pl->be->ops->event_sync(pl->be, sl->copied); /* P8 */
@@ -475,7 +508,7 @@ ferry_status pipeline_trace_write(pipeline *pl, const char *path)
     pthread_mutex_unlock(&pl->mu);
     sb_puts(&sb, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"args\": {\"name\": \"ferry\"}}\n]}\n");
     ferry_status st = sb.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory writing the trace")
-                             : util_write_file_atomic(path, sb.data, sb.len);
+                             : util_write_output(path, sb.data, sb.len);
     sb_free(&sb);
     return st;
 }

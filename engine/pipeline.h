@@ -12,7 +12,7 @@
  *       ^                                                  |
  *       +------ compute releases after its ops ------------+
  *
- * The protocol keeps these invariants; each is cited as P1..P8 at the code
+ * The protocol keeps these invariants; each is cited as P1..P9 at the code
  * that keeps it (pipeline.c), and `make test-mutants` breaks P3, P5 and P6
  * on purpose to show that the tests notice:
  *
@@ -40,6 +40,10 @@
  *     which runs normally. The error's message reaches the caller whole.
  * P8  pipeline_free stops the fetcher, which drains its reads, and waits for
  *     each slot's last copy before releasing the slot's buffers.
+ * P9  pipeline_quiesce (between steps) stops the fetcher as P8 does, drops
+ *     the fetches it made ahead (their slots FREE) and numbers the next
+ *     fetch as the one compute needs next, so that P1 and P2 hold when the
+ *     next step starts it again; nothing reads a blob while it is quiet.
  *
  * Resident (device) groups are computed in place.
  */
@@ -71,6 +75,11 @@ typedef struct {
 } pipeline_units;
 
 ferry_status pipeline_step(pipeline *pl, const pipeline_units *u);
+
+/* Stops the fetcher and waits for its reads and copies (P9): until the
+ * next pipeline_step, nothing reads the offload dir, so a blob may be
+ * rebuilt. Compute thread, between steps. */
+void pipeline_quiesce(pipeline *pl);
 
 /* Whether every group read from disk is checked against the CRC-32C the
  * offload manifest records (on by default): a blob changed or damaged while

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../config/config.h"
 #include "base/util.h"
@@ -54,6 +55,7 @@ struct sched {
     sched_seq *seqs;      /* [lim.max_seqs]: index = KV-cache sequence */
     engine_limits lim;
     int rr;               /* where the next prefill budget starts (fairness) */
+    bool serving;         /* sched_opts.serving */
     sched_stats stats;
     /* step buffers */
     batch_builder bb;
@@ -229,8 +231,10 @@ static void run_step(sched *s)
     ferry_status st = engine_step(s->e, &b, s->logits);
     double dt = util_now() - t0;
     char *msg = st != FERRY_OK ? ferry_errmsg_dup() : NULL; /* whole, for every sequence's on_done */
-    if (st != FERRY_OK) /* the operator's record: clients see it too, but only their own */
+    if (st != FERRY_OK && s->serving) { /* the operator's record: clients see it too, but only their own */
         fprintf(stderr, "ferry: step of %d sequences failed: %s\n", ns, msg ? msg : "out of memory");
+        engine_repair(s->e); /* rebuilds what the step found damaged, before the next step */
+    }
 
     /* First advance every sequence and count, then publish the step's
      * figures, then call back: a client that got its answer must find it in
@@ -280,6 +284,30 @@ static void run_step(sched *s)
     free(msg);
 }
 
+/* Idle after failed steps: a one-token step on KV sequence 0 (every
+ * sequence is free) tells whether the engine works again - after a repair,
+ * or once a passing fault is gone - so that readiness comes back without a
+ * client's request having to fail first. mu not held. */
+static void probe(sched *s)
+{
+    batch_builder_clear(&s->bb);
+    int32_t tok = 0;
+    batch_builder_add(&s->bb, 0, 0, &tok, 1);
+    batch b = batch_builder_get(&s->bb);
+    ferry_status st = engine_step(s->e, &b, s->logits);
+    if (st != FERRY_OK) {
+        fprintf(stderr, "ferry: probe step failed: %s\n", ferry_errmsg());
+        engine_repair(s->e);
+    } else {
+        fprintf(stderr, "ferry: probe step succeeded: serving again\n");
+    }
+    pthread_mutex_lock(&s->mu);
+    s->stats.failing_steps = st == FERRY_OK ? 0 : s->stats.failing_steps + 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+#define PROBE_INTERVAL_S 1
+
 static void *engine_main(void *arg)
 {
     sched *s = arg;
@@ -288,7 +316,18 @@ static void *engine_main(void *arg)
         int running = boundary(s);
         if (s->stop) break;
         if (running == 0) {
-            if (!s->q_head) pthread_cond_wait(&s->cv, &s->mu);
+            if (s->q_head) continue;
+            if (!s->serving || s->stats.failing_steps < SCHED_UNHEALTHY_STEPS) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += PROBE_INTERVAL_S;
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0 || s->q_head || s->stop) continue;
+            pthread_mutex_unlock(&s->mu);
+            probe(s);
+            pthread_mutex_lock(&s->mu);
             continue;
         }
         pthread_mutex_unlock(&s->mu);
@@ -312,6 +351,7 @@ ferry_status sched_create(engine *e, const sched_opts *o, sched **out)
     if (!s) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     s->e = e;
     s->lim = lim;
+    s->serving = o && o->serving;
     if (o && o->max_queued > 0) {
         s->max_queued = o->max_queued;
     } else {

@@ -40,6 +40,11 @@ typedef struct {
 
 typedef struct {
     int max_queued;          /* requests waiting to start; 0 = the max_queued default of settings.def */
+    /* a long-running server: failed steps are logged to stderr, blobs they
+     * found damaged are rebuilt (engine_repair) before the next step, and
+     * after SCHED_UNHEALTHY_STEPS failures in a row an idle engine runs a
+     * probe step every second until one succeeds (readiness comes back) */
+    bool serving;
 } sched_opts;
 
 typedef struct sched sched;

@@ -300,6 +300,26 @@ void store_close(store *s)
     free(s);
 }
 
+ferry_status store_rebuild_group(store *s, int g)
+{
+    int i = s->blob[g];
+    if (i < 0) return ferry_fail(FERRY_ERR_INTERNAL, "group %d is not on disk", g);
+    int *groups = malloc((size_t)s->od->n * sizeof *groups);
+    if (!groups) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < s->plan->n_groups; k++)
+        if (s->blob[k] >= 0) groups[s->blob[k]] = k;
+    blob_ctx ctx = {s, groups};
+    ferry_status st = offload_rebuild(s->od, i, fill_blob, &ctx);
+    free(groups);
+    if (st == FERRY_OK && g == s->embed_group && s->embed_fd >= 0) {
+        /* the row reader's descriptor is on the file replaced */
+        close(s->embed_fd);
+        s->embed_fd = -1;
+        st = offload_blob_open_buffered(&s->od->blobs[i], &s->embed_fd);
+    }
+    return st;
+}
+
 store_source store_group_source(const store *s, int g)
 {
     const plan_group *pg = &s->plan->groups[g];

@@ -59,6 +59,11 @@ void store_close(store *s);
 
 store_source store_group_source(const store *s, int g);
 
+/* Rewrites disk group g's blob from the checkpoint (offload_rebuild: it
+ * must come out with the checksum the manifest records) after a read found
+ * it damaged; nothing may be reading the offload dir meanwhile. */
+ferry_status store_rebuild_group(store *s, int g);
+
 /* Points the view's weights of group g at base (a buffer in g's layout). */
 void store_bind(const store *s, int g, const void *base);
 

@@ -44,7 +44,7 @@ static void *load_main(void *arg)
     loader *l = arg;
     ferry_status st = engine_open(&l->eo, &l->e);
     if (st == FERRY_OK) {
-        sched_opts so = {l->max_queued};
+        sched_opts so = {.max_queued = l->max_queued, .serving = true};
         st = sched_create(l->e, &so, &l->s);
     }
     if (st != FERRY_OK) {
