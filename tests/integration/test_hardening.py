@@ -355,3 +355,96 @@ def test_sighup_stops_gracefully(ferry_bin, models):
         assert "stopped" in s.logtail()
     finally:
         s.kill()
+
+
+# --------------------------------------------------------------------------
+# the offload dir damaged while serving
+# --------------------------------------------------------------------------
+
+def _gen(srv, ids, n=6):
+    return request(srv, "POST", "/v2/models/%s/generate" % srv.name,
+                   {"input_ids": ids, "parameters": {"max_new_tokens": n}})
+
+
+def _wait_ready(srv, want, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if request(srv, "GET", "/v2/health/ready")[0] == want:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_blob_damaged_while_serving(ferry_bin, models, tmp_path, damage):
+    """Bytes flipped in a blob, or the blob cut short, while the server runs:
+    the step that reads it fails (500 naming the file; before: 200 with
+    wrong ids, or 500 forever with ready still 200), the failure is logged,
+    and the blob is rebuilt from the checkpoint, after which the same
+    request gives the tokens it gave before the damage."""
+    model = models.get("llama", "tiny", seed=86)
+    od = tmp_path / "od"
+    gen = serve(ferry_bin, model, "--max-memory", "device=0,host=0", "--offload-dir", od, name="d")
+    s = next(gen)
+    try:
+        ids = [3, 1, 4, 1, 5]
+        st, _, good = _gen(s, ids)
+        assert st == 200
+        blob = od / "layers-001-001.bin"
+        size = blob.stat().st_size
+        with open(blob, "r+b") as f:
+            if damage == "flip":
+                f.seek(size // 2)
+                old = f.read(4096)
+                f.seek(size // 2)
+                f.write(bytes(b ^ 0x5A for b in old))
+            else:
+                f.truncate(size // 2)
+        st, _, body = _gen(s, ids)
+        assert st == 500, (st, body)
+        err = json.loads(body)["error"]
+        assert "layers-001-001.bin" in err, err
+        assert ("checksum mismatch" if damage == "flip" else "end of file") in err, err
+        deadline = time.monotonic() + 20
+        while not any("rebuilt" in ln and "layers-001-001.bin" in ln for ln in s.log):
+            assert time.monotonic() < deadline, s.logtail()
+            time.sleep(0.1)
+        assert any("step of 1 sequences failed" in ln for ln in s.log), s.logtail()
+        assert blob.stat().st_size == size
+        st, _, again = _gen(s, ids)
+        assert st == 200 and json.loads(again)["output_ids"] == json.loads(good)["output_ids"], again
+        assert _wait_ready(s, 200)
+    finally:
+        for _ in gen:
+            pass
+
+
+def test_ready_503_after_failing_steps_then_back(ferry_bin, models, tmp_path):
+    """With the read checks off, a blob whose weights were overwritten with
+    NaN gives non-finite logits: each step fails (500, never ids sampled
+    from NaN), and after three in a row /v2/health/ready answers 503. Once
+    the blob is whole again an idle probe step brings ready back to 200
+    without any client request."""
+    model = models.get("llama", "tiny", seed=87)
+    od = tmp_path / "od"
+    gen = serve(ferry_bin, model, "--max-memory", "device=0,host=0", "--offload-dir", od, "--verify-reads", "false",
+                name="r")
+    s = next(gen)
+    try:
+        st, _, good = _gen(s, [1, 2, 3])
+        assert st == 200
+        blob = od / "layers-000-000.bin"
+        whole = blob.read_bytes()
+        blob.write_bytes(b"\xff" * len(whole))  # f32 NaN everywhere (O_DIRECT reads see it: the page cache is flushed)
+        for _ in range(3):
+            st, _, body = _gen(s, [1, 2, 3])
+            assert st == 500 and "non-finite logits" in json.loads(body)["error"], (st, body)
+        assert _wait_ready(s, 503, timeout=5)
+        blob.write_bytes(whole)
+        assert _wait_ready(s, 200, timeout=20), s.logtail()
+        assert any("probe step succeeded" in ln for ln in s.log), s.logtail()
+        st, _, again = _gen(s, [1, 2, 3])
+        assert st == 200 and json.loads(again)["output_ids"] == json.loads(good)["output_ids"]
+    finally:
+        for _ in gen:
+            pass
