@@ -89,15 +89,14 @@ static void default_name(const char *dir, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n - start), dir + start);
 }
 
-int cmd_serve(const ferry_config *cfg)
+/* The flags of serve alone, checked; fills the front end's options
+ * (counters set by the caller). Returns 0 or the exit status it printed. */
+static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[256], http_opts *ho)
 {
-    engine_opts eo;
-    int rc = cli_engine_opts(cfg, &eo);
-    if (rc) return rc;
     if (cfg->http_port < 0 || cfg->http_port > 65535) return cli_error(EXIT_USAGE, "--http-port must be in 0..65535");
-    if (eo.max_seqs > eo.max_step_tokens)
+    if (eo->max_seqs > eo->max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
-                         eo.max_seqs, eo.max_step_tokens);
+                         eo->max_seqs, eo->max_step_tokens);
     if (cfg->max_queued < 1 || cfg->max_queued > (1 << 20))
         return cli_error(EXIT_USAGE, "--max-queued must be in 1..1048576");
     if (cfg->max_body < 1) return cli_error(EXIT_USAGE, "--max-body must be at least 1 byte");
@@ -111,11 +110,28 @@ int cmd_serve(const ferry_config *cfg)
     if (cfg->max_connections_per_ip < 1 || cfg->max_connections_per_ip > cfg->max_connections)
         return cli_error(EXIT_USAGE, "--max-connections-per-ip must be in 1..--max-connections");
     if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
-    char name[256];
-    if (cfg->name) snprintf(name, sizeof name, "%s", cfg->name);
-    else default_name(cfg->model, name, sizeof name);
+    if (cfg->name) snprintf(name, 256, "%s", cfg->name);
+    else default_name(cfg->model, name, 256);
     if (!*name || strchr(name, '/') || strlen(name) > 200)
         return cli_error(EXIT_USAGE, "--name must be 1..200 characters without '/' (got '%s')", name);
+    *ho = (http_opts){.host = cfg->host,
+                      .port = (int)cfg->http_port,
+                      .model_name = name,
+                      .max_body = cfg->max_body,
+                      .request_memory = cfg->request_memory,
+                      .request_timeout_s = (int)cfg->request_timeout,
+                      .max_connections = (int)cfg->max_connections,
+                      .max_connections_per_ip = (int)cfg->max_connections_per_ip};
+    return fit_fd_limit(&ho->max_connections);
+}
+
+int cmd_serve(const ferry_config *cfg)
+{
+    engine_opts eo;
+    http_opts ho;
+    char name[256];
+    int rc = cli_engine_opts(cfg, &eo);
+    if (rc || (rc = serve_opts(cfg, &eo, name, &ho)) != 0) return rc;
 
     /* every thread started from here inherits the mask: signals reach only sigwait below */
     sigset_t set;
@@ -129,16 +145,7 @@ int cmd_serve(const ferry_config *cfg)
 
     metrics m;
     metrics_init(&m);
-    http_opts ho = {.host = cfg->host,
-                    .port = (int)cfg->http_port,
-                    .model_name = name,
-                    .max_body = cfg->max_body,
-                    .request_memory = cfg->request_memory,
-                    .request_timeout_s = (int)cfg->request_timeout,
-                    .max_connections = (int)cfg->max_connections,
-                    .max_connections_per_ip = (int)cfg->max_connections_per_ip,
-                    .counters = &m};
-    if ((rc = fit_fd_limit(&ho.max_connections)) != 0) return rc;
+    ho.counters = &m;
     http_server *srv;
     if (http_server_start(&ho, &srv) != FERRY_OK) {
         metrics_free(&m);
