@@ -83,9 +83,17 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
                       now - r->t_submit};
     /* the stats first: a client that got its answer finds it counted */
     pthread_mutex_lock(&s->mu);
-    if (st != FERRY_OK) s->stats.requests_failed++;
-    else if (cancelled) s->stats.requests_cancelled++;
-    else s->stats.requests_done++;
+    if (st != FERRY_OK) {
+        s->stats.requests_failed++;
+        s->stats.failed_s_sum += res.total_s;
+    } else if (cancelled) {
+        s->stats.requests_cancelled++;
+    } else {
+        s->stats.requests_done++;
+        s->stats.done_s_sum += res.total_s;
+        s->stats.last_done_unix = util_wall_now();
+    }
+    s->stats.queue_s_sum += res.queue_s;
     s->stats.running--;
     pthread_mutex_unlock(&s->mu);
     if (st != FERRY_OK && !msg) msg = "out of memory";

@@ -33,6 +33,11 @@ typedef struct {
     uint64_t batch_hist[8];  /* steps by sequences: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
     uint64_t batch_sum;      /* sequences summed over steps */
     int failing_steps;       /* steps failed in a row (0 after one succeeds) */
+    /* for Triton's statistics: seconds summed over finished sequences */
+    double done_s_sum;       /* submit -> done, sequences that succeeded */
+    double failed_s_sum;     /* submit -> failed */
+    double queue_s_sum;      /* submit -> admitted, every admitted sequence */
+    double last_done_unix;   /* when the last sequence succeeded (seconds since the epoch; 0 = never) */
 } sched_stats;
 
 /* After this many failed steps in a row the server says it is not ready

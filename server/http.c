@@ -74,6 +74,8 @@ typedef enum {
     EP_GENERATE,
     EP_STREAM,
     EP_METRICS,
+    EP_MODEL_CONFIG,
+    EP_STATS,            /* /v2/models/stats and /v2/models/{m}/stats */
     EP_OTHER,
 } endpoint;
 
@@ -81,7 +83,7 @@ typedef enum {
 static const char *const k_ep_name[] = {"health_live",     "health_ready", "server_metadata",
                                         "model_metadata",  "model_ready",  "infer",
                                         "generate",        "generate_stream", "metrics",
-                                        "other"};
+                                        "model_config",    "model_stats",  "other"};
 
 struct http_server {
     struct MHD_Daemon *d;
@@ -387,6 +389,7 @@ static void route(request *rq, const char *url, const char *method)
     else if (!strcmp(url, "/v2/health/ready")) rq->ep = EP_READY;
     else if (!strcmp(url, "/v2") || !strcmp(url, "/v2/")) rq->ep = EP_SERVER_META;
     else if (!strcmp(url, "/metrics")) rq->ep = EP_METRICS;
+    else if (!strcmp(url, "/v2/models/stats")) rq->ep = EP_STATS; /* every model's: this one */
     else if (!strncmp(url, "/v2/models/", 11)) {
         const char *m = url + 11, *slash = strchr(m, '/');
         size_t n = slash ? (size_t)(slash - m) : strlen(m);
@@ -418,6 +421,8 @@ static void route(request *rq, const char *url, const char *method)
         else if (!strcmp(tail, "/infer")) rq->ep = EP_INFER;
         else if (!strcmp(tail, "/generate")) rq->ep = EP_GENERATE;
         else if (!strcmp(tail, "/generate_stream")) rq->ep = EP_STREAM;
+        else if (!strcmp(tail, "/config")) rq->ep = EP_MODEL_CONFIG;
+        else if (!strcmp(tail, "/stats")) rq->ep = EP_STATS;
     }
     if (rq->ep == EP_OTHER) {
         rq->early_code = 404;
@@ -441,7 +446,8 @@ static enum MHD_Result answer_get(request *rq)
     sb_init(&sb);
     pthread_rwlock_rdlock(&srv->lock);
     bool loaded = srv->s != NULL;
-    int vocab = srv->lim.vocab;
+    engine_limits lim = srv->lim;
+    int vocab = lim.vocab;
     metrics_engine_view view;
     memset(&view, 0, sizeof view);
     if (loaded) view.sched = sched_get_stats(srv->s);
@@ -467,6 +473,14 @@ static enum MHD_Result answer_get(request *rq)
     case EP_SERVER_META: kserve_server_metadata(&sb); break;
     case EP_MODEL_META:
         if (loaded) kserve_model_metadata(&sb, srv->name, vocab);
+        else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
+        break;
+    case EP_MODEL_CONFIG:
+        if (loaded) kserve_model_config(&sb, srv->name, vocab, lim.max_seqs);
+        else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
+        break;
+    case EP_STATS:
+        if (loaded) kserve_model_stats(&sb, srv->name, &view.sched);
         else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
         break;
     case EP_MODEL_READY:

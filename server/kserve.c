@@ -717,6 +717,46 @@ void kserve_model_metadata(strbuf *sb, const char *model, int vocab)
     sb_printf(sb, "{\"name\": \"logits\", \"datatype\": \"FP32\", \"shape\": [-1, %d]}]}", vocab);
 }
 
+void kserve_model_config(strbuf *sb, const char *model, int vocab, int max_batch)
+{
+    sb_puts(sb, "{\"name\": ");
+    sb_json_str(sb, model);
+    sb_printf(sb,
+              ", \"platform\": \"ferry\", \"backend\": \"ferry\", \"version_policy\": {\"latest\": {\"num_versions\": 1}}, "
+              "\"max_batch_size\": %d, "
+              "\"input\": [{\"name\": \"input_ids\", \"data_type\": \"TYPE_INT64\", \"dims\": [-1]}], "
+              "\"output\": [{\"name\": \"output_ids\", \"data_type\": \"TYPE_INT64\", \"dims\": [-1]}, "
+              "{\"name\": \"logits\", \"data_type\": \"TYPE_FP32\", \"dims\": [%d]}], "
+              "\"model_transaction_policy\": {\"decoupled\": true}}",
+              max_batch, vocab);
+}
+
+/* {"count": n, "ns": total} */
+static void put_duration(strbuf *sb, const char *name, uint64_t count, double seconds, bool comma)
+{
+    sb_printf(sb, "%s\"%s\": {\"count\": %llu, \"ns\": %llu}", comma ? ", " : "", name, (unsigned long long)count,
+              (unsigned long long)(seconds * 1e9));
+}
+
+void kserve_model_stats(strbuf *sb, const char *model, const sched_stats *s)
+{
+    sb_puts(sb, "{\"model_stats\": [{\"name\": ");
+    sb_json_str(sb, model);
+    uint64_t admitted = s->requests_done + s->requests_failed + s->requests_cancelled;
+    sb_printf(sb,
+              ", \"version\": \"" KSERVE_MODEL_VERSION "\", \"last_inference\": %llu, \"inference_count\": %llu, "
+              "\"execution_count\": %llu, \"inference_stats\": {",
+              (unsigned long long)(s->last_done_unix * 1e3), (unsigned long long)s->requests_done,
+              (unsigned long long)s->steps);
+    put_duration(sb, "success", s->requests_done, s->done_s_sum, false);
+    put_duration(sb, "fail", s->requests_failed, s->failed_s_sum, true);
+    put_duration(sb, "queue", admitted, s->queue_s_sum, true);
+    put_duration(sb, "compute_input", 0, 0, true);
+    put_duration(sb, "compute_infer", s->steps, s->step_s_sum, true);
+    put_duration(sb, "compute_output", 0, 0, true);
+    sb_puts(sb, "}, \"batch_stats\": []}]}");
+}
+
 int kserve_http_status(ferry_status st)
 {
     switch (st) {

@@ -27,6 +27,7 @@
 
 #include "../engine/base/json.h"
 #include "../engine/request.h"
+#include "../engine/stats.h"
 
 #define FERRY_VERSION "0.1.0"
 #define KSERVE_MODEL_VERSION "1"
@@ -127,6 +128,16 @@ void kserve_error(strbuf *sb, const char *msg);
 /* GET /v2 and GET /v2/models/{m} bodies. */
 void kserve_server_metadata(strbuf *sb);
 void kserve_model_metadata(strbuf *sb, const char *model, int vocab);
+
+/* Triton's model configuration (GET /v2/models/{m}/config, ModelConfig):
+ * platform "ferry", the inputs and outputs, max_batch_size = the sequences
+ * that run at once, decoupled (a streamed request answers once per token). */
+void kserve_model_config(strbuf *sb, const char *model, int vocab, int max_batch);
+/* Triton's statistics (GET /v2/models/{m}/stats, ModelStatistics):
+ * inference_count = sequences that succeeded, execution_count = engine
+ * steps (one step serves many sequences); success/fail = submit to end,
+ * queue = submit to admission, compute_infer = the steps' wall time. */
+void kserve_model_stats(strbuf *sb, const char *model, const sched_stats *s);
 
 /* The HTTP status of an outcome (gRPC maps the same enum its own way). */
 int kserve_http_status(ferry_status st);

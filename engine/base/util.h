@@ -50,5 +50,7 @@ const char *util_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* Seconds on a monotonic clock. */
 double util_now(void);
+/* Seconds since the epoch (the wall clock: for reports, never for intervals). */
+double util_wall_now(void);
 
 #endif

@@ -1656,3 +1656,37 @@ def test_queued_client_that_leaves_is_cancelled_before_it_runs(slow):
     finally:
         hang_up(conn)
     assert len(generate(slow, [9, 10, 11], max_new_tokens=3)) == 3
+
+
+def test_model_config_and_stats(srv, vocab):
+    """Triton's config and statistics endpoints, as Triton answers them."""
+    st, cfg = jreq(srv, "GET", "/v2/models/%s/config" % srv.name)
+    assert st == 200, cfg
+    assert cfg["name"] == srv.name and cfg["platform"] == "ferry" and cfg["max_batch_size"] == 8
+    assert [i["name"] for i in cfg["input"]] == ["input_ids"] and cfg["input"][0]["data_type"] == "TYPE_INT64"
+    assert {o["name"]: o["data_type"] for o in cfg["output"]} == {"output_ids": "TYPE_INT64", "logits": "TYPE_FP32"}
+    assert [o["dims"] for o in cfg["output"] if o["name"] == "logits"] == [[vocab]]
+    assert cfg["model_transaction_policy"]["decoupled"] is True
+
+    def stats():
+        st, obj = jreq(srv, "GET", "/v2/models/%s/stats" % srv.name)
+        assert st == 200, obj
+        st2, every = jreq(srv, "GET", "/v2/models/stats")
+        assert st2 == 200 and [m["name"] for m in every["model_stats"]] == [srv.name]
+        (m,) = obj["model_stats"]
+        assert m["name"] == srv.name and m["version"] == "1"
+        return m
+
+    before = stats()
+    infer(srv, [[1, 2, 3], [4, 5, 6]], 2)
+    after = stats()
+    assert after["inference_count"] == before["inference_count"] + 2
+    assert after["execution_count"] > before["execution_count"]
+    s0, s1 = before["inference_stats"], after["inference_stats"]
+    assert s1["success"]["count"] == s0["success"]["count"] + 2
+    assert s1["success"]["ns"] > s0["success"]["ns"]
+    assert s1["queue"]["count"] >= s0["queue"]["count"] + 2
+    assert s1["compute_infer"]["ns"] > s0["compute_infer"]["ns"]
+    assert after["last_inference"] >= before["last_inference"] and after["last_inference"] > 1.6e12  # ms since 1970
+    st, _, _ = request(srv, "GET", "/v2/models/other/stats")
+    assert st == 404
