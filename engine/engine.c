@@ -248,8 +248,9 @@ ferry_status engine_repair(engine *e)
 {
     int n_groups = e->placement.n_groups;
     bool damaged[n_groups];
-    if (pipeline_take_damaged(e->pipe, damaged) == 0) return FERRY_OK;
-    pipeline_quiesce(e->pipe);
+    if (pipeline_damaged(e->pipe, damaged) == 0) return FERRY_OK;
+    pipeline_quiesce(e->pipe); /* reads ahead may have found more: the whole list once quiet */
+    pipeline_damaged(e->pipe, damaged);
     ferry_status first = FERRY_OK;
     for (int g = 0; g < n_groups; g++) {
         if (!damaged[g]) continue;
@@ -257,6 +258,7 @@ ferry_status engine_repair(engine *e)
         fprintf(stderr, "ferry: rebuilding %s from the checkpoint\n", path);
         double t0 = util_now();
         ferry_status st = store_rebuild_group(e->storage, g);
+        if (st == FERRY_OK) pipeline_clear_damaged(e->pipe, g);
         if (st == FERRY_OK)
             fprintf(stderr, "ferry: rebuilt %s in %.2f s\n", store_group_source(e->storage, g).path, util_now() - t0);
         else

@@ -196,17 +196,20 @@ static void finish_read(pipeline *pl, const aio_done *d)
 
 void pipeline_set_verify(pipeline *pl, bool on) { pl->verify = on; }
 
-int pipeline_take_damaged(pipeline *pl, bool *out)
+int pipeline_damaged(pipeline *pl, bool *out)
 {
     int n = 0;
     pthread_mutex_lock(&pl->mu);
-    for (int g = 0; g < pl->p->n_groups; g++) {
-        out[g] = pl->damaged[g];
-        n += pl->damaged[g];
-        pl->damaged[g] = false;
-    }
+    for (int g = 0; g < pl->p->n_groups; g++) n += out[g] = pl->damaged[g];
     pthread_mutex_unlock(&pl->mu);
     return n;
+}
+
+void pipeline_clear_damaged(pipeline *pl, int g)
+{
+    pthread_mutex_lock(&pl->mu);
+    pl->damaged[g] = false;
+    pthread_mutex_unlock(&pl->mu);
 }
 
 static void *fetcher_main(void *arg)

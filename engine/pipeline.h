@@ -86,9 +86,12 @@ void pipeline_quiesce(pipeline *pl);
  * serving fails the step that read it, naming the file, instead of giving
  * wrong answers. Call before the first step. */
 void pipeline_set_verify(pipeline *pl, bool on);
-/* Groups whose last read failed its check, since the last call (cleared):
- * out[g] set for each; returns how many. */
-int pipeline_take_damaged(pipeline *pl, bool *out);
+/* Groups a read found damaged (a checksum mismatch, or the blob cut
+ * short) and not yet cleared: out[g] set for each; returns how many. While
+ * the fetcher runs it may find more: quiesce first for the whole list. */
+int pipeline_damaged(pipeline *pl, bool *out);
+/* Group g was rebuilt: reads of it are trusted again. */
+void pipeline_clear_damaged(pipeline *pl, int g);
 
 pipeline_stats pipeline_get_stats(pipeline *pl);
 

@@ -29,6 +29,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "../../engine/backend.h"
@@ -350,7 +351,9 @@ static void test_placements(const model_fx *m, const char *root)
                     snprintf(od, sizeof od, "%s/od-%s-g%d", root, m->label, g);
                     run_fx r;
                     if (run_open(&r, m, &o, od)) {
-                        for (int step = 0; step < STEPS; step++) {
+                        for (int step = 0; step < STEPS + 2; step++) {
+                            /* P9: quiet between steps, the fetcher starts again where compute is */
+                            if (step == STEPS) pipeline_quiesce(r.pl);
                             bool right;
                             CHECK_STATUS(run_step(&r, step, &right), FERRY_OK);
                             if (!right) break; /* one message per run */
@@ -453,6 +456,50 @@ static void test_faults(const model_fx *m, const char *root)
     fault_reset();
 }
 
+/* A blob damaged under a running pipeline: the step that reads it fails
+ * naming it (checksum), the group is reported damaged, and after a quiet
+ * rebuild from the checkpoint the next steps read the checkpoint again. */
+static void test_repair(const model_fx *m, const char *root)
+{
+    char od[PATH_MAX];
+    snprintf(od, sizeof od, "%s/od-repair-%s", root, m->label);
+    run_opts o = {.group_size = 1, .prefetch = 2, .budgets = "device=0,host=0", .compute = "thread", .delay_us = 0};
+    run_fx r;
+    if (!run_open(&r, m, &o, od)) {
+        run_close(&r);
+        return;
+    }
+    bool right;
+    CHECK_STATUS(run_step(&r, 0, &right), FERRY_OK);
+    CHECK(right);
+    int g = 0;
+    while (g < r.p.n_groups && !(r.p.groups[g].kind == GROUP_LAYERS && r.p.groups[g].tier == TIER_DISK)) g++;
+    store_source src = store_group_source(r.s, g);
+    int fd = open(src.path, O_WRONLY);
+    char junk[512];
+    memset(junk, 0x5A, sizeof junk);
+    CHECK(fd >= 0 && pwrite(fd, junk, sizeof junk, (off_t)(src.bytes / 2)) == (ssize_t)sizeof junk);
+    if (fd >= 0) close(fd);
+    /* the fetcher ran ahead: the damaged bytes are read in this step or the next */
+    ferry_status st = FERRY_OK;
+    for (int step = 1; step <= 2 && st == FERRY_OK; step++) st = run_step(&r, step, &right);
+    CHECK_EQ_INT(st, FERRY_ERR_IO);
+    CHECK_MSG_HAS("checksum mismatch");
+    CHECK_MSG_HAS(src.path);
+    bool damaged[r.p.n_groups];
+    pipeline_quiesce(r.pl);
+    CHECK_EQ_INT(pipeline_damaged(r.pl, damaged), 1);
+    CHECK(damaged[g]);
+    CHECK_STATUS(store_rebuild_group(r.s, g), FERRY_OK);
+    pipeline_clear_damaged(r.pl, g);
+    for (int step = 3; step < 5; step++) {
+        CHECK_STATUS(run_step(&r, step, &right), FERRY_OK);
+        CHECK(right);
+    }
+    CHECK_EQ_INT(pipeline_damaged(r.pl, damaged), 0);
+    run_close(&r);
+}
+
 /* ---- the backend's own model --------------------------------------------------- */
 
 static double seconds_since(double t0) { return util_now() - t0; }
@@ -543,6 +590,7 @@ int main(void)
     for (int i = 0; i < 2; i++) {
         test_placements(&models[i], root);
         test_faults(&models[i], root);
+        test_repair(&models[i], root);
         model_close(&models[i]);
     }
     nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
