@@ -119,6 +119,7 @@ def test_clients_that_do_not_read_stay_within_the_budget(srv_mem):
     st, _ = jreq(srv_mem, "POST", "/v2/models/mem/infer", logits_body(64))
     assert st == 200
     base = rss_bytes(srv_mem.proc.pid)
+    before = metrics(srv_mem)
     socks = []
     try:
         for _ in range(20):
@@ -128,13 +129,15 @@ def test_clients_that_do_not_read_stay_within_the_budget(srv_mem):
             s.connect(("127.0.0.1", srv_mem.port))
             s.sendall(head + body)
             socks.append(s)
+        # every request answered (200 held unread, or 503) and no sequence left running
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             m = metrics(srv_mem)
-            if msum(m, "ferry_requests_running") == 0 and msum(m, "ferry_requests_queued") == 0:
+            answered = msum(m, "ferry_requests_total", endpoint="infer") - msum(before, "ferry_requests_total",
+                                                                                 endpoint="infer")
+            if answered >= 20 and msum(m, "ferry_requests_running") == 0 and msum(m, "ferry_requests_queued") == 0:
                 break
             time.sleep(0.1)
-        time.sleep(0.5)
         m = metrics(srv_mem)
         used = msum(m, "ferry_request_memory_bytes")
         assert 0 < used <= 8 * MIB, used
