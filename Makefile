@@ -30,7 +30,16 @@ DEMO_MODEL  ?= $(BUILD)/demo-model
 BENCH_MODEL ?= $(BUILD)/bench-1b
 
 # Debian packages: build, and the PyTorch reference the tests compare against.
-DEB_PKGS := gcc make curl liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest
+# gRPC front end: gRPC C core, protobuf-c and its protoc plugin (C generated at
+# build time into $(BUILD)/gen), python3-venv for the project venv below.
+DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest \
+            python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
+# The project's virtual environment: the system's Python packages (torch,
+# numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
+# version - grpcio and grpcio-tools, for the gRPC tests' clients.
+VENV      := $(BUILD)/venv
+VENV_PY   := $(VENV)/bin/python
+PIP_PKGS  := grpcio grpcio-tools
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
@@ -58,6 +67,10 @@ deps:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+	@[ -x $(VENV_PY) ] || { echo "creating $(VENV)"; $(PYTHON) -m venv --system-site-packages $(VENV); }
+	@$(VENV_PY) -c "import grpc, grpc_tools" 2>/dev/null || { \
+	  echo "pip installing into $(VENV): $(PIP_PKGS)"; \
+	  $(VENV_PY) -m pip install -q --disable-pip-version-check $(PIP_PKGS); }
 
 $(DEMO_MODEL)/config.json: | $(BUILD)/ferry
 	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1
