@@ -20,9 +20,19 @@ CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -
 LDLIBS   += -lmicrohttpd -luring -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) config/config.c
-SERVER_SRC := $(wildcard server/*.c server/cli/*.c)
+SERVER_SRC := $(wildcard server/*.c server/cli/*.c server/grpc/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+
+# The gRPC front end: C generated from server/proto/*.proto by protoc-c into
+# $(BUILD)/gen (build outputs, never committed), gRPC C core and protobuf-c
+# through pkg-config (evaluated when a recipe runs: `make deps` installs them).
+GEN        := $(BUILD)/gen
+PROTO_SRC  := $(wildcard server/proto/*.proto)
+PROTO_C    := $(PROTO_SRC:server/proto/%.proto=$(GEN)/%.pb-c.c)
+PROTO_OBJ  := $(PROTO_SRC:server/proto/%.proto=$(BUILD)/obj/gen/%.pb-c.o)
+GRPC_CFLAGS = $(shell pkg-config --cflags grpc libprotobuf-c)
+GRPC_LIBS   = $(shell pkg-config --libs grpc libprotobuf-c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -44,12 +54,24 @@ PIP_PKGS  := grpcio grpcio-tools
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
 
-$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(GEN)/%.pb-c.c $(GEN)/%.pb-c.h: server/proto/%.proto
+	@mkdir -p $(GEN)
+	protoc-c --proto_path=server/proto --c_out=$(GEN) $<
+
+$(BUILD)/obj/gen/%.o: $(GEN)/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GRPC_CFLAGS) -c -o $@ $<
+
+# server/grpc includes the generated headers: they exist before it compiles
+$(BUILD)/obj/server/grpc/%.o: CFLAGS += -I$(GEN) $(GRPC_CFLAGS)
+$(filter $(BUILD)/obj/server/grpc/%,$(SERVER_OBJ)) $(BUILD)/obj/server/cli/cmd_serve.o: | $(PROTO_C:.c=.h)
 
 $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -177,7 +199,7 @@ FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 clean:
 	rm -rf $(BUILD) build-asan
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(UNIT_BIN:=.d)
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(UNIT_BIN:=.d)
 
 # ---- CUDA backend -----------------------------------------------------------
 # engine/cuda/ builds into $(BUILD)/libferry_cuda.so whenever nvcc is found (on
