@@ -108,8 +108,11 @@ run: deps all $(DEMO_MODEL)/config.json
 unit: $(UNIT_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
+# with the venv's python (the system's packages plus grpcio), so that the
+# gRPC tests run; without the venv they are skipped
+TEST_PY = $(if $(wildcard $(VENV_PY)),$(VENV_PY),$(PYTHON))
 integration: all
-	$(PYTHON) -m pytest -q tests/integration
+	$(TEST_PY) -m pytest -q tests/integration
 
 test: deps all unit fuzz-seeds integration
 

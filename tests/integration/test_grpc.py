@@ -1,0 +1,240 @@
+"""`ferry serve`'s gRPC front end (issue 11), through a client not written
+for this project: grpcio with stubs generated at test time by grpcio-tools
+from the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
+FERRY_KSERVE_PROTO overrides), never from ferry's own copy.
+
+grpcio lives in the project's virtual environment (build/venv, made by
+`make deps`); `make integration` runs pytest with its python. Run with a
+python without grpcio, this module is skipped.
+
+Each server is the real binary on free loopback ports (--http-port 0
+--grpc-port 0, see test_http.Server); the fixture's teardown checks that
+SIGTERM ends it with status 0.
+"""
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc", reason="grpcio is not installed for this python (make deps: build/venv)")
+protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is not installed for this python")
+
+from conftest import prompt_ids, rel_err  # noqa: E402
+from test_http import SAME, Server, infer, metrics, msum, serve, unpad  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTO = Path(os.environ.get("FERRY_KSERVE_PROTO", ROOT.parent / "shared" / "protocols" / "grpc_predict_v2.proto"))
+GRPC_LISTEN_RE = re.compile(r"listening on grpc://([0-9.]+):(\d+)")
+TIMEOUT = 60  # seconds for any one call (a hang is a failure)
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    """(messages module, stub class) generated from the official proto."""
+    if not PROTO.is_file():
+        pytest.fail("the official KServe proto is missing: %s (set FERRY_KSERVE_PROTO)" % PROTO)
+    out = tmp_path_factory.mktemp("kserve_stubs")
+    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "--python_out=%s" % out,
+                      "--grpc_python_out=%s" % out, str(PROTO)])
+    assert rc == 0, "grpc_tools.protoc failed on %s" % PROTO
+    sys.path.insert(0, str(out))
+    try:
+        import grpc_predict_v2_pb2 as msgs
+        import grpc_predict_v2_pb2_grpc as svc
+    finally:
+        sys.path.remove(str(out))
+    return msgs, svc.GRPCInferenceServiceStub
+
+
+@pytest.fixture(scope="module")
+def tiny(models):
+    return models.get("llama", "tiny", seed=71)
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny):
+    import st_util
+    return int(st_util.read_config(tiny)["vocab_size"])
+
+
+@pytest.fixture(scope="module")
+def gsrv(ferry_bin, tiny):
+    yield from serve(ferry_bin, tiny, "--batch", 8)
+
+
+def grpc_port(srv):
+    for line in srv.log:
+        m = GRPC_LISTEN_RE.search(line)
+        if m:
+            return int(m.group(2))
+    pytest.fail("no 'listening on grpc://...' line:\n%s" % srv.logtail())
+
+
+@pytest.fixture(scope="module")
+def stub(gsrv, pb):
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(gsrv))
+    yield pb[1](ch)
+    ch.close()
+
+
+def infer_request(msgs, model, prompts, max_new_tokens, raw=False, outputs=None, req_id="", datatype="INT64"):
+    a = np.asarray(prompts, dtype=np.int64)
+    req = msgs.ModelInferRequest(model_name=model, id=req_id)
+    req.parameters["max_new_tokens"].int64_param = max_new_tokens
+    t = req.inputs.add(name="input_ids", datatype=datatype, shape=list(a.shape))
+    if raw:
+        req.raw_input_contents.append(a.astype("<i8").tobytes())
+    else:
+        t.contents.int64_contents.extend(a.reshape(-1).tolist())
+    for n in outputs or []:
+        req.outputs.add(name=n)
+    return req
+
+
+def output(resp, name):
+    """(datatype, shape, raw bytes) of output `name`."""
+    names = [o.name for o in resp.outputs]
+    assert name in names, "no output %s in %r" % (name, names)
+    i = names.index(name)
+    assert len(resp.raw_output_contents) == len(resp.outputs), "one raw_output_contents per output"
+    o = resp.outputs[i]
+    return o.datatype, list(o.shape), resp.raw_output_contents[i]
+
+
+def output_rows(resp, batch):
+    dt, shape, raw = output(resp, "output_ids")
+    assert dt == "INT64" and len(shape) == 2 and shape[0] == batch, (dt, shape)
+    a = np.frombuffer(raw, dtype="<i8")
+    assert a.size == shape[0] * shape[1], (a.size, shape)
+    return [unpad(r) for r in a.reshape(shape).tolist()]
+
+
+def expect_code(call, code, needles=()):
+    with pytest.raises(grpc.RpcError) as ei:
+        call()
+    e = ei.value
+    assert e.code() == code, "want %s, got %s: %s" % (code, e.code(), e.details())
+    for n in needles:
+        assert n in (e.details() or ""), "%r not in %r" % (n, e.details())
+    return e
+
+
+def assert_alive(stub, msgs):
+    assert stub.ServerLive(msgs.ServerLiveRequest(), timeout=TIMEOUT).live
+
+
+# --------------------------------------------------------------------------
+
+def test_health_and_metadata(stub, pb, gsrv, vocab):
+    msgs = pb[0]
+    assert stub.ServerLive(msgs.ServerLiveRequest(), timeout=TIMEOUT).live
+    assert stub.ServerReady(msgs.ServerReadyRequest(), timeout=TIMEOUT).ready
+    assert stub.ModelReady(msgs.ModelReadyRequest(name=gsrv.name), timeout=TIMEOUT).ready
+    assert stub.ModelReady(msgs.ModelReadyRequest(name=gsrv.name, version="1"), timeout=TIMEOUT).ready
+    md = stub.ServerMetadata(msgs.ServerMetadataRequest(), timeout=TIMEOUT)
+    assert md.name == "ferry" and md.version and "binary_tensor_data" in md.extensions
+    mm = stub.ModelMetadata(msgs.ModelMetadataRequest(name=gsrv.name), timeout=TIMEOUT)
+    assert mm.name == gsrv.name and list(mm.versions) == ["1"] and mm.platform == "ferry"
+    assert [(t.name, t.datatype, list(t.shape)) for t in mm.inputs] == [("input_ids", "INT64", [-1, -1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in mm.outputs] == [
+        ("output_ids", "INT64", [-1, -1]), ("logits", "FP32", [-1, vocab])]
+    for call, req in ((stub.ModelReady, msgs.ModelReadyRequest(name="nope")),
+                      (stub.ModelMetadata, msgs.ModelMetadataRequest(name="nope")),
+                      (stub.ModelMetadata, msgs.ModelMetadataRequest(name=gsrv.name, version="7"))):
+        expect_code(lambda: call(req, timeout=TIMEOUT), grpc.StatusCode.NOT_FOUND, ("not found",))
+
+
+def test_infer_equals_cli_and_http(stub, pb, gsrv, ferry, tiny, vocab, tmp_path):
+    """Greedy output_ids through gRPC, typed and raw, are `ferry generate`'s
+    and the HTTP infer endpoint's; so are the logits (FP32 raw)."""
+    msgs = pb[0]
+    n_new = 10
+    prompts = [prompt_ids(vocab, 6, 301), prompt_ids(vocab, 6, 302)]
+    want, want_logits = ferry.generate(tiny, prompts, n_new, dump_logits=tmp_path / "l.bin")
+    http_rows, http_logits, _ = infer(gsrv, prompts, n_new, logits=True)
+    assert http_rows == want
+    for raw in (False, True):
+        req = infer_request(msgs, gsrv.name, prompts, n_new, raw=raw, outputs=["output_ids", "logits"],
+                            req_id="req-%d" % raw)
+        resp = stub.ModelInfer(req, timeout=TIMEOUT)
+        assert resp.id == "req-%d" % raw and resp.model_name == gsrv.name and resp.model_version == "1"
+        assert output_rows(resp, 2) == want, "raw=%s" % raw
+        dt, shape, data = output(resp, "logits")
+        assert dt == "FP32" and shape == [2, vocab]
+        logits = np.frombuffer(data, dtype="<f4").reshape(shape).astype(np.float64)
+        assert rel_err(logits, want_logits) <= SAME
+        assert rel_err(logits, http_logits) <= SAME
+    # no outputs named: output_ids alone; a [T] shape is one prompt
+    req = infer_request(msgs, gsrv.name, [prompts[0]], n_new)
+    del req.inputs[0].shape[:]
+    req.inputs[0].shape.append(len(prompts[0]))
+    resp = stub.ModelInfer(req, timeout=TIMEOUT)
+    assert [o.name for o in resp.outputs] == ["output_ids"] and output_rows(resp, 1) == [want[0]]
+
+
+def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
+    msgs = pb[0]
+    p = [prompt_ids(vocab, 4, 303)]
+    inv = grpc.StatusCode.INVALID_ARGUMENT
+    cases = [
+        (infer_request(msgs, gsrv.name, p, 4, datatype="FP32"), inv, ("datatype", "INT64")),
+        (infer_request(msgs, gsrv.name, [[1, 2, vocab]], 4), inv, ("input_ids", str(vocab))),
+        (infer_request(msgs, gsrv.name, [[1, 2, -5]], 4, raw=True), inv, ("input_ids", "-5")),
+        (infer_request(msgs, gsrv.name, p, 0), inv, ("max_new_tokens",)),
+        (infer_request(msgs, "nope", p, 4), grpc.StatusCode.NOT_FOUND, ("nope",)),
+    ]
+    bad_shape = infer_request(msgs, gsrv.name, p, 4)
+    bad_shape.inputs[0].shape[1] += 1
+    cases.append((bad_shape, inv, ("shape",)))
+    bad_param = infer_request(msgs, gsrv.name, p, 4)
+    bad_param.parameters["temperature"].string_param = "hot"
+    cases.append((bad_param, inv, ("temperature",)))
+    for req, code, needles in cases:
+        expect_code(lambda: stub.ModelInfer(req, timeout=TIMEOUT), code, needles)
+        assert_alive(stub, msgs)
+    # bytes that are no ModelInferRequest
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(gsrv))
+    try:
+        raw_call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        expect_code(lambda: raw_call(b"\xff\xff\xff\xff", timeout=TIMEOUT), inv, ("malformed",))
+    finally:
+        ch.close()
+    # still serving
+    resp = stub.ModelInfer(infer_request(msgs, gsrv.name, p, 3), timeout=TIMEOUT)
+    assert len(output_rows(resp, 1)[0]) == 3
+
+
+def test_sigterm_with_a_call_in_flight(ferry_bin, models, pb, tmp_path):
+    """SIGTERM while a ModelInfer runs (every step streams the weights from
+    disk, so it is still running): the call gets its whole answer, then the
+    process exits 0 - the gRPC front end drains (--drain-timeout) before the
+    scheduler stops."""
+    msgs = pb[0]
+    model = models.get("llama", "small", layers=8, seed=72)  # test_http's slow model
+    n_new = 60
+    srv = Server(ferry_bin, model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od")
+    try:
+        srv.wait_ready()
+        ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+        fut = pb[1](ch).ModelInfer.future(infer_request(msgs, srv.name, [[3, 4, 5]], n_new), timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while msum(metrics(srv), "ferry_requests_running") < 1 and not fut.done():
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.005)
+        assert not fut.done(), "the call ended before SIGTERM: the test needs a slower model"
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            resp = fut.result()
+        except grpc.RpcError as e:
+            pytest.fail("the call in flight failed: %s %s\n%s" % (e.code(), e.details(), srv.logtail()))
+        ch.close()
+        assert len(output_rows(resp, 1)[0]) == n_new
+        assert srv.stop() == 0, srv.logtail()
+    finally:
+        srv.kill()
