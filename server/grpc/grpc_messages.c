@@ -103,13 +103,13 @@ static ferry_status parse_param(const char *key, const infer_param *p, kserve_re
         FERRY_TRY(param_real(key, p, &r->sampling.top_p));
     } else if (!strcmp(key, "stop_token_ids")) {
         FERRY_TRY(param_stop_ids(p, r));
-    } else if (!strcmp(key, "binary_data_output")) {
+    } else if (!strcmp(key, "binary_data_output") || !strcmp(key, "triton_enable_empty_final_response")) {
         if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
-            return ferry_fail(FERRY_ERR_INVALID, "parameters.binary_data_output must be a bool_param");
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a bool_param", key);
     } else {
         return ferry_fail(FERRY_ERR_INVALID,
                           "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
-                          "stop_token_ids, binary_data_output)",
+                          "stop_token_ids, binary_data_output, triton_enable_empty_final_response)",
                           key);
     }
     return FERRY_OK;
@@ -378,4 +378,65 @@ ferry_status grpc_model_metadata_response(const char *model, int vocab, uint8_t 
     m.outputs = outputs;
     m.n_outputs = 2;
     return pack(&m.base, out, out_len);
+}
+
+/* ---- ModelStreamInfer ----------------------------------------------------------- */
+
+ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
+                                        uint8_t **out, size_t *out_len)
+{
+    Inference__InferParameter fin = INFERENCE__INFER_PARAMETER__INIT;
+    fin.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+    fin.bool_param = final;
+    Inference__ModelInferResponse__ParametersEntry entry = INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT,
+                                                   *entries[] = {&entry};
+    entry.key = (char *)"triton_final_response";
+    entry.value = &fin;
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT,
+                                                     *tp[] = {&t};
+    int64_t shape[2] = {1, 1};
+    uint8_t le[8];
+    ProtobufCBinaryData raw = {8, le};
+    Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    m.model_name = (char *)model;
+    m.model_version = (char *)KSERVE_MODEL_VERSION;
+    m.id = (char *)(id ? id : "");
+    m.parameters = entries;
+    m.n_parameters = 1;
+    if (token) { /* else the empty final response */
+        put_le64(le, (uint64_t)(int64_t)*token);
+        t.name = (char *)"output_ids";
+        t.datatype = (char *)"INT64";
+        t.shape = shape;
+        t.n_shape = 2;
+        m.outputs = tp;
+        m.n_outputs = 1;
+        m.raw_output_contents = &raw;
+        m.n_raw_output_contents = 1;
+    }
+    Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
+    s.infer_response = &m;
+    return pack(&s.base, out, out_len);
+}
+
+ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,
+                                        size_t *out_len)
+{
+    Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    m.model_name = (char *)model;
+    m.model_version = (char *)KSERVE_MODEL_VERSION;
+    m.id = (char *)(id ? id : "");
+    Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
+    s.error_message = (char *)msg;
+    s.infer_response = &m; /* the id says which request failed */
+    return pack(&s.base, out, out_len);
+}
+
+char *grpc_infer_peek_id(const uint8_t *buf, size_t len)
+{
+    infer_req *m = inference__model_infer_request__unpack(NULL, len, buf);
+    if (!m) return NULL;
+    char *id = *m->id ? strndup(m->id, KSERVE_MAX_ID) : NULL;
+    inference__model_infer_request__free_unpacked(m, NULL);
+    return id;
 }

@@ -15,6 +15,8 @@
  *                                (KServe's InferParameter has no list)
  *   binary_data_output:          bool_param, accepted and ignored (gRPC
  *                                outputs are always raw_output_contents)
+ *   triton_enable_empty_final_response: bool_param, accepted and ignored
+ *                                (the last token's response is the final one)
  * Outputs: output_ids INT64 [B,N] (rows shorter than the longest padded
  * with -1) and, when asked for, logits FP32 [B,vocab], in the order asked,
  * as raw_output_contents (what tritonclient reads). Every row is checked
@@ -24,6 +26,7 @@
 #define FERRY_GRPC_MESSAGES_H
 
 #include <grpc/status.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +52,19 @@ ferry_status grpc_server_metadata_response(uint8_t **out, size_t *out_len);
 ferry_status grpc_model_metadata_response(const char *model, int vocab, uint8_t **out, size_t *out_len);
 
 enum { GRPC_MSG_LIVE, GRPC_MSG_READY, GRPC_MSG_MODEL_READY };
+
+/* ModelStreamInfer (Triton's decoupled stream): one ModelStreamInferResponse
+ * per generated token, output_ids INT64 [1,1], with parameter
+ * triton_final_response (true on the request's last; token NULL: an empty
+ * final response), and the error response of one request (error_message,
+ * with the request's id; the stream goes on). */
+ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
+                                        uint8_t **out, size_t *out_len);
+ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,
+                                        size_t *out_len);
+/* The id of ModelInferRequest bytes that failed to parse whole (malloc'd;
+ * NULL when none or undecodable), for its error response. */
+char *grpc_infer_peek_id(const uint8_t *buf, size_t len);
 
 /* The gRPC code of an outcome (ferry_status maps one to one). */
 grpc_status_code grpc_status_of(ferry_status st);

@@ -19,6 +19,9 @@
  *   CLOSED  cancelled: the rows still running are cancelled (sched_cancel
  *           frees their KV sequence at the next step boundary)
  *
+ * ModelStreamInfer calls read and write many messages: grpc_stream.c (its
+ * WRITE tag is one SEND_MESSAGE).
+ *
  * Invariants of an rpc:
  *   R1. refs counts the tags and flows still to come: the CLOSED batch, and
  *       the main flow (RECV .. SENT); the rpc is freed when both ended.
@@ -47,62 +50,8 @@
 #include <time.h>
 
 #include "../kserve.h"
+#include "grpc_call.h"
 #include "grpc_messages.h"
-
-#define SERVICE "/inference.GRPCInferenceService/"
-
-enum tag_kind { TAG_NEW, TAG_RECV, TAG_SENT, TAG_CLOSED, TAG_SHUTDOWN };
-
-typedef struct rpc rpc;
-typedef struct {
-    enum tag_kind kind;
-    rpc *r;
-} rpc_tag;
-
-struct grpc_front {
-    grpc_server *server;
-    grpc_completion_queue *cq;
-    pthread_t thread;
-    int port;
-    char *model_name;
-    rpc_tag shutdown_tag;
-
-    pthread_mutex_t mu;      /* guards what follows */
-    pthread_cond_t cond;     /* shutdown_done or live_rpcs changed */
-    engine *e;               /* NULL until attached */
-    sched *s;
-    engine_limits lim;
-    bool shutdown_done;      /* the shutdown tag came */
-    int live_rpcs;           /* R3 */
-};
-
-struct rpc {
-    grpc_front *g;
-    rpc_tag t_new, t_recv, t_sent, t_closed;
-    grpc_call *call;
-    grpc_call_details details;
-    grpc_metadata_array md;
-    grpc_byte_buffer *recv, *send;
-    grpc_slice status_details;
-    bool has_details;
-    int cancelled;           /* set by RECV_CLOSE_ON_SERVER */
-
-    pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread) */
-    int refs;                /* R1 */
-    /* ModelInfer */
-    char *model;
-    kserve_request kr;
-    kserve_row *rows;
-    uint64_t *sid;           /* [n_rows] the scheduler's ids */
-    struct row_ref {
-        rpc *r;
-        int row;
-    } *refs_of;              /* [n_rows] each row's callback argument */
-    int n_submitted, rows_left; /* R2 */
-    bool client_gone;
-    ferry_status st;         /* the first failure of a row */
-    char msg[FERRY_MSG_MAX];
-};
 
 /* ---- rpc life ------------------------------------------------------------------- */
 
@@ -115,6 +64,7 @@ static rpc *rpc_new(grpc_front *g)
     r->t_recv = (rpc_tag){TAG_RECV, r};
     r->t_sent = (rpc_tag){TAG_SENT, r};
     r->t_closed = (rpc_tag){TAG_CLOSED, r};
+    r->t_write = (rpc_tag){TAG_WRITE, r};
     grpc_call_details_init(&r->details);
     grpc_metadata_array_init(&r->md);
     pthread_mutex_init(&r->mu, NULL);
@@ -127,6 +77,7 @@ static rpc *rpc_new(grpc_front *g)
 static void rpc_free(rpc *r)
 {
     grpc_front *g = r->g;
+    if (r->stream) rpc_stream_free(r);
     if (r->call) grpc_call_unref(r->call);
     grpc_call_details_destroy(&r->details);
     grpc_metadata_array_destroy(&r->md);
@@ -148,7 +99,7 @@ static void rpc_free(rpc *r)
     pthread_mutex_unlock(&g->mu);
 }
 
-static void rpc_unref(rpc *r)
+void rpc_unref(rpc *r)
 {
     pthread_mutex_lock(&r->mu);
     int left = --r->refs;
@@ -175,7 +126,7 @@ static void request_next_call(grpc_front *g)
 
 /* Ends the main flow: body (malloc'd, taken over; NULL with an error) and
  * the status. The answer's batch holds the main flow's reference (R1). */
-static void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len)
+void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len)
 {
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
@@ -443,29 +394,36 @@ static void on_new_call(rpc *r, bool ok)
 
 static void on_recv(rpc *r, bool ok)
 {
-    if (!ok) { /* the call ended before its message came */
-        rpc_unref(r);
+    bool stream = r->stream || method_is(r, "ModelStreamInfer");
+    if (stream && !r->stream && rpc_stream_init(r) != FERRY_OK) {
+        rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL, 0);
         return;
     }
-    if (!r->recv) {
-        rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "no request message", NULL, 0);
+    if (!ok || !r->recv) {
+        if (stream) rpc_stream_read_end(r); /* half-closed, or the call ended */
+        else if (!ok) rpc_unref(r);         /* the call ended before its message came */
+        else rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "no request message", NULL, 0);
         return;
     }
     grpc_byte_buffer_reader rd;
-    if (!grpc_byte_buffer_reader_init(&rd, r->recv)) {
-        rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "unreadable request message", NULL, 0);
-        return;
-    }
-    grpc_slice sl = grpc_byte_buffer_reader_readall(&rd);
-    grpc_byte_buffer_reader_destroy(&rd);
+    bool readable = grpc_byte_buffer_reader_init(&rd, r->recv);
+    grpc_slice sl = readable ? grpc_byte_buffer_reader_readall(&rd) : grpc_empty_slice();
+    if (readable) grpc_byte_buffer_reader_destroy(&rd);
     grpc_byte_buffer_destroy(r->recv);
     r->recv = NULL;
-    dispatch(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+    if (stream) rpc_stream_message(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+    else if (!readable) rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "unreadable request message", NULL, 0);
+    else dispatch(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
     grpc_slice_unref(sl);
 }
 
 static void on_closed(rpc *r)
 {
+    if (r->stream) {
+        rpc_stream_closed(r);
+        rpc_unref(r);
+        return;
+    }
     bool running = false;
     pthread_mutex_lock(&r->mu);
     if (r->cancelled && r->rows_left > 0) running = r->client_gone = true;
@@ -487,6 +445,7 @@ static void *cq_main(void *arg)
         case TAG_RECV: on_recv(t->r, ev.success); break;
         case TAG_SENT: rpc_unref(t->r); break;
         case TAG_CLOSED: on_closed(t->r); break;
+        case TAG_WRITE: rpc_stream_written(t->r, ev.success); break;
         case TAG_SHUTDOWN:
             pthread_mutex_lock(&g->mu);
             g->shutdown_done = true;

@@ -34,22 +34,41 @@ GRPC_LISTEN_RE = re.compile(r"listening on grpc://([0-9.]+):(\d+)")
 TIMEOUT = 60  # seconds for any one call (a hang is a failure)
 
 
+# KServe's proto has no streaming RPC; Triton's ModelStreamInfer answers
+# with this wrapper of the official ModelInferResponse (Triton's
+# grpc_service.proto: ModelStreamInferResponse{error_message = 1,
+# infer_response = 2}), compiled beside the official file.
+TRITON_STREAM_PROTO = """syntax = "proto3";
+package inference;
+import "grpc_predict_v2.proto";
+message ModelStreamInferResponse
+{
+  string error_message = 1;
+  ModelInferResponse infer_response = 2;
+}
+"""
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    """(messages module, stub class) generated from the official proto."""
+    """(messages module, stub class, stream response class) generated from
+    the official proto (and Triton's stream response beside it)."""
     if not PROTO.is_file():
         pytest.fail("the official KServe proto is missing: %s (set FERRY_KSERVE_PROTO)" % PROTO)
     out = tmp_path_factory.mktemp("kserve_stubs")
-    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "--python_out=%s" % out,
-                      "--grpc_python_out=%s" % out, str(PROTO)])
+    (out / "triton_stream.proto").write_text(TRITON_STREAM_PROTO)
+    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--python_out=%s" % out,
+                      "--grpc_python_out=%s" % out, str(PROTO), str(out / "triton_stream.proto")])
     assert rc == 0, "grpc_tools.protoc failed on %s" % PROTO
     sys.path.insert(0, str(out))
     try:
         import grpc_predict_v2_pb2 as msgs
         import grpc_predict_v2_pb2_grpc as svc
+        import triton_stream_pb2 as stream_msgs
     finally:
         sys.path.remove(str(out))
-    return msgs, svc.GRPCInferenceServiceStub
+    return msgs, svc.GRPCInferenceServiceStub, stream_msgs.ModelStreamInferResponse
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +254,123 @@ def test_sigterm_with_a_call_in_flight(ferry_bin, models, pb, tmp_path):
             pytest.fail("the call in flight failed: %s %s\n%s" % (e.code(), e.details(), srv.logtail()))
         ch.close()
         assert len(output_rows(resp, 1)[0]) == n_new
+        assert srv.stop() == 0, srv.logtail()
+    finally:
+        srv.kill()
+
+
+# --------------------------------------------------------------------------
+# ModelStreamInfer (Triton's decoupled stream)
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slow_model(models):
+    return models.get("llama", "small", layers=8, seed=72)  # test_http's slow model
+
+
+@pytest.fixture(scope="module")
+def stream_srv(ferry_bin, slow_model, tmp_path_factory):
+    """Every step streams the weights from disk: requests overlap in time."""
+    od = tmp_path_factory.mktemp("grpc-stream-od")
+    yield from serve(ferry_bin, slow_model, "--batch", 4, "--max-memory", "device=0,host=0", "--offload-dir", od)
+
+
+def open_stream(srv, pb):
+    """(channel, call, send(request or None to half-close)): a
+    ModelStreamInfer call fed from a queue."""
+    import queue
+    q = queue.Queue()
+
+    def requests():
+        while True:
+            r = q.get()
+            if r is None:
+                return
+            yield r
+
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+    call = ch.stream_stream(STREAM_METHOD, request_serializer=pb[0].ModelInferRequest.SerializeToString,
+                            response_deserializer=pb[2].FromString)(requests(), timeout=TIMEOUT)
+    return ch, call, q.put
+
+
+def final_flag(resp):
+    p = resp.infer_response.parameters
+    assert "triton_final_response" in p, "every response says whether it is the last"
+    return p["triton_final_response"].bool_param
+
+
+def test_stream_tokens_in_order_interleaved_and_errors(stream_srv, pb, ferry, slow_model):
+    """Two requests on one stream run together: one response per token, in
+    order, the request's id on each, triton_final_response on the last
+    only, tokens equal to `ferry generate`'s; a bad request in between gets
+    one error_message response and the others go on; after the client
+    half-closes, the call ends OK."""
+    msgs = pb[0]
+    pa, pb_ = [5, 6, 7, 8], [9, 10, 11]
+    n_a, n_b = 24, 6
+    want_a = ferry.generate(slow_model, pa, n_a)[0]
+    want_b = ferry.generate(slow_model, pb_, n_b)[0]
+    ch, call, send = open_stream(stream_srv, pb)
+    try:
+        send(infer_request(msgs, stream_srv.name, [pa], n_a, req_id="a"))
+        got, order, finals, errors = {"a": [], "b": []}, [], [], {}
+        for resp in call:
+            if resp.error_message:
+                errors[resp.infer_response.id] = resp.error_message
+                continue
+            rid = resp.infer_response.id
+            if not order:  # a runs: now b, and a request that is wrong
+                send(infer_request(msgs, stream_srv.name, [pb_], n_b, req_id="b"))
+                send(infer_request(msgs, stream_srv.name, [pa], 4, req_id="bad", datatype="FP32"))
+            order.append(rid)
+            assert [o.name for o in resp.infer_response.outputs] == ["output_ids"]
+            got[rid] += output_rows(resp.infer_response, 1)[0]
+            if final_flag(resp):
+                finals.append(rid)
+                if len(finals) == 2:
+                    send(None)  # half-close: the call ends once everything is written
+    finally:
+        ch.close()
+    assert call.code() == grpc.StatusCode.OK, (call.code(), call.details())
+    assert got == {"a": want_a, "b": want_b}
+    assert sorted(finals) == ["a", "b"] and order.count("a") == n_a and order.count("b") == n_b
+    last_a = max(i for i, rid in enumerate(order) if rid == "a")
+    assert order.index("b") < last_a, "b should run alongside a: %r" % order
+    assert list(errors) == ["bad"] and "datatype" in errors["bad"], errors
+
+
+def test_stream_cancel_frees_the_slot(ferry_bin, tiny, pb, vocab, tmp_path):
+    """A stream cancelled by its client stops its generation: with --batch 1
+    the next request is served at once, not after the cancelled one's
+    max_new_tokens; ModelStreamInfer of an unknown model or several prompts
+    is an error response on a stream that stays usable."""
+    msgs = pb[0]
+    srv = Server(ferry_bin, tiny, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od")
+    try:
+        srv.wait_ready()
+        ch, call, send = open_stream(srv, pb)
+        send(infer_request(msgs, srv.name, [[1, 2, 3]], 500, req_id="long"))
+        first = next(call)
+        assert not first.error_message and first.infer_response.id == "long"
+        call.cancel()
+        ch.close()
+        stub = pb[1](grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv)))
+        resp = stub.ModelInfer(infer_request(msgs, srv.name, [[4, 5]], 2), timeout=TIMEOUT)
+        assert len(output_rows(resp, 1)[0]) == 2
+        m = metrics(srv)
+        assert msum(m, "ferry_sequences_total", outcome="cancelled") == 1, "the stream's sequence was not cancelled"
+        ch, call, send = open_stream(srv, pb)
+        send(infer_request(msgs, "nope", [[1, 2]], 2, req_id="x"))
+        send(infer_request(msgs, srv.name, [[1, 2], [3, 4]], 2, req_id="y"))
+        send(infer_request(msgs, srv.name, [[1, 2]], 2, req_id="z"))
+        send(None)
+        resps = list(call)
+        ch.close()
+        assert call.code() == grpc.StatusCode.OK
+        errs = {r.infer_response.id: r.error_message for r in resps if r.error_message}
+        assert set(errs) == {"x", "y"} and "not found" in errs["x"] and "one prompt" in errs["y"], errs
+        assert [final_flag(r) for r in resps if not r.error_message] == [False, True]
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
