@@ -139,7 +139,7 @@ asan:
 	  LDLIBS="-lmicrohttpd -luring -lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
-	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration
+	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(TEST_PY) -m pytest -q tests/integration
 
 # ---- fuzz targets -------------------------------------------------------------
 # tests/fuzz/fuzz_*.c are libFuzzer targets (tests/fuzz/README.md). fuzz-seeds,

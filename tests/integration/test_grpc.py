@@ -340,13 +340,14 @@ def test_stream_tokens_in_order_interleaved_and_errors(stream_srv, pb, ferry, sl
     assert list(errors) == ["bad"] and "datatype" in errors["bad"], errors
 
 
-def test_stream_cancel_frees_the_slot(ferry_bin, tiny, pb, vocab, tmp_path):
-    """A stream cancelled by its client stops its generation: with --batch 1
-    the next request is served at once, not after the cancelled one's
-    max_new_tokens; ModelStreamInfer of an unknown model or several prompts
-    is an error response on a stream that stays usable."""
+def test_cancel_frees_the_slot(ferry_bin, slow_model, pb, tmp_path):
+    """A stream, or a ModelInfer, cancelled by its client stops its
+    generation: with --batch 1 the next request is served at once, not after
+    the cancelled one's max_new_tokens; ModelStreamInfer of an unknown model
+    or several prompts is an error response on a stream that stays usable."""
     msgs = pb[0]
-    srv = Server(ferry_bin, tiny, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od")
+    srv = Server(ferry_bin, slow_model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir",
+                 tmp_path / "od")
     try:
         srv.wait_ready()
         ch, call, send = open_stream(srv, pb)
@@ -360,6 +361,16 @@ def test_stream_cancel_frees_the_slot(ferry_bin, tiny, pb, vocab, tmp_path):
         assert len(output_rows(resp, 1)[0]) == 2
         m = metrics(srv)
         assert msum(m, "ferry_sequences_total", outcome="cancelled") == 1, "the stream's sequence was not cancelled"
+        # a unary call whose client gives up
+        fut = stub.ModelInfer.future(infer_request(msgs, srv.name, [[1, 2, 3]], 500), timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while msum(metrics(srv), "ferry_requests_running") < 1:
+            assert time.monotonic() < deadline and not fut.done(), "the call never started"
+            time.sleep(0.005)
+        fut.cancel()
+        resp = stub.ModelInfer(infer_request(msgs, srv.name, [[4, 5]], 2), timeout=TIMEOUT)
+        assert len(output_rows(resp, 1)[0]) == 2
+        assert msum(metrics(srv), "ferry_sequences_total", outcome="cancelled") == 2, "ModelInfer was not cancelled"
         ch, call, send = open_stream(srv, pb)
         send(infer_request(msgs, "nope", [[1, 2]], 2, req_id="x"))
         send(infer_request(msgs, srv.name, [[1, 2], [3, 4]], 2, req_id="y"))
