@@ -331,7 +331,10 @@ static void dispatch(rpc *r, const uint8_t *buf, size_t len)
 {
     grpc_front *g = r->g;
     pthread_mutex_lock(&g->mu);
-    bool ready = g->s != NULL;
+    bool loaded = g->s != NULL;
+    /* ready as REST's /v2/health/ready: loaded, and its steps not failing
+     * one after another (http.c holds the same rule) */
+    bool ready = loaded && sched_get_stats(g->s).failing_steps < SCHED_UNHEALTHY_STEPS;
     int vocab = g->lim.vocab;
     pthread_mutex_unlock(&g->mu);
     uint8_t *body = NULL;
@@ -355,7 +358,7 @@ static void dispatch(rpc *r, const uint8_t *buf, size_t len)
         rpc_answer(r, st, body, blen);
     } else if (method_is(r, "ModelMetadata")) {
         if (!model_ref(r, buf, len)) return;
-        if (!ready) {
+        if (!loaded) {
             rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
             return;
         }
