@@ -15,6 +15,8 @@ SIGTERM ends it with status 0.
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -224,9 +226,48 @@ def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
         expect_code(lambda: raw_call(b"\xff\xff\xff\xff", timeout=TIMEOUT), inv, ("malformed",))
     finally:
         ch.close()
+    # a method ferry does not serve
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(gsrv))
+    try:
+        other = ch.unary_unary("/inference.GRPCInferenceService/ModelConfig")
+        expect_code(lambda: other(b"", timeout=TIMEOUT), grpc.StatusCode.UNIMPLEMENTED, ("ModelConfig",))
+    finally:
+        ch.close()
     # still serving
     resp = stub.ModelInfer(infer_request(msgs, gsrv.name, p, 3), timeout=TIMEOUT)
     assert len(output_rows(resp, 1)[0]) == 3
+
+
+def _serve_fails(ferry_bin, *args):
+    p = subprocess.run([ferry_bin, "serve", "--http-port", "0", "--host", "127.0.0.1"] + [str(a) for a in args],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT)
+    err = p.stderr.decode(errors="replace")
+    last = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert last.startswith("ferry: "), err
+    return p.returncode, last
+
+
+def test_grpc_flags(ferry_bin, tiny):
+    for flags in (["--grpc-port", 70000], ["--grpc-port", -2], ["--drain-timeout", -1]):
+        rc, last = _serve_fails(ferry_bin, "--model", tiny, *flags)
+        assert rc == 2 and flags[0] in last, (flags, last)
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        rc, last = _serve_fails(ferry_bin, "--model", tiny, "--grpc-port", port)
+        assert rc == 1 and str(port) in last, last
+    finally:
+        sock.close()
+    # -1: no gRPC front end
+    srv = Server(ferry_bin, tiny, "--grpc-port", -1)
+    try:
+        srv.wait_ready()
+        assert not any(GRPC_LISTEN_RE.search(ln) for ln in srv.log), srv.logtail()
+        assert srv.stop() == 0
+    finally:
+        srv.kill()
 
 
 def test_sigterm_with_a_call_in_flight(ferry_bin, models, pb, tmp_path):
