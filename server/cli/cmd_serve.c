@@ -159,6 +159,7 @@ int cmd_serve(const ferry_config *cfg)
     metrics m;
     metrics_init(&m);
     ho.counters = &m;
+    go.counters = &m;
     http_server *srv;
     if (http_server_start(&ho, &srv) != FERRY_OK) {
         metrics_free(&m);

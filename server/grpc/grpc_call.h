@@ -32,6 +32,7 @@ struct grpc_front {
     pthread_t thread;
     int port;
     char *model_name;
+    metrics *counters;       /* NULL: none */
     rpc_tag shutdown_tag;
 
     pthread_mutex_t mu;      /* guards what follows */
@@ -53,6 +54,7 @@ struct rpc {
     grpc_slice status_details;
     bool has_details;
     int cancelled;           /* set by RECV_CLOSE_ON_SERVER */
+    const char *endpoint;    /* the metrics' name of the method, set by the first RECV */
 
     pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread) */
     int refs;                /* R1 */
@@ -77,6 +79,9 @@ struct rpc {
  * status; the answer's batch holds the main flow's reference (R1). */
 void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len);
 void rpc_unref(rpc *r);
+/* Counts one answered request (metrics), and one sequence's queue time. */
+void rpc_count(const rpc *r, grpc_status_code code);
+void rpc_observe_queue(const rpc *r, double seconds);
 
 /* grpc_stream.c: the CQ thread hands a ModelStreamInfer call its events */
 ferry_status rpc_stream_init(rpc *r);

@@ -126,8 +126,19 @@ static void request_next_call(grpc_front *g)
 
 /* Ends the main flow: body (malloc'd, taken over; NULL with an error) and
  * the status. The answer's batch holds the main flow's reference (R1). */
+void rpc_count(const rpc *r, grpc_status_code code)
+{
+    if (r->g->counters) metrics_count_request(r->g->counters, r->endpoint ? r->endpoint : "grpc_other", (int)code);
+}
+
+void rpc_observe_queue(const rpc *r, double seconds)
+{
+    if (r->g->counters) metrics_observe_queue(r->g->counters, seconds);
+}
+
 void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len)
 {
+    rpc_count(r, code);
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
@@ -190,6 +201,7 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     struct row_ref *ref = user;
     rpc *r = ref->r;
     kserve_row *row = &r->rows[ref->row];
+    if (st == FERRY_OK && !res->cancelled) rpc_observe_queue(r, res->queue_s);
     pthread_mutex_lock(&r->mu);
     if (st == FERRY_OK && res->n_tokens > 0) {
         row->tokens = malloc((size_t)res->n_tokens * sizeof *row->tokens);
@@ -395,8 +407,22 @@ static void on_new_call(rpc *r, bool ok)
     if (grpc_call_start_batch(r->call, &recv_op, 1, &r->t_recv, NULL) != GRPC_CALL_OK) rpc_unref(r);
 }
 
+/* The metrics' endpoint names of the methods (literals: metrics keeps them). */
+static const char *endpoint_of(const rpc *r)
+{
+    static const char *const k_methods[][2] = {
+        {"ServerLive", "grpc_server_live"},         {"ServerReady", "grpc_server_ready"},
+        {"ServerMetadata", "grpc_server_metadata"}, {"ModelMetadata", "grpc_model_metadata"},
+        {"ModelReady", "grpc_model_ready"},         {"ModelInfer", "grpc_model_infer"},
+        {"ModelStreamInfer", "grpc_model_stream_infer"}};
+    for (size_t i = 0; i < sizeof k_methods / sizeof k_methods[0]; i++)
+        if (method_is(r, k_methods[i][0])) return k_methods[i][1];
+    return "grpc_other";
+}
+
 static void on_recv(rpc *r, bool ok)
 {
+    if (!r->endpoint) r->endpoint = endpoint_of(r);
     bool stream = r->stream || method_is(r, "ModelStreamInfer");
     if (stream && !r->stream && rpc_stream_init(r) != FERRY_OK) {
         rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL, 0);
@@ -469,6 +495,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         free(g);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
+    g->counters = o->counters;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};

@@ -21,12 +21,15 @@
 
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
+#include "../metrics.h"
 
 typedef struct {
     const char *host;        /* address to bind, as http_opts.host */
     int port;                /* 0 = any free port (grpc_front_port says which) */
     const char *model_name;
     uint64_t max_message;    /* largest request message; larger ones get RESOURCE_EXHAUSTED */
+    metrics *counters;       /* ferry_requests_total{endpoint="grpc_...", code=<gRPC code>}; owned by
+                              * the caller, outlives the front end (NULL: none) */
 } grpc_front_opts;
 
 typedef struct grpc_front grpc_front;

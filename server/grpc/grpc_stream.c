@@ -186,6 +186,8 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
     stream_req *q = user;
     rpc *r = q->r;
     struct grpc_stream *s = r->stream;
+    if (st == FERRY_OK && !res->cancelled) rpc_observe_queue(r, res->queue_s);
+    rpc_count(r, st != FERRY_OK ? grpc_status_of(st) : res->cancelled ? GRPC_STATUS_CANCELLED : GRPC_STATUS_OK);
     pthread_mutex_lock(&r->mu);
     if (st != FERRY_OK) {
         if (q->has_held) push_token(r, q, &q->held, false);
@@ -225,17 +227,22 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
 {
     grpc_front *g = r->g;
     char err[FERRY_MSG_MAX] = "";
+    grpc_status_code code = GRPC_STATUS_INVALID_ARGUMENT; /* of err, for the metrics */
     stream_req *q = calloc(1, sizeof *q);
     char *model = NULL;
     pthread_mutex_lock(&g->mu);
     engine_limits lim = g->lim;
     bool ready = g->s != NULL;
     pthread_mutex_unlock(&g->mu);
-    if (!q) snprintf(err, sizeof err, "out of memory");
-    else if (!ready) snprintf(err, sizeof err, "model not ready");
-    else if (grpc_infer_parse(buf, len, &lim, &q->kr, &model) != FERRY_OK) snprintf(err, sizeof err, "%s", ferry_errmsg());
-    if (model && strcmp(model, g->model_name)) /* NOT_FOUND first, as ModelInfer */
+    ferry_status st = FERRY_OK;
+    if (!q) code = GRPC_STATUS_RESOURCE_EXHAUSTED, snprintf(err, sizeof err, "out of memory");
+    else if (!ready) code = GRPC_STATUS_UNAVAILABLE, snprintf(err, sizeof err, "model not ready");
+    else if ((st = grpc_infer_parse(buf, len, &lim, &q->kr, &model)) != FERRY_OK)
+        code = grpc_status_of(st), snprintf(err, sizeof err, "%s", ferry_errmsg());
+    if (model && strcmp(model, g->model_name)) { /* NOT_FOUND first, as ModelInfer */
+        code = GRPC_STATUS_NOT_FOUND;
         snprintf(err, sizeof err, "model '%.200s' not found (this server serves '%s')", model, g->model_name);
+    }
     free(model);
     if (!*err && q->kr.n_rows != 1)
         snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T]; got %d)", q->kr.n_rows);
@@ -250,15 +257,17 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         sched_callbacks cb = {stream_on_token, stream_on_done};
         gen_request p = kserve_row_request(&q->kr, 0);
         pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (grpc_front_stop first) */
-        ferry_status st = sched_submit(g->s, &p, &cb, q, &q->sid);
+        st = sched_submit(g->s, &p, &cb, q, &q->sid);
         pthread_mutex_unlock(&g->mu);
         if (st == FERRY_OK) return;
+        code = grpc_status_of(st);
         snprintf(err, sizeof err, "%s", ferry_errmsg());
         pthread_mutex_lock(&r->mu);
         r->stream->reqs = q->next; /* still first: only this thread adds */
         r->stream->active--;
         pthread_mutex_unlock(&r->mu);
     }
+    rpc_count(r, code);
     char *id = q && q->kr.id ? strdup(q->kr.id) : grpc_infer_peek_id(buf, len);
     if (q) kserve_request_free(&q->kr);
     free(q);

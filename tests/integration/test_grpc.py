@@ -199,8 +199,14 @@ def test_infer_equals_cli_and_http(stub, pb, gsrv, ferry, tiny, vocab, tmp_path)
     assert [o.name for o in resp.outputs] == ["output_ids"] and output_rows(resp, 1) == [want[0]]
 
 
+def grpc_count(srv, endpoint, code):
+    return msum(metrics(srv), "ferry_requests_total", endpoint=endpoint, code=code.value[0])
+
+
 def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
     msgs = pb[0]
+    invalid0 = grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.INVALID_ARGUMENT)
+    ok0 = grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.OK)
     p = [prompt_ids(vocab, 4, 303)]
     inv = grpc.StatusCode.INVALID_ARGUMENT
     cases = [
@@ -236,6 +242,11 @@ def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
     # still serving
     resp = stub.ModelInfer(infer_request(msgs, gsrv.name, p, 3), timeout=TIMEOUT)
     assert len(output_rows(resp, 1)[0]) == 3
+    # /metrics counts the gRPC requests by method and gRPC code
+    n_invalid = sum(1 for _, code, _ in cases if code == inv) + 1  # + the malformed bytes
+    assert grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.INVALID_ARGUMENT) - invalid0 == n_invalid
+    assert grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.OK) - ok0 == 1
+    assert grpc_count(gsrv, "grpc_other", grpc.StatusCode.UNIMPLEMENTED) == 1
 
 
 def _serve_fails(ferry_bin, *args):
