@@ -281,6 +281,25 @@ def test_grpc_flags(ferry_bin, tiny):
         srv.kill()
 
 
+def test_message_over_max_body(ferry_bin, tiny, pb):
+    """A request message over --max-body is RESOURCE_EXHAUSTED, before it is
+    parsed; the server serves on."""
+    msgs = pb[0]
+    srv = Server(ferry_bin, tiny, "--max-body", "4KiB")
+    try:
+        srv.wait_ready()
+        ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+        stub = pb[1](ch)
+        big = infer_request(msgs, srv.name, [[1] * 1000], 2, raw=True)  # 8000 bytes of ids
+        expect_code(lambda: stub.ModelInfer(big, timeout=TIMEOUT), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        resp = stub.ModelInfer(infer_request(msgs, srv.name, [[1, 2]], 2), timeout=TIMEOUT)
+        assert len(output_rows(resp, 1)[0]) == 2
+        ch.close()
+        assert srv.stop() == 0
+    finally:
+        srv.kill()
+
+
 def test_sigterm_with_a_call_in_flight(ferry_bin, models, pb, tmp_path):
     """SIGTERM while a ModelInfer runs (every step streams the weights from
     disk, so it is still running): the call gets its whole answer, then the
