@@ -300,31 +300,40 @@ def test_message_over_max_body(ferry_bin, tiny, pb):
         srv.kill()
 
 
-def test_sigterm_with_a_call_in_flight(ferry_bin, models, pb, tmp_path):
-    """SIGTERM while a ModelInfer runs (every step streams the weights from
-    disk, so it is still running): the call gets its whole answer, then the
-    process exits 0 - the gRPC front end drains (--drain-timeout) before the
-    scheduler stops."""
+def test_sigterm_with_calls_in_flight(ferry_bin, slow_model, pb, tmp_path):
+    """SIGTERM while a ModelInfer and a stream run (every step streams the
+    weights from disk, so they are still running): the unary call gets its
+    whole answer, the stream every token up to triton_final_response and
+    then ends OK when the client half-closes; the process exits 0 - the gRPC
+    front end drains (--drain-timeout) before the scheduler stops."""
     msgs = pb[0]
-    model = models.get("llama", "small", layers=8, seed=72)  # test_http's slow model
-    n_new = 60
-    srv = Server(ferry_bin, model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od")
+    n_new = 40
+    srv = Server(ferry_bin, slow_model, "--batch", 2, "--max-memory", "device=0,host=0", "--offload-dir",
+                 tmp_path / "od")
     try:
         srv.wait_ready()
         ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
         fut = pb[1](ch).ModelInfer.future(infer_request(msgs, srv.name, [[3, 4, 5]], n_new), timeout=TIMEOUT)
-        deadline = time.monotonic() + TIMEOUT
-        while msum(metrics(srv), "ferry_requests_running") < 1 and not fut.done():
-            assert time.monotonic() < deadline, "the call never started"
-            time.sleep(0.005)
-        assert not fut.done(), "the call ended before SIGTERM: the test needs a slower model"
+        sch, call, send = open_stream(srv, pb)
+        send(infer_request(msgs, srv.name, [[6, 7]], n_new, req_id="s"))
+        first = next(call)
+        assert not first.error_message and not fut.done(), "the calls ended before SIGTERM: a slower model is needed"
         srv.proc.send_signal(signal.SIGTERM)
         try:
             resp = fut.result()
         except grpc.RpcError as e:
             pytest.fail("the call in flight failed: %s %s\n%s" % (e.code(), e.details(), srv.logtail()))
-        ch.close()
         assert len(output_rows(resp, 1)[0]) == n_new
+        streamed = [first]
+        for r in call:
+            streamed.append(r)
+            if final_flag(r):
+                send(None)
+        assert call.code() == grpc.StatusCode.OK, (call.code(), call.details())
+        assert not any(r.error_message for r in streamed) and len(streamed) == n_new
+        assert [final_flag(r) for r in streamed] == [False] * (n_new - 1) + [True]
+        ch.close()
+        sch.close()
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
