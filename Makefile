@@ -154,7 +154,11 @@ test-asan: asan
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c
+# fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
+# code generated for it (no gRPC: it reads and writes bytes)
+FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/grpc/grpc_messages.c $(PROTO_C)
+FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
+FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)
 FUZZ_SA_BIN  := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/sa/%)
 FUZZ_CC      ?= clang
@@ -174,10 +178,14 @@ fuzz-seeds: fuzz-build
 
 $(FUZZ_DIR)/sa/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -c -o $@ $<
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) $(FUZZ_INC) -c -o $@ $<
 
 $(FUZZ_SA_BIN): $(FUZZ_DIR)/sa/%: $(FUZZ_DIR)/sa/tests/fuzz/%.o $(FUZZ_DIR)/sa/tests/fuzz/standalone_main.o $(FUZZ_SA_OBJ)
-	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -o $@ $^ $(LDLIBS) $(FUZZ_LIBS)
+
+# the sources that include the generated header: it exists before they compile
+$(FUZZ_DIR)/sa/server/grpc/grpc_messages.o $(FUZZ_DIR)/lf/server/grpc/grpc_messages.o \
+$(FUZZ_DIR)/sa/tests/fuzz/fuzz_grpc.o $(FUZZ_DIR)/lf/tests/fuzz/fuzz_grpc.o: | $(PROTO_C:.c=.h)
 
 fuzz: $(FUZZ_LF_BIN)
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -191,10 +199,10 @@ fuzz: $(FUZZ_LF_BIN)
 $(FUZZ_DIR)/lf/%.o: %.c
 	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: $(FUZZ_CC) not found (set FUZZ_CC to a clang with libFuzzer)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) $(FUZZ_INC) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 $(FUZZ_LF_BIN): $(FUZZ_DIR)/lf/%: $(FUZZ_DIR)/lf/tests/fuzz/%.o $(FUZZ_LF_OBJ)
-	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(FUZZ_LIBS)
 
 FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 -include $(FUZZ_SA_OBJ:.o=.d) $(FUZZ_LF_OBJ:.o=.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/sa/%.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/lf/%.d)
