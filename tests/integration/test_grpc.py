@@ -203,6 +203,31 @@ def grpc_count(srv, endpoint, code):
     return msum(metrics(srv), "ferry_requests_total", endpoint=endpoint, code=code.value[0])
 
 
+def test_infer_parameters_as_rest(stub, pb, gsrv, vocab):
+    """Sampling parameters (temperature, top_k and seed as int64_param - the
+    official KServe InferParameter has no double) and stop_token_ids (a
+    string_param of ids) give what REST gives for the same request; a stop
+    token ends its row, padded with -1."""
+    msgs = pb[0]
+    prompts = [prompt_ids(vocab, 5, 305), prompt_ids(vocab, 5, 306)]
+    n_new = 8
+    want, _, _ = infer(gsrv, prompts, n_new, temperature=1, top_k=5, seed=9)
+    req = infer_request(msgs, gsrv.name, prompts, n_new)
+    for k, v in (("temperature", 1), ("top_k", 5), ("seed", 9)):
+        req.parameters[k].int64_param = v
+    assert output_rows(stub.ModelInfer(req, timeout=TIMEOUT), 2) == want
+    greedy, _, _ = infer(gsrv, prompts, n_new)
+    stop = greedy[0][2]
+    want, _, _ = infer(gsrv, prompts, n_new, stop_token_ids=[stop])
+    assert len(want[0]) <= 3
+    req = infer_request(msgs, gsrv.name, prompts, n_new)
+    req.parameters["stop_token_ids"].string_param = "%d" % stop
+    resp = stub.ModelInfer(req, timeout=TIMEOUT)
+    assert output_rows(resp, 2) == want
+    raw = np.frombuffer(output(resp, "output_ids")[2], dtype="<i8").reshape(2, -1)
+    assert all(v == -1 for v in raw[0][len(want[0]):]), raw
+
+
 def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
     msgs = pb[0]
     invalid0 = grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.INVALID_ARGUMENT)
