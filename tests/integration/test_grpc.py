@@ -228,6 +228,27 @@ def test_infer_parameters_as_rest(stub, pb, gsrv, vocab):
     assert all(v == -1 for v in raw[0][len(want[0]):]), raw
 
 
+def test_16_concurrent_equal_one_by_one(stub, pb, gsrv, vocab):
+    """16 ModelInfer calls and 4 streams at once (the batch holds 8: some
+    queue) give what each gives alone."""
+    msgs = pb[0]
+    prompts = [prompt_ids(vocab, 3 + i % 5, 320 + i) for i in range(16)]
+    alone = [output_rows(stub.ModelInfer(infer_request(msgs, gsrv.name, [p], 12), timeout=TIMEOUT), 1)[0]
+             for p in prompts]
+    futs = [stub.ModelInfer.future(infer_request(msgs, gsrv.name, [p], 12), timeout=TIMEOUT) for p in prompts]
+    streams = []
+    for i in range(4):
+        ch, call, send = open_stream(gsrv, pb)
+        send(infer_request(msgs, gsrv.name, [prompts[i]], 12, req_id="s%d" % i))
+        send(None)
+        streams.append((ch, call))
+    assert [output_rows(f.result(), 1)[0] for f in futs] == alone
+    for i, (ch, call) in enumerate(streams):
+        toks = [output_rows(r.infer_response, 1)[0][0] for r in call]
+        ch.close()
+        assert toks == alone[i] and call.code() == grpc.StatusCode.OK
+
+
 def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
     msgs = pb[0]
     invalid0 = grpc_count(gsrv, "grpc_model_infer", grpc.StatusCode.INVALID_ARGUMENT)
