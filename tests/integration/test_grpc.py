@@ -385,6 +385,41 @@ def test_sigterm_with_calls_in_flight(ferry_bin, slow_model, pb, tmp_path):
         srv.kill()
 
 
+def test_sigterm_past_the_drain_timeout(ferry_bin, slow_model, pb, tmp_path):
+    """Calls still running when --drain-timeout passes are cancelled
+    (grpc_server_cancel_all_calls): the clients get UNAVAILABLE, their
+    sequences are cancelled, and the process exits 0 at once."""
+    msgs = pb[0]
+    srv = Server(ferry_bin, slow_model, "--batch", 4, "--drain-timeout", 0, "--max-memory", "device=0,host=0",
+                 "--offload-dir", tmp_path / "od")
+    try:
+        srv.wait_ready()
+        ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+        futs = [pb[1](ch).ModelInfer.future(infer_request(msgs, srv.name, [[3, 4, 5]], 400), timeout=TIMEOUT)
+                for _ in range(3)]
+        sch, call, send = open_stream(srv, pb)
+        send(infer_request(msgs, srv.name, [[6, 7]], 400, req_id="s"))
+        assert not next(call).error_message  # all four run (--batch 4)
+        assert not any(f.done() for f in futs)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as ei:
+            for _ in call:
+                pass
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        for f in futs:
+            with pytest.raises(grpc.RpcError) as ei:
+                f.result()
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        ch.close()
+        sch.close()
+        assert srv.stop() == 0, srv.logtail()
+        assert time.monotonic() - t0 < 10, "the 400-token calls ran to their end"
+        assert any("cancelled" in ln for ln in srv.log), srv.logtail()
+    finally:
+        srv.kill()
+
+
 # --------------------------------------------------------------------------
 # ModelStreamInfer (Triton's decoupled stream)
 # --------------------------------------------------------------------------
