@@ -20,9 +20,19 @@ CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -
 LDLIBS   += -lmicrohttpd -luring -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) config/config.c
-SERVER_SRC := $(wildcard server/*.c server/cli/*.c)
+SERVER_SRC := $(wildcard server/*.c server/cli/*.c server/grpc/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+
+# The gRPC front end: C generated from server/proto/*.proto by protoc-c into
+# $(BUILD)/gen (build outputs, never committed), gRPC C core and protobuf-c
+# through pkg-config (evaluated when a recipe runs: `make deps` installs them).
+GEN        := $(BUILD)/gen
+PROTO_SRC  := $(wildcard server/proto/*.proto)
+PROTO_C    := $(PROTO_SRC:server/proto/%.proto=$(GEN)/%.pb-c.c)
+PROTO_OBJ  := $(PROTO_SRC:server/proto/%.proto=$(BUILD)/obj/gen/%.pb-c.o)
+GRPC_CFLAGS = $(shell pkg-config --cflags grpc libprotobuf-c)
+GRPC_LIBS   = $(shell pkg-config --libs grpc libprotobuf-c)
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -30,17 +40,38 @@ DEMO_MODEL  ?= $(BUILD)/demo-model
 BENCH_MODEL ?= $(BUILD)/bench-1b
 
 # Debian packages: build, and the PyTorch reference the tests compare against.
-DEB_PKGS := gcc make curl liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest
+# gRPC front end: gRPC C core, protobuf-c and its protoc plugin (C generated at
+# build time into $(BUILD)/gen), python3-venv for the project venv below.
+DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest \
+            python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
+# The project's virtual environment: the system's Python packages (torch,
+# numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
+# version - grpcio and grpcio-tools, for the gRPC tests' clients.
+VENV      := $(BUILD)/venv
+VENV_PY   := $(VENV)/bin/python
+PIP_PKGS  := grpcio grpcio-tools
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
 
-$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(GEN)/%.pb-c.c $(GEN)/%.pb-c.h: server/proto/%.proto
+	@mkdir -p $(GEN)
+	protoc-c --proto_path=server/proto --c_out=$(GEN) $<
+
+$(BUILD)/obj/gen/%.o: $(GEN)/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GRPC_CFLAGS) -c -o $@ $<
+
+# server/grpc includes the generated headers: they exist before it compiles
+$(BUILD)/obj/server/grpc/%.o: CFLAGS += -I$(GEN) $(GRPC_CFLAGS)
+$(filter $(BUILD)/obj/server/grpc/%,$(SERVER_OBJ)) $(BUILD)/obj/server/cli/cmd_serve.o: | $(PROTO_C:.c=.h)
 
 $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -58,6 +89,10 @@ deps:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+	@[ -x $(VENV_PY) ] || { echo "creating $(VENV)"; $(PYTHON) -m venv --system-site-packages $(VENV); }
+	@$(VENV_PY) -c "import grpc, grpc_tools" 2>/dev/null || { \
+	  echo "pip installing into $(VENV): $(PIP_PKGS)"; \
+	  $(VENV_PY) -m pip install -q --disable-pip-version-check $(PIP_PKGS); }
 
 $(DEMO_MODEL)/config.json: | $(BUILD)/ferry
 	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1
@@ -73,8 +108,11 @@ run: deps all $(DEMO_MODEL)/config.json
 unit: $(UNIT_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
+# with the venv's python (the system's packages plus grpcio), so that the
+# gRPC tests run; without the venv they are skipped
+TEST_PY = $(if $(wildcard $(VENV_PY)),$(VENV_PY),$(PYTHON))
 integration: all
-	$(PYTHON) -m pytest -q tests/integration
+	$(TEST_PY) -m pytest -q tests/integration
 
 test: deps all unit fuzz-seeds integration
 
@@ -101,7 +139,7 @@ asan:
 	  LDLIBS="-lmicrohttpd -luring -lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
-	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(PYTHON) -m pytest -q tests/integration
+	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(TEST_PY) -m pytest -q tests/integration
 
 # ---- fuzz targets -------------------------------------------------------------
 # tests/fuzz/fuzz_*.c are libFuzzer targets (tests/fuzz/README.md). fuzz-seeds,
@@ -116,7 +154,11 @@ test-asan: asan
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c
+# fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
+# code generated for it (no gRPC: it reads and writes bytes)
+FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/grpc/grpc_messages.c $(PROTO_C)
+FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
+FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)
 FUZZ_SA_BIN  := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/sa/%)
 FUZZ_CC      ?= clang
@@ -136,10 +178,14 @@ fuzz-seeds: fuzz-build
 
 $(FUZZ_DIR)/sa/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -c -o $@ $<
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) $(FUZZ_INC) -c -o $@ $<
 
 $(FUZZ_SA_BIN): $(FUZZ_DIR)/sa/%: $(FUZZ_DIR)/sa/tests/fuzz/%.o $(FUZZ_DIR)/sa/tests/fuzz/standalone_main.o $(FUZZ_SA_OBJ)
-	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) -o $@ $^ $(LDLIBS) $(FUZZ_LIBS)
+
+# the sources that include the generated header: it exists before they compile
+$(FUZZ_DIR)/sa/server/grpc/grpc_messages.o $(FUZZ_DIR)/lf/server/grpc/grpc_messages.o \
+$(FUZZ_DIR)/sa/tests/fuzz/fuzz_grpc.o $(FUZZ_DIR)/lf/tests/fuzz/fuzz_grpc.o: | $(PROTO_C:.c=.h)
 
 fuzz: $(FUZZ_LF_BIN)
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -153,10 +199,10 @@ fuzz: $(FUZZ_LF_BIN)
 $(FUZZ_DIR)/lf/%.o: %.c
 	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: $(FUZZ_CC) not found (set FUZZ_CC to a clang with libFuzzer)" >&2; exit 1; }
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) $(FUZZ_INC) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 $(FUZZ_LF_BIN): $(FUZZ_DIR)/lf/%: $(FUZZ_DIR)/lf/tests/fuzz/%.o $(FUZZ_LF_OBJ)
-	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+	$(FUZZ_CC) $(FUZZ_LF_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(FUZZ_LIBS)
 
 FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 -include $(FUZZ_SA_OBJ:.o=.d) $(FUZZ_LF_OBJ:.o=.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/sa/%.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/lf/%.d)
@@ -164,7 +210,7 @@ FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 clean:
 	rm -rf $(BUILD) build-asan
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(UNIT_BIN:=.d)
+-include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(UNIT_BIN:=.d)
 
 # ---- CUDA backend -----------------------------------------------------------
 # engine/cuda/ builds into $(BUILD)/libferry_cuda.so whenever nvcc is found (on

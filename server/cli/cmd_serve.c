@@ -6,7 +6,12 @@
  * loader when loading ended, SIGINT/SIGTERM/SIGHUP to stop (SIGHUP is a
  * graceful stop too: a closed terminal must not cut answers off).
  *
- * Stopping follows http.h: detach the model (handlers stop submitting),
+ * The gRPC front end (server/grpc, unless --grpc-port -1) listens right
+ * after HTTP and is attached to the same engine and scheduler.
+ *
+ * Stopping: the gRPC front end first (it stops accepting, lets its calls
+ * finish within --drain-timeout, cancels the rest while the scheduler still
+ * runs), then http.h's order: detach the model (handlers stop submitting),
  * sched_free (every request in flight ends and its connection resumes),
  * stop the HTTP daemon (no connection is suspended any more, as MHD
  * requires), close the engine.
@@ -23,6 +28,7 @@
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
 #include "cli.h"
+#include "../grpc/grpc_server.h"
 #include "../http.h"
 #include "../metrics.h"
 
@@ -91,9 +97,14 @@ static void default_name(const char *dir, char *out, size_t cap)
 
 /* The flags of serve alone, checked; fills the front end's options
  * (counters set by the caller). Returns 0 or the exit status it printed. */
-static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[256], http_opts *ho)
+static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[256], http_opts *ho,
+                      grpc_front_opts *go)
 {
     if (cfg->http_port < 0 || cfg->http_port > 65535) return cli_error(EXIT_USAGE, "--http-port must be in 0..65535");
+    if (cfg->grpc_port < -1 || cfg->grpc_port > 65535)
+        return cli_error(EXIT_USAGE, "--grpc-port must be in 0..65535, or -1 for no gRPC front end");
+    if (cfg->drain_timeout < 0 || cfg->drain_timeout > 86400)
+        return cli_error(EXIT_USAGE, "--drain-timeout must be in 0..86400 seconds");
     if (eo->max_seqs > eo->max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
                          eo->max_seqs, eo->max_step_tokens);
@@ -122,6 +133,7 @@ static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[
                       .request_timeout_s = (int)cfg->request_timeout,
                       .max_connections = (int)cfg->max_connections,
                       .max_connections_per_ip = (int)cfg->max_connections_per_ip};
+    *go = (grpc_front_opts){.host = cfg->host, .port = (int)cfg->grpc_port, .model_name = name, .max_message = cfg->max_body};
     return fit_fd_limit(&ho->max_connections);
 }
 
@@ -129,9 +141,10 @@ int cmd_serve(const ferry_config *cfg)
 {
     engine_opts eo;
     http_opts ho;
+    grpc_front_opts go;
     char name[256];
     int rc = cli_engine_opts(cfg, &eo);
-    if (rc || (rc = serve_opts(cfg, &eo, name, &ho)) != 0) return rc;
+    if (rc || (rc = serve_opts(cfg, &eo, name, &ho, &go)) != 0) return rc;
 
     /* every thread started from here inherits the mask: signals reach only sigwait below */
     sigset_t set;
@@ -146,6 +159,7 @@ int cmd_serve(const ferry_config *cfg)
     metrics m;
     metrics_init(&m);
     ho.counters = &m;
+    go.counters = &m;
     http_server *srv;
     if (http_server_start(&ho, &srv) != FERRY_OK) {
         metrics_free(&m);
@@ -154,10 +168,21 @@ int cmd_serve(const ferry_config *cfg)
     bool v6 = strchr(cfg->host, ':') != NULL;
     fprintf(stderr, "ferry: listening on http://%s%s%s:%d (model %s loading)\n", v6 ? "[" : "", cfg->host,
             v6 ? "]" : "", http_server_port(srv), name);
+    grpc_front *gf = NULL;
+    if (cfg->grpc_port >= 0) {
+        if (grpc_front_start(&go, &gf) != FERRY_OK) {
+            http_server_stop(srv);
+            metrics_free(&m);
+            return cli_fail(FERRY_ERR_IO);
+        }
+        fprintf(stderr, "ferry: listening on grpc://%s%s%s:%d\n", v6 ? "[" : "", cfg->host, v6 ? "]" : "",
+                grpc_front_port(gf));
+    }
 
     loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .main_thread = pthread_self()};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
+        if (gf) grpc_front_stop(gf, 0);
         http_server_stop(srv);
         metrics_free(&m);
         return cli_error(EXIT_RUNTIME, "cannot start the loading thread");
@@ -171,6 +196,7 @@ int cmd_serve(const ferry_config *cfg)
             continue; /* a stray SIGUSR1 */
         if (state == LOAD_FAILED) {
             pthread_join(lt, NULL);
+            if (gf) grpc_front_stop(gf, 0);
             http_server_stop(srv);
             metrics_free(&m);
             rc = cli_error(EXIT_RUNTIME, "%s", ld.err ? ld.err : "out of memory");
@@ -178,17 +204,20 @@ int cmd_serve(const ferry_config *cfg)
             return rc;
         }
         http_server_attach(srv, ld.e, ld.s);
+        if (gf) grpc_front_attach(gf, ld.e, ld.s);
         fprintf(stderr, "ferry: model %s ready\n", name);
     }
 
     if (state == LOAD_RUNNING) {
         /* loading cannot be interrupted; nothing was submitted, so no
          * connection is suspended: stop listening and leave */
+        if (gf) grpc_front_stop(gf, 0);
         http_server_stop(srv);
         fprintf(stderr, "ferry: stopped while the model was loading\n");
         _exit(0);
     }
     pthread_join(lt, NULL);
+    if (gf) grpc_front_stop(gf, (int)cfg->drain_timeout);
     http_server_detach(srv);
     sched_free(ld.s);
     http_server_stop(srv);

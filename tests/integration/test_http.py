@@ -62,7 +62,7 @@ class Server:
     def __init__(self, ferry_bin, model, *flags, name=None, env=None):
         self.model = Path(model)
         self.name = name or self.model.name
-        self.argv = [ferry_bin, "serve", "--model", str(model), "--http-port", "0",
+        self.argv = [ferry_bin, "serve", "--model", str(model), "--http-port", "0", "--grpc-port", "0",
                      "--host", "127.0.0.1"] + [str(f) for f in flags]
         if name:
             self.argv += ["--name", name]
@@ -1573,7 +1573,7 @@ def test_sigint_stops(ferry_bin, tiny):
 
 
 def _serve_fails(ferry_bin, *args):
-    p = subprocess.run([ferry_bin, "serve"] + [str(a) for a in args], stdout=subprocess.PIPE,
+    p = subprocess.run([ferry_bin, "serve", "--grpc-port", "0"] + [str(a) for a in args], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=READY_TIMEOUT)
     err = p.stderr.decode(errors="replace")
     assert p.returncode in (1, 2), "rc %d\n%s" % (p.returncode, err)

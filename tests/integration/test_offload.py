@@ -531,7 +531,7 @@ def _serve(ferry, d, od):
     port; returns (process, base URL) once the model is ready."""
     import subprocess
     import threading
-    argv = [ferry.path, "serve", "--model", d, "--http-port", 0, "--host", "127.0.0.1", *DISK, "--offload-dir", od]
+    argv = [ferry.path, "serve", "--model", d, "--http-port", 0, "--grpc-port", 0, "--host", "127.0.0.1", *DISK, "--offload-dir", od]
     p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
     timer = threading.Timer(60, p.kill)  # a hang fails the test, never blocks it

@@ -49,6 +49,8 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.context, 0);
     CHECK(cfg.trace == NULL);
     CHECK_EQ_INT(cfg.http_port, 8000);
+    CHECK_EQ_INT(cfg.grpc_port, 8001);
+    CHECK_EQ_INT(cfg.drain_timeout, 30);
     CHECK_EQ_STR(cfg.host, "0.0.0.0");
     CHECK(cfg.name == NULL);
     CHECK_EQ_U64(cfg.max_body, 64ull << 20);
@@ -62,7 +64,7 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 40); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 42); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -1,0 +1,94 @@
+/*
+ * grpc_call.h - what grpc_server.c (unary calls, the completion-queue
+ * thread) and grpc_stream.c (ModelStreamInfer) share: the front end, one
+ * call (`rpc`) and its tags. Private to server/grpc; the invariants R1-R3
+ * are written in grpc_server.c.
+ */
+#ifndef FERRY_GRPC_CALL_H
+#define FERRY_GRPC_CALL_H
+
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
+#include "../kserve.h"
+#include "grpc_server.h"
+
+#define SERVICE "/inference.GRPCInferenceService/"
+
+enum tag_kind { TAG_NEW, TAG_RECV, TAG_SENT, TAG_CLOSED, TAG_WRITE, TAG_SHUTDOWN };
+
+typedef struct rpc rpc;
+typedef struct {
+    enum tag_kind kind;
+    rpc *r;
+} rpc_tag;
+
+struct grpc_front {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    int port;
+    char *model_name;
+    metrics *counters;       /* NULL: none */
+    rpc_tag shutdown_tag;
+
+    pthread_mutex_t mu;      /* guards what follows */
+    pthread_cond_t cond;     /* shutdown_done or live_rpcs changed */
+    engine *e;               /* NULL until attached */
+    sched *s;
+    engine_limits lim;
+    bool shutdown_done;      /* the shutdown tag came */
+    int live_rpcs;           /* R3 */
+};
+
+struct rpc {
+    grpc_front *g;
+    rpc_tag t_new, t_recv, t_sent, t_closed, t_write;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_byte_buffer *recv, *send;
+    grpc_slice status_details;
+    bool has_details;
+    int cancelled;           /* set by RECV_CLOSE_ON_SERVER */
+    const char *endpoint;    /* the metrics' name of the method, set by the first RECV */
+
+    pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread) */
+    int refs;                /* R1 */
+    /* ModelInfer */
+    char *model;
+    kserve_request kr;
+    kserve_row *rows;
+    uint64_t *sid;           /* [n_rows] the scheduler's ids */
+    struct row_ref {
+        rpc *r;
+        int row;
+    } *refs_of;              /* [n_rows] each row's callback argument */
+    int n_submitted, rows_left; /* R2 */
+    bool client_gone;
+    ferry_status st;         /* the first failure of a row */
+    char msg[FERRY_MSG_MAX];
+    /* ModelStreamInfer (grpc_stream.c); NULL for the unary RPCs */
+    struct grpc_stream *stream;
+};
+
+/* Ends the main flow with body (malloc'd, taken over; NULL: none) and the
+ * status; the answer's batch holds the main flow's reference (R1). */
+void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len);
+void rpc_unref(rpc *r);
+/* Counts one answered request (metrics), and one sequence's queue time. */
+void rpc_count(const rpc *r, grpc_status_code code);
+void rpc_observe_queue(const rpc *r, double seconds);
+
+/* grpc_stream.c: the CQ thread hands a ModelStreamInfer call its events */
+ferry_status rpc_stream_init(rpc *r);
+void rpc_stream_message(rpc *r, const uint8_t *buf, size_t len); /* one request; reads the next */
+void rpc_stream_read_end(rpc *r);   /* the client half-closed, or the call ended */
+void rpc_stream_written(rpc *r, bool ok);
+void rpc_stream_closed(rpc *r);     /* RECV_CLOSE_ON_SERVER completed */
+void rpc_stream_free(rpc *r);
+
+#endif

@@ -1,0 +1,442 @@
+/*
+ * grpc_messages.c - protobuf <-> kserve_request for the gRPC front end
+ * (see grpc_messages.h for what a ModelInfer may hold).
+ */
+#include "grpc_messages.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../config/config.h"
+#include "grpc_service.pb-c.h"
+
+#define MAX_TOKENS (1 << 28) /* B x T bound, as kserve.c */
+
+typedef Inference__ModelInferRequest infer_req;
+typedef Inference__ModelInferRequest__InferInputTensor infer_input;
+typedef Inference__InferParameter infer_param;
+
+grpc_status_code grpc_status_of(ferry_status st)
+{
+    switch (st) {
+    case FERRY_OK: return GRPC_STATUS_OK;
+    case FERRY_ERR_INVALID:
+    case FERRY_ERR_UNSUPPORTED: return GRPC_STATUS_INVALID_ARGUMENT;
+    case FERRY_ERR_NOT_FOUND: return GRPC_STATUS_NOT_FOUND;
+    case FERRY_ERR_TOO_LARGE:
+    case FERRY_ERR_BUSY:
+    case FERRY_ERR_NOMEM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case FERRY_ERR_IO:
+    case FERRY_ERR_INTERNAL: return GRPC_STATUS_INTERNAL;
+    }
+    return GRPC_STATUS_UNKNOWN;
+}
+
+/* ---- parameters ----------------------------------------------------------------- */
+
+/* An integer parameter (int64 or uint64 kind) in lo..hi. */
+static ferry_status param_int(const char *key, const infer_param *p, int64_t lo, int64_t hi, int64_t *out)
+{
+    int64_t v;
+    if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM) v = p->int64_param;
+    else if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_UINT64_PARAM)
+        v = p->uint64_param > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)p->uint64_param;
+    else return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be an int64_param", key);
+    if (v < lo || v > hi)
+        return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be an integer in %lld..%lld (got %lld)", key,
+                          (long long)lo, (long long)hi, (long long)v);
+    *out = v;
+    return FERRY_OK;
+}
+
+/* A real parameter (double kind, or an integer) that request_check then
+ * judges; only non-finite values are refused here. */
+static ferry_status param_real(const char *key, const infer_param *p, float *out)
+{
+    double v;
+    if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM) v = p->double_param;
+    else if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM) v = (double)p->int64_param;
+    else return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a double_param or int64_param", key);
+    if (!isfinite(v) || fabs(v) > 1e30) return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a finite number", key);
+    *out = (float)v;
+    return FERRY_OK;
+}
+
+static ferry_status param_stop_ids(const infer_param *p, kserve_request *r)
+{
+    if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
+        return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids must be a string_param of ids separated by ','");
+    r->n_stop = 0;
+    for (const char *s = p->string_param; *s;) {
+        if (r->n_stop == REQUEST_MAX_STOP)
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: at most %d ids", REQUEST_MAX_STOP);
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: '%s' is not a list of token ids", p->string_param);
+        r->stop_ids[r->n_stop++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status parse_param(const char *key, const infer_param *p, kserve_request *r)
+{
+    int64_t v;
+    if (!p) return ferry_fail(FERRY_ERR_INVALID, "parameters.%s has no value", key);
+    if (!strcmp(key, "max_new_tokens")) {
+        FERRY_TRY(param_int(key, p, 1, MAX_TOKENS, &v));
+        r->max_new_tokens = (int)v;
+    } else if (!strcmp(key, "top_k")) {
+        FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
+        r->sampling.top_k = v > INT32_MAX ? INT32_MAX : (int)v; /* >= vocabulary: all */
+    } else if (!strcmp(key, "seed")) {
+        FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
+        r->sampling.seed = (uint64_t)v;
+    } else if (!strcmp(key, "temperature")) {
+        FERRY_TRY(param_real(key, p, &r->sampling.temperature));
+    } else if (!strcmp(key, "top_p")) {
+        FERRY_TRY(param_real(key, p, &r->sampling.top_p));
+    } else if (!strcmp(key, "stop_token_ids")) {
+        FERRY_TRY(param_stop_ids(p, r));
+    } else if (!strcmp(key, "binary_data_output") || !strcmp(key, "triton_enable_empty_final_response")) {
+        if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a bool_param", key);
+    } else {
+        return ferry_fail(FERRY_ERR_INVALID,
+                          "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
+                          "stop_token_ids, binary_data_output, triton_enable_empty_final_response)",
+                          key);
+    }
+    return FERRY_OK;
+}
+
+/* ---- input_ids and outputs ------------------------------------------------------ */
+
+static ferry_status parse_input_ids(const infer_req *m, kserve_request *r)
+{
+    if (m->n_inputs != 1)
+        return ferry_fail(FERRY_ERR_INVALID, "expected one input, input_ids (got %zu)", m->n_inputs);
+    const infer_input *in = m->inputs[0];
+    if (strcmp(in->name, "input_ids"))
+        return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", in->name);
+    if (strcmp(in->datatype, "INT64"))
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: datatype must be INT64 (got '%s')", in->datatype);
+    if (in->n_parameters) return ferry_fail(FERRY_ERR_INVALID, "input_ids: unsupported parameter '%s'", in->parameters[0]->key);
+    int64_t b, t;
+    if (in->n_shape == 2) b = in->shape[0], t = in->shape[1];
+    else if (in->n_shape == 1) b = 1, t = in->shape[0];
+    else return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape must be [B, T] or [T] (got %zu dimensions)", in->n_shape);
+    if (b < 1 || b > KSERVE_MAX_ROWS || t < 1 || t > MAX_TOKENS / b)
+        return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] out of range (1..%d rows, 1..%d ids in all)",
+                          (long long)b, (long long)t, KSERVE_MAX_ROWS, MAX_TOKENS);
+    size_t n = (size_t)(b * t);
+    const int64_t *typed = NULL;
+    const uint8_t *raw = NULL;
+    if (m->n_raw_input_contents) {
+        if (m->n_raw_input_contents != 1)
+            return ferry_fail(FERRY_ERR_INVALID, "raw_input_contents: one entry per input expected (got %zu)",
+                              m->n_raw_input_contents);
+        if (in->contents)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: contents and raw_input_contents are both given");
+        if (m->raw_input_contents[0].len != n * 8)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu bytes of raw contents, got %zu",
+                              (long long)b, (long long)t, n * 8, m->raw_input_contents[0].len);
+        raw = m->raw_input_contents[0].data;
+    } else {
+        const Inference__InferTensorContents *c = in->contents;
+        if (!c || c->n_int64_contents != n)
+            return ferry_fail(FERRY_ERR_INVALID, "input_ids: shape [%lld, %lld] needs %zu int64_contents, got %zu",
+                              (long long)b, (long long)t, n, c ? c->n_int64_contents : 0);
+        typed = c->int64_contents;
+    }
+    r->n_rows = (int)b;
+    r->row_off = calloc((size_t)b, sizeof *r->row_off);
+    r->row_len = calloc((size_t)b, sizeof *r->row_len);
+    r->ids = malloc(n * sizeof *r->ids);
+    if (!r->row_off || !r->row_len || !r->ids) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        int64_t v;
+        if (typed) v = typed[i];
+        else {
+            uint64_t u = 0;
+            for (int k = 7; k >= 0; k--) u = u << 8 | raw[i * 8 + (size_t)k]; /* little-endian */
+            v = (int64_t)u;
+        }
+        if (v < 0 || v > INT32_MAX)
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "input_ids: %lld at index %zu is not a token id (ids are 0 .. vocabulary size - 1)",
+                              (long long)v, i);
+        r->ids[i] = (int32_t)v;
+    }
+    for (int64_t i = 0; i < b; i++) r->row_off[i] = (int)(i * t), r->row_len[i] = (int)t;
+    return FERRY_OK;
+}
+
+static ferry_status parse_outputs(const infer_req *m, kserve_request *r)
+{
+    for (size_t i = 0; i < m->n_outputs; i++) {
+        const char *name = m->outputs[i]->name;
+        int which = !strcmp(name, "output_ids") ? KSERVE_OUT_IDS : !strcmp(name, "logits") ? KSERVE_OUT_LOGITS : -1;
+        if (which < 0) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unknown output '%s' (output_ids, logits)", i, name);
+        for (size_t k = 0; k < m->outputs[i]->n_parameters; k++)
+            if (strcmp(m->outputs[i]->parameters[k]->key, "binary_data"))
+                return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unsupported parameter '%s'", i,
+                                  m->outputs[i]->parameters[k]->key);
+        int slot = -1;
+        for (int k = 0; k < r->n_outputs; k++)
+            if (r->outputs[k] == which) slot = k; /* named twice: once */
+        if (slot < 0) slot = r->n_outputs++;
+        r->outputs[slot] = which;
+        r->binary[slot] = true;
+        if (which == KSERVE_OUT_LOGITS) r->want_logits = true;
+    }
+    if (r->n_outputs == 0) {
+        r->n_outputs = 1;
+        r->outputs[0] = KSERVE_OUT_IDS;
+        r->binary[0] = true;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, kserve_request *r)
+{
+    /* the settings' defaults (settings.def), as kserve.c's requests */
+    ferry_config d;
+    config_defaults(&d);
+    r->max_new_tokens = (int)d.max_new_tokens;
+    r->sampling = (sampling_params){(float)d.temperature, (int)d.top_k, (float)d.top_p, d.seed};
+    if (m->id && *m->id) {
+        if (strlen(m->id) > KSERVE_MAX_ID) return ferry_fail(FERRY_ERR_INVALID, "id is longer than %d bytes", KSERVE_MAX_ID);
+        if (!(r->id = strdup(m->id))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < m->n_parameters; i++) FERRY_TRY(parse_param(m->parameters[i]->key, m->parameters[i]->value, r));
+    FERRY_TRY(parse_input_ids(m, r));
+    FERRY_TRY(parse_outputs(m, r));
+    for (int i = 0; i < r->n_rows; i++) {
+        char what[32];
+        snprintf(what, sizeof what, r->n_rows > 1 ? "input_ids[%d]" : "input_ids", i);
+        gen_request g = kserve_row_request(r, i);
+        FERRY_TRY(request_check(&g, lim, what));
+    }
+    return FERRY_OK;
+}
+
+ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, kserve_request *out,
+                              char **model)
+{
+    memset(out, 0, sizeof *out);
+    *model = NULL;
+    infer_req *m = inference__model_infer_request__unpack(NULL, len, buf);
+    if (!m) return ferry_fail(FERRY_ERR_INVALID, "malformed ModelInferRequest (%zu bytes)", len);
+    ferry_status st = FERRY_OK;
+    if (!(*model = strdup(m->model_name))) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    else if (*m->model_version && strcmp(m->model_version, KSERVE_MODEL_VERSION))
+        st = ferry_fail(FERRY_ERR_NOT_FOUND, "model version '%s' not found (the one version is " KSERVE_MODEL_VERSION ")",
+                        m->model_version);
+    else st = parse_infer(m, lim, out);
+    inference__model_infer_request__free_unpacked(m, NULL);
+    if (st != FERRY_OK) kserve_request_free(out);
+    return st;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+/* Packs msg into a malloc'd buffer. */
+static ferry_status pack(const ProtobufCMessage *msg, uint8_t **out, size_t *out_len)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    *out = malloc(n ? n : 1);
+    if (!*out) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    *out_len = protobuf_c_message_pack(msg, *out);
+    return FERRY_OK;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k));
+}
+
+ferry_status grpc_infer_response(const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
+                                 uint8_t **out, size_t *out_len)
+{
+    int n = 0; /* the longest row */
+    for (int i = 0; i < r->n_rows; i++)
+        if (rows[i].n_tokens > n) n = rows[i].n_tokens;
+    Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    Inference__ModelInferResponse__InferOutputTensor t[2], *tp[2];
+    int64_t shape[2][2];
+    ProtobufCBinaryData raw[2] = {{0, NULL}, {0, NULL}};
+    ferry_status st = FERRY_OK;
+    m.model_name = (char *)model;
+    m.model_version = (char *)KSERVE_MODEL_VERSION;
+    m.id = r->id ? r->id : (char *)"";
+    for (int o = 0; o < r->n_outputs; o++) {
+        bool ids = r->outputs[o] == KSERVE_OUT_IDS;
+        inference__model_infer_response__infer_output_tensor__init(&t[o]);
+        tp[o] = &t[o];
+        t[o].name = (char *)(ids ? "output_ids" : "logits");
+        t[o].datatype = (char *)(ids ? "INT64" : "FP32");
+        shape[o][0] = r->n_rows;
+        shape[o][1] = ids ? n : vocab;
+        t[o].shape = shape[o];
+        t[o].n_shape = 2;
+        size_t cols = (size_t)(ids ? n : vocab), esz = ids ? 8 : 4;
+        raw[o].len = (size_t)r->n_rows * cols * esz;
+        if (!(raw[o].data = malloc(raw[o].len ? raw[o].len : 1))) {
+            st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < r->n_rows; i++) {
+            uint8_t *p = raw[o].data + (size_t)i * cols * esz;
+            if (ids) {
+                for (int j = 0; j < n; j++)
+                    put_le64(p + (size_t)j * 8, (uint64_t)(int64_t)(j < rows[i].n_tokens ? rows[i].tokens[j] : -1));
+            } else {
+                for (int j = 0; j < vocab; j++) {
+                    float f = rows[i].logits ? rows[i].logits[j] : NAN;
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    for (int k = 0; k < 4; k++) p[(size_t)j * 4 + (size_t)k] = (uint8_t)(u >> (8 * k));
+                }
+            }
+        }
+    }
+    m.outputs = tp;
+    m.n_outputs = (size_t)r->n_outputs;
+    m.raw_output_contents = raw;
+    m.n_raw_output_contents = (size_t)r->n_outputs;
+    st = pack(&m.base, out, out_len);
+done:
+    for (int o = 0; o < 2; o++) free(raw[o].data);
+    return st;
+}
+
+ferry_status grpc_model_ref_parse(const uint8_t *buf, size_t len, char **name, char **version)
+{
+    *name = *version = NULL;
+    Inference__ModelReadyRequest *m = inference__model_ready_request__unpack(NULL, len, buf);
+    if (!m) return ferry_fail(FERRY_ERR_INVALID, "malformed request message (%zu bytes)", len);
+    *name = strdup(m->name);
+    *version = strdup(m->version);
+    inference__model_ready_request__free_unpacked(m, NULL);
+    if (!*name || !*version) {
+        free(*name);
+        free(*version);
+        *name = *version = NULL;
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    return FERRY_OK;
+}
+
+ferry_status grpc_bool_response(int which, int value, uint8_t **out, size_t *out_len)
+{
+    /* the three are {bool = 1}: one layout, three names */
+    Inference__ServerLiveResponse live = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
+    Inference__ServerReadyResponse ready = INFERENCE__SERVER_READY_RESPONSE__INIT;
+    Inference__ModelReadyResponse model = INFERENCE__MODEL_READY_RESPONSE__INIT;
+    live.live = ready.ready = model.ready = value != 0;
+    return pack(which == GRPC_MSG_LIVE ? &live.base : which == GRPC_MSG_READY ? &ready.base : &model.base, out, out_len);
+}
+
+ferry_status grpc_server_metadata_response(uint8_t **out, size_t *out_len)
+{
+    /* as kserve_server_metadata (REST): the binary tensor data extension
+     * is what raw_*_contents are on gRPC */
+    static char *ext[] = {(char *)"binary_tensor_data", (char *)"generate"};
+    Inference__ServerMetadataResponse m = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+    m.name = (char *)"ferry";
+    m.version = (char *)FERRY_VERSION;
+    m.extensions = ext;
+    m.n_extensions = 2;
+    return pack(&m.base, out, out_len);
+}
+
+ferry_status grpc_model_metadata_response(const char *model, int vocab, uint8_t **out, size_t *out_len)
+{
+    /* as kserve_model_metadata (REST) */
+    static char *versions[] = {(char *)KSERVE_MODEL_VERSION};
+    int64_t ids_shape[2] = {-1, -1}, logits_shape[2] = {-1, vocab};
+    Inference__ModelMetadataResponse__TensorMetadata in = INFERENCE__MODEL_METADATA_RESPONSE__TENSOR_METADATA__INIT,
+                                                     ids = INFERENCE__MODEL_METADATA_RESPONSE__TENSOR_METADATA__INIT,
+                                                     logits = INFERENCE__MODEL_METADATA_RESPONSE__TENSOR_METADATA__INIT;
+    in.name = (char *)"input_ids", in.datatype = (char *)"INT64", in.shape = ids_shape, in.n_shape = 2;
+    ids.name = (char *)"output_ids", ids.datatype = (char *)"INT64", ids.shape = ids_shape, ids.n_shape = 2;
+    logits.name = (char *)"logits", logits.datatype = (char *)"FP32", logits.shape = logits_shape, logits.n_shape = 2;
+    Inference__ModelMetadataResponse__TensorMetadata *inputs[] = {&in}, *outputs[] = {&ids, &logits};
+    Inference__ModelMetadataResponse m = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+    m.name = (char *)model;
+    m.versions = versions;
+    m.n_versions = 1;
+    m.platform = (char *)"ferry";
+    m.inputs = inputs;
+    m.n_inputs = 1;
+    m.outputs = outputs;
+    m.n_outputs = 2;
+    return pack(&m.base, out, out_len);
+}
+
+/* ---- ModelStreamInfer ----------------------------------------------------------- */
+
+ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
+                                        uint8_t **out, size_t *out_len)
+{
+    Inference__InferParameter fin = INFERENCE__INFER_PARAMETER__INIT;
+    fin.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+    fin.bool_param = final;
+    Inference__ModelInferResponse__ParametersEntry entry = INFERENCE__MODEL_INFER_RESPONSE__PARAMETERS_ENTRY__INIT,
+                                                   *entries[] = {&entry};
+    entry.key = (char *)"triton_final_response";
+    entry.value = &fin;
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT,
+                                                     *tp[] = {&t};
+    int64_t shape[2] = {1, 1};
+    uint8_t le[8];
+    ProtobufCBinaryData raw = {8, le};
+    Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    m.model_name = (char *)model;
+    m.model_version = (char *)KSERVE_MODEL_VERSION;
+    m.id = (char *)(id ? id : "");
+    m.parameters = entries;
+    m.n_parameters = 1;
+    if (token) { /* else the empty final response */
+        put_le64(le, (uint64_t)(int64_t)*token);
+        t.name = (char *)"output_ids";
+        t.datatype = (char *)"INT64";
+        t.shape = shape;
+        t.n_shape = 2;
+        m.outputs = tp;
+        m.n_outputs = 1;
+        m.raw_output_contents = &raw;
+        m.n_raw_output_contents = 1;
+    }
+    Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
+    s.infer_response = &m;
+    return pack(&s.base, out, out_len);
+}
+
+ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,
+                                        size_t *out_len)
+{
+    Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    m.model_name = (char *)model;
+    m.model_version = (char *)KSERVE_MODEL_VERSION;
+    m.id = (char *)(id ? id : "");
+    Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
+    s.error_message = (char *)msg;
+    s.infer_response = &m; /* the id says which request failed */
+    return pack(&s.base, out, out_len);
+}
+
+char *grpc_infer_peek_id(const uint8_t *buf, size_t len)
+{
+    infer_req *m = inference__model_infer_request__unpack(NULL, len, buf);
+    if (!m) return NULL;
+    char *id = *m->id ? strndup(m->id, KSERVE_MAX_ID) : NULL;
+    inference__model_infer_request__free_unpacked(m, NULL);
+    return id;
+}

@@ -1,0 +1,575 @@
+/*
+ * grpc_server.c - the gRPC front end on gRPC C core (grpc/grpc.h).
+ *
+ * One completion queue (grpc_completion_queue_create_for_next) and one
+ * thread, cq_main, that drives it. Calls are asked for with the generic
+ * grpc_server_request_call and dispatched on their method name. Each call
+ * is an `rpc`, whose life is a sequence of batches (grpc_call_start_batch),
+ * each completing with one of the rpc's tags:
+ *
+ *   NEW     the call arrived: ask for the next one; start RECV_CLOSE_ON_SERVER
+ *           (tag CLOSED, fires when the call ends: finished, cancelled by
+ *           the client, its deadline passed, or the server cancelled it)
+ *           and RECV_MESSAGE (tag RECV)
+ *   RECV    the request message: the small RPCs answer at once; ModelInfer
+ *           parses (grpc_messages.c), submits every row to the scheduler,
+ *           and the last row's on_done - on the engine thread, which must
+ *           not block, and start_batch does not - sends the answer
+ *   SENT    SEND_INITIAL_METADATA + SEND_MESSAGE + SEND_STATUS_FROM_SERVER done
+ *   CLOSED  cancelled: the rows still running are cancelled (sched_cancel
+ *           frees their KV sequence at the next step boundary)
+ *
+ * ModelStreamInfer calls read and write many messages: grpc_stream.c (its
+ * WRITE tag is one SEND_MESSAGE).
+ *
+ * Invariants of an rpc:
+ *   R1. refs counts the tags and flows still to come: the CLOSED batch, and
+ *       the main flow (RECV .. SENT); the rpc is freed when both ended.
+ *   R2. rows_left = rows still running + 1 while ModelInfer is submitting;
+ *       whoever takes it to 0 (the submitter or an on_done) sends the answer,
+ *       exactly once.
+ *   R3. every rpc allocated is counted in live_rpcs; grpc_front_stop waits
+ *       for live_rpcs == 0 before shutting the completion queue down, so no
+ *       on_done can reach a freed server.
+ */
+#define _GNU_SOURCE
+#include "grpc_server.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../kserve.h"
+#include "grpc_call.h"
+#include "grpc_messages.h"
+
+/* ---- rpc life ------------------------------------------------------------------- */
+
+static rpc *rpc_new(grpc_front *g)
+{
+    rpc *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->g = g;
+    r->t_new = (rpc_tag){TAG_NEW, r};
+    r->t_recv = (rpc_tag){TAG_RECV, r};
+    r->t_sent = (rpc_tag){TAG_SENT, r};
+    r->t_closed = (rpc_tag){TAG_CLOSED, r};
+    r->t_write = (rpc_tag){TAG_WRITE, r};
+    grpc_call_details_init(&r->details);
+    grpc_metadata_array_init(&r->md);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_lock(&g->mu);
+    g->live_rpcs++;
+    pthread_mutex_unlock(&g->mu);
+    return r;
+}
+
+static void rpc_free(rpc *r)
+{
+    grpc_front *g = r->g;
+    if (r->stream) rpc_stream_free(r);
+    if (r->call) grpc_call_unref(r->call);
+    grpc_call_details_destroy(&r->details);
+    grpc_metadata_array_destroy(&r->md);
+    if (r->recv) grpc_byte_buffer_destroy(r->recv);
+    if (r->send) grpc_byte_buffer_destroy(r->send);
+    if (r->has_details) grpc_slice_unref(r->status_details);
+    if (r->rows)
+        for (int i = 0; i < r->kr.n_rows; i++) free(r->rows[i].tokens), free(r->rows[i].logits);
+    free(r->rows);
+    free(r->sid);
+    free(r->refs_of);
+    free(r->model);
+    kserve_request_free(&r->kr);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    pthread_mutex_lock(&g->mu);
+    g->live_rpcs--;
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void rpc_unref(rpc *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left == 0) rpc_free(r);
+}
+
+/* Asks gRPC for the next call (the CQ thread, or start). */
+static void request_next_call(grpc_front *g)
+{
+    rpc *r = rpc_new(g);
+    if (!r) {
+        fprintf(stderr, "ferry: grpc: out of memory: no further calls accepted\n");
+        return;
+    }
+    grpc_call_error ce = grpc_server_request_call(g->server, &r->call, &r->details, &r->md, g->cq, g->cq, &r->t_new);
+    if (ce != GRPC_CALL_OK) {
+        fprintf(stderr, "ferry: grpc: request_call failed (%d)\n", (int)ce);
+        rpc_free(r);
+    }
+}
+
+/* ---- answering ------------------------------------------------------------------ */
+
+/* Ends the main flow: body (malloc'd, taken over; NULL with an error) and
+ * the status. The answer's batch holds the main flow's reference (R1). */
+void rpc_count(const rpc *r, grpc_status_code code)
+{
+    if (r->g->counters) metrics_count_request(r->g->counters, r->endpoint ? r->endpoint : "grpc_other", (int)code);
+}
+
+void rpc_observe_queue(const rpc *r, double seconds)
+{
+    if (r->g->counters) metrics_observe_queue(r->g->counters, seconds);
+}
+
+void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len)
+{
+    rpc_count(r, code);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (body) {
+        grpc_slice sl = grpc_slice_new(body, len, free);
+        r->send = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = r->send;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = code;
+    if (msg && *msg) {
+        r->status_details = grpc_slice_from_copied_string(msg);
+        r->has_details = true;
+        ops[n].data.send_status_from_server.status_details = &r->status_details;
+    }
+    n++;
+    if (grpc_call_start_batch(r->call, ops, n, &r->t_sent, NULL) != GRPC_CALL_OK) rpc_unref(r);
+}
+
+static void rpc_fail(rpc *r, ferry_status st, const char *msg)
+{
+    rpc_finish(r, grpc_status_of(st), msg, NULL, 0);
+}
+
+static void rpc_answer(rpc *r, ferry_status st, uint8_t *body, size_t len)
+{
+    if (st != FERRY_OK) rpc_fail(r, st, ferry_errmsg());
+    else rpc_finish(r, GRPC_STATUS_OK, NULL, body, len);
+}
+
+/* ---- ModelInfer ----------------------------------------------------------------- */
+
+/* All rows ended (R2): the answer, on whichever thread took rows_left to 0. */
+static void infer_finish(rpc *r)
+{
+    if (r->st != FERRY_OK) {
+        rpc_fail(r, r->st, r->msg);
+        return;
+    }
+    if (r->client_gone) {
+        rpc_finish(r, GRPC_STATUS_CANCELLED, "cancelled", NULL, 0);
+        return;
+    }
+    uint8_t *body = NULL;
+    size_t len = 0;
+    ferry_status st = grpc_infer_response(&r->kr, r->g->model_name, r->rows, r->g->lim.vocab, &body, &len);
+    rpc_answer(r, st, body, len);
+}
+
+static void on_token(void *user, int32_t token, int index)
+{
+    (void)user, (void)token, (void)index; /* unary: the answer waits for on_done */
+}
+
+static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
+{
+    struct row_ref *ref = user;
+    rpc *r = ref->r;
+    kserve_row *row = &r->rows[ref->row];
+    if (st == FERRY_OK && !res->cancelled) rpc_observe_queue(r, res->queue_s);
+    pthread_mutex_lock(&r->mu);
+    if (st == FERRY_OK && res->n_tokens > 0) {
+        row->tokens = malloc((size_t)res->n_tokens * sizeof *row->tokens);
+        if (row->tokens) {
+            memcpy(row->tokens, res->tokens, (size_t)res->n_tokens * sizeof *row->tokens);
+            row->n_tokens = res->n_tokens;
+        } else {
+            st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+        }
+    }
+    if (st == FERRY_OK && res->logits) {
+        row->logits = malloc((size_t)res->vocab * sizeof *row->logits);
+        if (row->logits) memcpy(row->logits, res->logits, (size_t)res->vocab * sizeof *row->logits);
+        else st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+    }
+    if (st != FERRY_OK && r->st == FERRY_OK) {
+        r->st = st;
+        snprintf(r->msg, sizeof r->msg, "%s", msg && *msg ? msg : ferry_status_name(st));
+    }
+    if (st == FERRY_OK && res->cancelled) r->client_gone = true;
+    bool last = --r->rows_left == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last) infer_finish(r);
+}
+
+/* Cancels the rows submitted so far (the scheduler runs: grpc_front_stop
+ * comes before sched_free). */
+static void cancel_rows(rpc *r)
+{
+    grpc_front *g = r->g;
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_submitted;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&g->mu);
+    if (g->s)
+        for (int i = 0; i < n; i++) sched_cancel(g->s, r->sid[i]);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void model_infer(rpc *r, const uint8_t *buf, size_t len)
+{
+    grpc_front *g = r->g;
+    pthread_mutex_lock(&g->mu);
+    sched *s = g->s;
+    engine_limits lim = g->lim;
+    pthread_mutex_unlock(&g->mu);
+    if (!s) {
+        rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
+        return;
+    }
+    ferry_status st = grpc_infer_parse(buf, len, &lim, &r->kr, &r->model);
+    if (r->model && strcmp(r->model, g->model_name)) {
+        char m[FERRY_MSG_MAX];
+        snprintf(m, sizeof m, "model '%.200s' not found (this server serves '%s')", r->model, g->model_name);
+        rpc_fail(r, FERRY_ERR_NOT_FOUND, m);
+        return;
+    }
+    if (st != FERRY_OK) {
+        rpc_fail(r, st, ferry_errmsg());
+        return;
+    }
+    int n = r->kr.n_rows;
+    r->rows = calloc((size_t)n, sizeof *r->rows);
+    r->sid = calloc((size_t)n, sizeof *r->sid);
+    r->refs_of = calloc((size_t)n, sizeof *r->refs_of);
+    if (!r->rows || !r->sid || !r->refs_of) {
+        rpc_fail(r, FERRY_ERR_NOMEM, "out of memory");
+        return;
+    }
+    char msg[FERRY_MSG_MAX] = "";
+    pthread_mutex_lock(&r->mu);
+    r->rows_left = n + 1; /* R2: the submitter's share */
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&g->mu); /* held while submitting: the scheduler outlives it */
+    if (n > sched_max_queued(g->s)) {
+        /* could never be queued whole: a client error, not a retryable one */
+        st = FERRY_ERR_INVALID;
+        snprintf(msg, sizeof msg, "the request holds %d prompts but the server queues at most %d (--max-queued)", n,
+                 sched_max_queued(g->s));
+    }
+    sched_callbacks cb = {on_token, on_done};
+    for (int i = 0; i < n && st == FERRY_OK; i++) {
+        r->refs_of[i] = (struct row_ref){r, i};
+        gen_request p = kserve_row_request(&r->kr, i);
+        st = sched_submit(g->s, &p, &cb, &r->refs_of[i], &r->sid[i]);
+        if (st != FERRY_OK) {
+            snprintf(msg, sizeof msg, "%s", ferry_errmsg());
+            break;
+        }
+        pthread_mutex_lock(&r->mu);
+        r->n_submitted = i + 1;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_lock(&r->mu);
+    if (st != FERRY_OK) {
+        r->rows_left -= n - r->n_submitted;
+        if (r->st == FERRY_OK) {
+            r->st = st;
+            snprintf(r->msg, sizeof r->msg, "%s", msg);
+        }
+    }
+    bool last = --r->rows_left == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (st != FERRY_OK) cancel_rows(r); /* they end with on_done(cancelled); the answer is the failure */
+    if (last) infer_finish(r);
+}
+
+/* ---- dispatch ------------------------------------------------------------------- */
+
+static bool method_is(const rpc *r, const char *name)
+{
+    size_t n = GRPC_SLICE_LENGTH(r->details.method), k = strlen(SERVICE), m = strlen(name);
+    const char *p = (const char *)GRPC_SLICE_START_PTR(r->details.method);
+    return n == k + m && !memcmp(p, SERVICE, k) && !memcmp(p + k, name, m);
+}
+
+/* ModelReady and ModelMetadata: the model named, or NOT_FOUND. */
+static bool model_ref(rpc *r, const uint8_t *buf, size_t len)
+{
+    char *name, *version;
+    ferry_status st = grpc_model_ref_parse(buf, len, &name, &version);
+    if (st != FERRY_OK) {
+        rpc_fail(r, st, ferry_errmsg());
+        return false;
+    }
+    char m[FERRY_MSG_MAX] = "";
+    if (strcmp(name, r->g->model_name))
+        snprintf(m, sizeof m, "model '%.200s' not found (this server serves '%s')", name, r->g->model_name);
+    else if (*version && strcmp(version, KSERVE_MODEL_VERSION))
+        snprintf(m, sizeof m, "model version '%.200s' not found (the one version is " KSERVE_MODEL_VERSION ")", version);
+    free(name);
+    free(version);
+    if (*m) rpc_fail(r, FERRY_ERR_NOT_FOUND, m);
+    return !*m;
+}
+
+static void dispatch(rpc *r, const uint8_t *buf, size_t len)
+{
+    grpc_front *g = r->g;
+    pthread_mutex_lock(&g->mu);
+    bool loaded = g->s != NULL;
+    /* ready as REST's /v2/health/ready: loaded, and its steps not failing
+     * one after another (http.c holds the same rule) */
+    bool ready = loaded && sched_get_stats(g->s).failing_steps < SCHED_UNHEALTHY_STEPS;
+    int vocab = g->lim.vocab;
+    pthread_mutex_unlock(&g->mu);
+    uint8_t *body = NULL;
+    size_t blen = 0;
+    ferry_status st;
+    /* each answer's body is built before rpc_answer reads body and blen */
+    if (method_is(r, "ModelInfer")) {
+        model_infer(r, buf, len);
+    } else if (method_is(r, "ServerLive")) {
+        st = grpc_bool_response(GRPC_MSG_LIVE, 1, &body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else if (method_is(r, "ServerReady")) {
+        st = grpc_bool_response(GRPC_MSG_READY, ready, &body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else if (method_is(r, "ServerMetadata")) {
+        st = grpc_server_metadata_response(&body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else if (method_is(r, "ModelReady")) {
+        if (!model_ref(r, buf, len)) return;
+        st = grpc_bool_response(GRPC_MSG_MODEL_READY, ready, &body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else if (method_is(r, "ModelMetadata")) {
+        if (!model_ref(r, buf, len)) return;
+        if (!loaded) {
+            rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
+            return;
+        }
+        st = grpc_model_metadata_response(g->model_name, vocab, &body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else {
+        char m[512];
+        snprintf(m, sizeof m, "method %.*s is not implemented", (int)GRPC_SLICE_LENGTH(r->details.method),
+                 (const char *)GRPC_SLICE_START_PTR(r->details.method));
+        rpc_finish(r, GRPC_STATUS_UNIMPLEMENTED, m, NULL, 0);
+    }
+}
+
+/* ---- the completion-queue thread ------------------------------------------------ */
+
+static void on_new_call(rpc *r, bool ok)
+{
+    grpc_front *g = r->g;
+    if (!ok) { /* the server is shutting down: this request will not be served */
+        rpc_free(r);
+        return;
+    }
+    request_next_call(g);
+    r->refs = 2; /* R1: CLOSED and the main flow */
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof close_op);
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &r->cancelled;
+    if (grpc_call_start_batch(r->call, &close_op, 1, &r->t_closed, NULL) != GRPC_CALL_OK) r->refs--;
+    grpc_op recv_op;
+    memset(&recv_op, 0, sizeof recv_op);
+    recv_op.op = GRPC_OP_RECV_MESSAGE;
+    recv_op.data.recv_message.recv_message = &r->recv;
+    if (grpc_call_start_batch(r->call, &recv_op, 1, &r->t_recv, NULL) != GRPC_CALL_OK) rpc_unref(r);
+}
+
+/* The metrics' endpoint names of the methods (literals: metrics keeps them). */
+static const char *endpoint_of(const rpc *r)
+{
+    static const char *const k_methods[][2] = {
+        {"ServerLive", "grpc_server_live"},         {"ServerReady", "grpc_server_ready"},
+        {"ServerMetadata", "grpc_server_metadata"}, {"ModelMetadata", "grpc_model_metadata"},
+        {"ModelReady", "grpc_model_ready"},         {"ModelInfer", "grpc_model_infer"},
+        {"ModelStreamInfer", "grpc_model_stream_infer"}};
+    for (size_t i = 0; i < sizeof k_methods / sizeof k_methods[0]; i++)
+        if (method_is(r, k_methods[i][0])) return k_methods[i][1];
+    return "grpc_other";
+}
+
+static void on_recv(rpc *r, bool ok)
+{
+    if (!r->endpoint) r->endpoint = endpoint_of(r);
+    bool stream = r->stream || method_is(r, "ModelStreamInfer");
+    if (stream && !r->stream && rpc_stream_init(r) != FERRY_OK) {
+        rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL, 0);
+        return;
+    }
+    if (!ok || !r->recv) {
+        if (stream) rpc_stream_read_end(r); /* half-closed, or the call ended */
+        else if (!ok) rpc_unref(r);         /* the call ended before its message came */
+        else rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "no request message", NULL, 0);
+        return;
+    }
+    grpc_byte_buffer_reader rd;
+    bool readable = grpc_byte_buffer_reader_init(&rd, r->recv);
+    grpc_slice sl = readable ? grpc_byte_buffer_reader_readall(&rd) : grpc_empty_slice();
+    if (readable) grpc_byte_buffer_reader_destroy(&rd);
+    grpc_byte_buffer_destroy(r->recv);
+    r->recv = NULL;
+    if (stream) rpc_stream_message(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+    else if (!readable) rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "unreadable request message", NULL, 0);
+    else dispatch(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
+    grpc_slice_unref(sl);
+}
+
+static void on_closed(rpc *r)
+{
+    if (r->stream) {
+        rpc_stream_closed(r);
+        rpc_unref(r);
+        return;
+    }
+    bool running = false;
+    pthread_mutex_lock(&r->mu);
+    if (r->cancelled && r->rows_left > 0) running = r->client_gone = true;
+    pthread_mutex_unlock(&r->mu);
+    if (running) cancel_rows(r);
+    rpc_unref(r);
+}
+
+static void *cq_main(void *arg)
+{
+    grpc_front *g = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        rpc_tag *t = ev.tag;
+        switch (t->kind) {
+        case TAG_NEW: on_new_call(t->r, ev.success); break;
+        case TAG_RECV: on_recv(t->r, ev.success); break;
+        case TAG_SENT: rpc_unref(t->r); break;
+        case TAG_CLOSED: on_closed(t->r); break;
+        case TAG_WRITE: rpc_stream_written(t->r, ev.success); break;
+        case TAG_SHUTDOWN:
+            pthread_mutex_lock(&g->mu);
+            g->shutdown_done = true;
+            pthread_cond_broadcast(&g->cond);
+            pthread_mutex_unlock(&g->mu);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------- */
+
+ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
+{
+    grpc_front *g = calloc(1, sizeof *g);
+    if (!g || !(g->model_name = strdup(o->model_name))) {
+        free(g);
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    g->counters = o->counters;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cond, NULL);
+    g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
+    grpc_init();
+    int max_msg = o->max_message > INT_MAX ? INT_MAX : (int)o->max_message;
+    grpc_arg args[1];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = max_msg;
+    grpc_channel_args ca = {1, args};
+    g->server = grpc_server_create(&ca, NULL);
+    g->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(g->server, g->cq, NULL);
+    char addr[300];
+    bool v6 = strchr(o->host, ':') != NULL;
+    snprintf(addr, sizeof addr, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "", o->port);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    g->port = grpc_server_add_http2_port(g->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (g->port <= 0) {
+        grpc_server_destroy(g->server);
+        grpc_completion_queue_shutdown(g->cq);
+        while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
+        grpc_completion_queue_destroy(g->cq);
+        grpc_shutdown();
+        free(g->model_name);
+        free(g);
+        return ferry_fail(FERRY_ERR_IO, "grpc: cannot listen on %s", addr);
+    }
+    grpc_server_start(g->server);
+    request_next_call(g);
+    if (pthread_create(&g->thread, NULL, cq_main, g) != 0) {
+        /* not reached in practice; leave the process to exit */
+        return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the completion-queue thread");
+    }
+    *out = g;
+    return FERRY_OK;
+}
+
+int grpc_front_port(const grpc_front *g) { return g->port; }
+
+void grpc_front_attach(grpc_front *g, engine *e, sched *sc)
+{
+    pthread_mutex_lock(&g->mu);
+    g->e = e;
+    g->s = sc;
+    g->lim = engine_get_limits(e);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void grpc_front_stop(grpc_front *g, int grace_s)
+{
+    grpc_server_shutdown_and_notify(g->server, g->cq, &g->shutdown_tag);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += grace_s;
+    pthread_mutex_lock(&g->mu);
+    while (!g->shutdown_done && pthread_cond_timedwait(&g->cond, &g->mu, &until) != ETIMEDOUT) {}
+    bool late = !g->shutdown_done;
+    pthread_mutex_unlock(&g->mu);
+    if (late) {
+        fprintf(stderr, "ferry: grpc: calls still running after %d s: cancelled\n", grace_s);
+        grpc_server_cancel_all_calls(g->server);
+    }
+    pthread_mutex_lock(&g->mu);
+    while (!g->shutdown_done || g->live_rpcs > 0) pthread_cond_wait(&g->cond, &g->mu); /* R3 */
+    pthread_mutex_unlock(&g->mu);
+    grpc_server_destroy(g->server);
+    grpc_completion_queue_shutdown(g->cq);
+    pthread_join(g->thread, NULL); /* it drains the queue to GRPC_QUEUE_SHUTDOWN */
+    grpc_completion_queue_destroy(g->cq);
+    grpc_shutdown();
+    pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->mu);
+    free(g->model_name);
+    free(g);
+}

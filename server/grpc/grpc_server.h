@@ -1,0 +1,48 @@
+/*
+ * grpc_server.h - the gRPC front end: KServe v2 / Triton's
+ * GRPCInferenceService (server/proto/grpc_service.proto) on gRPC C core.
+ *
+ * Like the HTTP front end it listens before the model is loaded (ServerLive
+ * answers at once; ServerReady/ModelReady say false, ModelInfer answers
+ * UNAVAILABLE) and serves once the caller attaches the engine and its
+ * scheduler. One thread drives the completion queue; no thread waits for
+ * the engine: ModelInfer submits its rows to the scheduler and the last
+ * row's on_done (engine thread) sends the answer. See grpc_server.c.
+ *
+ * Shutdown order: grpc_front_stop (stops accepting, lets calls in flight
+ * finish within the grace period, then cancels them; every call has ended
+ * when it returns, so nothing reaches the scheduler after it), then the
+ * HTTP front end's order (http.h), sched_free, engine_close.
+ */
+#ifndef FERRY_GRPC_SERVER_H
+#define FERRY_GRPC_SERVER_H
+
+#include <stdint.h>
+
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
+#include "../metrics.h"
+
+typedef struct {
+    const char *host;        /* address to bind, as http_opts.host */
+    int port;                /* 0 = any free port (grpc_front_port says which) */
+    const char *model_name;
+    uint64_t max_message;    /* largest request message; larger ones get RESOURCE_EXHAUSTED */
+    metrics *counters;       /* ferry_requests_total{endpoint="grpc_...", code=<gRPC code>}; owned by
+                              * the caller, outlives the front end (NULL: none) */
+} grpc_front_opts;
+
+typedef struct grpc_front grpc_front;
+
+/* Binds and starts the completion-queue thread. */
+ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out);
+int grpc_front_port(const grpc_front *g);
+
+/* The model is ready: ModelInfer submits to sc. */
+void grpc_front_attach(grpc_front *g, engine *e, sched *sc);
+/* Stops accepting calls, waits up to grace_s seconds for the calls in
+ * flight, cancels the rest (their rows through sched_cancel: the scheduler
+ * must still run), waits for every call to end and frees everything. */
+void grpc_front_stop(grpc_front *g, int grace_s);
+
+#endif

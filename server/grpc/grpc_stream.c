@@ -1,0 +1,341 @@
+/*
+ * grpc_stream.c - ModelStreamInfer, Triton's decoupled bidirectional
+ * stream: the client sends ModelInferRequests (one prompt each, input_ids
+ * [1,T]) whenever it likes; each is submitted to the scheduler at once, so
+ * several requests of one stream run and interleave; every generated token
+ * is one ModelStreamInferResponse with the request's id, output_ids
+ * INT64 [1,1], and parameter triton_final_response, true on the request's
+ * last token. A request that fails (bad message, queue full, a failed step)
+ * gets one response with error_message; the stream stays open for the
+ * others. The call ends with status OK once the client has half-closed,
+ * every request has ended and every response is written.
+ *
+ * The final flag needs to know a token is the last before sending it, and
+ * the scheduler says so only in on_done: each request holds back its latest
+ * token (stream_req.held) and sends it when the next one comes (final =
+ * false) or in on_done (final = true).
+ *
+ * gRPC allows one SEND_MESSAGE in flight per call: responses wait in a
+ * queue, and whoever finds no write in flight (the engine thread in
+ * on_token/on_done, the CQ thread when a write completes) starts the next.
+ * Everything of a stream is guarded by rpc.mu; start_batch never calls back
+ * into ferry, so it is started with the lock held.
+ *
+ * Invariants (with R1 of grpc_server.c: the main flow's reference is
+ * dropped when the status batch completes):
+ *   S1. the status is sent once, and only when reading ended, no request
+ *       is active (in the scheduler), the queue is empty and no write is in
+ *       flight - so no callback can touch the rpc after it is freed.
+ *   S2. once the call is gone (a write failed, or the client cancelled),
+ *       responses are dropped and the active requests cancelled.
+ */
+#define _GNU_SOURCE
+#include <grpc/byte_buffer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc_call.h"
+#include "grpc_messages.h"
+
+typedef struct out_msg {
+    struct out_msg *next;
+    grpc_byte_buffer *bb;
+} out_msg;
+
+typedef struct stream_req {
+    rpc *r;
+    struct stream_req *next; /* the stream's active requests */
+    kserve_request kr;
+    uint64_t sid;
+    int32_t held;            /* the latest token, not sent yet */
+    bool has_held;
+} stream_req;
+
+struct grpc_stream {
+    out_msg *head, *tail;    /* responses waiting for the write in flight */
+    grpc_byte_buffer *writing; /* the write in flight, NULL: none */
+    bool meta_sent, reading_done, status_started, gone;
+    int active;              /* requests in the scheduler */
+    stream_req *reqs;
+};
+
+ferry_status rpc_stream_init(rpc *r)
+{
+    r->stream = calloc(1, sizeof *r->stream);
+    return r->stream ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+}
+
+void rpc_stream_free(rpc *r)
+{
+    struct grpc_stream *s = r->stream;
+    for (out_msg *m = s->head, *next; m; m = next) {
+        next = m->next;
+        grpc_byte_buffer_destroy(m->bb);
+        free(m);
+    }
+    if (s->writing) grpc_byte_buffer_destroy(s->writing);
+    free(s);
+    r->stream = NULL;
+}
+
+/* ---- writing (all with r->mu held) ---------------------------------------------- */
+
+/* Starts the next write, or the status when the stream is over (S1).
+ * Returns true when the main flow's reference must be dropped (the status
+ * batch could not start) - by the caller, after unlocking. */
+static bool settle(rpc *r)
+{
+    struct grpc_stream *s = r->stream;
+    if (s->gone) /* S2 */
+        while (s->head) {
+            out_msg *m = s->head;
+            s->head = m->next;
+            grpc_byte_buffer_destroy(m->bb);
+            free(m);
+        }
+    if (!s->head) s->tail = NULL;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!s->meta_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (s->head && !s->writing) {
+        out_msg *m = s->head;
+        s->head = m->next;
+        if (!s->head) s->tail = NULL;
+        s->writing = m->bb;
+        free(m);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = s->writing;
+        s->meta_sent = true;
+        if (grpc_call_start_batch(r->call, ops, n, &r->t_write, NULL) != GRPC_CALL_OK) {
+            grpc_byte_buffer_destroy(s->writing);
+            s->writing = NULL;
+            s->gone = true;
+            return settle(r);
+        }
+        return false;
+    }
+    if (s->reading_done && s->active == 0 && !s->writing && !s->head && !s->status_started) {
+        s->status_started = s->meta_sent = true;
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n++].data.send_status_from_server.status = GRPC_STATUS_OK;
+        return grpc_call_start_batch(r->call, ops, n, &r->t_sent, NULL) != GRPC_CALL_OK;
+    }
+    return false;
+}
+
+/* Queues a response (body malloc'd, taken over; NULL with st: nothing). */
+static void push(rpc *r, ferry_status st, uint8_t *body, size_t len)
+{
+    struct grpc_stream *s = r->stream;
+    if (st != FERRY_OK || s->gone) {
+        if (st != FERRY_OK) fprintf(stderr, "ferry: grpc: a stream response is lost: %s\n", ferry_errmsg());
+        free(body);
+        return;
+    }
+    out_msg *m = malloc(sizeof *m);
+    if (!m) {
+        free(body);
+        fprintf(stderr, "ferry: grpc: out of memory: a stream response is lost\n");
+        return;
+    }
+    grpc_slice sl = grpc_slice_new(body, len, free);
+    m->bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    m->next = NULL;
+    if (s->tail) s->tail->next = m;
+    else s->head = m;
+    s->tail = m;
+}
+
+static void push_error(rpc *r, const char *msg, const char *id)
+{
+    uint8_t *body = NULL;
+    size_t len = 0;
+    ferry_status st = grpc_stream_error_response(msg, r->g->model_name, id, &body, &len);
+    push(r, st, body, len);
+}
+
+static void push_token(rpc *r, const stream_req *q, const int32_t *token, bool final)
+{
+    uint8_t *body = NULL;
+    size_t len = 0;
+    ferry_status st = grpc_stream_token_response(r->g->model_name, q->kr.id, token, final, &body, &len);
+    push(r, st, body, len);
+}
+
+/* ---- the scheduler's callbacks (engine thread) ---------------------------------- */
+
+static void stream_on_token(void *user, int32_t token, int index)
+{
+    (void)index;
+    stream_req *q = user;
+    rpc *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    if (q->has_held) push_token(r, q, &q->held, false);
+    q->held = token;
+    q->has_held = true;
+    bool drop = settle(r);
+    pthread_mutex_unlock(&r->mu);
+    if (drop) rpc_unref(r);
+}
+
+static void stream_on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
+{
+    stream_req *q = user;
+    rpc *r = q->r;
+    struct grpc_stream *s = r->stream;
+    if (st == FERRY_OK && !res->cancelled) rpc_observe_queue(r, res->queue_s);
+    rpc_count(r, st != FERRY_OK ? grpc_status_of(st) : res->cancelled ? GRPC_STATUS_CANCELLED : GRPC_STATUS_OK);
+    pthread_mutex_lock(&r->mu);
+    if (st != FERRY_OK) {
+        if (q->has_held) push_token(r, q, &q->held, false);
+        push_error(r, msg && *msg ? msg : ferry_status_name(st), q->kr.id);
+    } else if (res->cancelled) {
+        push_error(r, "cancelled", q->kr.id);
+    } else {
+        push_token(r, q, q->has_held ? &q->held : NULL, true);
+    }
+    for (stream_req **p = &s->reqs; *p; p = &(*p)->next)
+        if (*p == q) {
+            *p = q->next;
+            break;
+        }
+    s->active--;
+    bool drop = settle(r);
+    pthread_mutex_unlock(&r->mu);
+    kserve_request_free(&q->kr);
+    free(q);
+    if (drop) rpc_unref(r);
+}
+
+/* ---- the CQ thread's events ----------------------------------------------------- */
+
+/* Reads the next request; a read that cannot start ends the reading. */
+static void read_next(rpc *r)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &r->recv;
+    if (grpc_call_start_batch(r->call, &op, 1, &r->t_recv, NULL) != GRPC_CALL_OK) rpc_stream_read_end(r);
+}
+
+/* One request of the stream: submitted, or answered with its error. */
+static void submit(rpc *r, const uint8_t *buf, size_t len)
+{
+    grpc_front *g = r->g;
+    char err[FERRY_MSG_MAX] = "";
+    grpc_status_code code = GRPC_STATUS_INVALID_ARGUMENT; /* of err, for the metrics */
+    stream_req *q = calloc(1, sizeof *q);
+    char *model = NULL;
+    pthread_mutex_lock(&g->mu);
+    engine_limits lim = g->lim;
+    bool ready = g->s != NULL;
+    pthread_mutex_unlock(&g->mu);
+    ferry_status st = FERRY_OK;
+    if (!q) code = GRPC_STATUS_RESOURCE_EXHAUSTED, snprintf(err, sizeof err, "out of memory");
+    else if (!ready) code = GRPC_STATUS_UNAVAILABLE, snprintf(err, sizeof err, "model not ready");
+    else if ((st = grpc_infer_parse(buf, len, &lim, &q->kr, &model)) != FERRY_OK)
+        code = grpc_status_of(st), snprintf(err, sizeof err, "%s", ferry_errmsg());
+    if (model && strcmp(model, g->model_name)) { /* NOT_FOUND first, as ModelInfer */
+        code = GRPC_STATUS_NOT_FOUND;
+        snprintf(err, sizeof err, "model '%.200s' not found (this server serves '%s')", model, g->model_name);
+    }
+    free(model);
+    if (!*err && q->kr.n_rows != 1)
+        snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T]; got %d)", q->kr.n_rows);
+    if (!*err && q->kr.want_logits) snprintf(err, sizeof err, "ModelStreamInfer streams output_ids only (no logits)");
+    if (!*err) {
+        q->r = r;
+        pthread_mutex_lock(&r->mu); /* active before on_done can run */
+        r->stream->active++;
+        q->next = r->stream->reqs;
+        r->stream->reqs = q;
+        pthread_mutex_unlock(&r->mu);
+        sched_callbacks cb = {stream_on_token, stream_on_done};
+        gen_request p = kserve_row_request(&q->kr, 0);
+        pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (grpc_front_stop first) */
+        st = sched_submit(g->s, &p, &cb, q, &q->sid);
+        pthread_mutex_unlock(&g->mu);
+        if (st == FERRY_OK) return;
+        code = grpc_status_of(st);
+        snprintf(err, sizeof err, "%s", ferry_errmsg());
+        pthread_mutex_lock(&r->mu);
+        r->stream->reqs = q->next; /* still first: only this thread adds */
+        r->stream->active--;
+        pthread_mutex_unlock(&r->mu);
+    }
+    rpc_count(r, code);
+    char *id = q && q->kr.id ? strdup(q->kr.id) : grpc_infer_peek_id(buf, len);
+    if (q) kserve_request_free(&q->kr);
+    free(q);
+    pthread_mutex_lock(&r->mu);
+    push_error(r, err, id);
+    bool drop = settle(r);
+    pthread_mutex_unlock(&r->mu);
+    free(id);
+    if (drop) rpc_unref(r);
+}
+
+void rpc_stream_message(rpc *r, const uint8_t *buf, size_t len)
+{
+    submit(r, buf, len);
+    read_next(r);
+}
+
+void rpc_stream_read_end(rpc *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->stream->reading_done = true;
+    bool drop = settle(r);
+    pthread_mutex_unlock(&r->mu);
+    if (drop) rpc_unref(r);
+}
+
+void rpc_stream_written(rpc *r, bool ok)
+{
+    struct grpc_stream *s = r->stream;
+    pthread_mutex_lock(&r->mu);
+    grpc_byte_buffer_destroy(s->writing);
+    s->writing = NULL;
+    if (!ok) s->gone = true;
+    bool drop = settle(r);
+    int n = 0;
+    uint64_t *sids = NULL;
+    if (!ok && s->active > 0 && (sids = malloc((size_t)s->active * sizeof *sids)))
+        for (stream_req *q = s->reqs; q; q = q->next) sids[n++] = q->sid;
+    pthread_mutex_unlock(&r->mu);
+    if (n) { /* S2 */
+        pthread_mutex_lock(&r->g->mu);
+        if (r->g->s)
+            for (int i = 0; i < n; i++) sched_cancel(r->g->s, sids[i]);
+        pthread_mutex_unlock(&r->g->mu);
+    }
+    free(sids);
+    if (drop) rpc_unref(r);
+}
+
+void rpc_stream_closed(rpc *r)
+{
+    struct grpc_stream *s = r->stream;
+    int n = 0;
+    uint64_t *sids = NULL;
+    pthread_mutex_lock(&r->mu);
+    if (r->cancelled) {
+        s->gone = true;
+        if (s->active > 0 && (sids = malloc((size_t)s->active * sizeof *sids)))
+            for (stream_req *q = s->reqs; q; q = q->next) sids[n++] = q->sid;
+    }
+    bool drop = settle(r);
+    pthread_mutex_unlock(&r->mu);
+    if (n) { /* S2 */
+        pthread_mutex_lock(&r->g->mu);
+        if (r->g->s)
+            for (int i = 0; i < n; i++) sched_cancel(r->g->s, sids[i]);
+        pthread_mutex_unlock(&r->g->mu);
+    }
+    free(sids);
+    if (drop) rpc_unref(r);
+}
