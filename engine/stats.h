@@ -8,6 +8,7 @@
 #ifndef FERRY_STATS_H
 #define FERRY_STATS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "plan.h"
@@ -43,5 +44,8 @@ typedef struct {
 /* After this many failed steps in a row the server says it is not ready
  * (health/ready 503) until a step succeeds again. */
 #define SCHED_UNHEALTHY_STEPS 3
+
+/* The readiness rule every front end answers with (the model is loaded). */
+static inline bool sched_healthy(const sched_stats *s) { return s->failing_steps < SCHED_UNHEALTHY_STEPS; }
 
 #endif

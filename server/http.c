@@ -452,7 +452,7 @@ static enum MHD_Result answer_get(request *rq)
     memset(&view, 0, sizeof view);
     if (loaded) view.sched = sched_get_stats(srv->s);
     /* loaded, and its steps are not failing one after another */
-    bool ready = loaded && view.sched.failing_steps < SCHED_UNHEALTHY_STEPS;
+    bool ready = loaded && sched_healthy(&view.sched);
     if (rq->ep == EP_METRICS && loaded) {
         view.ready = ready;
         view.pipe = engine_pipeline_stats(srv->e);

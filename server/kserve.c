@@ -33,7 +33,7 @@ size_t kserve_request_bytes(const kserve_request *r)
 
 /* A request's parameters start as the settings' defaults (settings.def),
  * the same a `ferry generate` without flags uses. */
-static void request_defaults(kserve_request *r)
+void kserve_request_defaults(kserve_request *r)
 {
     memset(r, 0, sizeof *r);
     ferry_config d;
@@ -391,7 +391,7 @@ static ferry_status check_rows(const kserve_request *r, const engine_limits *lim
 ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, const engine_limits *lim,
                                 kserve_request *out)
 {
-    request_defaults(out);
+    kserve_request_defaults(out);
     if (json_len > (int64_t)len)
         return ferry_fail(FERRY_ERR_INVALID, "Inference-Header-Content-Length %lld exceeds the body (%zu bytes)",
                           (long long)json_len, len);
@@ -479,7 +479,7 @@ static ferry_status parse_generate(const json_value *root, kserve_request *r)
 
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out)
 {
-    request_defaults(out);
+    kserve_request_defaults(out);
     json_doc *doc;
     ferry_status pst = json_parse_limited(body, len, kserve_parse_bound(len), &doc);
     if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;

@@ -74,6 +74,9 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
 /* Parses a generate / generate_stream body. */
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
 void kserve_request_free(kserve_request *r);
+/* An empty request with the settings' defaults (settings.def): what every
+ * transport starts from before it reads a request's parameters. */
+void kserve_request_defaults(kserve_request *r);
 
 /* The most memory parsing a body of body_len bytes may hold at once (a
  * transport reserves it before parsing). */

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../config/config.h"
 #include "grpc_service.pb-c.h"
 
 #define MAX_TOKENS (1 << 28) /* B x T bound, as kserve.c */
@@ -205,11 +204,6 @@ static ferry_status parse_outputs(const infer_req *m, kserve_request *r)
 
 static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, kserve_request *r)
 {
-    /* the settings' defaults (settings.def), as kserve.c's requests */
-    ferry_config d;
-    config_defaults(&d);
-    r->max_new_tokens = (int)d.max_new_tokens;
-    r->sampling = (sampling_params){(float)d.temperature, (int)d.top_k, (float)d.top_p, d.seed};
     if (m->id && *m->id) {
         if (strlen(m->id) > KSERVE_MAX_ID) return ferry_fail(FERRY_ERR_INVALID, "id is longer than %d bytes", KSERVE_MAX_ID);
         if (!(r->id = strdup(m->id))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -229,7 +223,7 @@ static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, ks
 ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, kserve_request *out,
                               char **model)
 {
-    memset(out, 0, sizeof *out);
+    kserve_request_defaults(out); /* as REST's requests */
     *model = NULL;
     infer_req *m = inference__model_infer_request__unpack(NULL, len, buf);
     if (!m) return ferry_fail(FERRY_ERR_INVALID, "malformed ModelInferRequest (%zu bytes)", len);

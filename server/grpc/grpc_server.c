@@ -346,7 +346,8 @@ static void dispatch(rpc *r, const uint8_t *buf, size_t len)
     bool loaded = g->s != NULL;
     /* ready as REST's /v2/health/ready: loaded, and its steps not failing
      * one after another (http.c holds the same rule) */
-    bool ready = loaded && sched_get_stats(g->s).failing_steps < SCHED_UNHEALTHY_STEPS;
+    sched_stats stats = loaded ? sched_get_stats(g->s) : (sched_stats){0};
+    bool ready = loaded && sched_healthy(&stats);
     int vocab = g->lim.vocab;
     pthread_mutex_unlock(&g->mu);
     uint8_t *body = NULL;
