@@ -1,7 +1,8 @@
 """`ferry serve`'s gRPC front end (issue 11), through a client not written
-for this project: grpcio with stubs generated at test time by grpcio-tools
-from the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
-FERRY_KSERVE_PROTO overrides), never from ferry's own copy.
+for this project: grpcio with its messages and stub built at test time from
+the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
+FERRY_KSERVE_PROTO overrides), compiled by grpcio-tools' protoc, never from
+ferry's own copy.
 
 grpcio lives in the project's virtual environment (build/venv, made by
 `make deps`); `make integration` runs pytest with its python. Run with a
@@ -21,11 +22,16 @@ import sys
 import time
 from pathlib import Path
 
+import types
+
 import numpy as np
 import pytest
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed for this python (make deps: build/venv)")
 protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is not installed for this python")
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402 (grpcio-tools needs it)
+from google.protobuf.internal import enum_type_wrapper  # noqa: E402
 
 from conftest import prompt_ids, rel_err  # noqa: E402
 from test_http import SAME, Server, infer, metrics, msum, serve, unpad  # noqa: E402
@@ -98,19 +104,44 @@ def pb(tmp_path_factory):
     out = tmp_path_factory.mktemp("kserve_stubs")
     (out / "triton_stream.proto").write_text(TRITON_STREAM_PROTO)
     (out / "triton_config.proto").write_text(TRITON_CONFIG_PROTO)
-    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--python_out=%s" % out,
-                      "--grpc_python_out=%s" % out, str(PROTO), str(out / "triton_stream.proto"),
+    # compiled by grpcio-tools' protoc into a descriptor set, and the message
+    # classes built in a pool of their own: the default pool may already hold
+    # inference.* (tritonclient's stubs, test_tritonclient.py, same process)
+    desc = out / "kserve.desc"
+    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--include_imports",
+                      "--descriptor_set_out=%s" % desc, str(PROTO), str(out / "triton_stream.proto"),
                       str(out / "triton_config.proto")])
     assert rc == 0, "grpc_tools.protoc failed on %s" % PROTO
-    sys.path.insert(0, str(out))
-    try:
-        import grpc_predict_v2_pb2 as msgs
-        import grpc_predict_v2_pb2_grpc as svc
-        import triton_stream_pb2 as stream_msgs
-        import triton_config_pb2 as config_msgs
-    finally:
-        sys.path.remove(str(out))
-    return msgs, svc.GRPCInferenceServiceStub, stream_msgs.ModelStreamInferResponse, config_msgs
+    pool = descriptor_pool.DescriptorPool()
+    files = {}
+    for f in descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes()).file:
+        files[f.name] = pool.Add(f) or pool.FindFileByName(f.name)
+
+    def module(fname):
+        fd = files[fname]
+        ns = {n: message_factory.GetMessageClass(d) for n, d in fd.message_types_by_name.items()}
+        ns.update({n: enum_type_wrapper.EnumTypeWrapper(e) for n, e in fd.enum_types_by_name.items()})
+        return types.SimpleNamespace(**ns), fd
+
+    msgs, fd = module(PROTO.name)
+    (service,) = fd.services_by_name.values()
+    cls = lambda d: message_factory.GetMessageClass(d)  # noqa: E731
+
+    class Stub:
+        """As grpcio-tools' generated GRPCInferenceServiceStub: one callable per RPC."""
+
+        def __init__(self, ch):
+            for m in service.methods:
+                kind = {(False, False): ch.unary_unary, (False, True): ch.unary_stream,
+                        (True, False): ch.stream_unary, (True, True): ch.stream_stream}[
+                    (m.client_streaming, m.server_streaming)]
+                setattr(self, m.name, kind("/%s/%s" % (service.full_name, m.name),
+                                           request_serializer=cls(m.input_type).SerializeToString,
+                                           response_deserializer=cls(m.output_type).FromString))
+
+    stream_msgs = module("triton_stream.proto")[0]
+    config_msgs = module("triton_config.proto")[0]
+    return msgs, Stub, stream_msgs.ModelStreamInferResponse, config_msgs
 
 
 @pytest.fixture(scope="module")
