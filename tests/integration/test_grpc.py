@@ -302,6 +302,11 @@ def test_model_config_and_statistics_equal_rest(pb, gsrv, vocab):
                     ("malformed",))
     assert triton_call(gsrv, pb, "ModelConfig", tm.ModelConfigRequest(name=gsrv.name),
                        "ModelConfigResponse").config.name == gsrv.name  # still up
+    # /metrics counts them under their own endpoints
+    assert grpc_count(gsrv, "grpc_model_config", grpc.StatusCode.OK) == 3
+    assert grpc_count(gsrv, "grpc_model_config", grpc.StatusCode.NOT_FOUND) == 3
+    assert grpc_count(gsrv, "grpc_model_statistics", grpc.StatusCode.OK) == 3
+    assert grpc_count(gsrv, "grpc_model_statistics", grpc.StatusCode.INVALID_ARGUMENT) == 1
 
 
 def test_infer_equals_cli_and_http(stub, pb, gsrv, ferry, tiny, vocab, tmp_path):
