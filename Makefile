@@ -46,10 +46,14 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
             python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
-# version - grpcio and grpcio-tools, for the gRPC tests' clients.
+# version - grpcio and grpcio-tools, for the gRPC tests' clients, and
+# tritonclient (NVIDIA's Triton client, both protocols). tritonclient's grpc
+# extra wants protobuf < 7 and grpcio-tools from 1.82 on wants protobuf >= 7:
+# without the bound pip settles on a years-old tritonclient.
 VENV      := $(BUILD)/venv
 VENV_PY   := $(VENV)/bin/python
-PIP_PKGS  := grpcio grpcio-tools
+PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60'
+PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
@@ -90,7 +94,7 @@ deps:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 	@[ -x $(VENV_PY) ] || { echo "creating $(VENV)"; $(PYTHON) -m venv --system-site-packages $(VENV); }
-	@$(VENV_PY) -c "import grpc, grpc_tools" 2>/dev/null || { \
+	@$(VENV_PY) -c "$(PIP_CHECK)" 2>/dev/null || { \
 	  echo "pip installing into $(VENV): $(PIP_PKGS)"; \
 	  $(VENV_PY) -m pip install -q --disable-pip-version-check $(PIP_PKGS); }
 
@@ -108,8 +112,9 @@ run: deps all $(DEMO_MODEL)/config.json
 unit: $(UNIT_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-# with the venv's python (the system's packages plus grpcio), so that the
-# gRPC tests run; without the venv they are skipped
+# with the venv's python (the system's packages plus grpcio and
+# tritonclient), so that the gRPC and tritonclient tests run; without the
+# venv they are skipped
 TEST_PY = $(if $(wildcard $(VENV_PY)),$(VENV_PY),$(PYTHON))
 integration: all
 	$(TEST_PY) -m pytest -q tests/integration

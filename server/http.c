@@ -476,12 +476,24 @@ static enum MHD_Result answer_get(request *rq)
         else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
         break;
     case EP_MODEL_CONFIG:
-        if (loaded) kserve_model_config(&sb, srv->name, vocab, lim.max_seqs);
-        else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
+        if (loaded) {
+            kserve_config c;
+            kserve_config_fill(&c, srv->name, vocab, lim.max_seqs);
+            kserve_model_config(&sb, &c);
+        } else {
+            sb_puts(&sb, "{\"error\": \"model not ready\"}");
+            code = 503;
+        }
         break;
     case EP_STATS:
-        if (loaded) kserve_model_stats(&sb, srv->name, &view.sched);
-        else sb_puts(&sb, "{\"error\": \"model not ready\"}"), code = 503;
+        if (loaded) {
+            kserve_stats k;
+            kserve_stats_fill(&k, &view.sched);
+            kserve_model_stats(&sb, srv->name, &k);
+        } else {
+            sb_puts(&sb, "{\"error\": \"model not ready\"}");
+            code = 503;
+        }
         break;
     case EP_MODEL_READY:
         sb_puts(&sb, "{\"name\": ");

@@ -717,43 +717,97 @@ void kserve_model_metadata(strbuf *sb, const char *model, int vocab)
     sb_printf(sb, "{\"name\": \"logits\", \"datatype\": \"FP32\", \"shape\": [-1, %d]}]}", vocab);
 }
 
-void kserve_model_config(strbuf *sb, const char *model, int vocab, int max_batch)
+void kserve_config_fill(kserve_config *c, const char *model, int vocab, int max_batch)
+{
+    memset(c, 0, sizeof *c);
+    c->name = model;
+    c->platform = "ferry";
+    c->backend = "ferry";
+    c->latest_versions = 1;
+    c->max_batch_size = max_batch;
+    c->n_inputs = 1;
+    c->inputs[0] = (kserve_config_tensor){"input_ids", KSERVE_TYPE_INT64, -1};
+    c->n_outputs = 2;
+    c->outputs[0] = (kserve_config_tensor){"output_ids", KSERVE_TYPE_INT64, -1};
+    c->outputs[1] = (kserve_config_tensor){"logits", KSERVE_TYPE_FP32, vocab};
+    c->decoupled = true;
+}
+
+const char *kserve_type_name(int data_type)
+{
+    switch (data_type) {
+    case KSERVE_TYPE_INT64: return "TYPE_INT64";
+    case KSERVE_TYPE_FP32: return "TYPE_FP32";
+    }
+    return "TYPE_INVALID";
+}
+
+static void put_config_tensors(strbuf *sb, const char *key, const kserve_config_tensor *t, int n)
+{
+    sb_printf(sb, ", \"%s\": [", key);
+    for (int i = 0; i < n; i++) {
+        sb_puts(sb, i ? ", {\"name\": " : "{\"name\": ");
+        sb_json_str(sb, t[i].name);
+        sb_printf(sb, ", \"data_type\": \"%s\", \"dims\": [%lld]}", kserve_type_name(t[i].data_type),
+                  (long long)t[i].dim);
+    }
+    sb_puts(sb, "]");
+}
+
+void kserve_model_config(strbuf *sb, const kserve_config *c)
 {
     sb_puts(sb, "{\"name\": ");
-    sb_json_str(sb, model);
-    sb_printf(sb,
-              ", \"platform\": \"ferry\", \"backend\": \"ferry\", \"version_policy\": {\"latest\": {\"num_versions\": 1}}, "
-              "\"max_batch_size\": %d, "
-              "\"input\": [{\"name\": \"input_ids\", \"data_type\": \"TYPE_INT64\", \"dims\": [-1]}], "
-              "\"output\": [{\"name\": \"output_ids\", \"data_type\": \"TYPE_INT64\", \"dims\": [-1]}, "
-              "{\"name\": \"logits\", \"data_type\": \"TYPE_FP32\", \"dims\": [%d]}], "
-              "\"model_transaction_policy\": {\"decoupled\": true}}",
-              max_batch, vocab);
+    sb_json_str(sb, c->name);
+    sb_puts(sb, ", \"platform\": ");
+    sb_json_str(sb, c->platform);
+    sb_puts(sb, ", \"backend\": ");
+    sb_json_str(sb, c->backend);
+    sb_printf(sb, ", \"version_policy\": {\"latest\": {\"num_versions\": %u}}, \"max_batch_size\": %d",
+              c->latest_versions, c->max_batch_size);
+    put_config_tensors(sb, "input", c->inputs, c->n_inputs);
+    put_config_tensors(sb, "output", c->outputs, c->n_outputs);
+    sb_printf(sb, ", \"model_transaction_policy\": {\"decoupled\": %s}}", c->decoupled ? "true" : "false");
 }
 
-/* {"count": n, "ns": total} */
-static void put_duration(strbuf *sb, const char *name, uint64_t count, double seconds, bool comma)
+static kserve_duration duration(uint64_t count, double seconds)
 {
-    sb_printf(sb, "%s\"%s\": {\"count\": %llu, \"ns\": %llu}", comma ? ", " : "", name, (unsigned long long)count,
-              (unsigned long long)(seconds * 1e9));
+    return (kserve_duration){count, (uint64_t)(seconds * 1e9)};
 }
 
-void kserve_model_stats(strbuf *sb, const char *model, const sched_stats *s)
+void kserve_stats_fill(kserve_stats *k, const sched_stats *s)
+{
+    memset(k, 0, sizeof *k);
+    k->last_inference = (uint64_t)(s->last_done_unix * 1e3);
+    k->inference_count = s->requests_done;
+    k->execution_count = s->steps;
+    k->success = duration(s->requests_done, s->done_s_sum);
+    k->fail = duration(s->requests_failed, s->failed_s_sum);
+    k->queue = duration(s->requests_done + s->requests_failed + s->requests_cancelled, s->queue_s_sum);
+    k->compute_infer = duration(s->steps, s->step_s_sum);
+}
+
+/* "name": {"count": n, "ns": total} */
+static void put_duration(strbuf *sb, const char *name, kserve_duration d, bool comma)
+{
+    sb_printf(sb, "%s\"%s\": {\"count\": %llu, \"ns\": %llu}", comma ? ", " : "", name, (unsigned long long)d.count,
+              (unsigned long long)d.ns);
+}
+
+void kserve_model_stats(strbuf *sb, const char *model, const kserve_stats *k)
 {
     sb_puts(sb, "{\"model_stats\": [{\"name\": ");
     sb_json_str(sb, model);
-    uint64_t admitted = s->requests_done + s->requests_failed + s->requests_cancelled;
     sb_printf(sb,
               ", \"version\": \"" KSERVE_MODEL_VERSION "\", \"last_inference\": %llu, \"inference_count\": %llu, "
               "\"execution_count\": %llu, \"inference_stats\": {",
-              (unsigned long long)(s->last_done_unix * 1e3), (unsigned long long)s->requests_done,
-              (unsigned long long)s->steps);
-    put_duration(sb, "success", s->requests_done, s->done_s_sum, false);
-    put_duration(sb, "fail", s->requests_failed, s->failed_s_sum, true);
-    put_duration(sb, "queue", admitted, s->queue_s_sum, true);
-    put_duration(sb, "compute_input", 0, 0, true);
-    put_duration(sb, "compute_infer", s->steps, s->step_s_sum, true);
-    put_duration(sb, "compute_output", 0, 0, true);
+              (unsigned long long)k->last_inference, (unsigned long long)k->inference_count,
+              (unsigned long long)k->execution_count);
+    put_duration(sb, "success", k->success, false);
+    put_duration(sb, "fail", k->fail, true);
+    put_duration(sb, "queue", k->queue, true);
+    put_duration(sb, "compute_input", k->compute_input, true);
+    put_duration(sb, "compute_infer", k->compute_infer, true);
+    put_duration(sb, "compute_output", k->compute_output, true);
     sb_puts(sb, "}, \"batch_stats\": []}]}");
 }
 

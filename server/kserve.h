@@ -132,15 +132,52 @@ void kserve_error(strbuf *sb, const char *msg);
 void kserve_server_metadata(strbuf *sb);
 void kserve_model_metadata(strbuf *sb, const char *model, int vocab);
 
-/* Triton's model configuration (GET /v2/models/{m}/config, ModelConfig):
- * platform "ferry", the inputs and outputs, max_batch_size = the sequences
- * that run at once, decoupled (a streamed request answers once per token). */
-void kserve_model_config(strbuf *sb, const char *model, int vocab, int max_batch);
-/* Triton's statistics (GET /v2/models/{m}/stats, ModelStatistics):
- * inference_count = sequences that succeeded, execution_count = engine
- * steps (one step serves many sequences); success/fail = submit to end,
- * queue = submit to admission, compute_infer = the steps' wall time. */
-void kserve_model_stats(strbuf *sb, const char *model, const sched_stats *s);
+/* Triton's model configuration (GET /v2/models/{m}/config, gRPC
+ * ModelConfig), transport-neutral: both writers read this one struct.
+ * platform and backend "ferry", the latest version, max_batch_size = the
+ * sequences that run at once, decoupled (a streamed request answers once
+ * per token). Data types carry the numbers of Triton's DataType enum
+ * (model_config.proto); kserve_type_name gives their JSON names. */
+enum { KSERVE_TYPE_INT64 = 9, KSERVE_TYPE_FP32 = 11 };
+
+typedef struct {
+    const char *name;
+    int data_type;           /* KSERVE_TYPE_* */
+    int64_t dim;             /* dims = [dim], -1 = variable */
+} kserve_config_tensor;
+
+typedef struct {
+    const char *name, *platform, *backend;
+    unsigned latest_versions; /* version_policy.latest.num_versions */
+    int max_batch_size;
+    int n_inputs, n_outputs;
+    kserve_config_tensor inputs[1], outputs[2];
+    bool decoupled;          /* model_transaction_policy.decoupled */
+} kserve_config;
+
+void kserve_config_fill(kserve_config *c, const char *model, int vocab, int max_batch);
+const char *kserve_type_name(int data_type); /* "TYPE_INT64", ... */
+void kserve_model_config(strbuf *sb, const kserve_config *c);
+
+/* Triton's statistics (GET /v2/models/{m}/stats, gRPC ModelStatistics),
+ * transport-neutral: inference_count = sequences that succeeded,
+ * execution_count = engine steps (one step serves many sequences);
+ * success/fail = submit to end, queue = submit to admission,
+ * compute_infer = the steps' wall time; compute_input/output are not
+ * measured apart (0). */
+typedef struct {
+    uint64_t count, ns;
+} kserve_duration;
+
+typedef struct {
+    uint64_t last_inference; /* ms since the epoch, 0 = never */
+    uint64_t inference_count, execution_count;
+    kserve_duration success, fail, queue, compute_input, compute_infer, compute_output;
+} kserve_stats;
+
+void kserve_stats_fill(kserve_stats *k, const sched_stats *s);
+/* {"model_stats": [{...}]} for the one model */
+void kserve_model_stats(strbuf *sb, const char *model, const kserve_stats *k);
 
 /* The HTTP status of an outcome (gRPC maps the same enum its own way). */
 int kserve_http_status(ferry_status st);

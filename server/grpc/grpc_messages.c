@@ -374,6 +374,90 @@ ferry_status grpc_model_metadata_response(const char *model, int vocab, uint8_t 
     return pack(&m.base, out, out_len);
 }
 
+/* ---- ModelConfig and ModelStatistics (Triton's) ---------------------------------- */
+
+ferry_status grpc_model_config_response(const kserve_config *c, uint8_t **out, size_t *out_len)
+{
+    Inference__ModelInput in[1], *inp[1];
+    Inference__ModelOutput outs[2], *outp[2];
+    int64_t in_dims[1], out_dims[2];
+    for (int i = 0; i < c->n_inputs; i++) {
+        inference__model_input__init(&in[i]);
+        in[i].name = (char *)c->inputs[i].name;
+        in[i].data_type = (Inference__DataType)c->inputs[i].data_type; /* the same numbers */
+        in_dims[i] = c->inputs[i].dim;
+        in[i].dims = &in_dims[i];
+        in[i].n_dims = 1;
+        inp[i] = &in[i];
+    }
+    for (int i = 0; i < c->n_outputs; i++) {
+        inference__model_output__init(&outs[i]);
+        outs[i].name = (char *)c->outputs[i].name;
+        outs[i].data_type = (Inference__DataType)c->outputs[i].data_type;
+        out_dims[i] = c->outputs[i].dim;
+        outs[i].dims = &out_dims[i];
+        outs[i].n_dims = 1;
+        outp[i] = &outs[i];
+    }
+    Inference__ModelVersionPolicy__Latest latest = INFERENCE__MODEL_VERSION_POLICY__LATEST__INIT;
+    latest.num_versions = c->latest_versions;
+    Inference__ModelVersionPolicy policy = INFERENCE__MODEL_VERSION_POLICY__INIT;
+    policy.policy_choice_case = INFERENCE__MODEL_VERSION_POLICY__POLICY_CHOICE_LATEST;
+    policy.latest = &latest;
+    Inference__ModelTransactionPolicy tp = INFERENCE__MODEL_TRANSACTION_POLICY__INIT;
+    tp.decoupled = c->decoupled;
+    Inference__ModelConfig mc = INFERENCE__MODEL_CONFIG__INIT;
+    mc.name = (char *)c->name;
+    mc.platform = (char *)c->platform;
+    mc.backend = (char *)c->backend;
+    mc.version_policy = &policy;
+    mc.max_batch_size = c->max_batch_size;
+    mc.input = inp;
+    mc.n_input = (size_t)c->n_inputs;
+    mc.output = outp;
+    mc.n_output = (size_t)c->n_outputs;
+    mc.model_transaction_policy = &tp;
+    Inference__ModelConfigResponse m = INFERENCE__MODEL_CONFIG_RESPONSE__INIT;
+    m.config = &mc;
+    return pack(&m.base, out, out_len);
+}
+
+static void set_duration(Inference__StatisticDuration *d, kserve_duration k)
+{
+    inference__statistic_duration__init(d);
+    d->count = k.count;
+    d->ns = k.ns;
+}
+
+ferry_status grpc_model_stats_response(const char *model, const kserve_stats *k, uint8_t **out, size_t *out_len)
+{
+    Inference__StatisticDuration success, fail, queue, cin, cinfer, cout;
+    set_duration(&success, k->success);
+    set_duration(&fail, k->fail);
+    set_duration(&queue, k->queue);
+    set_duration(&cin, k->compute_input);
+    set_duration(&cinfer, k->compute_infer);
+    set_duration(&cout, k->compute_output);
+    Inference__InferStatistics is = INFERENCE__INFER_STATISTICS__INIT;
+    is.success = &success;
+    is.fail = &fail;
+    is.queue = &queue;
+    is.compute_input = &cin;
+    is.compute_infer = &cinfer;
+    is.compute_output = &cout;
+    Inference__ModelStatistics ms = INFERENCE__MODEL_STATISTICS__INIT, *msp[] = {&ms};
+    ms.name = (char *)model;
+    ms.version = (char *)KSERVE_MODEL_VERSION;
+    ms.last_inference = k->last_inference;
+    ms.inference_count = k->inference_count;
+    ms.execution_count = k->execution_count;
+    ms.inference_stats = &is;
+    Inference__ModelStatisticsResponse m = INFERENCE__MODEL_STATISTICS_RESPONSE__INIT;
+    m.model_stats = msp;
+    m.n_model_stats = 1;
+    return pack(&m.base, out, out_len);
+}
+
 /* ---- ModelStreamInfer ----------------------------------------------------------- */
 
 ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,

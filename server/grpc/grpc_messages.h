@@ -42,14 +42,18 @@ ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limit
 ferry_status grpc_infer_response(const kserve_request *r, const char *model, const kserve_row *rows, int vocab,
                                  uint8_t **out, size_t *out_len);
 
-/* Parses a {Model,}{Ready,Metadata}Request's name and version (both
- * messages are {string name = 1; string version = 2}). */
+/* Parses a Model{Ready,Metadata,Config,Statistics}Request's name and
+ * version (the four are {string name = 1; string version = 2}). */
 ferry_status grpc_model_ref_parse(const uint8_t *buf, size_t len, char **name, char **version);
 
 /* The packed bodies of the small answers. */
 ferry_status grpc_bool_response(int which, int value, uint8_t **out, size_t *out_len); /* GRPC_MSG_* */
 ferry_status grpc_server_metadata_response(uint8_t **out, size_t *out_len);
 ferry_status grpc_model_metadata_response(const char *model, int vocab, uint8_t **out, size_t *out_len);
+/* Triton's ModelConfigResponse and ModelStatisticsResponse (one model),
+ * from the structs REST's /config and /stats are written from. */
+ferry_status grpc_model_config_response(const kserve_config *c, uint8_t **out, size_t *out_len);
+ferry_status grpc_model_stats_response(const char *model, const kserve_stats *k, uint8_t **out, size_t *out_len);
 
 enum { GRPC_MSG_LIVE, GRPC_MSG_READY, GRPC_MSG_MODEL_READY };
 

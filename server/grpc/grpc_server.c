@@ -319,8 +319,10 @@ static bool method_is(const rpc *r, const char *name)
     return n == k + m && !memcmp(p, SERVICE, k) && !memcmp(p + k, name, m);
 }
 
-/* ModelReady and ModelMetadata: the model named, or NOT_FOUND. */
-static bool model_ref(rpc *r, const uint8_t *buf, size_t len)
+/* ModelReady, ModelMetadata, ModelConfig, ModelStatistics: the model
+ * named, or NOT_FOUND. ModelStatistics (any_name) takes an empty name too:
+ * every model, as Triton. */
+static bool model_ref(rpc *r, const uint8_t *buf, size_t len, bool any_name)
 {
     char *name, *version;
     ferry_status st = grpc_model_ref_parse(buf, len, &name, &version);
@@ -329,7 +331,7 @@ static bool model_ref(rpc *r, const uint8_t *buf, size_t len)
         return false;
     }
     char m[FERRY_MSG_MAX] = "";
-    if (strcmp(name, r->g->model_name))
+    if (strcmp(name, r->g->model_name) && !(any_name && !*name))
         snprintf(m, sizeof m, "model '%.200s' not found (this server serves '%s')", name, r->g->model_name);
     else if (*version && strcmp(version, KSERVE_MODEL_VERSION))
         snprintf(m, sizeof m, "model version '%.200s' not found (the one version is " KSERVE_MODEL_VERSION ")", version);
@@ -344,11 +346,10 @@ static void dispatch(rpc *r, const uint8_t *buf, size_t len)
     grpc_front *g = r->g;
     pthread_mutex_lock(&g->mu);
     bool loaded = g->s != NULL;
-    /* ready as REST's /v2/health/ready: loaded, and its steps not failing
-     * one after another (http.c holds the same rule) */
+    /* ready as REST's /v2/health/ready: loaded, and sched_healthy */
     sched_stats stats = loaded ? sched_get_stats(g->s) : (sched_stats){0};
     bool ready = loaded && sched_healthy(&stats);
-    int vocab = g->lim.vocab;
+    int vocab = g->lim.vocab, max_seqs = g->lim.max_seqs;
     pthread_mutex_unlock(&g->mu);
     uint8_t *body = NULL;
     size_t blen = 0;
@@ -366,16 +367,33 @@ static void dispatch(rpc *r, const uint8_t *buf, size_t len)
         st = grpc_server_metadata_response(&body, &blen);
         rpc_answer(r, st, body, blen);
     } else if (method_is(r, "ModelReady")) {
-        if (!model_ref(r, buf, len)) return;
+        if (!model_ref(r, buf, len, false)) return;
         st = grpc_bool_response(GRPC_MSG_MODEL_READY, ready, &body, &blen);
         rpc_answer(r, st, body, blen);
     } else if (method_is(r, "ModelMetadata")) {
-        if (!model_ref(r, buf, len)) return;
+        if (!model_ref(r, buf, len, false)) return;
         if (!loaded) {
             rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
             return;
         }
         st = grpc_model_metadata_response(g->model_name, vocab, &body, &blen);
+        rpc_answer(r, st, body, blen);
+    } else if (method_is(r, "ModelConfig") || method_is(r, "ModelStatistics")) {
+        bool config = method_is(r, "ModelConfig");
+        if (!model_ref(r, buf, len, !config)) return;
+        if (!loaded) {
+            rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
+            return;
+        }
+        if (config) {
+            kserve_config c;
+            kserve_config_fill(&c, g->model_name, vocab, max_seqs);
+            st = grpc_model_config_response(&c, &body, &blen);
+        } else {
+            kserve_stats k;
+            kserve_stats_fill(&k, &stats);
+            st = grpc_model_stats_response(g->model_name, &k, &body, &blen);
+        }
         rpc_answer(r, st, body, blen);
     } else {
         char m[512];
@@ -415,7 +433,8 @@ static const char *endpoint_of(const rpc *r)
         {"ServerLive", "grpc_server_live"},         {"ServerReady", "grpc_server_ready"},
         {"ServerMetadata", "grpc_server_metadata"}, {"ModelMetadata", "grpc_model_metadata"},
         {"ModelReady", "grpc_model_ready"},         {"ModelInfer", "grpc_model_infer"},
-        {"ModelStreamInfer", "grpc_model_stream_infer"}};
+        {"ModelStreamInfer", "grpc_model_stream_infer"}, {"ModelConfig", "grpc_model_config"},
+        {"ModelStatistics", "grpc_model_statistics"}};
     for (size_t i = 0; i < sizeof k_methods / sizeof k_methods[0]; i++)
         if (method_is(r, k_methods[i][0])) return k_methods[i][1];
     return "grpc_other";

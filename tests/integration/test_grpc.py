@@ -1,7 +1,8 @@
 """`ferry serve`'s gRPC front end (issue 11), through a client not written
-for this project: grpcio with stubs generated at test time by grpcio-tools
-from the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
-FERRY_KSERVE_PROTO overrides), never from ferry's own copy.
+for this project: grpcio with its messages and stub built at test time from
+the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
+FERRY_KSERVE_PROTO overrides), compiled by grpcio-tools' protoc, never from
+ferry's own copy.
 
 grpcio lives in the project's virtual environment (build/venv, made by
 `make deps`); `make integration` runs pytest with its python. Run with a
@@ -21,11 +22,16 @@ import sys
 import time
 from pathlib import Path
 
+import types
+
 import numpy as np
 import pytest
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed for this python (make deps: build/venv)")
 protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is not installed for this python")
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402 (grpcio-tools needs it)
+from google.protobuf.internal import enum_type_wrapper  # noqa: E402
 
 from conftest import prompt_ids, rel_err  # noqa: E402
 from test_http import SAME, Server, infer, metrics, msum, serve, unpad  # noqa: E402
@@ -51,26 +57,91 @@ message ModelStreamInferResponse
 """
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
+# Nor has it Triton's ModelConfig and ModelStatistics: their messages as
+# Triton's grpc_service.proto and model_config.proto define them (names and
+# field numbers), cut down to what ferry fills; compiled beside the official
+# file too. (test_tritonclient.py checks the same RPCs through tritonclient's
+# stubs, generated from Triton's complete files.)
+TRITON_CONFIG_PROTO = """syntax = "proto3";
+package inference;
+message ModelConfigRequest { string name = 1; string version = 2; }
+enum DataType { TYPE_INVALID = 0; TYPE_INT64 = 9; TYPE_FP32 = 11; }
+message ModelVersionPolicy {
+  message Latest { uint32 num_versions = 1; }
+  oneof policy_choice { Latest latest = 1; }
+}
+message ModelInput { string name = 1; DataType data_type = 2; repeated int64 dims = 4; }
+message ModelOutput { string name = 1; DataType data_type = 2; repeated int64 dims = 3; }
+message ModelTransactionPolicy { bool decoupled = 1; }
+message ModelConfig {
+  string name = 1; string platform = 2; ModelVersionPolicy version_policy = 3; int32 max_batch_size = 4;
+  repeated ModelInput input = 5; repeated ModelOutput output = 6; string backend = 17;
+  ModelTransactionPolicy model_transaction_policy = 19;
+}
+message ModelConfigResponse { ModelConfig config = 1; }
+message ModelStatisticsRequest { string name = 1; string version = 2; }
+message StatisticDuration { uint64 count = 1; uint64 ns = 2; }
+message InferStatistics {
+  StatisticDuration success = 1; StatisticDuration fail = 2; StatisticDuration queue = 3;
+  StatisticDuration compute_input = 4; StatisticDuration compute_infer = 5; StatisticDuration compute_output = 6;
+}
+message InferBatchStatistics { uint64 batch_size = 1; }
+message ModelStatistics {
+  string name = 1; string version = 2; uint64 last_inference = 3; uint64 inference_count = 4;
+  uint64 execution_count = 5; InferStatistics inference_stats = 6; repeated InferBatchStatistics batch_stats = 7;
+}
+message ModelStatisticsResponse { repeated ModelStatistics model_stats = 1; }
+"""
+
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    """(messages module, stub class, stream response class) generated from
-    the official proto (and Triton's stream response beside it)."""
+    """(messages module, stub class, stream response class, Triton's config
+    and statistics messages module) generated from the official proto (and
+    Triton's messages beside it)."""
     if not PROTO.is_file():
         pytest.fail("the official KServe proto is missing: %s (set FERRY_KSERVE_PROTO)" % PROTO)
     out = tmp_path_factory.mktemp("kserve_stubs")
     (out / "triton_stream.proto").write_text(TRITON_STREAM_PROTO)
-    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--python_out=%s" % out,
-                      "--grpc_python_out=%s" % out, str(PROTO), str(out / "triton_stream.proto")])
+    (out / "triton_config.proto").write_text(TRITON_CONFIG_PROTO)
+    # compiled by grpcio-tools' protoc into a descriptor set, and the message
+    # classes built in a pool of their own: the default pool may already hold
+    # inference.* (tritonclient's stubs, test_tritonclient.py, same process)
+    desc = out / "kserve.desc"
+    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--include_imports",
+                      "--descriptor_set_out=%s" % desc, str(PROTO), str(out / "triton_stream.proto"),
+                      str(out / "triton_config.proto")])
     assert rc == 0, "grpc_tools.protoc failed on %s" % PROTO
-    sys.path.insert(0, str(out))
-    try:
-        import grpc_predict_v2_pb2 as msgs
-        import grpc_predict_v2_pb2_grpc as svc
-        import triton_stream_pb2 as stream_msgs
-    finally:
-        sys.path.remove(str(out))
-    return msgs, svc.GRPCInferenceServiceStub, stream_msgs.ModelStreamInferResponse
+    pool = descriptor_pool.DescriptorPool()
+    files = {}
+    for f in descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes()).file:
+        files[f.name] = pool.Add(f) or pool.FindFileByName(f.name)
+
+    def module(fname):
+        fd = files[fname]
+        ns = {n: message_factory.GetMessageClass(d) for n, d in fd.message_types_by_name.items()}
+        ns.update({n: enum_type_wrapper.EnumTypeWrapper(e) for n, e in fd.enum_types_by_name.items()})
+        return types.SimpleNamespace(**ns), fd
+
+    msgs, fd = module(PROTO.name)
+    (service,) = fd.services_by_name.values()
+    cls = lambda d: message_factory.GetMessageClass(d)  # noqa: E731
+
+    class Stub:
+        """As grpcio-tools' generated GRPCInferenceServiceStub: one callable per RPC."""
+
+        def __init__(self, ch):
+            for m in service.methods:
+                kind = {(False, False): ch.unary_unary, (False, True): ch.unary_stream,
+                        (True, False): ch.stream_unary, (True, True): ch.stream_stream}[
+                    (m.client_streaming, m.server_streaming)]
+                setattr(self, m.name, kind("/%s/%s" % (service.full_name, m.name),
+                                           request_serializer=cls(m.input_type).SerializeToString,
+                                           response_deserializer=cls(m.output_type).FromString))
+
+    stream_msgs = module("triton_stream.proto")[0]
+    config_msgs = module("triton_config.proto")[0]
+    return msgs, Stub, stream_msgs.ModelStreamInferResponse, config_msgs
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +240,73 @@ def test_health_and_metadata(stub, pb, gsrv, vocab):
                       (stub.ModelMetadata, msgs.ModelMetadataRequest(name="nope")),
                       (stub.ModelMetadata, msgs.ModelMetadataRequest(name=gsrv.name, version="7"))):
         expect_code(lambda: call(req, timeout=TIMEOUT), grpc.StatusCode.NOT_FOUND, ("not found",))
+
+
+def triton_call(gsrv, pb, method, req, resp_name):
+    """Triton's unary RPC `method` (not in the official KServe stub); req
+    bytes are sent as they are."""
+    with grpc.insecure_channel("127.0.0.1:%d" % grpc_port(gsrv)) as ch:
+        call = ch.unary_unary("/inference.GRPCInferenceService/" + method,
+                              request_serializer=(lambda b: b) if isinstance(req, bytes) else type(req).SerializeToString,
+                              response_deserializer=getattr(pb[3], resp_name).FromString)
+        return call(req, timeout=TIMEOUT)
+
+
+def test_model_config_and_statistics_equal_rest(pb, gsrv, vocab):
+    """Triton's ModelConfig and ModelStatistics carry what REST's /config and
+    /stats say, field for field."""
+    from test_http import jreq
+    tm = pb[3]
+    st, cfg = jreq(gsrv, "GET", "/v2/models/%s/config" % gsrv.name)
+    assert st == 200, cfg
+    for req in (tm.ModelConfigRequest(name=gsrv.name), tm.ModelConfigRequest(name=gsrv.name, version="1")):
+        c = triton_call(gsrv, pb, "ModelConfig", req, "ModelConfigResponse").config
+        assert c.name == cfg["name"] == gsrv.name
+        assert c.platform == cfg["platform"] == "ferry" and c.backend == cfg["backend"]
+        assert c.max_batch_size == cfg["max_batch_size"] == 8
+        assert c.version_policy.latest.num_versions == cfg["version_policy"]["latest"]["num_versions"] == 1
+        tensors = lambda ts: [(t.name, tm.DataType.Name(t.data_type), list(t.dims)) for t in ts]  # noqa: E731
+        assert tensors(c.input) == [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]]
+        assert tensors(c.output) == [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]]
+        assert tensors(c.output)[1] == ("logits", "TYPE_FP32", [vocab])
+        assert c.model_transaction_policy.decoupled is cfg["model_transaction_policy"]["decoupled"] is True
+
+    def rest_stats():
+        st, obj = jreq(gsrv, "GET", "/v2/models/%s/stats" % gsrv.name)
+        assert st == 200, obj
+        return obj["model_stats"]
+
+    def as_rest(resp):
+        durs = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+        return [{"name": m.name, "version": m.version, "last_inference": m.last_inference,
+                 "inference_count": m.inference_count, "execution_count": m.execution_count,
+                 "inference_stats": {d: {"count": getattr(m.inference_stats, d).count,
+                                         "ns": getattr(m.inference_stats, d).ns} for d in durs},
+                 "batch_stats": list(m.batch_stats)} for m in resp.model_stats]
+
+    infer(gsrv, [[1, 2, 3], [4, 5, 6]], 2)  # something to count
+    before = rest_stats()
+    for req in (tm.ModelStatisticsRequest(name=gsrv.name), tm.ModelStatisticsRequest(),
+                tm.ModelStatisticsRequest(name=gsrv.name, version="1")):
+        got = as_rest(triton_call(gsrv, pb, "ModelStatistics", req, "ModelStatisticsResponse"))
+        assert got == before == rest_stats()  # nothing ran between: the same figures
+    assert before[0]["inference_count"] >= 2 and before[0]["inference_stats"]["success"]["ns"] > 0
+    for method, req, resp in (("ModelConfig", tm.ModelConfigRequest(name="nope"), "ModelConfigResponse"),
+                              ("ModelConfig", tm.ModelConfigRequest(name=gsrv.name, version="7"),
+                               "ModelConfigResponse"),
+                              ("ModelConfig", tm.ModelConfigRequest(), "ModelConfigResponse"),
+                              ("ModelStatistics", tm.ModelStatisticsRequest(name="nope"), "ModelStatisticsResponse")):
+        expect_code(lambda: triton_call(gsrv, pb, method, req, resp), grpc.StatusCode.NOT_FOUND, ("not found",))
+    for method, resp in (("ModelConfig", "ModelConfigResponse"), ("ModelStatistics", "ModelStatisticsResponse")):
+        expect_code(lambda: triton_call(gsrv, pb, method, b"\x0a\xff\xff", resp), grpc.StatusCode.INVALID_ARGUMENT,
+                    ("malformed",))
+    assert triton_call(gsrv, pb, "ModelConfig", tm.ModelConfigRequest(name=gsrv.name),
+                       "ModelConfigResponse").config.name == gsrv.name  # still up
+    # /metrics counts them under their own endpoints
+    assert grpc_count(gsrv, "grpc_model_config", grpc.StatusCode.OK) == 3
+    assert grpc_count(gsrv, "grpc_model_config", grpc.StatusCode.NOT_FOUND) == 3
+    assert grpc_count(gsrv, "grpc_model_statistics", grpc.StatusCode.OK) == 3
+    assert grpc_count(gsrv, "grpc_model_statistics", grpc.StatusCode.INVALID_ARGUMENT) == 1
 
 
 def test_infer_equals_cli_and_http(stub, pb, gsrv, ferry, tiny, vocab, tmp_path):
@@ -281,8 +419,8 @@ def test_infer_errors_and_the_server_stays_up(stub, pb, gsrv, vocab):
     # a method ferry does not serve
     ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(gsrv))
     try:
-        other = ch.unary_unary("/inference.GRPCInferenceService/ModelConfig")
-        expect_code(lambda: other(b"", timeout=TIMEOUT), grpc.StatusCode.UNIMPLEMENTED, ("ModelConfig",))
+        other = ch.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+        expect_code(lambda: other(b"", timeout=TIMEOUT), grpc.StatusCode.UNIMPLEMENTED, ("RepositoryIndex",))
     finally:
         ch.close()
     # still serving

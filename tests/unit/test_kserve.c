@@ -858,6 +858,74 @@ static void test_stream_error_metadata(void)
     sb_free(&sb);
 }
 
+/* Triton's config and statistics: the structs both transports write from,
+ * and REST's JSON of them. */
+static void test_config_and_stats(void)
+{
+    kserve_config c;
+    kserve_config_fill(&c, "demo", 32000, 8);
+    CHECK_EQ_STR(c.platform, "ferry");
+    CHECK_EQ_INT(c.max_batch_size, 8);
+    CHECK(c.decoupled && c.n_inputs == 1 && c.n_outputs == 2);
+    CHECK_EQ_INT(c.outputs[1].data_type, KSERVE_TYPE_FP32);
+    CHECK_EQ_INT((int)c.outputs[1].dim, 32000);
+    CHECK_EQ_STR(kserve_type_name(KSERVE_TYPE_INT64), "TYPE_INT64");
+    strbuf sb;
+    sb_init(&sb);
+    kserve_model_config(&sb, &c);
+    const json_value *root = reparse(sb.data, sb.len);
+    CHECK(root != NULL);
+    if (root) {
+        CHECK_EQ_STR(str_at(root, "name"), "demo");
+        CHECK_EQ_STR(str_at(root, "backend"), "ferry");
+        const json_value *mb = member(root, "max_batch_size", JSON_NUMBER);
+        CHECK(mb && mb->is_int && mb->integer == 8);
+        const json_value *outs = member(root, "output", JSON_ARRAY);
+        CHECK(outs && outs->len == 2);
+        if (outs && outs->len == 2) {
+            CHECK_EQ_STR(str_at(&outs->items[1], "data_type"), "TYPE_FP32");
+            CHECK_INTS(json_get(&outs->items[1], "dims"), 32000);
+        }
+        const json_value *tp = member(root, "model_transaction_policy", JSON_OBJECT);
+        const json_value *dec = tp ? json_get(tp, "decoupled") : NULL;
+        CHECK(dec && dec->type == JSON_BOOL && dec->boolean);
+    }
+    sb_free(&sb);
+
+    sched_stats s;
+    memset(&s, 0, sizeof s);
+    s.steps = 7, s.step_s_sum = 0.5;
+    s.requests_done = 3, s.done_s_sum = 1.5;
+    s.requests_failed = 1, s.failed_s_sum = 0.25;
+    s.requests_cancelled = 2, s.queue_s_sum = 0.125;
+    s.last_done_unix = 1700000000.5;
+    kserve_stats k;
+    kserve_stats_fill(&k, &s);
+    CHECK(k.inference_count == 3 && k.execution_count == 7 && k.last_inference == 1700000000500ull);
+    CHECK(k.success.count == 3 && k.success.ns == 1500000000ull);
+    CHECK(k.fail.count == 1 && k.fail.ns == 250000000ull);
+    CHECK(k.queue.count == 6 && k.queue.ns == 125000000ull); /* every admitted sequence */
+    CHECK(k.compute_infer.count == 7 && k.compute_infer.ns == 500000000ull);
+    CHECK(k.compute_input.count == 0 && k.compute_output.ns == 0);
+    sb_init(&sb);
+    kserve_model_stats(&sb, "demo", &k);
+    root = reparse(sb.data, sb.len);
+    CHECK(root != NULL);
+    const json_value *ms = root ? member(root, "model_stats", JSON_ARRAY) : NULL;
+    CHECK(ms && ms->len == 1);
+    if (ms && ms->len == 1) {
+        const json_value *m = &ms->items[0];
+        CHECK_EQ_STR(str_at(m, "version"), KSERVE_MODEL_VERSION);
+        const json_value *n = json_get(m, "last_inference");
+        CHECK(n && n->is_int && n->integer == 1700000000500ll);
+        const json_value *is = member(m, "inference_stats", JSON_OBJECT);
+        const json_value *q = is ? member(is, "queue", JSON_OBJECT) : NULL;
+        const json_value *qc = q ? json_get(q, "count") : NULL, *qn = q ? json_get(q, "ns") : NULL;
+        CHECK(qc && qc->integer == 6 && qn && qn->integer == 125000000);
+    }
+    sb_free(&sb);
+}
+
 static void test_http_status(void)
 {
     CHECK_EQ_INT(kserve_http_status(FERRY_OK), 200);
@@ -882,6 +950,7 @@ int main(void)
     test_infer_response();
     test_generate_response();
     test_stream_error_metadata();
+    test_config_and_stats();
     test_http_status();
     kserve_request_free(&g_r);
     json_doc_free(g_doc);
