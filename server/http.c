@@ -106,6 +106,8 @@ struct http_server {
     engine *e;
     sched *s;
     engine_limits lim;
+    int draining;            /* atomic: stopping; new requests get 503, ready says not */
+    MHD_socket listen_fd;    /* after http_server_drain: the socket MHD no longer accepts on */
 };
 
 typedef enum { RQ_RECEIVING, RQ_RUNNING, RQ_STREAMING, RQ_ANSWERED } rq_state;
@@ -452,7 +454,7 @@ static enum MHD_Result answer_get(request *rq)
     memset(&view, 0, sizeof view);
     if (loaded) view.sched = sched_get_stats(srv->s);
     /* loaded, and its steps are not failing one after another */
-    bool ready = loaded && sched_healthy(&view.sched);
+    bool ready = loaded && sched_healthy(&view.sched) && !__atomic_load_n(&srv->draining, __ATOMIC_RELAXED);
     if (rq->ep == EP_METRICS && loaded) {
         view.ready = ready;
         view.pipe = engine_pipeline_stats(srv->e);
@@ -691,6 +693,7 @@ static enum MHD_Result start_inference(request *rq)
     engine_limits lim = srv->lim;
     pthread_rwlock_unlock(&srv->lock);
     if (!ready) return respond_error(rq, 503, "model not ready", NULL, NULL);
+    if (__atomic_load_n(&srv->draining, __ATOMIC_RELAXED)) return respond_error(rq, 503, "server shutting down", NULL, NULL);
 
     ferry_status st;
     int64_t hl = rq->ep == EP_INFER ? header_length(rq->conn) : -1;
@@ -1048,6 +1051,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
         free(srv);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
+    srv->listen_fd = MHD_INVALID_SOCKET;
     srv->max_body = o->max_body;
     srv->mem_budget = o->request_memory;
     srv->request_timeout_s = o->request_timeout_s;
@@ -1107,6 +1111,32 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
 
 int http_server_port(const http_server *s) { return s->port; }
 
+/* Requests whose rows still run (answered or not yet). */
+static int inferences_running(http_server *s)
+{
+    int n = 0;
+    pthread_mutex_lock(&s->reg_mu);
+    for (request *rq = s->live; rq; rq = rq->next) {
+        pthread_mutex_lock(&rq->mu);
+        n += rq->rows_left > 0;
+        pthread_mutex_unlock(&rq->mu);
+    }
+    pthread_mutex_unlock(&s->reg_mu);
+    return n;
+}
+
+void http_server_drain(http_server *s, double deadline)
+{
+    if (!__atomic_exchange_n(&s->draining, 1, __ATOMIC_RELAXED) && s->d) {
+        /* MHD stops accepting; the kernel would still queue connections on
+         * the socket, which MHD's threads may touch until stopped (so it
+         * stays open): shutting it down makes new connections be refused */
+        s->listen_fd = MHD_quiesce_daemon(s->d);
+        if (s->listen_fd != MHD_INVALID_SOCKET) shutdown(s->listen_fd, SHUT_RDWR);
+    }
+    while (util_now() < deadline && inferences_running(s) > 0) usleep(10000);
+}
+
 void http_server_attach(http_server *s, engine *e, sched *sc)
 {
     pthread_rwlock_wrlock(&s->lock);
@@ -1153,7 +1183,7 @@ void http_server_stop(http_server *s)
         pthread_mutex_unlock(&s->reg_mu);
         /* stop accepting, then give the answers already queued (the 503s and
          * error events of a scheduler that just stopped) a moment to leave */
-        MHD_socket fd = MHD_quiesce_daemon(s->d);
+        MHD_socket fd = s->listen_fd != MHD_INVALID_SOCKET ? s->listen_fd : MHD_quiesce_daemon(s->d);
         for (int i = 0; i < STOP_GRACE_MS / 10 && __atomic_load_n(&s->active, __ATOMIC_RELAXED) > 0; i++)
             usleep(10000);
         MHD_stop_daemon(s->d);

@@ -43,6 +43,11 @@ int http_server_port(const http_server *s);
 
 /* The model is ready: inference endpoints submit to sc, ready answers 200. */
 void http_server_attach(http_server *s, engine *e, sched *sc);
+/* Stops accepting connections at once (new requests on open ones get 503
+ * "server shutting down", ready says not ready), then waits until the
+ * inference requests in flight have ended or the monotonic clock
+ * (util_now) passes deadline. Called again, it only waits. */
+void http_server_drain(http_server *s, double deadline);
 /* Back to "not ready": no handler touches the engine or scheduler after
  * this returns, so the caller may sched_free and engine_close them. */
 void http_server_detach(http_server *s);

@@ -9,9 +9,10 @@
  * The gRPC front end (server/grpc, unless --grpc-port -1) listens right
  * after HTTP and is attached to the same engine and scheduler.
  *
- * Stopping: the gRPC front end first (it stops accepting, lets its calls
- * finish within --drain-timeout, cancels the rest while the scheduler still
- * runs), then http.h's order: detach the model (handlers stop submitting),
+ * Stopping: both front ends stop accepting at once; the requests in flight
+ * on either get --drain-timeout to finish (gRPC cancels its calls past it
+ * while the scheduler still runs), then http.h's order: detach the model
+ * (handlers stop submitting; HTTP requests still running end with 503),
  * sched_free (every request in flight ends and its connection resumes),
  * stop the HTTP daemon (no connection is suspended any more, as MHD
  * requires), close the engine.
@@ -27,6 +28,7 @@
 
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
+#include "../../engine/base/util.h"
 #include "cli.h"
 #include "../grpc/grpc_server.h"
 #include "../http.h"
@@ -217,7 +219,12 @@ int cmd_serve(const ferry_config *cfg)
         _exit(0);
     }
     pthread_join(lt, NULL);
+    /* both front ends stop accepting at once; the requests in flight on
+     * either have --drain-timeout to finish, then what runs is cancelled */
+    double deadline = util_now() + (double)cfg->drain_timeout;
+    http_server_drain(srv, 0);
     if (gf) grpc_front_stop(gf, (int)cfg->drain_timeout);
+    http_server_drain(srv, deadline);
     http_server_detach(srv);
     sched_free(ld.s);
     http_server_stop(srv);

@@ -1491,12 +1491,13 @@ def test_stream_error_event_after_tokens(srv_eio, ferry, tiny, vocab):
 
 
 def test_sigterm_with_requests_in_flight(ferry_bin, slow_model, tmp_path):
-    """SIGTERM while a stream runs and another request waits in the queue:
-    the stream ends (an error event saying the server is shutting down, or
-    the connection closes), the queued request gets 503 with a JSON error,
-    nothing hangs, and the exit status is 0."""
+    """SIGTERM past the drain (--drain-timeout 0) while a stream runs and
+    another request waits in the queue: the stream ends (an error event
+    saying the server is shutting down, or the connection closes), the
+    queued request gets 503 with a JSON error, nothing hangs, and the exit
+    status is 0."""
     s = Server(ferry_bin, slow_model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir",
-               tmp_path / "od", name="term")
+               tmp_path / "od", "--drain-timeout", 0, name="term")
     try:
         s.wait_ready()
         conn, resp = open_stream(s, [3, 4, 5], max_new_tokens=1500)
@@ -1690,3 +1691,43 @@ def test_model_config_and_stats(srv, vocab):
     assert after["last_inference"] >= before["last_inference"] and after["last_inference"] > 1.6e12  # ms since 1970
     st, _, _ = request(srv, "GET", "/v2/models/other/stats")
     assert st == 404
+
+
+def test_sigterm_drains_http(ferry_bin, slow_model, tmp_path):
+    """SIGTERM with an HTTP request in flight and time to drain: new
+    connections are refused at once, the request runs to its end (200, all
+    its tokens) and the process exits 0."""
+    s = Server(ferry_bin, slow_model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir",
+               tmp_path / "od", "--drain-timeout", 30, name="drain")
+    try:
+        s.wait_ready()
+        result = {}
+
+        def ask():
+            result["r"] = request(s, "POST", "/v2/models/drain/generate",
+                                  {"input_ids": [3, 4, 5], "parameters": {"max_new_tokens": 300}})
+
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.monotonic() + READY_TIMEOUT
+        while msum(metrics(s), "ferry_requests_running") < 1:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.01)
+        s.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while True:  # the listening socket goes away at once, while the request still runs
+            try:
+                socket.create_connection(("127.0.0.1", s.port), timeout=1).close()
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
+            time.sleep(0.05)
+        assert s.proc.poll() is None and t.is_alive(), "the request should still be running"
+        t.join(REQ_TIMEOUT)
+        st, _, body = result["r"]
+        assert st == 200, (st, body)
+        assert len(json.loads(body)["output_ids"]) == 300
+        s.proc.wait(STOP_TIMEOUT)
+        assert s.proc.returncode == 0, s.logtail()
+    finally:
+        s.kill()
