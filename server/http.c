@@ -308,20 +308,8 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     kserve_row *row = &rq->rows[ref->row];
     if (st == FERRY_OK && !res->cancelled) metrics_observe_queue(rq->srv->counters, res->queue_s);
     pthread_mutex_lock(&rq->mu);
-    if (st == FERRY_OK && res->n_tokens > 0) {
-        row->tokens = malloc((size_t)res->n_tokens * sizeof *row->tokens);
-        if (row->tokens) {
-            memcpy(row->tokens, res->tokens, (size_t)res->n_tokens * sizeof *row->tokens);
-            row->n_tokens = res->n_tokens;
-        } else {
-            st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
-        }
-    }
-    if (st == FERRY_OK && res->logits) {
-        row->logits = malloc((size_t)res->vocab * sizeof *row->logits);
-        if (row->logits) memcpy(row->logits, res->logits, (size_t)res->vocab * sizeof *row->logits);
-        else st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
-    }
+    if (st == FERRY_OK && kserve_row_keep(row, res) != FERRY_OK)
+        st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
     if (st != FERRY_OK && rq->st == FERRY_OK) {
         rq->st = st;
         snprintf(rq->msg, sizeof rq->msg, "%s", msg && *msg ? msg : ferry_status_name(st));

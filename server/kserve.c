@@ -490,6 +490,22 @@ ferry_status kserve_parse_generate(const char *body, size_t len, const engine_li
     return st;
 }
 
+ferry_status kserve_row_keep(kserve_row *row, const gen_result *res)
+{
+    if (res->n_tokens > 0) {
+        if (!(row->tokens = malloc((size_t)res->n_tokens * sizeof *row->tokens)))
+            return ferry_fail(FERRY_ERR_NOMEM, "out of memory for a response");
+        memcpy(row->tokens, res->tokens, (size_t)res->n_tokens * sizeof *row->tokens);
+        row->n_tokens = res->n_tokens;
+    }
+    if (res->logits) {
+        if (!(row->logits = malloc((size_t)res->vocab * sizeof *row->logits)))
+            return ferry_fail(FERRY_ERR_NOMEM, "out of memory for a response");
+        memcpy(row->logits, res->logits, (size_t)res->vocab * sizeof *row->logits);
+    }
+    return FERRY_OK;
+}
+
 gen_request kserve_row_request(const kserve_request *r, int row)
 {
     gen_request g;

@@ -66,6 +66,10 @@ typedef struct {
     float *logits;           /* [vocab] for the last prompt position, or NULL */
 } kserve_row;
 
+/* Keeps a row's outcome (its tokens, and logits when it has them) past the
+ * scheduler's callback, which owns res only during the call. */
+ferry_status kserve_row_keep(kserve_row *row, const gen_result *res);
+
 /* Parses an infer body. json_len is the Inference-Header-Content-Length
  * value (the JSON is body[0..json_len), binary tensor data follows), or -1
  * when the header is absent (the whole body is JSON). */

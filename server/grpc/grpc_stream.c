@@ -294,6 +294,19 @@ void rpc_stream_read_end(rpc *r)
     if (drop) rpc_unref(r);
 }
 
+/* Cancels the stream's sequences sids[0..n) and frees sids (r->mu not
+ * held: the scheduler takes its own lock). */
+static void cancel_sids(rpc *r, uint64_t *sids, int n)
+{
+    if (n) { /* S2 */
+        pthread_mutex_lock(&r->g->mu);
+        if (r->g->s)
+            for (int i = 0; i < n; i++) sched_cancel(r->g->s, sids[i]);
+        pthread_mutex_unlock(&r->g->mu);
+    }
+    free(sids);
+}
+
 void rpc_stream_written(rpc *r, bool ok)
 {
     struct grpc_stream *s = r->stream;
@@ -307,13 +320,7 @@ void rpc_stream_written(rpc *r, bool ok)
     if (!ok && s->active > 0 && (sids = malloc((size_t)s->active * sizeof *sids)))
         for (stream_req *q = s->reqs; q; q = q->next) sids[n++] = q->sid;
     pthread_mutex_unlock(&r->mu);
-    if (n) { /* S2 */
-        pthread_mutex_lock(&r->g->mu);
-        if (r->g->s)
-            for (int i = 0; i < n; i++) sched_cancel(r->g->s, sids[i]);
-        pthread_mutex_unlock(&r->g->mu);
-    }
-    free(sids);
+    cancel_sids(r, sids, n);
     if (drop) rpc_unref(r);
 }
 
@@ -330,12 +337,6 @@ void rpc_stream_closed(rpc *r)
     }
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
-    if (n) { /* S2 */
-        pthread_mutex_lock(&r->g->mu);
-        if (r->g->s)
-            for (int i = 0; i < n; i++) sched_cancel(r->g->s, sids[i]);
-        pthread_mutex_unlock(&r->g->mu);
-    }
-    free(sids);
+    cancel_sids(r, sids, n);
     if (drop) rpc_unref(r);
 }
