@@ -292,10 +292,7 @@ ferry_status engine_trace_start(engine *e, size_t max_events) { return pipeline_
 
 ferry_status engine_trace_write(engine *e, const char *path) { return pipeline_trace_write(e->pipe, path); }
 
-static uint64_t weight_bytes(const weight *w)
-{
-    return w->data ? (uint64_t)w->rows * (uint64_t)w->cols * dtype_size(w->dtype) : 0;
-}
+static uint64_t present_bytes(const weight *w) { return w->data ? weight_bytes(w) : 0; }
 
 uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs)
 {
@@ -306,9 +303,9 @@ uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs)
         const weight *all[] = {&lw->attn_norm, &lw->wq, &lw->wk,     &lw->wv,       &lw->wo,   &lw->bq,
                                &lw->bk,        &lw->bv, &lw->bo,     &lw->q_norm,   &lw->k_norm, &lw->mlp_norm,
                                &lw->w_gate,    &lw->w_up, &lw->w_down};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) total += weight_bytes(all[i]);
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) total += present_bytes(all[i]);
     }
-    total += weight_bytes(&w->final_norm) + weight_bytes(e->cfg.tied ? &w->embed : &w->lm_head);
+    total += present_bytes(&w->final_norm) + present_bytes(e->cfg.tied ? &w->embed : &w->lm_head);
     total += (uint64_t)n_seqs * (uint64_t)w->embed.cols * dtype_size(w->embed.dtype);
     return total;
 }
@@ -367,7 +364,7 @@ static ferry_status unit_embed_rows(void *ctx)
     FERRY_TRY(store_embed_rows(e->storage, b->tokens, b->n_tokens, e->rows_host));
     size_t row = store_embed_row_bytes(e->storage);
     e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
-    weight rows = {e->ckw.embed.dtype, b->n_tokens, e->cfg.dim, e->rows_dev};
+    weight rows = {.dtype = e->ckw.embed.dtype, .rows = b->n_tokens, .cols = e->cfg.dim, .data = e->rows_dev};
     e->be->ops->convert(e->be, e->x, &rows);
     return FERRY_OK;
 }

@@ -63,7 +63,6 @@ static split_backend *split_of(backend *be) { return (split_backend *)be; }
 
 static split_stream *stream_of(split_backend *sb, be_stream s) { return s == STREAM_COPY ? sb->copy : sb->compute; }
 
-static size_t weight_bytes(const weight *w) { return (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype); }
 
 /* ---- checks: each argument on its side ----------------------------------- */
 

@@ -115,7 +115,7 @@ static weight make_weight(ferry_dtype dt, int64_t rows, int64_t cols, double **r
             (*ref)[i] = f16_to_f32(((uint16_t *)host)[i]);
         }
     }
-    weight w = {dt, rows, cols, dev_copy(host, n * dtype_size(dt))};
+    weight w = {.dtype = dt, .rows = rows, .cols = cols, .data = dev_copy(host, n * dtype_size(dt))};
     free(host);
     return w;
 }

@@ -169,7 +169,7 @@ static ferry_status unit_embed_rows(void *ctx)
     visit(r, EMBED_VISIT);
     FERRY_TRY(store_embed_rows(r->s, k_tokens, N_TOKENS, r->rows_host));
     r->be->ops->upload(r->be, r->rows_dev, r->rows_host, (size_t)N_TOKENS * store_embed_row_bytes(r->s));
-    weight rows = {r->m->w.embed.dtype, N_TOKENS, r->m->cfg.dim, r->rows_dev};
+    weight rows = {.dtype = r->m->w.embed.dtype, .rows = N_TOKENS, .cols = r->m->cfg.dim, .data = r->rows_dev};
     r->be->ops->convert(r->be, r->rows_got, &rows);
     return FERRY_OK;
 }
