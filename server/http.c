@@ -89,8 +89,7 @@ struct http_server {
     struct MHD_Daemon *d;
     char *name;
     uint64_t max_body;
-    uint64_t mem_budget;     /* --request-memory: bytes held for requests in flight, all connections */
-    uint64_t mem_used;       /* atomic */
+    req_budget *budget;      /* --request-memory, shared with the gRPC front end */
     int request_timeout_s;   /* to receive a request's head and body */
     metrics *counters;
     bool log;                /* FERRY_HTTP_LOG set: print MHD's own messages (read once, at start) */
@@ -196,22 +195,9 @@ static request *request_new(http_server *srv, struct MHD_Connection *c)
 /* Every byte held for a request - its body, its parse, its results and the
  * answer not yet sent - is taken from one budget (--request-memory) before
  * it is allocated; a request that cannot have it is answered 503. */
-static bool mem_take(request *rq, uint64_t n)
-{
-    http_server *srv = rq->srv;
-    uint64_t used = __atomic_load_n(&srv->mem_used, __ATOMIC_RELAXED);
-    do {
-        if (n > srv->mem_budget - used) return false;
-    } while (!__atomic_compare_exchange_n(&srv->mem_used, &used, used + n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
-    rq->mem += n;
-    return true;
-}
+static bool mem_take(request *rq, uint64_t n) { return req_budget_take(rq->srv->budget, &rq->mem, n); }
 
-static void mem_give(request *rq, uint64_t n)
-{
-    rq->mem -= n;
-    __atomic_fetch_sub(&rq->srv->mem_used, n, __ATOMIC_RELAXED);
-}
+static void mem_give(request *rq, uint64_t n) { req_budget_give(rq->srv->budget, &rq->mem, n); }
 
 static void body_release(request *rq)
 {
@@ -449,8 +435,8 @@ static enum MHD_Result answer_get(request *rq)
         memcpy(view.weight_bytes, engine_get_plan(srv->e)->tier_bytes, sizeof view.weight_bytes);
     }
     pthread_rwlock_unlock(&srv->lock);
-    view.request_memory = __atomic_load_n(&srv->mem_used, __ATOMIC_RELAXED);
-    view.request_memory_limit = srv->mem_budget;
+    view.request_memory = req_budget_used(srv->budget);
+    view.request_memory_limit = srv->budget->limit;
     int code = 200;
     switch (rq->ep) {
     case EP_LIVE: sb_puts(&sb, "{\"live\": true}"); break;
@@ -506,9 +492,7 @@ static enum MHD_Result answer_get(request *rq)
 static enum MHD_Result respond_busy(request *rq)
 {
     char msg[160];
-    snprintf(msg, sizeof msg, "server busy: %llu bytes of request memory in use, limit %llu (--request-memory)",
-             (unsigned long long)__atomic_load_n(&rq->srv->mem_used, __ATOMIC_RELAXED),
-             (unsigned long long)rq->srv->mem_budget);
+    req_budget_busy_msg(rq->srv->budget, msg, sizeof msg);
     return respond_error(rq, 503, msg, NULL, NULL);
 }
 
@@ -522,8 +506,7 @@ static uint64_t answer_bytes(const request *rq, int vocab)
 {
     const kserve_request *r = &rq->kr;
     uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->max_new_tokens;
-    uint64_t results = rows * (new_tokens * sizeof(int32_t) + (r->want_logits ? (uint64_t)vocab * sizeof(float) : 0)) +
-                       rows * sizeof(kserve_row);
+    uint64_t results = kserve_held_bytes(r, vocab);
     uint64_t answer;
     if (rq->ep == EP_INFER) {
         uint64_t ids_row = new_tokens * 24, logits_row = r->want_logits ? (uint64_t)vocab * 24 : 0; /* JSON */
@@ -688,10 +671,10 @@ static enum MHD_Result start_inference(request *rq)
     if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
     /* the parse may hold up to kserve_parse_bound of the body's size */
     uint64_t parse = kserve_parse_bound(rq->len);
-    if (parse > srv->mem_budget) {
+    if (parse > srv->budget->limit) {
         char msg[160];
         snprintf(msg, sizeof msg, "a body of %zu bytes may need %llu bytes to parse, more than --request-memory (%llu)",
-                 rq->len, (unsigned long long)parse, (unsigned long long)srv->mem_budget);
+                 rq->len, (unsigned long long)parse, (unsigned long long)srv->budget->limit);
         return respond_error(rq, 413, msg, NULL, NULL);
     }
     if (!mem_take(rq, parse)) return respond_busy(rq);
@@ -703,7 +686,7 @@ static enum MHD_Result start_inference(request *rq)
     int n = rq->kr.n_rows;
     if (rq->ep == EP_STREAM && n != 1)
         return respond_error(rq, 400, "generate_stream takes one prompt (input_ids: a list of token ids)", NULL, NULL);
-    if (!mem_take(rq, kserve_request_bytes(&rq->kr) + answer_bytes(rq, lim.vocab))) return respond_busy(rq);
+    if (!mem_take(rq, answer_bytes(rq, lim.vocab))) return respond_busy(rq);
     rq->sid = calloc((size_t)n, sizeof *rq->sid);
     rq->refs_of = calloc((size_t)n, sizeof *rq->refs_of);
     rq->rows = calloc((size_t)n, sizeof *rq->rows);
@@ -1041,7 +1024,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     }
     srv->listen_fd = MHD_INVALID_SOCKET;
     srv->max_body = o->max_body;
-    srv->mem_budget = o->request_memory;
+    srv->budget = o->budget;
     srv->request_timeout_s = o->request_timeout_s;
     srv->counters = o->counters;
     srv->log = getenv("FERRY_HTTP_LOG") != NULL;

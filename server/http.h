@@ -21,6 +21,7 @@
 
 #include "../engine/engine.h"
 #include "../engine/scheduler.h"
+#include "budget.h"
 #include "metrics.h"
 
 typedef struct {
@@ -28,7 +29,8 @@ typedef struct {
     int port;                /* 0 = any free port (http_server_port says which) */
     const char *model_name;  /* the {m} of /v2/models/{m} */
     uint64_t max_body;       /* request bodies above this get 413 */
-    uint64_t request_memory; /* bytes held for requests in flight, all connections; beyond: 503 */
+    req_budget *budget;      /* --request-memory, for requests in flight on every connection (and
+                              * gRPC call); beyond it: 503. Owned by the caller, outlives the server */
     int request_timeout_s;   /* a client sends a request's head and body within this, or is cut off */
     int max_connections;     /* open connections, all clients */
     int max_connections_per_ip;

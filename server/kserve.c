@@ -31,6 +31,14 @@ size_t kserve_request_bytes(const kserve_request *r)
            (r->id ? strlen(r->id) + 1 : 0);
 }
 
+uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
+{
+    uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->max_new_tokens;
+    return kserve_request_bytes(r) +
+           rows * (new_tokens * sizeof(int32_t) + (r->want_logits ? (uint64_t)vocab * sizeof(float) : 0) +
+                   sizeof(kserve_row));
+}
+
 /* A request's parameters start as the settings' defaults (settings.def),
  * the same a `ferry generate` without flags uses. */
 void kserve_request_defaults(kserve_request *r)

@@ -87,6 +87,9 @@ void kserve_request_defaults(kserve_request *r);
 size_t kserve_parse_bound(size_t body_len);
 /* Memory a parsed request holds. */
 size_t kserve_request_bytes(const kserve_request *r);
+/* What a parsed request holds until it is answered, whichever the
+ * transport: the request itself and every row's results (tokens, logits). */
+uint64_t kserve_held_bytes(const kserve_request *r, int vocab);
 
 /* Row i as a gen_request (prompt points into r; stream i of the seed). */
 gen_request kserve_row_request(const kserve_request *r, int row);

@@ -131,7 +131,6 @@ static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[
                       .port = (int)cfg->http_port,
                       .model_name = name,
                       .max_body = cfg->max_body,
-                      .request_memory = cfg->request_memory,
                       .request_timeout_s = (int)cfg->request_timeout,
                       .max_connections = (int)cfg->max_connections,
                       .max_connections_per_ip = (int)cfg->max_connections_per_ip};
@@ -160,8 +159,10 @@ int cmd_serve(const ferry_config *cfg)
 
     metrics m;
     metrics_init(&m);
-    ho.counters = &m;
-    go.counters = &m;
+    req_budget budget; /* --request-memory: one budget for both front ends */
+    req_budget_init(&budget, cfg->request_memory);
+    ho.counters = go.counters = &m;
+    ho.budget = go.budget = &budget;
     http_server *srv;
     if (http_server_start(&ho, &srv) != FERRY_OK) {
         metrics_free(&m);

@@ -17,6 +17,7 @@
 #include "grpc_server.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
+#define GRPC_STREAM_QUEUE_MAX (256u << 10)
 
 enum tag_kind { TAG_NEW, TAG_RECV, TAG_SENT, TAG_CLOSED, TAG_WRITE, TAG_SHUTDOWN };
 
@@ -33,6 +34,9 @@ struct grpc_front {
     int port;
     char *model_name;
     metrics *counters;       /* NULL: none */
+    req_budget *budget;      /* NULL: unbounded */
+    uint64_t stream_queue_max; /* grpc_stream.c, S4: GRPC_STREAM_QUEUE_MAX, or FERRY_GRPC_STREAM_QUEUE_MAX
+                              * (tests: 1 pauses reading after every response) */
     rpc_tag shutdown_tag;
 
     pthread_mutex_t mu;      /* guards what follows */
@@ -58,6 +62,7 @@ struct rpc {
 
     pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread) */
     int refs;                /* R1 */
+    uint64_t mem;            /* taken from g->budget, given back in rpc_free */
     /* ModelInfer */
     char *model;
     kserve_request kr;
@@ -82,6 +87,9 @@ void rpc_unref(rpc *r);
 /* Counts one answered request (metrics), and one sequence's queue time. */
 void rpc_count(const rpc *r, grpc_status_code code);
 void rpc_observe_queue(const rpc *r, double seconds);
+/* Takes n bytes of the request budget for r (false: the budget is spent;
+ * busy gets the message); with r->mu held where another thread may too. */
+bool rpc_mem_take(rpc *r, uint64_t n, char *busy, size_t cap);
 
 /* grpc_stream.c: the CQ thread hands a ModelStreamInfer call its events */
 ferry_status rpc_stream_init(rpc *r);

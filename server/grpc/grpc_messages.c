@@ -220,12 +220,57 @@ static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, ks
     return FERRY_OK;
 }
 
-ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, kserve_request *out,
-                              char **model)
+/* protobuf-c's allocations during a parse, taken from the request budget:
+ * a few bytes on the wire can decode to many more in memory (a packed
+ * varint to 8 bytes, a map entry to its structs and strings). */
+typedef struct {
+    req_budget *b;
+    uint64_t held;
+    bool refused;
+} parse_mem;
+
+#define PARSE_MEM_HEAD 16 /* the size in front of each block, keeping malloc's alignment */
+
+static void *parse_alloc(void *data, size_t n)
+{
+    parse_mem *m = data;
+    uint64_t total = (uint64_t)n + PARSE_MEM_HEAD;
+    if (!req_budget_take(m->b, &m->held, total)) {
+        m->refused = true;
+        return NULL;
+    }
+    uint64_t *p = malloc(total);
+    if (!p) {
+        req_budget_give(m->b, &m->held, total);
+        return NULL;
+    }
+    p[0] = total;
+    return (char *)p + PARSE_MEM_HEAD;
+}
+
+static void parse_free(void *data, void *ptr)
+{
+    parse_mem *m = data;
+    if (!ptr) return;
+    uint64_t *p = (uint64_t *)(void *)((char *)ptr - PARSE_MEM_HEAD);
+    req_budget_give(m->b, &m->held, p[0]);
+    free(p);
+}
+
+ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, req_budget *budget,
+                              kserve_request *out, char **model)
 {
     kserve_request_defaults(out); /* as REST's requests */
     *model = NULL;
-    infer_req *m = inference__model_infer_request__unpack(NULL, len, buf);
+    parse_mem pm = {budget, 0, false};
+    ProtobufCAllocator counted = {parse_alloc, parse_free, &pm};
+    ProtobufCAllocator *alloc = budget ? &counted : NULL;
+    infer_req *m = inference__model_infer_request__unpack(alloc, len, buf);
+    if (!m && pm.refused) {
+        char busy[160];
+        req_budget_busy_msg(budget, busy, sizeof busy);
+        return ferry_fail(FERRY_ERR_BUSY, "%s; decoding a %zu-byte ModelInferRequest needs more", busy, len);
+    }
     if (!m) return ferry_fail(FERRY_ERR_INVALID, "malformed ModelInferRequest (%zu bytes)", len);
     ferry_status st = FERRY_OK;
     if (!(*model = strdup(m->model_name))) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -233,7 +278,7 @@ ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limit
         st = ferry_fail(FERRY_ERR_NOT_FOUND, "model version '%s' not found (the one version is " KSERVE_MODEL_VERSION ")",
                         m->model_version);
     else st = parse_infer(m, lim, out);
-    inference__model_infer_request__free_unpacked(m, NULL);
+    inference__model_infer_request__free_unpacked(m, alloc);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
 }

@@ -30,13 +30,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../budget.h"
 #include "../kserve.h"
 
 /* Parses ModelInferRequest bytes: *model gets the model_name (malloc'd,
  * also on failure when the message decoded; NULL otherwise) so that the
- * caller can answer NOT_FOUND before INVALID_ARGUMENT. */
-ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, kserve_request *out,
-                              char **model);
+ * caller can answer NOT_FOUND before INVALID_ARGUMENT. With a budget, the
+ * decoded message's memory is taken from it while the parse runs (all
+ * given back when it returns); a message the budget cannot hold is
+ * FERRY_ERR_BUSY. */
+ferry_status grpc_infer_parse(const uint8_t *buf, size_t len, const engine_limits *lim, req_budget *budget,
+                              kserve_request *out, char **model);
 
 /* ModelInferResponse bytes (malloc'd) for the rows of r. */
 ferry_status grpc_infer_response(const kserve_request *r, const char *model, const kserve_row *rows, int vocab,

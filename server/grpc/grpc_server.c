@@ -91,6 +91,7 @@ static void rpc_free(rpc *r)
     free(r->refs_of);
     free(r->model);
     kserve_request_free(&r->kr);
+    if (g->budget) req_budget_give(g->budget, &r->mem, r->mem);
     pthread_mutex_destroy(&r->mu);
     free(r);
     pthread_mutex_lock(&g->mu);
@@ -161,6 +162,13 @@ void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, s
     if (grpc_call_start_batch(r->call, ops, n, &r->t_sent, NULL) != GRPC_CALL_OK) rpc_unref(r);
 }
 
+bool rpc_mem_take(rpc *r, uint64_t n, char *busy, size_t cap)
+{
+    if (!r->g->budget || req_budget_take(r->g->budget, &r->mem, n)) return true;
+    req_budget_busy_msg(r->g->budget, busy, cap);
+    return false;
+}
+
 static void rpc_fail(rpc *r, ferry_status st, const char *msg)
 {
     rpc_finish(r, grpc_status_of(st), msg, NULL, 0);
@@ -229,6 +237,18 @@ static void cancel_rows(rpc *r)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The most a ModelInfer holds once parsed, taken before any row is
+ * submitted so that nothing after can fail for memory: the request, its
+ * results, and the answer, built whole (raw contents plus the message's
+ * own fields). */
+static uint64_t infer_held_bytes(const kserve_request *kr, int vocab)
+{
+    uint64_t rows = (uint64_t)kr->n_rows;
+    uint64_t answer = rows * ((uint64_t)kr->max_new_tokens * sizeof(int64_t) +
+                              (kr->want_logits ? (uint64_t)vocab * sizeof(float) : 0)) + 4096;
+    return kserve_held_bytes(kr, vocab) + answer;
+}
+
 static void model_infer(rpc *r, const uint8_t *buf, size_t len)
 {
     grpc_front *g = r->g;
@@ -240,7 +260,14 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
         rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
         return;
     }
-    ferry_status st = grpc_infer_parse(buf, len, &lim, &r->kr, &r->model);
+    /* the message is held while it is parsed, and the parse takes its own */
+    char busy[160];
+    if (!rpc_mem_take(r, len, busy, sizeof busy)) {
+        rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, busy, NULL, 0);
+        return;
+    }
+    ferry_status st = grpc_infer_parse(buf, len, &lim, g->budget, &r->kr, &r->model);
+    if (g->budget) req_budget_give(g->budget, &r->mem, len);
     if (r->model && strcmp(r->model, g->model_name)) {
         char m[FERRY_MSG_MAX];
         snprintf(m, sizeof m, "model '%.200s' not found (this server serves '%s')", r->model, g->model_name);
@@ -249,6 +276,10 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
     }
     if (st != FERRY_OK) {
         rpc_fail(r, st, ferry_errmsg());
+        return;
+    }
+    if (!rpc_mem_take(r, infer_held_bytes(&r->kr, lim.vocab), busy, sizeof busy)) {
+        rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, busy, NULL, 0);
         return;
     }
     int n = r->kr.n_rows;
@@ -504,6 +535,9 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
     g->counters = o->counters;
+    g->budget = o->budget;
+    const char *qmax = getenv("FERRY_GRPC_STREAM_QUEUE_MAX");
+    g->stream_queue_max = qmax && *qmax ? strtoull(qmax, NULL, 10) : GRPC_STREAM_QUEUE_MAX;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};

@@ -21,6 +21,7 @@
 
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
+#include "../budget.h"
 #include "../metrics.h"
 
 typedef struct {
@@ -28,6 +29,8 @@ typedef struct {
     int port;                /* 0 = any free port (grpc_front_port says which) */
     const char *model_name;
     uint64_t max_message;    /* largest request message; larger ones get RESOURCE_EXHAUSTED */
+    req_budget *budget;      /* --request-memory, shared with the HTTP front end (NULL: unbounded);
+                              * owned by the caller, outlives the front end */
     metrics *counters;       /* ferry_requests_total{endpoint="grpc_...", code=<gRPC code>}; owned by
                               * the caller, outlives the front end (NULL: none) */
 } grpc_front_opts;

@@ -28,6 +28,14 @@
  *       flight - so no callback can touch the rpc after it is freed.
  *   S2. once the call is gone (a write failed, or the client cancelled),
  *       responses are dropped and the active requests cancelled.
+ *   S3. memory (budget.h): a request takes, before it is submitted, what it
+ *       holds and what its responses will hold; each response moves its
+ *       share of that into r->mem until it is written (anything beyond the
+ *       reservation - an error response - is taken unconditionally: it is
+ *       small, and S4 bounds how many can wait).
+ *   S4. a client that does not read its responses stops being read: while
+ *       more than g->stream_queue_max bytes wait, no new request is read, so
+ *       error responses to a flood of bad requests cannot pile up.
  */
 #define _GNU_SOURCE
 #include <grpc/byte_buffer.h>
@@ -38,9 +46,12 @@
 #include "grpc_call.h"
 #include "grpc_messages.h"
 
+#define STREAM_MSG_BYTES 320 /* one token response in memory, id and model name aside */
+
 typedef struct out_msg {
     struct out_msg *next;
     grpc_byte_buffer *bb;
+    uint64_t mem;            /* of the request budget, held in r->mem until written */
 } out_msg;
 
 typedef struct stream_req {
@@ -50,12 +61,16 @@ typedef struct stream_req {
     uint64_t sid;
     int32_t held;            /* the latest token, not sent yet */
     bool has_held;
+    uint64_t mem;            /* reserved for the request and its responses (S3) */
 } stream_req;
 
 struct grpc_stream {
     out_msg *head, *tail;    /* responses waiting for the write in flight */
     grpc_byte_buffer *writing; /* the write in flight, NULL: none */
+    uint64_t writing_mem;
+    uint64_t queued;         /* bytes of the responses queued or being written (S4) */
     bool meta_sent, reading_done, status_started, gone;
+    bool read_paused;        /* S4: no read started while the client reads too slowly */
     int active;              /* requests in the scheduler */
     stream_req *reqs;
 };
@@ -81,6 +96,24 @@ void rpc_stream_free(rpc *r)
 
 /* ---- writing (all with r->mu held) ---------------------------------------------- */
 
+/* A response written or dropped: its memory back to the budget (S3). */
+static void msg_done(rpc *r, uint64_t mem)
+{
+    r->stream->queued -= mem;
+    if (r->g->budget) req_budget_give(r->g->budget, &r->mem, mem);
+    else r->mem -= mem;
+}
+
+/* What request q has left of its reservation goes back (S3). */
+static void req_done(rpc *r, stream_req *q)
+{
+    if (r->g->budget) {
+        r->mem += q->mem;
+        req_budget_give(r->g->budget, &r->mem, q->mem);
+    }
+    q->mem = 0;
+}
+
 /* Starts the next write, or the status when the stream is over (S1).
  * Returns true when the main flow's reference must be dropped (the status
  * batch could not start) - by the caller, after unlocking. */
@@ -92,6 +125,7 @@ static bool settle(rpc *r)
             out_msg *m = s->head;
             s->head = m->next;
             grpc_byte_buffer_destroy(m->bb);
+            msg_done(r, m->mem);
             free(m);
         }
     if (!s->head) s->tail = NULL;
@@ -104,6 +138,7 @@ static bool settle(rpc *r)
         s->head = m->next;
         if (!s->head) s->tail = NULL;
         s->writing = m->bb;
+        s->writing_mem = m->mem;
         free(m);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = s->writing;
@@ -111,6 +146,7 @@ static bool settle(rpc *r)
         if (grpc_call_start_batch(r->call, ops, n, &r->t_write, NULL) != GRPC_CALL_OK) {
             grpc_byte_buffer_destroy(s->writing);
             s->writing = NULL;
+            msg_done(r, s->writing_mem);
             s->gone = true;
             return settle(r);
         }
@@ -125,8 +161,9 @@ static bool settle(rpc *r)
     return false;
 }
 
-/* Queues a response (body malloc'd, taken over; NULL with st: nothing). */
-static void push(rpc *r, ferry_status st, uint8_t *body, size_t len)
+/* Queues a response (body malloc'd, taken over; NULL with st: nothing),
+ * its memory moved from q's reservation (S3; q NULL: none). */
+static void push(rpc *r, stream_req *q, ferry_status st, uint8_t *body, size_t len)
 {
     struct grpc_stream *s = r->stream;
     if (st != FERRY_OK || s->gone) {
@@ -144,25 +181,32 @@ static void push(rpc *r, ferry_status st, uint8_t *body, size_t len)
     m->bb = grpc_raw_byte_buffer_create(&sl, 1);
     grpc_slice_unref(sl);
     m->next = NULL;
+    m->mem = len + STREAM_MSG_BYTES;
+    uint64_t moved = q && q->mem < m->mem ? q->mem : q ? m->mem : 0;
+    if (q) q->mem -= moved;
+    r->mem += moved;
+    if (r->g->budget && m->mem > moved) req_budget_force(r->g->budget, &r->mem, m->mem - moved);
+    else if (m->mem > moved) r->mem += m->mem - moved;
+    s->queued += m->mem;
     if (s->tail) s->tail->next = m;
     else s->head = m;
     s->tail = m;
 }
 
-static void push_error(rpc *r, const char *msg, const char *id)
+static void push_error(rpc *r, stream_req *q, const char *msg, const char *id)
 {
     uint8_t *body = NULL;
     size_t len = 0;
     ferry_status st = grpc_stream_error_response(msg, r->g->model_name, id, &body, &len);
-    push(r, st, body, len);
+    push(r, q, st, body, len);
 }
 
-static void push_token(rpc *r, const stream_req *q, const int32_t *token, bool final)
+static void push_token(rpc *r, stream_req *q, const int32_t *token, bool final)
 {
     uint8_t *body = NULL;
     size_t len = 0;
     ferry_status st = grpc_stream_token_response(r->g->model_name, q->kr.id, token, final, &body, &len);
-    push(r, st, body, len);
+    push(r, q, st, body, len);
 }
 
 /* ---- the scheduler's callbacks (engine thread) ---------------------------------- */
@@ -191,9 +235,9 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
     pthread_mutex_lock(&r->mu);
     if (st != FERRY_OK) {
         if (q->has_held) push_token(r, q, &q->held, false);
-        push_error(r, msg && *msg ? msg : ferry_status_name(st), q->kr.id);
+        push_error(r, q, msg && *msg ? msg : ferry_status_name(st), q->kr.id);
     } else if (res->cancelled) {
-        push_error(r, "cancelled", q->kr.id);
+        push_error(r, q, "cancelled", q->kr.id);
     } else {
         push_token(r, q, q->has_held ? &q->held : NULL, true);
     }
@@ -203,6 +247,7 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
             break;
         }
     s->active--;
+    req_done(r, q);
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
     kserve_request_free(&q->kr);
@@ -237,8 +282,18 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     ferry_status st = FERRY_OK;
     if (!q) code = GRPC_STATUS_RESOURCE_EXHAUSTED, snprintf(err, sizeof err, "out of memory");
     else if (!ready) code = GRPC_STATUS_UNAVAILABLE, snprintf(err, sizeof err, "model not ready");
-    else if ((st = grpc_infer_parse(buf, len, &lim, &q->kr, &model)) != FERRY_OK)
-        code = grpc_status_of(st), snprintf(err, sizeof err, "%s", ferry_errmsg());
+    else {
+        /* the message is held while it is parsed, and the parse takes its own */
+        pthread_mutex_lock(&r->mu);
+        bool held = rpc_mem_take(r, len, err, sizeof err);
+        pthread_mutex_unlock(&r->mu);
+        if (!held) code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        else if ((st = grpc_infer_parse(buf, len, &lim, g->budget, &q->kr, &model)) != FERRY_OK)
+            code = grpc_status_of(st), snprintf(err, sizeof err, "%s", ferry_errmsg());
+        pthread_mutex_lock(&r->mu);
+        if (held && g->budget) req_budget_give(g->budget, &r->mem, len);
+        pthread_mutex_unlock(&r->mu);
+    }
     if (model && strcmp(model, g->model_name)) { /* NOT_FOUND first, as ModelInfer */
         code = GRPC_STATUS_NOT_FOUND;
         snprintf(err, sizeof err, "model '%.200s' not found (this server serves '%s')", model, g->model_name);
@@ -247,6 +302,14 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     if (!*err && q->kr.n_rows != 1)
         snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T]; got %d)", q->kr.n_rows);
     if (!*err && q->kr.want_logits) snprintf(err, sizeof err, "ModelStreamInfer streams output_ids only (no logits)");
+    if (!*err && g->budget) { /* S3 */
+        uint64_t per_msg = STREAM_MSG_BYTES + strlen(g->model_name) + (q->kr.id ? strlen(q->kr.id) : 0);
+        uint64_t want = kserve_held_bytes(&q->kr, lim.vocab) + ((uint64_t)q->kr.max_new_tokens + 1) * per_msg;
+        if (!req_budget_take(g->budget, &q->mem, want)) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            req_budget_busy_msg(g->budget, err, sizeof err);
+        }
+    }
     if (!*err) {
         q->r = r;
         pthread_mutex_lock(&r->mu); /* active before on_done can run */
@@ -270,19 +333,38 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     rpc_count(r, code);
     char *id = q && q->kr.id ? strdup(q->kr.id) : grpc_infer_peek_id(buf, len);
     if (q) kserve_request_free(&q->kr);
-    free(q);
     pthread_mutex_lock(&r->mu);
-    push_error(r, err, id);
+    if (q) req_done(r, q);
+    free(q);
+    push_error(r, NULL, err, id);
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
     free(id);
     if (drop) rpc_unref(r);
 }
 
+/* S4, with r->mu held: a paused stream resumes reading once its client has
+ * caught up (true: the caller starts the read, unlocked), or stops reading
+ * when the call is gone (no read is pending). */
+static bool unpause(rpc *r)
+{
+    struct grpc_stream *s = r->stream;
+    if (!s->read_paused || (!s->gone && s->queued > r->g->stream_queue_max / 2)) return false;
+    s->read_paused = false;
+    if (!s->gone) return true;
+    s->reading_done = true;
+    return false;
+}
+
 void rpc_stream_message(rpc *r, const uint8_t *buf, size_t len)
 {
     submit(r, buf, len);
-    read_next(r);
+    pthread_mutex_lock(&r->mu);
+    struct grpc_stream *s = r->stream;
+    bool pause = !s->gone && s->queued > r->g->stream_queue_max; /* S4 */
+    s->read_paused = pause;
+    pthread_mutex_unlock(&r->mu);
+    if (!pause) read_next(r);
 }
 
 void rpc_stream_read_end(rpc *r)
@@ -313,7 +395,9 @@ void rpc_stream_written(rpc *r, bool ok)
     pthread_mutex_lock(&r->mu);
     grpc_byte_buffer_destroy(s->writing);
     s->writing = NULL;
+    msg_done(r, s->writing_mem);
     if (!ok) s->gone = true;
+    bool resume = unpause(r);
     bool drop = settle(r);
     int n = 0;
     uint64_t *sids = NULL;
@@ -321,6 +405,7 @@ void rpc_stream_written(rpc *r, bool ok)
         for (stream_req *q = s->reqs; q; q = q->next) sids[n++] = q->sid;
     pthread_mutex_unlock(&r->mu);
     cancel_sids(r, sids, n);
+    if (resume) read_next(r);
     if (drop) rpc_unref(r);
 }
 
@@ -335,6 +420,7 @@ void rpc_stream_closed(rpc *r)
         if (s->active > 0 && (sids = malloc((size_t)s->active * sizeof *sids)))
             for (stream_req *q = s->reqs; q; q = q->next) sids[n++] = q->sid;
     }
+    unpause(r); /* gone: no read is pending, reading ends */
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
     cancel_sids(r, sids, n);

@@ -105,7 +105,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     kserve_request r;
     char *model = NULL;
-    ferry_status st = grpc_infer_parse(data, size, &g_limits, &r, &model);
+    /* a roomy budget, or one that decoding often outgrows: either way the
+     * parse gives back all it took */
+    req_budget budget;
+    req_budget_init(&budget, (size & 1) ? (1u << 24) : 4096 + 4 * (uint64_t)size);
+    ferry_status st = grpc_infer_parse(data, size, &g_limits, &budget, &r, &model);
+    CHECK(req_budget_used(&budget) == 0);
+    CHECK(st != FERRY_ERR_BUSY || !(size & 1) || size > (1u << 21));
     if (st != FERRY_OK) {
         CHECK(r.ids == NULL && r.row_off == NULL && r.row_len == NULL && r.id == NULL);
         CHECK(*ferry_errmsg());

@@ -684,3 +684,65 @@ def test_cancel_frees_the_slot(ferry_bin, slow_model, pb, tmp_path):
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
+
+
+def test_grpc_draws_from_request_memory(ferry_bin, slow_model, pb, tmp_path):
+    """gRPC calls take their memory from --request-memory, the one budget
+    HTTP requests use: a ModelInfer whose logits could not fit is
+    RESOURCE_EXHAUSTED naming the flag, as is a stream request; while a
+    stream runs, the budget HTTP's /metrics reports holds its reservation,
+    and everything is given back when the calls end; a stream that sends
+    many requests gets an answer to each and ends OK, also when the server
+    stops reading it after every response (FERRY_GRPC_STREAM_QUEUE_MAX=1:
+    how it treats a client that does not read its answers)."""
+    import st_util
+    msgs = pb[0]
+    vocab = int(st_util.read_config(slow_model)["vocab_size"])
+    budget = 256 << 10
+    srv = Server(ferry_bin, slow_model, "--batch", 2, "--max-body", "64KiB", "--request-memory", budget,
+                 "--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od",
+                 env=dict(os.environ, FERRY_GRPC_STREAM_QUEUE_MAX="1"))
+    try:
+        srv.wait_ready()
+        ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+        stub = pb[1](ch)
+        rows = budget // (vocab * 4) + 1  # their logits alone outgrow the budget
+        big = infer_request(msgs, srv.name, [[1, 2]] * rows, 1, outputs=["output_ids", "logits"])
+        expect_code(lambda: stub.ModelInfer(big, timeout=TIMEOUT), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    ["--request-memory"])
+        many = infer_request(msgs, srv.name, [[1, 2]], 2000)  # 2000 responses: several hundred KiB
+        ch2, call, send = open_stream(srv, pb)
+        send(many)
+        send(None)
+        resps = list(call)
+        ch2.close()
+        assert len(resps) == 1 and "--request-memory" in resps[0].error_message, resps
+        # a stream in flight holds its reservation, seen through HTTP
+        ch2, call, send = open_stream(srv, pb)
+        send(infer_request(msgs, srv.name, [[3, 4, 5]], 40, req_id="s"))
+        first = next(call)
+        assert first.infer_response.id == "s" and not first.error_message
+        held = msum(metrics(srv), "ferry_request_memory_bytes")
+        assert held >= 40 * 320, "the stream's reservation is not in the shared budget (%d bytes)" % held
+        n_bad = 3000  # error responses: far more bytes than the stream may queue
+        for i in range(n_bad):
+            send(infer_request(msgs, srv.name, [[1]], 2, req_id="bad%d" % i, datatype="FP32"))
+        send(None)
+        rest = list(call)
+        ch2.close()
+        assert call.code() == grpc.StatusCode.OK, (call.code(), call.details())
+        errs = [r for r in rest if r.error_message]
+        assert len(errs) == n_bad and all("datatype" in r.error_message for r in errs)
+        toks = [r for r in [first] + rest if not r.error_message]
+        assert len(toks) == 40 and final_flag(toks[-1])
+        resp = stub.ModelInfer(infer_request(msgs, srv.name, [[1, 2]], 2, outputs=["output_ids", "logits"]),
+                               timeout=TIMEOUT)
+        assert len(output_rows(resp, 1)[0]) == 2
+        ch.close()
+        deadline = time.monotonic() + TIMEOUT
+        while msum(metrics(srv), "ferry_request_memory_bytes") != 0:
+            assert time.monotonic() < deadline, "request memory never given back: %s" % metrics(srv)
+            time.sleep(0.01)
+        assert srv.stop() == 0, srv.logtail()
+    finally:
+        srv.kill()
