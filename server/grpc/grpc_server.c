@@ -543,11 +543,23 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
     grpc_init();
     int max_msg = o->max_message > INT_MAX ? INT_MAX : (int)o->max_message;
-    grpc_arg args[1];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = max_msg;
-    grpc_channel_args ca = {1, args};
+    /* keepalive: Triton's defaults (README) */
+    struct {
+        const char *key;
+        int value;
+    } k_args[] = {
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_msg},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, 7200000},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000},
+        {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0},
+        {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 300000},
+        {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2},
+    };
+    enum { N_ARGS = sizeof k_args / sizeof k_args[0] };
+    grpc_arg args[N_ARGS];
+    for (int i = 0; i < N_ARGS; i++)
+        args[i] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = (char *)k_args[i].key, .value.integer = k_args[i].value};
+    grpc_channel_args ca = {N_ARGS, args};
     g->server = grpc_server_create(&ca, NULL);
     g->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
