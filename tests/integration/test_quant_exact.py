@@ -25,12 +25,15 @@ import pytest
 import st_util
 from conftest import ferry_path
 
-torch = pytest.importorskip("torch")
+try:  # the numpy reference runs without torch; the torch one needs it (make deps installs it)
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
 
 COLS = [1, 7, 100, 128, 130, 300, 1000]
 DTYPES = ["F32", "F16", "BF16"]
 EPS = {"F32": 2.0 ** -23, "F16": 2.0 ** -10, "BF16": 2.0 ** -7}
-TORCH_DTYPE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 # mode: (q_min, q_max, group or None for per channel)
 MODES = {"int8": (-128, 127, None), "int4": (-8, 7, 128)}
 
@@ -97,7 +100,7 @@ def pack_int4(q):
 
 def ref_torch(x, dtype, mode):
     q_min, q_max, group = MODES[mode]
-    w = torch.from_numpy(np.ascontiguousarray(x)).to(TORCH_DTYPE[dtype])
+    w = torch.from_numpy(np.ascontiguousarray(x)).to(getattr(torch, TORCH_DTYPE[dtype]))
     rows, cols = w.shape
     g = cols if group is None else group
     n_groups = -(-cols // g)
@@ -182,10 +185,11 @@ def test_bit_exact(work, dtype, mode):
             continue
         rows, cols = x.shape
         q_np, s_np = ref_numpy(x, dtype, mode)
-        q_t, s_t = ref_torch(x, dtype, mode)
-        # the two references agree with each other first
-        assert np.array_equal(q_np, q_t), "%s: numpy and torch references differ" % name
-        assert np.array_equal(expected_scale_bits(s_np, dtype), expected_scale_bits(s_t, dtype))
+        if torch is not None:
+            # the two references agree with each other first
+            q_t, s_t = ref_torch(x, dtype, mode)
+            assert np.array_equal(q_np, q_t), "%s: numpy and torch references differ" % name
+            assert np.array_equal(expected_scale_bits(s_np, dtype), expected_scale_bits(s_t, dtype))
         n_groups = s_np.shape[1]
         info = out.info(name + "_scale")
         assert info["dtype"] == dtype and info["shape"] == [rows, n_groups], (name, info)
