@@ -81,6 +81,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# test tools: small programs the integration tests drive (tests/tools/)
+TOOL_BIN := $(BUILD)/tests/quant_tool
+$(BUILD)/tests/quant_tool: tests/tools/quant_tool.c $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 # test_kserve also links the protocol layer of the server
 $(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o
 
@@ -109,14 +115,14 @@ run: deps all $(DEMO_MODEL)/config.json
 	exec $(BUILD)/ferry serve --model $(DEMO_MODEL) --max-memory device=6MiB,host=0 \
 	  --offload-dir $(BUILD)/demo-offload --http-port $(HTTP_PORT)
 
-unit: $(UNIT_BIN) $(BUILD)/ferry
+unit: $(UNIT_BIN) $(TOOL_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
 # with the venv's python (the system's packages plus grpcio and
 # tritonclient), so that the gRPC and tritonclient tests run; without the
 # venv they are skipped
 TEST_PY = $(if $(wildcard $(VENV_PY)),$(VENV_PY),$(PYTHON))
-integration: all
+integration: all $(TOOL_BIN)
 	$(TEST_PY) -m pytest -q tests/integration
 
 test: deps all unit fuzz-seeds integration
