@@ -30,7 +30,13 @@ float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n);
 void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const weight *bias, int n);
 void cpu_attention(backend *be, float *out, const float *q, const kv_layer *kv, const attn_shape *shape);
 
-/* Converts n elements of a weight row (any compute dtype) to f32. */
+/* Converts n elements of a weight row (any compute dtype, or quantized) to f32. */
 void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
+
+/* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
+bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */
+void cpu_qrow_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
+/* Decode (AVX2 builds): out[t * ldo + r] for rows [r0, r1), n <= 16 token rows. */
+void cpu_qmatmul_direct(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo);
 
 #endif

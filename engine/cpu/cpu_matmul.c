@@ -9,7 +9,9 @@
  * stream. Prefill (more rows) is bound by arithmetic: a block of 4 weight
  * rows is widened to f32 once into per-worker scratch and applied to token
  * rows 3 at a time (12 accumulators), walking the tokens in cache-sized
- * blocks.
+ * blocks. Quantized weights (int8, int4) take cpu_qmatmul.c's decode
+ * kernels; for prefill cpu_row_to_f32 dequantizes their rows into the same
+ * scratch.
  */
 #include <string.h>
 
@@ -179,6 +181,10 @@ void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int6
 {
     size_t base = (size_t)row * (size_t)w->cols + (size_t)col0;
     int64_t i = 0;
+    if (w->quant != WQ_NONE) {
+        cpu_qrow_to_f32(dst, w, row, col0, n);
+        return;
+    }
     switch (w->dtype) {
     case DT_F32:
         memcpy(dst, (const float *)w->data + base, (size_t)n * sizeof(float));
@@ -241,7 +247,9 @@ static void mm_task(void *vctx, int task, int worker)
     if (r0 >= r1) return;
     size_t ldo = rows;
 #ifdef HAVE_AVX2
-    if (c->n <= DIRECT_MAX_TOKENS) {
+    if (c->n <= DIRECT_MAX_TOKENS && w->quant != WQ_NONE) {
+        cpu_qmatmul_direct(w, r0, r1, c->x, c->n, c->out, ldo);
+    } else if (c->n <= DIRECT_MAX_TOKENS) {
         direct_for(w->dtype)(w->data, cols, r0, r1, c->x, c->n, c->out, ldo);
     } else {
         float *wf = cpu_scratch_get(c->cb, worker, 4 * cols);
@@ -273,7 +281,8 @@ static void mm_task(void *vctx, int task, int worker)
 void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const weight *bias, int n)
 {
     cpu_backend *cb = (cpu_backend *)be;
-    FERRY_ASSERT(dtype_is_compute(w->dtype));
+    FERRY_ASSERT(w->quant == WQ_NONE ? dtype_is_compute(w->dtype) : cpu_qweight_valid(w));
+    FERRY_ASSERT(!bias || !bias->data || bias->quant == WQ_NONE);
     int threads = pool_size(cb->pool);
     int64_t per = (w->rows + threads * 4 - 1) / (threads * 4);
     per = (per + 3) & ~(int64_t)3;

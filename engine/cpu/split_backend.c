@@ -71,9 +71,15 @@ static void dev(split_backend *sb, const void *p, size_t bytes, const char *who,
     split_mem_check(sb->mem, p, bytes, true, who, what);
 }
 
+/* A quantized weight is two buffers, its packed data and its scales, each
+ * of which must be device memory on its own. */
 static void dev_weight(split_backend *sb, const weight *w, const char *who)
 {
-    if (w && w->data) split_mem_check(sb->mem, w->data, weight_bytes(w), true, who, "weight");
+    if (!w || !w->data) return;
+    split_mem_check(sb->mem, w->data, (size_t)w->rows * weight_row_bytes(w), true, who, "weight");
+    if (w->quant != WQ_NONE)
+        split_mem_check(sb->mem, w->scales, (size_t)(w->rows * weight_groups(w)) * dtype_size(w->scale_dtype), true,
+                        who, "weight scales");
 }
 
 static void host(split_backend *sb, const void *p, size_t bytes, const char *who, const char *what)

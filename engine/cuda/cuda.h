@@ -18,6 +18,7 @@
 #ifndef FERRY_CUDA_H
 #define FERRY_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,10 +32,20 @@ extern "C" {
 /* The weight dtypes compute reads; cuda_backend.c maps ferry_dtype. */
 typedef enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 } cuda_dtype;
 
+/* How a weight's values are stored (backend.h's weight_quant). */
+typedef enum { CUDA_Q_NONE = 0, CUDA_Q_INT8 = 1, CUDA_Q_INT4 = 2 } cuda_quant;
+
 typedef struct {
-    cuda_dtype dt;
+    cuda_dtype dt; /* CUDA_Q_NONE: the values' dtype (a quantized weight's is unused) */
     int64_t rows, cols;
     const void *data; /* device memory; NULL for an absent optional weight */
+    /* quantized (matmul only): data packed as backend.h describes, int8
+     * [rows, cols] or int4 in int32 words [rows, ceil(cols / 8)]; scales
+     * [rows, ceil(cols / group)] in scale_dt, device memory */
+    cuda_quant quant;
+    int group;
+    cuda_dtype scale_dt;
+    const void *scales;
 } cuda_tensor;
 
 /* One sequence of the batch, as batch_seq (same layout, device-readable). */
@@ -146,6 +157,14 @@ void cuda_kv_store(cuda_ctx *cx, float *k_cache, float *v_cache /* [n_seqs, max_
 void cuda_matmul(cuda_ctx *cx, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,
                  const cuda_tensor *w /* [rows, cols] */, const cuda_tensor *bias /* [1, rows] or NULL */, int n);
 void cuda_matmul_free(cuda_ctx *cx);
+/* d [n, m] = x [n, k] a^T with a [m, k] f32, cuBLASLt SGEMM (f32 compute, no
+ * TF32); false, with nothing queued, when cuBLASLt has no algorithm for it. */
+bool cuda_lt_sgemm(cuda_ctx *cx, float *d, const float *a, const float *x, int64_t m, int64_t n, int64_t k);
+
+/* cuda_qmatmul.cu: cuda_matmul for quantized weights (w->quant != CUDA_Q_NONE) */
+void cuda_qmatmul(cuda_ctx *cx, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,
+                  const cuda_tensor *w /* [rows, cols] packed */, const cuda_tensor *bias /* [1, rows] or NULL */,
+                  int n);
 
 #ifdef __cplusplus
 }

@@ -285,14 +285,30 @@ static ferry_status cuda_set_batch(backend *be, const batch *b)
 
 /* ---- ops: argument translation; the kernels are in cuda_*.cu ------------------------ */
 
+static cuda_dtype cuda_dtype_of(ferry_dtype dt)
+{
+    FERRY_ASSERT(dtype_is_compute(dt));
+    return dt == DT_F32 ? CUDA_F32 : dt == DT_F16 ? CUDA_F16 : CUDA_BF16;
+}
+
+/* An unquantized weight (every op but matmul takes only these). */
 static const cuda_tensor *tensor_of(const weight *w, cuda_tensor *t)
 {
     if (!w || !w->data) return NULL;
-    FERRY_ASSERT(dtype_is_compute(w->dtype));
-    t->dt = w->dtype == DT_F32 ? CUDA_F32 : w->dtype == DT_F16 ? CUDA_F16 : CUDA_BF16;
-    t->rows = w->rows;
-    t->cols = w->cols;
-    t->data = w->data;
+    FERRY_ASSERT(w->quant == WQ_NONE);
+    *t = (cuda_tensor){.dt = cuda_dtype_of(w->dtype), .rows = w->rows, .cols = w->cols, .data = w->data};
+    return t;
+}
+
+/* A matmul weight: unquantized, or int8 / int4 with its scales. */
+static const cuda_tensor *matmul_tensor_of(const weight *w, cuda_tensor *t)
+{
+    if (!w || !w->data || w->quant == WQ_NONE) return tensor_of(w, t);
+    FERRY_ASSERT((w->quant == WQ_INT8 && w->dtype == DT_I8) || (w->quant == WQ_INT4 && w->dtype == DT_I32));
+    FERRY_ASSERT(w->group >= 1 && w->scales);
+    *t = (cuda_tensor){.rows = w->rows, .cols = w->cols, .data = w->data,
+                       .quant = w->quant == WQ_INT8 ? CUDA_Q_INT8 : CUDA_Q_INT4, .group = w->group,
+                       .scale_dt = cuda_dtype_of(w->scale_dtype), .scales = w->scales};
     return t;
 }
 
@@ -317,7 +333,7 @@ static void op_rmsnorm(backend *be, float *out, const float *x, const weight *w,
 static void op_matmul(backend *be, float *out, const float *x, const weight *w, const weight *bias, int n)
 {
     cuda_tensor tw, tb;
-    cuda_matmul(&cuda_of(be)->cx, out, x, tensor_of(w, &tw), tensor_of(bias, &tb), n);
+    cuda_matmul(&cuda_of(be)->cx, out, x, matmul_tensor_of(w, &tw), tensor_of(bias, &tb), n);
 }
 
 static void op_rope(backend *be, float *x, int heads, int head_dim, float theta)

@@ -25,7 +25,8 @@
  * cached per shape and alignment: the heuristic query costs tens of
  * microseconds, a decode step runs hundreds of matmuls. A shape cuBLASLt has
  * no algorithm for (odd leading dimensions; never a real model's) runs
- * through the GEMV, 8 token rows at a time.
+ * through the GEMV, 8 token rows at a time. Quantized weights go to
+ * cuda_qmatmul.cu, whose prefill borrows the SGEMM here (cuda_lt_sgemm).
  */
 #include <stdlib.h>
 
@@ -358,14 +359,20 @@ static void gemm_split(cuda_ctx *cx, float *out, const float *x, const cuda_tens
     }
 }
 
+bool cuda_lt_sgemm(cuda_ctx *cx, float *d, const float *a, const float *x, int64_t m, int64_t n, int64_t k)
+{
+    const cuda_mm_plan *p = plan_get(cx, CUDA_R_32F, m, n, k, a, x, d);
+    if (!p) return false;
+    lt_matmul(cx, p, a, x, d);
+    return true;
+}
+
 static void gemm_f32(cuda_ctx *cx, float *out, const float *x, const cuda_tensor *w, const cuda_tensor *bias, int n)
 {
-    const cuda_mm_plan *p = plan_get(cx, CUDA_R_32F, w->rows, n, w->cols, w->data, x, out);
-    if (!p) {
+    if (!cuda_lt_sgemm(cx, out, (const float *)w->data, x, w->rows, n, w->cols)) {
         gemv_rows<CUDA_F32>(cx, out, x, w, bias, (size_t)n);
         return;
     }
-    lt_matmul(cx, p, w->data, x, out);
     if (bias) {
         size_t n_rows = (size_t)n * (size_t)w->rows;
         bias_add_kernel<<<cuda_blocks(n_rows, 256), 256, 0, cx->compute>>>(out, bias->data, (int)bias->dt, n_rows,
@@ -380,6 +387,10 @@ void cuda_matmul(cuda_ctx *cx, float *out, const float *x, const cuda_tensor *w,
 {
     if (n <= 0 || w->rows == 0) return;
     CUDA_REQUIRE(!bias || bias->rows * bias->cols == w->rows);
+    if (w->quant != CUDA_Q_NONE) {
+        cuda_qmatmul(cx, out, x, w, bias, n);
+        return;
+    }
     if (n <= GEMV_MAX_TOKENS) {
         CUDA_DISPATCH_DT(w->dt, DT, gemv<DT>(cx, out, x, w, bias, n));
         return;

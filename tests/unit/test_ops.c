@@ -1,8 +1,8 @@
 /*
  * test_ops.c - every backend op against a plain double-precision reference,
- * on random inputs: matmul in each weight dtype for token counts that take
- * each kernel path (decode chunks, prefill blocks, odd tails) with and
- * without bias, RMSNorm, RoPE (rotate_half), embedding, SiLU x up, add,
+ * on random inputs: matmul in each weight dtype and quantized (int8, int4,
+ * scales in each dtype, odd groups) for token counts that take each kernel
+ * path (decode chunks, prefill blocks, odd tails) with and without bias, RMSNorm, RoPE (rotate_half), embedding, SiLU x up, add,
  * gather_last, and KV store + attention (GQA, sliding window, a batch of
  * sequences at different positions). Outputs are poisoned with NaN first so
  * an unwritten element fails. All data goes through the backend's
@@ -191,6 +191,104 @@ static void test_matmul(void)
                     free(bref);
                     free(xref);
                     g_be->ops->release(g_be, (void *)w.data);
+                    if (with_bias) g_be->ops->release(g_be, (void *)b.data);
+                    g_be->ops->release(g_be, x);
+                    g_be->ops->release(g_be, out);
+                }
+}
+
+/* A random quantized weight [rows, cols] (backend.h's layouts) with scales
+ * in sdt; *ref gets the exact value of every element, q * scale after the
+ * scale is rounded to sdt. */
+static weight make_qweight(weight_quant qt, ferry_dtype sdt, int64_t rows, int64_t cols, int group, double **ref)
+{
+    weight w = {.dtype = qt == WQ_INT8 ? DT_I8 : DT_I32, .rows = rows, .cols = cols, .quant = qt, .group = group,
+                .scale_dtype = sdt};
+    int64_t n_groups = weight_groups(&w);
+    size_t row_bytes = weight_row_bytes(&w), n_scales = (size_t)(rows * n_groups);
+    uint8_t *data = calloc((size_t)rows, row_bytes);
+    void *scales = malloc(n_scales * 4);
+    double *sref = malloc(n_scales * sizeof *sref);
+    for (size_t i = 0; i < n_scales; i++) {
+        float v = (0.5f + 0.5f * fabsf(frand())) / (qt == WQ_INT8 ? 127 : 8);
+        if (sdt == DT_F32) sref[i] = ((float *)scales)[i] = v;
+        else if (sdt == DT_BF16) sref[i] = bf16_to_f32(((uint16_t *)scales)[i] = f32_to_bf16(v));
+        else sref[i] = f16_to_f32(((uint16_t *)scales)[i] = f32_to_f16(v));
+    }
+    *ref = malloc((size_t)(rows * cols) * sizeof **ref);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int q;
+            uint8_t *row = data + (size_t)r * row_bytes;
+            if (qt == WQ_INT8) {
+                q = (int)lrintf(frand() * 127);
+                ((int8_t *)row)[c] = (int8_t)q;
+            } else {
+                q = (int)floorf((frand() * 0.5f + 0.5f) * 16) - 8; /* -8 .. 7 */
+                if (q > 7) q = 7;
+                /* word c / 8, bits 4 * (c % 8): byte c / 2 of the little-endian word */
+                row[c / 2] |= (uint8_t)((q + 8) << (4 * (c % 2)));
+            }
+            (*ref)[r * cols + c] = q * sref[r * n_groups + c / group];
+        }
+    w.data = dev_copy(data, (size_t)rows * row_bytes);
+    w.scales = dev_copy(scales, n_scales * dtype_size(sdt));
+    free(data);
+    free(scales);
+    free(sref);
+    return w;
+}
+
+/* int8 and int4 weights: scales in each dtype; groups of 128, of 32, of 100
+ * and 5 (not multiples of 8: vectors straddle groups), one group per row;
+ * columns off a multiple of 8 and of the group; token counts on both sides
+ * of the decode / prefill switch. */
+static void test_qmatmul(void)
+{
+    static const struct {
+        weight_quant qt;
+        int64_t rows, cols;
+        int group;
+    } cases[] = {
+        {WQ_INT8, 64, 256, 256}, {WQ_INT8, 37, 300, 300}, {WQ_INT8, 21, 300, 32},  {WQ_INT4, 64, 256, 128},
+        {WQ_INT4, 40, 300, 128}, {WQ_INT4, 33, 300, 32},  {WQ_INT4, 50, 300, 100}, {WQ_INT4, 19, 77, 5},
+        {WQ_INT4, 18, 1030, 1030},
+    };
+    static const ferry_dtype sdts[] = {DT_F32, DT_F16, DT_BF16};
+    static const int ns[] = {1, 2, 5, 16, 17, 64};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (size_t d = 0; d < 3; d++)
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+                for (int with_bias = 0; with_bias < 2; with_bias++) {
+                    int64_t rows = cases[ci].rows, cols = cases[ci].cols;
+                    int n = ns[k];
+                    double *wref, *bref = NULL, *xref;
+                    weight w = make_qweight(cases[ci].qt, sdts[d], rows, cols, cases[ci].group, &wref);
+                    weight b = {0};
+                    if (with_bias) b = make_weight(DT_BF16, 1, rows, &bref, -1, 1);
+                    float *x = rand_vec((size_t)n * (size_t)cols, &xref);
+                    float *out = dev_poison((size_t)n * (size_t)rows);
+                    g_be->ops->matmul(g_be, out, x, &w, with_bias ? &b : NULL, n);
+                    double *want = malloc((size_t)n * (size_t)rows * sizeof *want);
+                    for (int t = 0; t < n; t++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            double acc = bref ? bref[r] : 0;
+                            for (int64_t c = 0; c < cols; c++) acc += wref[r * cols + c] * xref[t * cols + c];
+                            want[t * rows + r] = acc;
+                        }
+                    float *got = host_of(out, (size_t)n * (size_t)rows);
+                    char what[128];
+                    snprintf(what, sizeof what, "matmul %s scales %s group %d [%lld,%lld] n=%d bias=%d",
+                             cases[ci].qt == WQ_INT8 ? "int8" : "int4", dtype_name(sdts[d]), cases[ci].group,
+                             (long long)rows, (long long)cols, n, with_bias);
+                    CHECK_CLOSE(what, got, want, (size_t)n * (size_t)rows, 1e-5);
+                    free(got);
+                    free(want);
+                    free(wref);
+                    free(bref);
+                    free(xref);
+                    g_be->ops->release(g_be, (void *)w.data);
+                    g_be->ops->release(g_be, (void *)w.scales);
                     if (with_bias) g_be->ops->release(g_be, (void *)b.data);
                     g_be->ops->release(g_be, x);
                     g_be->ops->release(g_be, out);
@@ -414,6 +512,7 @@ int main(int argc, char **argv)
         return skip ? 77 : 1;
     }
     test_matmul();
+    test_qmatmul();
     test_rmsnorm(70);
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);
