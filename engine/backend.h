@@ -59,7 +59,8 @@ static inline int64_t weight_groups(const weight *w)
 static inline size_t weight_row_bytes(const weight *w)
 {
     switch (w->quant) {
-    case WQ_INT8: return (size_t)w->cols;
+    case WQ_INT8: /* I8; I32: a pack-quantized checkpoint's four per word (convert.c) */
+        return w->dtype == DT_I32 ? 4 * (size_t)((w->cols + 3) / 4) : (size_t)w->cols;
     case WQ_INT4: return 4 * (size_t)((w->cols + 7) / 8);
     default: return (size_t)w->cols * dtype_size(w->dtype);
     }

@@ -24,7 +24,8 @@ void engine_opts_init(engine_opts *o)
                        .budget = {PLAN_UNLIMITED, PLAN_UNLIMITED},
                        .group_size = (int)d.group_size,
                        .prefetch = (int)d.prefetch,
-                       .verify_reads = d.verify_reads};
+                       .verify_reads = d.verify_reads,
+                       .convert = convert_identity()};
 }
 
 /* ---- planning --------------------------------------------------------------- */
@@ -45,7 +46,7 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
     model_weights w;
     FERRY_TRY(model_weights_bind(cfg, in->ck, &w));
     uint64_t *units = calloc((size_t)cfg->n_layers + 2, sizeof *units);
-    ferry_status st = units ? store_unit_bytes(cfg, &w, units) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = units ? store_unit_bytes(cfg, &w, &o->convert, units) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     bool unified = in->be->ops->unified;
     plan_opts po = {
         .budget = {o->budget[0], o->budget[1]},
@@ -94,17 +95,21 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
  * (built from the alignment constants themselves, so that changing one
  * rebuilds the blobs) and the conversion of the weights. Bump the version
  * when the blob layout changes in a way the constants do not show. */
-static void conversion_id(char *buf, size_t cap)
+static void conversion_id(const convert_opts *o, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "ferry-blob-v1 identity tensor-align=%u unit-align=%u", STORE_TENSOR_ALIGN, OFFLOAD_ALIGN);
+    char c[160];
+    convert_describe(o, c, sizeof c);
+    snprintf(buf, cap, "ferry-blob-v2 %s tensor-align=%u unit-align=%u scales-align=%u", c, STORE_TENSOR_ALIGN,
+             OFFLOAD_ALIGN, CONVERT_ALIGN);
 }
 
 /* Fingerprint of the inputs of the blobs: conversion, config.json, and for
  * every checkpoint file its name, size, mtime and header. */
-static ferry_status fingerprint(const engine *e, const char *dir, char out[40])
+static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[40])
 {
-    char conv[128];
-    conversion_id(conv, sizeof conv);
+    const char *dir = o->model_dir;
+    char conv[256];
+    conversion_id(&o->convert, conv, sizeof conv);
     uint64_t h = fnv1a(0xcbf29ce484222325ull, conv, strlen(conv) + 1);
     char *path = util_path_join(dir, "config.json"), *text;
     size_t len;
@@ -202,8 +207,8 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = fingerprint(e, opts->model_dir, fp)) != FERRY_OK) goto fail;
-    if ((st = store_open(&e->storage, e->be, &e->placement, &e->cfg, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK)
+    if ((st = fingerprint(e, opts, fp)) != FERRY_OK) goto fail;
+    if ((st = store_open(&e->storage, e->be, &e->placement, &e->cfg, &opts->convert, &e->ckw, &e->w, opts->offload_dir, fp)) != FERRY_OK)
         goto fail;
     if ((st = pipeline_create(&e->pipe, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
     pipeline_set_verify(e->pipe, opts->verify_reads);
@@ -292,11 +297,13 @@ ferry_status engine_trace_start(engine *e, size_t max_events) { return pipeline_
 
 ferry_status engine_trace_write(engine *e, const char *path) { return pipeline_trace_write(e->pipe, path); }
 
-static uint64_t present_bytes(const weight *w) { return w->data ? weight_bytes(w) : 0; }
+/* The engine form's bytes (the view's formats are set whether or not a
+ * group is bound; an absent optional weight is all zero). */
+static uint64_t present_bytes(const weight *w) { return w->rows > 0 ? weight_bytes(w) : 0; }
 
 uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs)
 {
-    const model_weights *w = &e->ckw;
+    const model_weights *w = &e->w;
     uint64_t total = 0;
     for (int l = 0; l < e->cfg.n_layers; l++) {
         const layer_weights *lw = &w->layers[l];
@@ -306,7 +313,7 @@ uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs)
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) total += present_bytes(all[i]);
     }
     total += present_bytes(&w->final_norm) + present_bytes(e->cfg.tied ? &w->embed : &w->lm_head);
-    total += (uint64_t)n_seqs * (uint64_t)w->embed.cols * dtype_size(w->embed.dtype);
+    total += (uint64_t)n_seqs * weight_row_bytes(&w->embed);
     return total;
 }
 
@@ -364,7 +371,7 @@ static ferry_status unit_embed_rows(void *ctx)
     FERRY_TRY(store_embed_rows(e->storage, b->tokens, b->n_tokens, e->rows_host));
     size_t row = store_embed_row_bytes(e->storage);
     e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
-    weight rows = {.dtype = e->ckw.embed.dtype, .rows = b->n_tokens, .cols = e->cfg.dim, .data = e->rows_dev};
+    weight rows = {.dtype = e->w.embed.dtype, .rows = b->n_tokens, .cols = e->cfg.dim, .data = e->rows_dev};
     e->be->ops->convert(e->be, e->x, &rows);
     return FERRY_OK;
 }

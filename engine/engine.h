@@ -22,6 +22,7 @@
 #include "plan.h"
 #include "request.h"
 #include "stats.h"
+#include "weights/convert.h"
 
 typedef struct engine engine;
 typedef struct backend backend;
@@ -39,6 +40,7 @@ typedef struct {
     int group_size;
     int prefetch;
     bool verify_reads;       /* check every read of the disk tier against its CRC-32C */
+    convert_opts convert;    /* --weights-dtype, --quantize (weights/convert.h) */
 } engine_opts;
 
 /* The defaults of config/settings.def, budgets unlimited, no model. */

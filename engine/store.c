@@ -23,9 +23,10 @@ typedef struct {
 struct store {
     backend *be;
     const plan *plan;
+    convert_opts conv;     /* checkpoint tensors -> engine tensors (convert.h) */
     int n_tensors;         /* tensors of the model */
     tensor_entry *src;     /* [n_tensors] bound to the checkpoint weights */
-    tensor_entry *view;    /* [n_tensors] the same tensors in the compute view */
+    tensor_entry *view;    /* [n_tensors] the same tensors in the compute view: their engine form */
     group_layout *layouts; /* [plan->n_groups] */
     void **resident;       /* [n_groups] backend (device) or host buffer; NULL when on disk */
     bool *pinned;          /* [n_groups] host buffer is pinned */
@@ -36,10 +37,6 @@ struct store {
     int embed_fd;          /* buffered descriptor on the verified embedding blob, for row reads when on disk */
 };
 
-static uint64_t entry_bytes(const tensor_entry *t)
-{
-    return (uint64_t)t->dst->rows * (uint64_t)t->dst->cols * dtype_size(t->dst->dtype);
-}
 
 /* Unit of each tensor entry: 0 embedding, 1 + l layer l, n_layers + 1 head.
  * A tied embedding table belongs to the head: it is the lm_head. */
@@ -53,19 +50,23 @@ static int unit_of(const model_config *cfg, const tensor_entry *t)
     return 0;
 }
 
-ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, uint64_t *unit_bytes)
+ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, const convert_opts *conv,
+                              uint64_t *unit_bytes)
 {
     tensor_entry *entries;
     int n;
     FERRY_TRY(model_tensor_entries(cfg, (model_weights *)w, &entries, &n));
     memset(unit_bytes, 0, (size_t)(cfg->n_layers + 2) * sizeof *unit_bytes);
-    for (int i = 0; i < n; i++) {
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < n && st == FERRY_OK; i++) {
+        weight fmt;
+        st = convert_format(conv, &entries[i], &fmt);
         int u = unit_of(cfg, &entries[i]);
-        unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + entry_bytes(&entries[i]);
+        unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + convert_bytes(&fmt);
     }
     for (int u = 0; u < cfg->n_layers + 2; u++) unit_bytes[u] = ALIGN_UP(unit_bytes[u], OFFLOAD_ALIGN);
     free(entries);
-    return FERRY_OK;
+    return st;
 }
 
 /* The group of unit u (0 embedding, 1 + l layer l, n_layers + 1 head). */
@@ -106,7 +107,7 @@ static ferry_status make_layouts(store *s, const model_config *cfg)
             L->entry[L->n] = i;
             L->offset[L->n] = fill[g];
             L->n++;
-            fill[g] += entry_bytes(&s->src[i]);
+            fill[g] += convert_bytes(s->view[i].dst);
             if (s->src[i].unit == UNIT_EMBED) {
                 s->embed_group = g;
                 s->embed_offset = L->offset[L->n - 1];
@@ -125,32 +126,94 @@ static ferry_status make_layouts(store *s, const model_config *cfg)
 
 /* ---- loading ------------------------------------------------------------ */
 
-typedef void (*put_fn)(store *s, void *dst, const void *src, size_t n);
+/* Receives a tensor's engine form in pieces, in increasing offset order
+ * (`at`: from the tensor's start in the layout). */
+typedef ferry_status (*sink_fn)(void *ctx, uint64_t at, const void *p, size_t n);
 
-static void put_device(store *s, void *dst, const void *src, size_t n) { s->be->ops->upload(s->be, dst, src, n); }
-static void put_host(store *s, void *dst, const void *src, size_t n)
+#define PIECE_BYTES (8u << 20) /* converted at a time: bounds the scratch */
+
+/* Emits tensor i in its engine form (convert.h): the checkpoint's bytes as
+ * they are where there is nothing to convert, else converted a piece of
+ * rows at a time; the scales of a quantized tensor after its data. Each
+ * piece's mapped checkpoint pages are released once used, so loading never
+ * holds more than the resident tiers plus a piece. */
+static ferry_status emit_tensor(store *s, int i, sink_fn sink, void *ctx)
 {
-    (void)s;
-    memcpy(dst, src, n);
+    const weight *src = s->src[i].dst, *fmt = s->view[i].dst;
+    size_t data_bytes = (size_t)fmt->rows * weight_row_bytes(fmt);
+    size_t scale_row = (size_t)weight_groups(fmt) * dtype_size(fmt->scale_dtype);
+    if (convert_is_copy(src, fmt)) {
+        FERRY_TRY(sink(ctx, 0, src->data, data_bytes));
+        st_release_pages(src->data, data_bytes);
+        if (fmt->quant != WQ_NONE) {
+            FERRY_TRY(sink(ctx, convert_scales_offset(fmt), src->scales, (size_t)fmt->rows * scale_row));
+            st_release_pages(src->scales, (size_t)fmt->rows * scale_row);
+        }
+        return FERRY_OK;
+    }
+    int64_t piece = convert_piece_rows(src, PIECE_BYTES);
+    size_t out_row = weight_row_bytes(fmt), src_row = weight_row_bytes(src);
+    char *buf = malloc((size_t)piece * out_row);
+    char *scales = fmt->quant != WQ_NONE ? malloc((size_t)fmt->rows * scale_row) : NULL;
+    ferry_status st = FERRY_OK;
+    if (!buf || (fmt->quant != WQ_NONE && !scales)) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", s->src[i].name);
+    for (int64_t r0 = 0; st == FERRY_OK && r0 < fmt->rows; r0 += piece) {
+        int64_t n = fmt->rows - r0 < piece ? fmt->rows - r0 : piece;
+        st = convert_rows(src, fmt, r0, n, buf, scales ? scales + (size_t)r0 * scale_row : NULL, s->src[i].name);
+        if (st == FERRY_OK) st = sink(ctx, (uint64_t)r0 * out_row, buf, (size_t)n * out_row);
+        st_release_pages((const char *)src->data + (size_t)r0 * src_row, (size_t)n * src_row);
+    }
+    if (st == FERRY_OK && scales) st = sink(ctx, convert_scales_offset(fmt), scales, (size_t)fmt->rows * scale_row);
+    free(buf);
+    free(scales);
+    return st;
+}
+
+typedef struct {
+    store *s;
+    char *base; /* the tensor's place in the group's buffer */
+    bool device;
+} resident_sink;
+
+static ferry_status put_resident(void *vctx, uint64_t at, const void *p, size_t n)
+{
+    resident_sink *c = vctx;
+    if (c->device) c->s->be->ops->upload(c->s->be, c->base + at, p, n);
+    else memcpy(c->base + at, p, n);
+    return FERRY_OK;
 }
 
 /* Fills a resident buffer in group g's layout from the checkpoint. Padding
  * bytes are left as allocated: nothing reads them. */
-static void fill_resident(store *s, int g, void *base, put_fn put)
+static ferry_status fill_resident(store *s, int g, void *base, bool device)
 {
     const group_layout *L = &s->layouts[g];
     for (int k = 0; k < L->n; k++) {
-        const weight *w = s->src[L->entry[k]].dst;
-        size_t n = (size_t)entry_bytes(&s->src[L->entry[k]]);
-        put(s, (char *)base + L->offset[k], w->data, n);
-        st_release_pages(w->data, n);
+        resident_sink c = {s, (char *)base + L->offset[k], device};
+        FERRY_TRY(emit_tensor(s, L->entry[k], put_resident, &c));
     }
+    return FERRY_OK;
 }
 
 typedef struct {
     store *s;
     int *groups; /* blob index -> group */
 } blob_ctx;
+
+typedef struct {
+    offload_writer *w;
+    uint64_t start; /* the tensor's offset in the group */
+    uint64_t *at;   /* bytes of the group written so far */
+} blob_sink;
+
+static ferry_status put_blob(void *vctx, uint64_t at, const void *p, size_t n)
+{
+    blob_sink *c = vctx;
+    FERRY_TRY(offload_pad(c->w, (size_t)(c->start + at - *c->at)));
+    FERRY_TRY(offload_write(c->w, p, n));
+    *c->at = c->start + at + n;
+    return FERRY_OK;
+}
 
 static ferry_status fill_blob(void *vctx, int i, offload_writer *w)
 {
@@ -160,12 +223,8 @@ static ferry_status fill_blob(void *vctx, int i, offload_writer *w)
     const group_layout *L = &s->layouts[g];
     uint64_t at = 0;
     for (int k = 0; k < L->n; k++) {
-        const weight *src = s->src[L->entry[k]].dst;
-        size_t n = (size_t)entry_bytes(&s->src[L->entry[k]]);
-        FERRY_TRY(offload_pad(w, (size_t)(L->offset[k] - at)));
-        FERRY_TRY(offload_write(w, src->data, n));
-        st_release_pages(src->data, n);
-        at = L->offset[k] + n;
+        blob_sink bs = {w, L->offset[k], &at};
+        FERRY_TRY(emit_tensor(s, L->entry[k], put_blob, &bs));
     }
     return offload_pad(w, (size_t)(s->plan->groups[g].bytes - at));
 }
@@ -219,22 +278,24 @@ static ferry_status open_disk_tier(store *s, const char *dir, const char *finger
     return st;
 }
 
-ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
-                        model_weights *view, const char *offload_path, const char *fingerprint)
+ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, const convert_opts *conv,
+                        model_weights *ckpt, model_weights *view, const char *offload_path, const char *fingerprint)
 {
     *out = NULL;
     store *s = calloc(1, sizeof *s);
     if (!s) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     s->be = be;
     s->plan = p;
+    s->conv = *conv;
     s->embed_fd = -1;
     int n_view;
     ferry_status st = model_tensor_entries(cfg, ckpt, &s->src, &s->n_tensors);
     if (st == FERRY_OK) st = model_tensor_entries(cfg, view, &s->view, &n_view);
     if (st != FERRY_OK) goto fail;
     FERRY_ASSERT(n_view == s->n_tensors);
-    /* the view starts as a copy of the checkpoint weights' shapes and dtypes */
-    for (int i = 0; i < s->n_tensors; i++) *s->view[i].dst = *s->src[i].dst;
+    /* the view holds the engine form of every tensor; store_bind points it at data */
+    for (int i = 0; i < s->n_tensors && st == FERRY_OK; i++) st = convert_format(conv, &s->src[i], s->view[i].dst);
+    if (st != FERRY_OK) goto fail;
     s->resident = calloc((size_t)p->n_groups, sizeof *s->resident);
     s->pinned = calloc((size_t)p->n_groups, sizeof *s->pinned);
     s->blob = malloc((size_t)p->n_groups * sizeof *s->blob);
@@ -256,7 +317,7 @@ ferry_status store_open(store **out, backend *be, const plan *p, const model_con
                                 util_fmt_bytes(pg->bytes, b, sizeof b), g);
                 goto fail;
             }
-            fill_resident(s, g, s->resident[g], put_device);
+            if ((st = fill_resident(s, g, s->resident[g], true)) != FERRY_OK) goto fail;
         } else {
             s->resident[g] = be->ops->host_alloc(be, (size_t)pg->bytes, &s->pinned[g]);
             if (!s->resident[g]) {
@@ -264,7 +325,7 @@ ferry_status store_open(store **out, backend *be, const plan *p, const model_con
                                 util_fmt_bytes(pg->bytes, b, sizeof b), g);
                 goto fail;
             }
-            fill_resident(s, g, s->resident[g], put_host);
+            if ((st = fill_resident(s, g, s->resident[g], false)) != FERRY_OK) goto fail;
         }
     }
     if ((st = open_disk_tier(s, offload_path, fingerprint)) != FERRY_OK) goto fail;
@@ -339,14 +400,13 @@ int store_embed_group(const store *s) { return s->embed_group; }
 void store_bind(const store *s, int g, const void *base)
 {
     const group_layout *L = &s->layouts[g];
-    for (int k = 0; k < L->n; k++) s->view[L->entry[k]].dst->data = (const char *)base + L->offset[k];
+    for (int k = 0; k < L->n; k++) convert_bind(s->view[L->entry[k]].dst, (const char *)base + L->offset[k]);
 }
 
 size_t store_embed_row_bytes(const store *s)
 {
     for (int i = 0; i < s->n_tensors; i++)
-        if (s->src[i].unit == UNIT_EMBED)
-            return (size_t)s->src[i].dst->cols * dtype_size(s->src[i].dst->dtype);
+        if (s->view[i].unit == UNIT_EMBED) return weight_row_bytes(s->view[i].dst);
     return 0;
 }
 

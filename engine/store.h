@@ -23,6 +23,7 @@
 #define FERRY_STORE_H
 
 #include "backend.h"
+#include "weights/convert.h"
 #include "weights/model.h"
 #include "io/offload.h"
 #include "plan.h"
@@ -45,16 +46,19 @@ typedef struct {
     uint32_t crc;         /* disk tier: CRC-32C of the group's bytes, as verified when the store opened */
 } store_source;
 
-/* Byte sizes of the units (embedding, layers, head) in the blob layout. */
-ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, uint64_t *unit_bytes);
+/* Byte sizes of the units (embedding, layers, head) in the blob layout,
+ * with every tensor in its engine form (conv). */
+ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, const convert_opts *conv,
+                              uint64_t *unit_bytes);
 
 /* Lays out and loads every group as the plan says. `ckpt` (the bound
- * checkpoint weights) supplies the data; `view` is the compute view that
- * store_bind fills. offload_path (the offload dir) may be NULL when no group is on disk.
+ * checkpoint weights) supplies the data, converted by conv (convert.h: a
+ * quantized tensor's data and scales one unit in the layout); `view` is the
+ * compute view, in the engine form, that store_bind fills. offload_path (the offload dir) may be NULL when no group is on disk.
  * fingerprint identifies the checkpoint + conversion for the offload dir.
  * The store keeps pointers to be, p, ckpt and view: they must outlive it. */
-ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, model_weights *ckpt,
-                        model_weights *view, const char *offload_path, const char *fingerprint);
+ferry_status store_open(store **out, backend *be, const plan *p, const model_config *cfg, const convert_opts *conv,
+                        model_weights *ckpt, model_weights *view, const char *offload_path, const char *fingerprint);
 void store_close(store *s);
 
 store_source store_group_source(const store *s, int g);

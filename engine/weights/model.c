@@ -103,13 +103,100 @@ static ferry_status reject_unsupported(const json_value *root, const char *label
     double f;
     if ((json_get_num(root, "partial_rotary_factor", &f, &bad) && f != 1.0) || bad)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' must be 1 (partial RoPE is not supported)", label);
-    if ((v = json_get(root, "quantization_config")) && v->type != JSON_NULL)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'quantization_config' is not supported (pre-quantized checkpoint)", label);
     if ((v = json_get(root, "layer_types")) && v->type == JSON_ARRAY) {
         for (size_t i = 0; i < v->len; i++)
             if (v->items[i].type != JSON_STRING || strcmp(v->items[i].str, "full_attention") != 0)
                 return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'layer_types' entry %zu is not 'full_attention'", label, i);
     }
+    return FERRY_OK;
+}
+
+/* ---- quantization_config (compressed-tensors) -------------------------- */
+
+/* A field that must be absent or null. */
+static ferry_status must_be_null(const json_value *obj, const char *label, const char *path, const char *key)
+{
+    const json_value *v = json_get(obj, key);
+    if (v && v->type != JSON_NULL)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.%s is not supported (ferry loads "
+                          "weight-only int8/int4 checkpoints: it must be null)", label, path, key);
+    return FERRY_OK;
+}
+
+/* One config group's weights: symmetric int, 8 bits per channel or 4 bits
+ * per channel or group. */
+static ferry_status parse_weights_scheme(const json_value *w, const char *label, const char *path, model_config *cfg)
+{
+    bool bad = false, sym = false, dyn = false;
+    int64_t bits = 0, group = 0;
+    const char *type = json_get_str(w, "type", &bad), *strategy = json_get_str(w, "strategy", &bad);
+    json_get_int(w, "num_bits", &bits, &bad);
+    json_get_bool(w, "symmetric", &sym, &bad);
+    json_get_bool(w, "dynamic", &dyn, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s.weights has a field of the wrong type", label, path);
+    if (!type || strcmp(type, "int"))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights.type '%s' is not supported (only int)",
+                          label, path, type ? type : "(missing)");
+    if (!sym || dyn)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights must be symmetric and static "
+                          "(asymmetric or dynamic weights are not supported)", label, path);
+    FERRY_TRY(must_be_null(w, label, path, "actorder"));
+    FERRY_TRY(must_be_null(w, label, path, "block_structure"));
+    bool channel = strategy && !strcmp(strategy, "channel"), grouped = strategy && !strcmp(strategy, "group");
+    if (grouped && (!json_get_int(w, "group_size", &group, &bad) || group < 1 || group > INT_LIMIT))
+        return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s.weights.group_size must be a positive integer",
+                          label, path);
+    if (bits == 8 && channel) cfg->ckpt_quant = WQ_INT8;
+    else if (bits == 4 && (channel || grouped)) cfg->ckpt_quant = WQ_INT4;
+    else
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights: %lld bits, strategy '%s' is not "
+                          "supported (int8 per channel, int4 per channel or group)", label, path, (long long)bits,
+                          strategy ? strategy : "(missing)");
+    cfg->ckpt_group = grouped ? (int)group : 0;
+    return FERRY_OK;
+}
+
+/* compressed-tensors' quantization_config of a weight-only int8/int4
+ * checkpoint; anything else is refused naming what it is. */
+static ferry_status parse_quantization(const json_value *qc, const char *label, model_config *cfg)
+{
+    bool bad = false;
+    if (qc->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config must be an object", label);
+    const char *method = json_get_str(qc, "quant_method", &bad);
+    if (!method || strcmp(method, "compressed-tensors"))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config.quant_method '%s' is not supported (only "
+                          "compressed-tensors int8/int4 weight-only checkpoints)", label, method ? method : "(missing)");
+    const char *format = json_get_str(qc, "format", &bad), *status = json_get_str(qc, "quantization_status", &bad);
+    if (!format || (strcmp(format, "pack-quantized") && strcmp(format, "int-quantized")))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config.format '%s' is not supported (pack-quantized "
+                          "or int-quantized)", label, format ? format : "(missing)");
+    if (status && strcmp(status, "compressed"))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config.quantization_status '%s' is not supported "
+                          "(only 'compressed' checkpoints)", label, status);
+    FERRY_TRY(must_be_null(qc, label, "", "kv_cache_scheme"));
+    const json_value *groups = json_get(qc, "config_groups");
+    if (!groups || groups->type != JSON_OBJECT || groups->len == 0)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config.config_groups must be a non-empty object", label);
+    for (size_t i = 0; i < groups->len; i++) {
+        char path[96];
+        snprintf(path, sizeof path, ".config_groups.%.60s", groups->members[i].key);
+        const json_value *g = &groups->members[i].value, *w = json_get(g, "weights");
+        if (g->type != JSON_OBJECT || !w || w->type != JSON_OBJECT)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s must have a weights object", label, path);
+        FERRY_TRY(must_be_null(g, label, path, "input_activations"));
+        FERRY_TRY(must_be_null(g, label, path, "output_activations"));
+        model_config one = *cfg;
+        FERRY_TRY(parse_weights_scheme(w, label, path, &one));
+        if (i > 0 && (one.ckpt_quant != cfg->ckpt_quant || one.ckpt_group != cfg->ckpt_group))
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config has config groups of different schemes "
+                              "(one scheme for every layer is supported)", label);
+        cfg->ckpt_quant = one.ckpt_quant;
+        cfg->ckpt_group = one.ckpt_group;
+    }
+    cfg->ckpt_packed = !strcmp(format, "pack-quantized");
+    if (!cfg->ckpt_packed && cfg->ckpt_quant == WQ_INT4)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config: 4-bit weights in format int-quantized are not "
+                          "supported (pack-quantized)", label);
     return FERRY_OK;
 }
 
@@ -175,6 +262,8 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         (st = get_flag(root, label, "tie_word_embeddings", false, &cfg->tied)) ||
         (st = reject_unsupported(root, label, cfg)))
         goto out;
+    const json_value *qc = json_get(root, "quantization_config");
+    if (qc && qc->type != JSON_NULL && (st = parse_quantization(qc, label, cfg)) != FERRY_OK) goto out;
 
     bool attention_bias = false;
     if ((st = get_flag(root, label, "attention_bias", false, &attention_bias))) goto out;
@@ -289,6 +378,7 @@ static void add_entry(const model_config *cfg, model_weights *w, size_t s, int l
     out->layer = layer;
     out->rows = dim_value(cfg, k_specs[s].rows);
     out->cols = dim_value(cfg, k_specs[s].cols);
+    out->linear = k_specs[s].unit == UNIT_LAYER && k_specs[s].rows != D_NONE;
     char *base = k_specs[s].unit == UNIT_LAYER ? (char *)&w->layers[layer] : (char *)w;
     out->dst = (weight *)(base + k_specs[s].field);
 }
@@ -311,26 +401,85 @@ ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, ten
     return FERRY_OK;
 }
 
-static ferry_status bind_one(const st_checkpoint *ck, const tensor_entry *s)
+/* Checks t's shape against [rows, cols] (rows 0: 1-D [cols]). */
+static ferry_status check_shape(const st_checkpoint *ck, const st_tensor *t, int64_t rows, int64_t cols)
 {
+    bool ok = rows == 0 ? (t->ndim == 1 && t->shape[0] == cols)
+                        : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    if (ok) return FERRY_OK;
+    char got[96] = "", want[64];
+    for (int i = 0; i < t->ndim && strlen(got) < 70; i++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (rows == 0) snprintf(want, sizeof want, "%lld", (long long)cols);
+    else snprintf(want, sizeof want, "%lld, %lld", (long long)rows, (long long)cols);
+    return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], expected [%s]", ck->files[t->file].name,
+                      t->name, got, want);
+}
+
+/* A compressed-tensors linear layer (see model_weights_bind); *bound false
+ * when the checkpoint holds it unquantized. */
+static ferry_status bind_quantized(const model_config *cfg, const st_checkpoint *ck, const tensor_entry *s, bool *bound)
+{
+    char packed_name[160], scale_name[160], shape_name[160];
+    int base = (int)strlen(s->name) - (int)strlen("weight"); /* every linear entry ends with "weight" */
+    snprintf(packed_name, sizeof packed_name, "%.*sweight_packed", base, s->name);
+    snprintf(scale_name, sizeof scale_name, "%.*sweight_scale", base, s->name);
+    snprintf(shape_name, sizeof shape_name, "%.*sweight_shape", base, s->name);
+    const st_tensor *packed = st_checkpoint_find(ck, packed_name), *plain = st_checkpoint_find(ck, s->name);
+    *bound = packed || (plain && plain->dtype == DT_I8);
+    if (!*bound) return FERRY_OK;
+    const st_tensor *scale = st_checkpoint_find(ck, scale_name), *data = packed ? packed : plain;
+    if (!scale) return ferry_fail(FERRY_ERR_INVALID, "%s: quantized tensor '%s' has no '%s'", ck->dir, data->name, scale_name);
+    weight *d = s->dst;
+    *d = (weight){.rows = s->rows, .cols = s->cols, .data = data->data, .quant = cfg->ckpt_quant,
+                  .group = cfg->ckpt_group ? cfg->ckpt_group : (int)s->cols};
+    if (packed) {
+        int per_word = cfg->ckpt_quant == WQ_INT8 ? 4 : 8;
+        if (packed->dtype != DT_I32)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has dtype %s, expected I32 (packed)",
+                              ck->files[packed->file].name, packed_name, dtype_name(packed->dtype));
+        FERRY_TRY(check_shape(ck, packed, s->rows, (s->cols + per_word - 1) / per_word));
+        d->dtype = DT_I32;
+        const st_tensor *shape = st_checkpoint_find(ck, shape_name);
+        if (shape) {
+            int64_t v[2] = {-1, -1};
+            if (shape->ndim == 1 && shape->shape[0] == 2 && (shape->dtype == DT_I64 || shape->dtype == DT_I32))
+                for (int i = 0; i < 2; i++)
+                    v[i] = shape->dtype == DT_I64 ? ((const int64_t *)shape->data)[i] : ((const int32_t *)shape->data)[i];
+            if (v[0] != s->rows || v[1] != s->cols)
+                return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' must be [%lld, %lld] (I64 or I32 [2])",
+                                  ck->files[shape->file].name, shape_name, (long long)s->rows, (long long)s->cols);
+        }
+    } else {
+        if (cfg->ckpt_quant != WQ_INT8)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' is int8 but quantization_config says %d-bit weights",
+                              ck->files[plain->file].name, s->name, cfg->ckpt_quant == WQ_INT4 ? 4 : 0);
+        FERRY_TRY(check_shape(ck, plain, s->rows, s->cols));
+        d->dtype = DT_I8;
+    }
+    if (!dtype_is_compute(scale->dtype))
+        return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has dtype %s (scales: F32, F16, BF16)",
+                          ck->files[scale->file].name, scale_name, dtype_name(scale->dtype));
+    FERRY_TRY(check_shape(ck, scale, s->rows, weight_groups(d)));
+    d->scale_dtype = scale->dtype;
+    d->scales = scale->data;
+    return FERRY_OK;
+}
+
+static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, const tensor_entry *s)
+{
+    if (s->linear && cfg->ckpt_quant != WQ_NONE) {
+        bool bound;
+        FERRY_TRY(bind_quantized(cfg, ck, s, &bound));
+        if (bound) return FERRY_OK;
+    }
     const st_tensor *t = st_checkpoint_find(ck, s->name);
     if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, s->name);
     const char *file = ck->files[t->file].name;
     if (!dtype_is_compute(t->dtype))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file,
                           s->name, dtype_name(t->dtype));
-    bool ok = s->rows == 0 ? (t->ndim == 1 && t->shape[0] == s->cols)
-                           : (t->ndim == 2 && t->shape[0] == s->rows && t->shape[1] == s->cols);
-    if (!ok) {
-        char got[96] = "";
-        for (int i = 0; i < t->ndim && strlen(got) < 70; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        if (s->rows == 0)
-            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], config implies [%lld]", file,
-                              s->name, got, (long long)s->cols);
-        return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], config implies [%lld, %lld]", file,
-                          s->name, got, (long long)s->rows, (long long)s->cols);
-    }
+    FERRY_TRY(check_shape(ck, t, s->rows, s->cols));
     s->dst->dtype = t->dtype;
     s->dst->rows = s->rows ? s->rows : 1;
     s->dst->cols = s->cols;
@@ -346,7 +495,7 @@ ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck
     tensor_entry *entries;
     int n;
     ferry_status st = model_tensor_entries(cfg, w, &entries, &n);
-    for (int i = 0; st == FERRY_OK && i < n; i++) st = bind_one(ck, &entries[i]);
+    for (int i = 0; st == FERRY_OK && i < n; i++) st = bind_one(cfg, ck, &entries[i]);
     free(entries);
     if (st == FERRY_OK && cfg->tied) w->lm_head = w->embed;
     if (st != FERRY_OK) model_weights_free(w);

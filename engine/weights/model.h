@@ -41,6 +41,11 @@ typedef struct {
     bool qkv_bias;         /* q/k/v projections have a bias */
     bool o_bias;           /* o_proj has a bias */
     bool qk_norm;          /* Qwen3 q_norm / k_norm */
+    /* a compressed-tensors checkpoint (config.json quantization_config,
+     * model.c): its linear layers' scheme; WQ_NONE for a plain checkpoint */
+    weight_quant ckpt_quant;
+    int ckpt_group;        /* input columns per scale; 0: one scale per output channel */
+    bool ckpt_packed;      /* format pack-quantized (weight_packed int32), else int-quantized (weight int8) */
 } model_config;
 
 /* Parses config.json text; `label` names the file in errors. */
@@ -81,6 +86,7 @@ typedef struct {
     unit_kind unit;
     int layer;          /* UNIT_LAYER only */
     int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
+    bool linear;        /* a linear layer (q/k/v/o, gate/up/down): what quantization applies to */
     weight *dst;        /* the field it fills */
 } tensor_entry;
 
@@ -89,7 +95,11 @@ typedef struct {
 ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, tensor_entry **out, int *n);
 
 /* Binds the weights to checkpoint tensors (zero copy: data points into the
- * mapping), validating names, shapes and dtypes. */
+ * mapping), validating names, shapes and dtypes. In a compressed-tensors
+ * checkpoint a linear layer NAME.weight is NAME.weight_packed (int32, with
+ * NAME.weight_shape) or NAME.weight (int8) with NAME.weight_scale, bound
+ * as a quantized weight (backend.h), or a plain NAME.weight where the
+ * checkpoint left that layer unquantized (its `ignore` list). */
 ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w);
 void model_weights_free(model_weights *w);
 

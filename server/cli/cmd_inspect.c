@@ -1,12 +1,16 @@
 /*
  * cmd_inspect.c - `ferry inspect`: what a checkpoint holds and whether ferry
- * can run it: architecture and config, files, tensor count, bytes by dtype.
+ * can run it: architecture and config, files, tensor count, bytes by dtype,
+ * a compressed-tensors checkpoint's scheme, and the bytes the engine holds
+ * after the conversion --weights-dtype / --quantize ask for.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../../engine/base/json.h"
+#include "../../engine/weights/convert.h"
 #include "../../engine/weights/model.h"
+#include "../../engine/weights/quant.h"
 #include "../../engine/base/util.h"
 #include "cli.h"
 
@@ -22,7 +26,26 @@ int cmd_inspect(const ferry_config *cfg)
         st_checkpoint_close(ck);
         return cli_fail(st);
     }
+    convert_opts conv;
+    uint64_t engine_bytes = 0;
+    int n_quantized = 0;
+    st = convert_opts_parse(cfg->weights_dtype, cfg->quantize, &conv);
+    if (st != FERRY_OK) {
+        model_weights_free(&w);
+        st_checkpoint_close(ck);
+        return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    }
+    st = convert_model_bytes(&mc, &w, &conv, &engine_bytes, &n_quantized);
     model_weights_free(&w);
+    if (st != FERRY_OK) {
+        st_checkpoint_close(ck);
+        return cli_fail(st);
+    }
+    char ckq[64], conv_s[160];
+    if (mc.ckpt_quant == WQ_NONE) snprintf(ckq, sizeof ckq, "none");
+    else if (mc.ckpt_group) snprintf(ckq, sizeof ckq, "%s group %d", quant_name(mc.ckpt_quant), mc.ckpt_group);
+    else snprintf(ckq, sizeof ckq, "%s per channel", quant_name(mc.ckpt_quant));
+    convert_describe(&conv, conv_s, sizeof conv_s);
     uint64_t by_dtype[DT_COUNT] = {0}, total = 0;
     for (size_t i = 0; i < ck->n_tensors; i++) {
         by_dtype[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
@@ -49,7 +72,12 @@ int cmd_inspect(const ferry_config *cfg)
                           (unsigned long long)by_dtype[d]);
                 first = 0;
             }
-        sb_puts(&sb, "}}\n");
+        sb_puts(&sb, "}, \"checkpoint_quantization\": ");
+        sb_json_str(&sb, ckq);
+        sb_puts(&sb, ", \"conversion\": ");
+        sb_json_str(&sb, conv_s);
+        sb_printf(&sb, ", \"engine_bytes\": %llu, \"quantized_tensors\": %d}\n", (unsigned long long)engine_bytes,
+                  n_quantized);
     } else {
         char b[32];
         sb_printf(&sb, "architecture   %s\n", mc.arch_name);
@@ -67,6 +95,10 @@ int cmd_inspect(const ferry_config *cfg)
                 sb_printf(&sb, "bytes %-8s %llu (%s)\n", dtype_name((ferry_dtype)d), (unsigned long long)by_dtype[d],
                           util_fmt_bytes(by_dtype[d], b, sizeof b));
         sb_printf(&sb, "bytes total    %llu (%s)\n", (unsigned long long)total, util_fmt_bytes(total, b, sizeof b));
+        sb_printf(&sb, "quantization   %s%s\n", ckq, mc.ckpt_quant == WQ_NONE ? "" : mc.ckpt_packed ? " (compressed-tensors, pack-quantized)" : " (compressed-tensors, int-quantized)");
+        sb_printf(&sb, "conversion     %s\n", conv_s);
+        sb_printf(&sb, "engine bytes   %llu (%s), %d tensors quantized\n", (unsigned long long)engine_bytes,
+                  util_fmt_bytes(engine_bytes, b, sizeof b), n_quantized);
     }
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);

@@ -18,7 +18,8 @@ static const char *group_name(const plan_group *g, char *buf, size_t cap)
     return buf;
 }
 
-static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail)
+static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail,
+                       const char *conv)
 {
     char name[48];
     sb_puts(sb, "{\"groups\": [");
@@ -35,13 +36,16 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
               "\"host_staging_bytes\": %llu, \"kv_bytes\": %llu, \"activation_bytes\": %llu}, "
               "\"sequences\": %d, \"context\": %d, "
-              "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s}\n",
+              "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s, "
+              "\"conversion\": ",
               (unsigned long long)p->tier_bytes[TIER_DEVICE], (unsigned long long)p->tier_bytes[TIER_HOST],
               (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->n_stage_slots,
               (unsigned long long)p->slot_bytes, (unsigned long long)p->stage_bytes,
               (unsigned long long)p->host_stage_bytes, (unsigned long long)p->kv_bytes,
               (unsigned long long)p->act_bytes, p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
               (unsigned long long)need_dev, (unsigned long long)avail, need_host <= avail ? "true" : "false");
+    sb_json_str(sb, conv);
+    sb_puts(sb, "}\n");
 }
 
 static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail)
@@ -87,8 +91,14 @@ int cmd_plan(const ferry_config *cfg)
     uint64_t avail = plan_host_available();
     strbuf sb;
     sb_init(&sb);
-    if (cfg->json) print_json(&sb, &p, need_host, need_dev, avail);
-    else print_text(&sb, &p, need_host, need_dev, avail);
+    char conv[160];
+    convert_describe(&eo.convert, conv, sizeof conv);
+    if (cfg->json) {
+        print_json(&sb, &p, need_host, need_dev, avail, conv);
+    } else {
+        print_text(&sb, &p, need_host, need_dev, avail);
+        sb_printf(&sb, "convert   %s (bytes above are after it)\n", conv);
+    }
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);
     plan_free(&p);

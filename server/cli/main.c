@@ -12,7 +12,8 @@
 
 #define S(x) SETTING_##x
 #define END (-1)
-#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(max_step_tokens), S(verify_reads)
+#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(max_step_tokens), S(verify_reads), \
+                  S(weights_dtype), S(quantize)
 
 typedef struct {
     const char *name;
@@ -27,8 +28,8 @@ static const command k_commands[] = {
      {S(model), S(prompt_ids), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device),
       S(threads), S(json), S(dump_logits), PLACEMENT, END},
      {S(model), S(prompt_ids), END}},
-    {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype",
-     {S(model), S(json), END},
+    {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype, and after a conversion",
+     {S(model), S(json), S(weights_dtype), S(quantize), END},
      {S(model), END}},
     {"mkmodel", cmd_mkmodel, "write a random Hugging Face-layout checkpoint (demos, tests, benchmarks)",
      {S(out), S(arch), S(preset), S(dtype), S(seed), S(shard_size), S(layers), S(kv_heads), S(tied),

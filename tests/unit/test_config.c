@@ -57,6 +57,8 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.max_queued, 64);
     CHECK_EQ_U64(cfg.request_memory, 1ull << 30);
     CHECK(cfg.verify_reads == true);
+    CHECK(cfg.weights_dtype == NULL);
+    CHECK(cfg.quantize == NULL);
     CHECK_EQ_INT(cfg.request_timeout, 30);
     CHECK_EQ_INT(cfg.max_connections, 2048);
     CHECK_EQ_INT(cfg.max_connections_per_ip, 256);
@@ -64,7 +66,7 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 42); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 44); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -42,6 +42,8 @@
 #include "../../engine/weights/safetensors.h"
 #include "check.h"
 
+static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
+
 #define STEPS 4
 #define MAX_VISITS 64
 #define HEAD_VISIT 1000
@@ -89,7 +91,7 @@ static void model_open(model_fx *m, const char *root, const char *label, const c
     m->units = calloc((size_t)m->cfg.n_layers + 2, sizeof *m->units);
     m->want = calloc((size_t)m->n, sizeof *m->want);
     backend *cpu;
-    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, m->units) != FERRY_OK ||
+    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, &k_identity, m->units) != FERRY_OK ||
         cpu_backend_create(&(backend_opts){.threads = 1}, &cpu) != FERRY_OK)
         exit(2);
     for (int k = 0; k < m->n; k++) {
@@ -211,7 +213,7 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
     r->view.layers = calloc((size_t)c->n_layers, sizeof *r->view.layers);
     if (st == FERRY_OK)
-        st = store_open(&r->s, r->be, &r->p, c, (model_weights *)&m->w, &r->view, od, "test-pipeline");
+        st = store_open(&r->s, r->be, &r->p, c, &k_identity, (model_weights *)&m->w, &r->view, od, "test-pipeline");
     if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
     if (st == FERRY_OK) st = pipeline_create(&r->pl, r->be, r->s, &r->p);
     CHECK_STATUS(st, FERRY_OK);

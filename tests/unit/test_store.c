@@ -37,6 +37,8 @@
 #include "../../engine/weights/st_writer.h"
 #include "check.h"
 
+static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
+
 #define N_LAYERS 3
 #define VOCAB 256
 #define DIM 64
@@ -171,7 +173,7 @@ static bool model_open(model *m, const model_spec *spec, const char *root, int i
     if (st == FERRY_OK) st = st_checkpoint_open(m->dir, &m->ck);
     if (st == FERRY_OK) st = model_weights_bind(&m->cfg, m->ck, &m->ckw);
     if (st == FERRY_OK) st = model_tensor_entries(&m->cfg, &m->ckw, &m->ck_entries, &m->n);
-    if (st == FERRY_OK) st = store_unit_bytes(&m->cfg, &m->ckw, m->units);
+    if (st == FERRY_OK) st = store_unit_bytes(&m->cfg, &m->ckw, &k_identity, m->units);
     backend_opts bo = {.threads = 1};
     if (st == FERRY_OK) st = backend_create("cpu", &bo, &m->be);
     if (st != FERRY_OK) fprintf(stderr, "%s: setting up the model failed: %s\n", spec->arch, ferry_errmsg());
@@ -443,7 +445,7 @@ static void test_placement(const model *m, int which, const char *root)
     /* twice: the second store reuses the blobs the first one wrote */
     for (int round = 0; round < 2 && nv == m->n; round++) {
         store *s = NULL;
-        CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, (model_weights *)&m->ckw, &view, od, "test-store-fp"),
+        CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, &k_identity, (model_weights *)&m->ckw, &view, od, "test-store-fp"),
                      FERRY_OK);
         if (!s) break;
         for (int g = 0; g < p.n_groups; g++) check_group(m, &p, s, ve, g, od, what);
@@ -466,13 +468,13 @@ static void test_no_offload_dir(const model *m)
     model_weights view = {0};
     view.layers = calloc(N_LAYERS, sizeof *view.layers);
     store *s = (store *)&p; /* anything but NULL: a failed open must clear it */
-    CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, (model_weights *)&m->ckw, &view, NULL, "fp"), FERRY_ERR_INVALID);
+    CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, &k_identity, (model_weights *)&m->ckw, &view, NULL, "fp"), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--offload-dir");
     CHECK(s == NULL);
     /* nothing on disk: no directory needed */
     plan_free(&p);
     if ((st = make_plan(m, P_EMBED_HOST, &p)) == FERRY_OK) {
-        CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, (model_weights *)&m->ckw, &view, NULL, "fp"), FERRY_OK);
+        CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, &k_identity, (model_weights *)&m->ckw, &view, NULL, "fp"), FERRY_OK);
         store_close(s);
         plan_free(&p);
     }

@@ -1,0 +1,231 @@
+/*
+ * convert.c - checkpoint tensors to engine tensors. See convert.h.
+ */
+#include "convert.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/util.h"
+#include "quant.h"
+
+/* Names quant.c's output in the offload dir's fingerprint: bump it when a
+ * change to the quantizer changes the bits it writes. */
+#define QUANTIZER_ID "compressed-tensors-rtn-1"
+
+#define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
+
+ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_opts *out)
+{
+    *out = convert_identity();
+    if (dtype && *dtype) {
+        static const struct {
+            const char *name;
+            ferry_dtype dt;
+        } k[] = {{"f32", DT_F32}, {"f16", DT_F16}, {"bf16", DT_BF16}};
+        size_t i = 0;
+        while (i < sizeof k / sizeof k[0] && strcmp(k[i].name, dtype)) i++;
+        if (i == sizeof k / sizeof k[0])
+            return ferry_fail(FERRY_ERR_INVALID, "--weights-dtype must be f32, f16 or bf16 (got '%s')", dtype);
+        out->dtype = k[i].dt;
+    }
+    if (quant && *quant) {
+        weight_quant q;
+        if (!quant_parse(quant, &q))
+            return ferry_fail(FERRY_ERR_INVALID, "--quantize must be none, int8 or int4 (got '%s')", quant);
+        out->quant = q;
+    }
+    return FERRY_OK;
+}
+
+/* The int8 of a pack-quantized 8-bit checkpoint is packed four to an int32
+ * word, offset by 128: the engine keeps plain int8 (convert_rows repacks). */
+static bool packed_int8(const weight *w) { return w->quant == WQ_INT8 && w->dtype == DT_I32; }
+
+ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight *fmt)
+{
+    const weight *src = e->dst;
+    *fmt = (weight){.rows = src->rows, .cols = src->cols};
+    weight_quant q = WQ_NONE;
+    if (e->linear) q = o->quant == CONVERT_KEEP ? src->quant : (weight_quant)o->quant;
+    if (q == WQ_NONE) {
+        fmt->dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype
+                     : src->quant != WQ_NONE  ? src->scale_dtype
+                                              : src->dtype;
+        return FERRY_OK;
+    }
+    fmt->quant = q;
+    fmt->dtype = q == WQ_INT8 ? DT_I8 : DT_I32;
+    if (src->quant != WQ_NONE) {
+        if (src->quant != q)
+            return ferry_fail(FERRY_ERR_UNSUPPORTED,
+                              "%s is %s in the checkpoint: it cannot be requantized to %s (quantize the "
+                              "full-precision checkpoint, or use --quantize none to dequantize)",
+                              e->name, quant_name(src->quant), quant_name(q));
+        fmt->group = src->group;
+        fmt->scale_dtype = src->scale_dtype; /* a quantized checkpoint's scales stay as they are */
+        return FERRY_OK;
+    }
+    fmt->group = quant_default_group(q, src->cols);
+    fmt->scale_dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype : src->dtype;
+    return FERRY_OK;
+}
+
+uint64_t convert_scales_offset(const weight *fmt)
+{
+    return ALIGN_UP((uint64_t)fmt->rows * weight_row_bytes(fmt), CONVERT_ALIGN);
+}
+
+uint64_t convert_bytes(const weight *fmt)
+{
+    if (fmt->quant == WQ_NONE) return (uint64_t)fmt->rows * weight_row_bytes(fmt);
+    return convert_scales_offset(fmt) + (uint64_t)fmt->rows * (uint64_t)weight_groups(fmt) * dtype_size(fmt->scale_dtype);
+}
+
+void convert_bind(weight *fmt, const void *base)
+{
+    fmt->data = base;
+    fmt->scales = fmt->quant == WQ_NONE ? NULL : (const char *)base + convert_scales_offset(fmt);
+}
+
+bool convert_is_copy(const weight *src, const weight *fmt)
+{
+    if (src->dtype != fmt->dtype || src->quant != fmt->quant) return false;
+    return src->quant == WQ_NONE || (src->group == fmt->group && src->scale_dtype == fmt->scale_dtype);
+}
+
+int64_t convert_piece_rows(const weight *src, uint64_t bytes)
+{
+    uint64_t row = weight_row_bytes(src) ? weight_row_bytes(src) : 1;
+    if (src->quant == WQ_NONE && row < (uint64_t)src->cols * 4) row = (uint64_t)src->cols * 4; /* f32 scratch */
+    int64_t n = (int64_t)(bytes / row);
+    return n < 1 ? 1 : n > src->rows ? src->rows : n;
+}
+
+/* ---- the element conversions -------------------------------------------------- */
+
+static float load_elem(ferry_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static void store_elem(ferry_dtype dt, void *p, size_t i, float v)
+{
+    switch (dt) {
+    case DT_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
+    case DT_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+static void cast_elems(ferry_dtype to, void *dst, ferry_dtype from, const void *src, size_t n)
+{
+    if (to == from) {
+        memcpy(dst, src, n * dtype_size(to));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) store_elem(to, dst, i, load_elem(from, src, i));
+}
+
+/* One row of a pack-quantized 8-bit weight as plain int8. */
+static void unpack_int8_row(const weight *src, int64_t r, int8_t *out)
+{
+    const uint8_t *b = (const uint8_t *)src->data + (size_t)r * weight_row_bytes(src);
+    for (int64_t c = 0; c < src->cols; c++) out[c] = (int8_t)(b[c] ^ 0x80u); /* q + 128 -> q */
+}
+
+ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int64_t n, void *data_out,
+                          void *scales_out, const char *name)
+{
+    size_t src_row = weight_row_bytes(src), out_row = weight_row_bytes(fmt);
+    size_t n_scales = (size_t)weight_groups(src) * (size_t)n;
+    const char *sdata = (const char *)src->data + (size_t)r0 * src_row;
+
+    if (src->quant == WQ_NONE && fmt->quant == WQ_NONE) {
+        cast_elems(fmt->dtype, data_out, src->dtype, sdata, (size_t)n * (size_t)src->cols);
+        return FERRY_OK;
+    }
+    if (src->quant == WQ_NONE) { /* quantize, from the scales' dtype */
+        weight part = {.dtype = src->dtype, .rows = n, .cols = src->cols, .data = sdata};
+        void *tmp = NULL;
+        if (src->dtype != fmt->scale_dtype) {
+            tmp = malloc((size_t)n * (size_t)src->cols * dtype_size(fmt->scale_dtype));
+            if (!tmp) return ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", name);
+            cast_elems(fmt->scale_dtype, tmp, src->dtype, sdata, (size_t)n * (size_t)src->cols);
+            part.dtype = fmt->scale_dtype;
+            part.data = tmp;
+        }
+        ferry_status st = quant_weight(fmt->quant, fmt->group, fmt->scale_dtype, &part, data_out, scales_out, name);
+        free(tmp);
+        if (st != FERRY_OK) return ferry_fail_context(st, "rows %lld.. of %s", (long long)r0, name);
+        return FERRY_OK;
+    }
+    const char *sscales = (const char *)src->scales + (size_t)r0 * (size_t)weight_groups(src) * dtype_size(src->scale_dtype);
+    if (fmt->quant == WQ_NONE) { /* dequantize */
+        float *row = malloc((size_t)src->cols * sizeof *row);
+        int8_t *unpacked = packed_int8(src) ? malloc((size_t)src->cols) : NULL;
+        if (!row || (packed_int8(src) && !unpacked)) {
+            free(row);
+            free(unpacked);
+            return ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", name);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            weight one = *src;
+            one.rows = 1;
+            one.scales = sscales + (size_t)r * (size_t)weight_groups(src) * dtype_size(src->scale_dtype);
+            if (unpacked) {
+                unpack_int8_row(src, r0 + r, unpacked);
+                one.dtype = DT_I8;
+                one.data = unpacked;
+            } else {
+                one.data = sdata + (size_t)r * src_row;
+            }
+            quant_dequant_row(&one, 0, row);
+            cast_elems(fmt->dtype, (char *)data_out + (size_t)r * out_row, DT_F32, row, (size_t)src->cols);
+        }
+        free(row);
+        free(unpacked);
+        return FERRY_OK;
+    }
+    /* the same scheme: the data as it is (int8 unpacked), the scales as they are */
+    if (packed_int8(src))
+        for (int64_t r = 0; r < n; r++) unpack_int8_row(src, r0 + r, (int8_t *)data_out + (size_t)r * out_row);
+    else
+        memcpy(data_out, sdata, (size_t)n * src_row);
+    memcpy(scales_out, sscales, n_scales * dtype_size(src->scale_dtype));
+    return FERRY_OK;
+}
+
+ferry_status convert_model_bytes(const model_config *cfg, model_weights *w, const convert_opts *o, uint64_t *bytes,
+                                 int *n_quantized)
+{
+    tensor_entry *entries;
+    int n;
+    FERRY_TRY(model_tensor_entries(cfg, w, &entries, &n));
+    *bytes = 0;
+    *n_quantized = 0;
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < n && st == FERRY_OK; i++) {
+        weight fmt;
+        if ((st = convert_format(o, &entries[i], &fmt)) != FERRY_OK) break;
+        *bytes += weight_bytes(&fmt);
+        *n_quantized += fmt.quant != WQ_NONE;
+    }
+    free(entries);
+    return st;
+}
+
+void convert_describe(const convert_opts *o, char *buf, size_t cap)
+{
+    char q[48];
+    if (o->quant == CONVERT_KEEP) snprintf(q, sizeof q, "as-checkpoint");
+    else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d)", QUANT_INT4_GROUP);
+    else snprintf(q, sizeof q, "%s", quant_name((weight_quant)o->quant));
+    snprintf(buf, cap, "weights-dtype=%s quantize=%s quantizer=%s",
+             o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q, QUANTIZER_ID);
+}

@@ -1,0 +1,78 @@
+/*
+ * convert.h - the conversion between checkpoint tensors and engine tensors,
+ * declared once and used by planning (bytes), loading (every tier), the
+ * offload dir (its fingerprint) and export.
+ *
+ * A conversion is `--weights-dtype` (F32/F16/BF16 for every tensor that is
+ * not quantized; default: each tensor's checkpoint dtype) and `--quantize`
+ * (none/int8/int4 for the linear layers q/k/v/o and gate/up/down; default:
+ * as the checkpoint - quantized tensors of a compressed-tensors checkpoint
+ * stay quantized, the others stay full precision). The embedding, the norms,
+ * the biases and lm_head are never quantized. A quantized engine tensor is
+ * one unit of data and scales (backend.h), laid out as
+ *     [data: rows x weight_row_bytes][pad to CONVERT_ALIGN][scales]
+ * wherever it is stored, so a group moves as one contiguous copy.
+ *
+ * Quantizing a full-precision weight follows quant.h (compressed-tensors'
+ * formulas, docs/quantization.md); a weight in another dtype is first
+ * converted to the target dtype, so its scales are in that dtype.
+ * Dequantizing (--quantize none on a quantized checkpoint) gives q * scale
+ * in the target dtype. A quantized checkpoint tensor cannot be requantized
+ * to another scheme (that would compound two roundings): refused.
+ */
+#ifndef FERRY_CONVERT_H
+#define FERRY_CONVERT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../backend.h"
+#include "model.h"
+
+#define CONVERT_KEEP (-1) /* convert_opts: as the checkpoint */
+#define CONVERT_ALIGN 256u /* the scales of a quantized tensor start here after its data */
+
+typedef struct {
+    int dtype; /* ferry_dtype DT_F32/DT_F16/DT_BF16, or CONVERT_KEEP */
+    int quant; /* weight_quant of the linear layers, or CONVERT_KEEP */
+} convert_opts;
+
+static inline convert_opts convert_identity(void) { return (convert_opts){CONVERT_KEEP, CONVERT_KEEP}; }
+
+/* Parses --weights-dtype ("f32", "f16", "bf16"; NULL or "" keeps) and
+ * --quantize ("none", "int8", "int4"; NULL or "" keeps). */
+ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_opts *out);
+
+/* The engine form of checkpoint tensor e (bound: e->dst is the checkpoint
+ * weight): dtype, quantization, shape; data and scales NULL. */
+ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight *fmt);
+
+/* Bytes of an engine tensor in its layout (data, pad, scales). */
+uint64_t convert_bytes(const weight *fmt);
+/* Byte offset of the scales in that layout. */
+uint64_t convert_scales_offset(const weight *fmt);
+/* Points fmt's data (and scales) into a buffer holding its layout. */
+void convert_bind(weight *fmt, const void *base);
+/* True when the engine form is the checkpoint tensor's bytes as they are. */
+bool convert_is_copy(const weight *src, const weight *fmt);
+
+/* Converts rows [r0, r0 + n) of src (a bound checkpoint weight) into fmt's
+ * form: the rows' data to data_out (n x weight_row_bytes(fmt)) and, for a
+ * quantized fmt, their scales to scales_out (n x groups). `name` names the
+ * tensor in errors (a NaN or Inf refused by the quantizer). */
+ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int64_t n, void *data_out,
+                          void *scales_out, const char *name);
+
+/* Rows per piece when converting src in pieces of about `bytes`. */
+int64_t convert_piece_rows(const weight *src, uint64_t bytes);
+
+/* Bytes of the model's tensors in their engine form (no layout padding),
+ * and how many of them are quantized; w is the bound checkpoint. */
+ferry_status convert_model_bytes(const model_config *cfg, model_weights *w, const convert_opts *o, uint64_t *bytes,
+                                 int *n_quantized);
+
+/* What the conversion is, for the offload dir's fingerprint and for
+ * `inspect`/`plan`: "weights-dtype=bf16 quantize=int4(group 128) quantizer=..." */
+void convert_describe(const convert_opts *o, char *buf, size_t cap);
+
+#endif
