@@ -55,6 +55,7 @@ size_t quant_data_bytes(weight_quant q, int64_t rows, int64_t cols)
 
 size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scale_dtype)
 {
+    if (group < 1) return 0;
     return (size_t)(rows * ((cols + group - 1) / group)) * dtype_size(scale_dtype);
 }
 

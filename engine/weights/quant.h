@@ -38,7 +38,7 @@ int quant_default_group(weight_quant q, int64_t cols);
 /* Bytes of the data [rows, cols or ceil(cols / 8) words] and of the scales
  * [rows, ceil(cols / group)] of a quantized [rows, cols] weight. */
 size_t quant_data_bytes(weight_quant q, int64_t rows, int64_t cols);
-size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scale_dtype);
+size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scale_dtype); /* 0 for group < 1 */
 
 /* Quantizes src (F32/F16/BF16 [rows, cols], quant WQ_NONE) into data_out
  * (quant_data_bytes) and scales_out (quant_scale_bytes, scale_dtype
