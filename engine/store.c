@@ -151,7 +151,7 @@ static ferry_status emit_tensor(store *s, int i, sink_fn sink, void *ctx)
         }
         return FERRY_OK;
     }
-    int64_t piece = convert_piece_rows(src, PIECE_BYTES);
+    int64_t piece = convert_piece_rows(src, fmt, PIECE_BYTES);
     size_t out_row = weight_row_bytes(fmt), src_row = weight_row_bytes(src);
     char *buf = malloc((size_t)piece * out_row);
     char *scales = fmt->quant != WQ_NONE ? malloc((size_t)fmt->rows * scale_row) : NULL;

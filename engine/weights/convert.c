@@ -95,11 +95,13 @@ bool convert_is_copy(const weight *src, const weight *fmt)
     return src->quant == WQ_NONE || (src->group == fmt->group && src->scale_dtype == fmt->scale_dtype);
 }
 
-int64_t convert_piece_rows(const weight *src, uint64_t bytes)
+int64_t convert_piece_rows(const weight *src, const weight *fmt, uint64_t bytes)
 {
-    uint64_t row = weight_row_bytes(src) ? weight_row_bytes(src) : 1;
-    if (src->quant == WQ_NONE && row < (uint64_t)src->cols * 4) row = (uint64_t)src->cols * 4; /* f32 scratch */
-    int64_t n = (int64_t)(bytes / row);
+    /* the largest of a source row, an engine row and the f32 scratch of one */
+    uint64_t row = (uint64_t)src->cols * 4;
+    if (weight_row_bytes(src) > row) row = weight_row_bytes(src);
+    if (weight_row_bytes(fmt) > row) row = weight_row_bytes(fmt);
+    int64_t n = (int64_t)(bytes / (row ? row : 1));
     return n < 1 ? 1 : n > src->rows ? src->rows : n;
 }
 

@@ -63,8 +63,8 @@ bool convert_is_copy(const weight *src, const weight *fmt);
 ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int64_t n, void *data_out,
                           void *scales_out, const char *name);
 
-/* Rows per piece when converting src in pieces of about `bytes`. */
-int64_t convert_piece_rows(const weight *src, uint64_t bytes);
+/* Rows per piece when converting src to fmt in pieces of about `bytes`. */
+int64_t convert_piece_rows(const weight *src, const weight *fmt, uint64_t bytes);
 
 /* Bytes of the model's tensors in their engine form (no layout padding),
  * and how many of them are quantized; w is the bound checkpoint. */
