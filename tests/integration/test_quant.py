@@ -392,3 +392,79 @@ def test_step_size_invariant(ferry, models, work, mode):
     one = gen(ferry, d, prompt, work, "--quantize", mode)
     assert_identical(gen(ferry, d, prompt, work, "--quantize", mode, "--max-step-tokens", 10), one,
                      "--quantize %s, prefill in steps of 10 vs one step" % mode)
+
+
+# ---- 3. compressed-tensors checkpoints: the same bits in the engine ---------------------
+
+SIZE = {"F32": 4, "F16": 2, "BF16": 2}
+SCHEME_NAME = {"int8": "int8 per channel", "int4": "int4 group 128"}  # inspect's checkpoint_quantization
+
+
+def engine_bytes(d, mode, dtype=None):
+    """Bytes of d's tensors in their engine form (inspect's engine_bytes):
+    every tensor in `dtype` (default its own), the linear ones quantized by
+    `mode` with scales in that dtype: int8 one byte per value and one scale
+    per row, int4 a 32-bit word per 8 values and one scale per 128 columns."""
+    total = 0
+    for name, (dt, shape, raw) in read_tensors(d).items():
+        size = SIZE[dtype or dt]
+        if mode in (None, "none") or not is_linear(name):
+            total += int(np.prod(shape)) * size
+            continue
+        rows, cols = shape
+        if mode == "int8":
+            total += rows * cols + rows * size
+        else:
+            total += rows * 4 * -(-cols // 8) + rows * -(-cols // GROUP) * size
+    return total
+
+
+ROUND_TRIP_MODELS = ["llama-f32", "llama-bf16", "qwen2-bf16", "llama-small-f32"]
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("name", ROUND_TRIP_MODELS)
+def test_compressed_checkpoint(ferry, models, ref, work, name, scheme):
+    d, cfg, dtype = _model(models, name)
+    mode = SCHEMES[scheme][4]
+    ct = write_compressed(d, work / "ct", scheme)
+    prompts = _prompts(cfg["vocab_size"], 11)
+    want = gen_exact(ferry, d, prompts, work, "--quantize", mode)
+    got = gen_exact(ferry, ct, prompts, work)
+    assert_identical(got, want, "%s %s checkpoint vs --quantize %s on the original" % (name, scheme, mode))
+    # asking for the checkpoint's own scheme is no requantization
+    assert_identical(gen_exact(ferry, ct, prompts, work, "--quantize", mode), want,
+                     "%s %s checkpoint with --quantize %s" % (name, scheme, mode))
+    check_ref(ref, write_float(d, work / "deq", mode), prompts, got, TOL, "%s %s" % (name, scheme))
+    # inspect: the scheme, and the engine bytes of --quantize MODE on the original
+    info = inspect_json(ferry, ct)
+    orig = inspect_json(ferry, d)
+    assert info["checkpoint_quantization"] == SCHEME_NAME[mode], info
+    assert orig["checkpoint_quantization"] == "none", orig
+    assert info["quantized_tensors"] == 7 * cfg["num_hidden_layers"], info
+    assert info["engine_bytes"] == engine_bytes(d, mode) == inspect_json(ferry, d, "--quantize", mode)["engine_bytes"]
+    assert orig["engine_bytes"] == engine_bytes(d, None)
+    assert info["engine_bytes"] < orig["engine_bytes"]
+    assert mode in plan_json(ferry, d, "--quantize", mode)["conversion"]
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("name", ["llama-f32", "qwen2-bf16"])
+def test_compressed_dequantized(ferry, models, ref, work, name, scheme):
+    """--quantize none on a compressed checkpoint: q * scale, in the scales'
+    dtype (BF16: the f32 product rounded to bf16) or in --weights-dtype."""
+    d, cfg, dtype = _model(models, name)
+    mode = SCHEMES[scheme][4]
+    ct = write_compressed(d, work / "ct", scheme)
+    prompts = _prompts(cfg["vocab_size"], 13)
+    got = gen(ferry, ct, prompts, work, "--quantize", "none")
+    info = inspect_json(ferry, ct, "--quantize", "none")
+    assert info["quantized_tensors"] == 0 and info["engine_bytes"] == engine_bytes(d, None), info
+    deq = write_float(d, work / "deq", mode, round_dequant=dtype)
+    check_ref(ref, deq, prompts, got, TOL, "%s %s --quantize none" % (name, scheme))
+    if dtype != "F32":
+        got = gen(ferry, ct, prompts, work, "--quantize", "none", "--weights-dtype", "f32")
+        deq32 = write_float(d, work / "deq32", mode)
+        check_ref(ref, deq32, prompts, got, TOL, "%s %s --quantize none --weights-dtype f32" % (name, scheme))
+        assert inspect_json(ferry, ct, "--quantize", "none", "--weights-dtype", "f32")["engine_bytes"] == \
+            engine_bytes(d, None, "F32")
