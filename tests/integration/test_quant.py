@@ -468,3 +468,154 @@ def test_compressed_dequantized(ferry, models, ref, work, name, scheme):
         check_ref(ref, deq32, prompts, got, TOL, "%s %s --quantize none --weights-dtype f32" % (name, scheme))
         assert inspect_json(ferry, ct, "--quantize", "none", "--weights-dtype", "f32")["engine_bytes"] == \
             engine_bytes(d, None, "F32")
+
+
+# ---- 4. refusals --------------------------------------------------------------------------
+
+Q0 = "model.layers.0.self_attn.q_proj."  # the tensors the broken checkpoints break
+
+
+def _edit_weights(**kw):
+    def edit(qc):
+        qc["config_groups"]["group_0"]["weights"].update(kw)
+    return edit
+
+
+def _edit_group(key, value):
+    def edit(qc):
+        qc["config_groups"]["group_0"][key] = value
+    return edit
+
+
+def _edit_top(key, value):
+    def edit(qc):
+        qc[key] = value
+    return edit
+
+
+W8A8 = OrderedDict(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True, group_size=None)
+
+# (id, scheme, quantization_config edit, what the error line must contain)
+CONFIG_REFUSALS = [
+    ("gptq", "int4-pack", _edit_top("quant_method", "gptq"), ["quant_method", "gptq"]),
+    ("awq", "int4-pack", _edit_top("quant_method", "awq"), ["quant_method", "awq"]),
+    ("format", "int4-pack", _edit_top("format", "marlin-24"), ["format", "marlin-24"]),
+    ("status", "int4-pack", _edit_top("quantization_status", "frozen"), ["quantization_status", "frozen"]),
+    ("asymmetric", "int4-pack", _edit_weights(symmetric=False), ["symmetric"]),
+    ("dynamic", "int8-int", _edit_weights(dynamic=True), ["dynamic"]),
+    ("w8a8", "int8-int", _edit_group("input_activations", W8A8), ["input_activations"]),
+    ("output-activations", "int8-int", _edit_group("output_activations", W8A8), ["output_activations"]),
+    ("2-bits", "int4-pack", _edit_weights(num_bits=2), ["2 bits"]),
+    ("tensor-strategy", "int8-int", _edit_weights(strategy="tensor"), ["strategy 'tensor'"]),
+    ("float", "int8-int", _edit_weights(type="float"), ["type", "float"]),
+    ("actorder", "int4-pack", _edit_weights(actorder="group"), ["weights.actorder"]),
+    ("block-structure", "int8-int", _edit_weights(block_structure=[128, 128]), ["weights.block_structure"]),
+    ("group-size", "int4-pack", _edit_weights(group_size=0), ["group_size"]),
+    ("int4-int-quantized", "int4-pack", _edit_top("format", "int-quantized"), ["int-quantized"]),
+]
+
+
+def _entries_edit(fn):
+    """A tensor edit: fn({name: [dtype, shape, bytes]}) changes it in place."""
+    return fn
+
+
+def _scale_shape(t):
+    dt, shape, raw = t[Q0 + "weight_scale"]
+    t[Q0 + "weight_scale"] = [dt, [shape[0], shape[1] + 1], raw + raw[:shape[0] * SIZE[dt]]]
+
+
+def _packed_size(t):
+    dt, shape, raw = t[Q0 + "weight_packed"]
+    t[Q0 + "weight_packed"] = [dt, [shape[0], shape[1] - 1], raw[:shape[0] * (shape[1] - 1) * 4]]
+
+
+def _shape_disagrees(t):
+    t[Q0 + "weight_shape"] = ["I64", [2], np.array([64, 56], "<i8").tobytes()]
+
+
+def _no_scale(t):
+    del t[Q0 + "weight_scale"]
+
+
+def _scale_dtype(t):
+    dt, shape, raw = t[Q0 + "weight_scale"]
+    t[Q0 + "weight_scale"] = ["I32", shape, np.zeros(shape, "<i4").tobytes()]
+
+
+def _packed_dtype(t):
+    dt, shape, raw = t[Q0 + "weight_packed"]
+    t[Q0 + "weight_packed"] = ["I64", [shape[0], shape[1] // 2], raw]
+
+
+def _int8_shape(t):
+    dt, shape, raw = t[Q0 + "weight"]
+    t[Q0 + "weight"] = [dt, [shape[0] // 2, shape[1]], raw[:len(raw) // 2]]
+
+
+# (id, scheme, tensor edit, what the error line must contain)
+TENSOR_REFUSALS = [
+    ("scale-shape", "int4-pack", _scale_shape, [Q0 + "weight_scale", "shape"]),
+    ("scale-shape-int8", "int8-int", _scale_shape, [Q0 + "weight_scale", "shape"]),
+    ("packed-size", "int4-pack", _packed_size, [Q0 + "weight_packed", "shape"]),
+    ("packed-size-int8", "int8-pack", _packed_size, [Q0 + "weight_packed", "shape"]),
+    ("weight-shape", "int4-pack", _shape_disagrees, [Q0 + "weight_shape"]),
+    ("no-scale", "int4-pack", _no_scale, [Q0 + "weight_scale"]),
+    ("no-scale-int8", "int8-int", _no_scale, [Q0 + "weight_scale"]),
+    ("scale-dtype", "int8-int", _scale_dtype, [Q0 + "weight_scale", "I32"]),
+    ("packed-dtype", "int4-pack", _packed_dtype, [Q0 + "weight_packed", "I64"]),
+    ("int8-shape", "int8-int", _int8_shape, [Q0 + "weight", "shape"]),
+]
+
+
+def assert_refused(ferry, d, needles, *flags, commands=("generate", "inspect")):
+    """Each command fails with one line holding every needle."""
+    for cmd in commands:
+        args = [cmd, "--model", d] + list(flags)
+        if cmd == "generate":
+            args += ["--prompt-ids", "1,2,3", "--max-new-tokens", 2]
+        line = assert_ferry_error(ferry.run(*args), needles[0])
+        for n in needles[1:]:
+            assert n.lower() in line.lower(), "%s: %r does not name %r" % (cmd, line, n)
+
+
+@pytest.mark.parametrize("case", CONFIG_REFUSALS, ids=[c[0] for c in CONFIG_REFUSALS])
+def test_config_refused(ferry, models, work, case):
+    _, scheme, edit, needles = case
+    d, _, _ = _model(models, "llama-f32")
+    ct = write_compressed(d, work / "ct", scheme)
+    cfg = st_util.read_config(str(ct))
+    edit(cfg["quantization_config"])
+    st_util.write_config(str(ct), cfg)
+    assert_refused(ferry, ct, ["quantization_config"] + needles, commands=("generate", "inspect", "plan"))
+
+
+@pytest.mark.parametrize("case", TENSOR_REFUSALS, ids=[c[0] for c in TENSOR_REFUSALS])
+def test_tensors_refused(ferry, models, work, case):
+    _, scheme, edit, needles = case
+    d, _, _ = _model(models, "llama-f32")
+    ct = write_compressed(d, work / "ct", scheme)
+    t = OrderedDict((n, [dt, shape, raw]) for n, dt, shape, raw in st_util.read(str(ct / "model.safetensors")).entries())
+    edit(t)
+    st_util.write_entries(str(ct / "model.safetensors"), [(n, *v) for n, v in t.items()])
+    assert_refused(ferry, ct, needles)
+
+
+@pytest.mark.parametrize("scheme,mode", [("int8-int", "int4"), ("int8-pack", "int4"), ("int4-pack", "int8")])
+def test_requantize_refused(ferry, models, work, scheme, mode):
+    d, _, _ = _model(models, "llama-f32")
+    ct = write_compressed(d, work / "ct", scheme)
+    assert_refused(ferry, ct, ["requantized", mode, "--quantize none"], "--quantize", mode,
+                   commands=("generate", "inspect", "plan"))
+
+
+@pytest.mark.parametrize("flag", ["--quantize", "--weights-dtype"])
+@pytest.mark.parametrize("cmd", ["generate", "plan", "inspect", "bench"])
+def test_bad_conversion_flags(ferry, models, cmd, flag):
+    d, _, _ = _model(models, "llama-f32")
+    for value in ("bogus", "INT8" if flag == "--quantize" else "F32", "int2" if flag == "--quantize" else "fp8"):
+        args = [cmd, "--model", d, flag, value]
+        if cmd == "generate":
+            args += ["--prompt-ids", "1,2,3", "--max-new-tokens", 2]
+        line = assert_ferry_error(ferry.run(*args), flag)
+        assert value in line, line
