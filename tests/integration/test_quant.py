@@ -619,3 +619,32 @@ def test_bad_conversion_flags(ferry, models, cmd, flag):
             args += ["--prompt-ids", "1,2,3", "--max-new-tokens", 2]
         line = assert_ferry_error(ferry.run(*args), flag)
         assert value in line, line
+
+
+# ---- 5. NaN and Inf weights -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name,bad,mode,where", [
+    ("llama-f32", np.nan, "int8", ()),
+    ("llama-f32", np.inf, "int4", DISK),
+    ("llama-bf16", -np.inf, "int8", ("--max-memory", "device=0")),
+    ("llama-bf16", np.nan, "int4", ("--device", "cpu-split")),
+])
+def test_nonfinite_weight_refused(ferry, models, work, name, bad, mode, where):
+    d, _, dtype = _model(models, name)
+    target = "model.layers.1.mlp.up_proj.weight"
+    t = OrderedDict((n, [dt, shape, raw]) for n, (dt, shape, raw) in read_tensors(d).items())
+    dt, shape, raw = t[target]
+    x = as_f32(dt, shape, raw)
+    x[3, 5] = bad
+    t[target][2] = st_util.encode(x, dt)
+    m = write_model(d, work / "m", [(n, *v) for n, v in t.items()])
+    od = work / "od"
+    p = ferry.run("generate", "--model", m, "--prompt-ids", "1,2,3", "--max-new-tokens", 2, "--quantize", mode,
+                  *where, *(("--offload-dir", od) if where == DISK else ()))
+    line = assert_ferry_error(p, target, rcs=(1,))
+    for want in ("row 3", "column 5", "NaN" if np.isnan(bad) else ("+Inf" if bad > 0 else "-Inf")):
+        assert want in line, "%r does not say %r" % (line, want)
+    if where == DISK:  # refused while the blobs were written: as test_offload's failed builds
+        names = sorted(f.name for f in od.iterdir())
+        assert "ferry-offload.json" not in names, "a failed build must not leave a manifest: %r" % names
+        assert not [n for n in names if ".tmp." in n], "temporary files left behind: %r" % names
