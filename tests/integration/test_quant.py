@@ -28,8 +28,6 @@ full-precision checkpoint of those weights and runs the float64 reference
 """
 
 import json
-import os
-import shutil
 from collections import OrderedDict
 from pathlib import Path
 
@@ -515,11 +513,6 @@ CONFIG_REFUSALS = [
 ]
 
 
-def _entries_edit(fn):
-    """A tensor edit: fn({name: [dtype, shape, bytes]}) changes it in place."""
-    return fn
-
-
 def _scale_shape(t):
     dt, shape, raw = t[Q0 + "weight_scale"]
     t[Q0 + "weight_scale"] = [dt, [shape[0], shape[1] + 1], raw + raw[:shape[0] * SIZE[dt]]]
@@ -553,7 +546,7 @@ def _int8_shape(t):
     t[Q0 + "weight"] = [dt, [shape[0] // 2, shape[1]], raw[:len(raw) // 2]]
 
 
-# (id, scheme, tensor edit, what the error line must contain)
+# (id, scheme, tensor edit (changes {name: [dtype, shape, bytes]} in place), what the error line must contain)
 TENSOR_REFUSALS = [
     ("scale-shape", "int4-pack", _scale_shape, [Q0 + "weight_scale", "shape"]),
     ("scale-shape-int8", "int8-int", _scale_shape, [Q0 + "weight_scale", "shape"]),
@@ -648,3 +641,84 @@ def test_nonfinite_weight_refused(ferry, models, work, name, bad, mode, where):
         names = sorted(f.name for f in od.iterdir())
         assert "ferry-offload.json" not in names, "a failed build must not leave a manifest: %r" % names
         assert not [n for n in names if ".tmp." in n], "temporary files left behind: %r" % names
+
+
+# ---- 6. input dims that the int4 group does not divide -----------------------------------------
+
+def test_short_last_group_is_covered(models):
+    """llama-small-f32 (in the numerics and round-trip tests) has down_proj
+    with 688 input columns: five groups of 128 and a last one of 48, and
+    q/k/v/gate/up with 256: two whole groups; the tiny models have 64
+    columns: a single group shorter than 128."""
+    d, cfg, _ = _model(models, "llama-small-f32")
+    assert cfg["hidden_size"] % GROUP == 0 and cfg["intermediate_size"] % GROUP != 0
+    assert "llama-small-f32" in ROUND_TRIP_MODELS
+    q = quantized(d, "int4")
+    qq, s = q["model.layers.0.mlp.down_proj.weight"]
+    assert qq.shape == (cfg["hidden_size"], 688) and s.shape == (cfg["hidden_size"], 6)
+    assert q["model.layers.0.mlp.up_proj.weight"][1].shape == (688, 2)
+    tiny = st_util.read_config(str(_model(models, "llama-f32")[0]))
+    assert tiny["hidden_size"] < GROUP and tiny["intermediate_size"] % GROUP == 0
+
+
+@pytest.fixture(scope="module")
+def odd_model(tmp_path_factory):
+    """qwen3 with hidden 160 (a group of 128 and one of 32) and intermediate
+    196 (one of 68; not a multiple of 8 either: a partial int4 word per
+    row), head_dim 40."""
+    d = tmp_path_factory.mktemp("odd") / "m"
+    st_util.random_checkpoint(str(d), arch="qwen3", seed=7, hidden=160, intermediate=196, layers=2, heads=4,
+                              kv_heads=2, head_dim=40, vocab=96, scale=0.1)
+    return d
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_odd_dims(ferry, ref, work, odd_model, mode):
+    d = odd_model
+    prompts = _prompts(96, 17) + [prompt_ids(96, 19, 4)]
+    got = gen(ferry, d, prompts, work, "--quantize", mode)
+    check_ref(ref, write_float(d, work / "deq", mode), prompts, got, TOL, "odd dims --quantize %s" % mode)
+    # and a compressed checkpoint of those bits: exactly the same run
+    ct = write_compressed(d, work / "ct", "int8-pack" if mode == "int8" else "int4-pack")
+    assert_identical(gen_exact(ferry, ct, prompts[:2], work), gen_exact(ferry, d, prompts[:2], work, "--quantize", mode),
+                     "odd dims, compressed %s" % mode)
+    assert inspect_json(ferry, ct)["engine_bytes"] == engine_bytes(d, mode)
+
+
+# ---- 7. --weights-dtype ---------------------------------------------------------------------------
+
+def write_cast(d, out, dtype):
+    """d's tensors stored in dtype (rounded to nearest even)."""
+    tensors = [(n, dtype, shape, st_util.encode(as_f32(dt, shape, raw), dtype))
+               for n, (dt, shape, raw) in read_tensors(d).items()]
+    return write_model(d, out, tensors)
+
+
+@pytest.mark.parametrize("name,dtype,mode", [
+    ("llama-f32", "bf16", "none"),
+    ("llama-f32", "bf16", "int8"),
+    ("qwen3-f32", "bf16", "int4"),
+    ("llama-small-f32", "f16", "int4"),
+    ("qwen2-bf16", "f32", "int8"),
+])
+def test_weights_dtype(ferry, models, ref, work, name, dtype, mode):
+    """Every weight is converted to --weights-dtype first, and quantized from
+    there (scales in that dtype): the reference on those weights, and
+    exactly ferry's run of a checkpoint stored in that dtype."""
+    d, cfg, ckpt_dtype = _model(models, name)
+    DT = dtype.upper()
+    conv = ["--weights-dtype", dtype, "--quantize", mode]
+    prompts = _prompts(cfg["vocab_size"], 19)
+    got = gen_exact(ferry, d, prompts, work, *conv)
+    want = write_float(d, work / "want", None if mode == "none" else mode, dtype=DT)
+    check_ref(ref, want, prompts, got, TOL, "%s %s" % (name, " ".join(conv)))
+    cast = write_cast(d, work / "cast", DT)
+    assert_identical(got, gen_exact(ferry, cast, prompts, work, "--quantize", mode),
+                     "%s %s vs the checkpoint stored in %s" % (name, " ".join(conv), dtype))
+    info = inspect_json(ferry, d, *conv)
+    assert "weights-dtype=%s" % DT.lower() in info["conversion"].lower(), info["conversion"]
+    assert info["engine_bytes"] == engine_bytes(d, mode, DT) == inspect_json(ferry, cast, "--quantize", mode)["engine_bytes"]
+    if SIZE[DT] != SIZE[ckpt_dtype]:
+        assert (info["engine_bytes"] < engine_bytes(d, mode)) == (SIZE[DT] < SIZE[ckpt_dtype])
+    # the conversion is visible: the checkpoint's own dtype gives other logits
+    assert not np.array_equal(got[1], gen_exact(ferry, d, prompts, work, "--quantize", mode)[1])
