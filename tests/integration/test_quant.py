@@ -25,6 +25,10 @@ full-precision checkpoint of those weights and runs the float64 reference
 5. a NaN/Inf weight refused naming the tensor;
 6. input dims that 128 does not divide (covered by 1 and 3, asserted here);
 7. `--weights-dtype bf16` on an F32 model, alone and with int8.
+
+Known bug, xfail(strict) in test_step_size_invariant: the CPU matmul of
+quantized weights rounds differently for steps of more than 16 tokens, so
+the runs compared bit for bit keep steps at 16 tokens or fewer (EXACT).
 """
 
 import json
