@@ -58,9 +58,9 @@ ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, c
     FERRY_TRY(model_tensor_entries(cfg, (model_weights *)w, &entries, &n));
     memset(unit_bytes, 0, (size_t)(cfg->n_layers + 2) * sizeof *unit_bytes);
     ferry_status st = FERRY_OK;
-    for (int i = 0; i < n && st == FERRY_OK; i++) {
+    for (int i = 0; i < n; i++) {
         weight fmt;
-        st = convert_format(conv, &entries[i], &fmt);
+        if ((st = convert_format(conv, &entries[i], &fmt)) != FERRY_OK) break; /* fmt is incomplete */
         int u = unit_of(cfg, &entries[i]);
         unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + convert_bytes(&fmt);
     }

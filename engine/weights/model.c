@@ -140,8 +140,10 @@ static ferry_status parse_weights_scheme(const json_value *w, const char *label,
     if (!sym || dyn)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights must be symmetric and static "
                           "(asymmetric or dynamic weights are not supported)", label, path);
-    FERRY_TRY(must_be_null(w, label, path, "actorder"));
-    FERRY_TRY(must_be_null(w, label, path, "block_structure"));
+    char wpath[128]; /* the fields are the weights object's */
+    snprintf(wpath, sizeof wpath, "%s.weights", path);
+    FERRY_TRY(must_be_null(w, label, wpath, "actorder"));
+    FERRY_TRY(must_be_null(w, label, wpath, "block_structure"));
     bool channel = strategy && !strcmp(strategy, "channel"), grouped = strategy && !strcmp(strategy, "group");
     if (grouped && (!json_get_int(w, "group_size", &group, &bad) || group < 1 || group > INT_LIMIT))
         return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s.weights.group_size must be a positive integer",
