@@ -1,0 +1,77 @@
+/*
+ * export.h - writing the weights of a loaded engine out as a Hugging Face
+ * checkpoint, while it serves.
+ *
+ * An export reads every group once, from wherever it lives (device memory,
+ * host memory, a blob of the offload dir), on a thread of its own: the
+ * engine thread is never blocked by it, and outputs of steps running
+ * meanwhile are unchanged. Memory beyond serving is bounded by one group's
+ * bytes plus one write buffer.
+ *
+ * Layouts:
+ *   EXPORT_CONVERTED - the weights as ferry holds them, under the checkpoint's
+ *     tensor names: dtype-converted weights as plain tensors, int8/int4
+ *     weights in compressed-tensors' layout (pack-quantized: NAME.weight_packed
+ *     I32, NAME.weight_shape I64 [2], NAME.weight_scale) with the matching
+ *     quantization_config in config.json, so ferry loads it without
+ *     converting again.
+ *   EXPORT_ORIGINAL - the checkpoint's names, shapes and dtypes (quantized
+ *     weights dequantized: lossy), loadable by plain transformers.
+ *
+ * The output is model-0000k-of-0000n.safetensors, model.safetensors.index.json
+ * and config.json (generation_config.json, tokenizer files and the chat
+ * template copied when the model dir has them). It is written into a
+ * temporary directory under the export root, every file fsynced, the index
+ * last, then renamed to root/name and the root fsynced: a process killed at
+ * any moment leaves no directory under the final name, and a previous export
+ * of that name intact until the new one replaces it. Names match
+ * [A-Za-z0-9._-]{1,128}, not "." or ".."; everything is opened relative to
+ * the root's descriptor without following symlinks.
+ */
+#ifndef FERRY_EXPORT_H
+#define FERRY_EXPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef enum { EXPORT_CONVERTED, EXPORT_ORIGINAL } export_layout;
+
+typedef struct {
+    const char *root;         /* the export root (--export-dir); must exist */
+    const char *name;         /* the directory created under it */
+    export_layout layout;
+    uint64_t max_shard_bytes; /* 0: 5 GB, transformers' default */
+    bool overwrite;           /* replace an existing root/name (else FERRY_ERR_INVALID... see export.c) */
+} export_opts;
+
+typedef enum { EXPORT_QUEUED, EXPORT_RUNNING, EXPORT_DONE, EXPORT_FAILED, EXPORT_CANCELLED } export_state;
+
+typedef struct {
+    export_state state;
+    double progress;          /* 0..1, by bytes */
+    uint64_t bytes_written;
+    uint64_t bytes_total;
+    char error[FERRY_MSG_MAX]; /* EXPORT_FAILED: what went wrong */
+} export_status;
+
+typedef struct export_job export_job;
+
+/* Checks the options (name, root, free space) and starts the export on a
+ * thread of its own; *out is the job. The engine (and the model dir it was
+ * opened from) must outlive the job. */
+ferry_status export_start(engine *e, const export_opts *o, export_job **out);
+export_status export_job_status(export_job *j);
+/* Asks the job to stop; it removes its partial output and ends CANCELLED. */
+void export_job_cancel(export_job *j);
+/* Waits for the job to end and returns its final status. */
+export_status export_job_wait(export_job *j);
+/* Frees an ended job (after export_job_wait). */
+void export_job_free(export_job *j);
+
+/* "converted" / "original"; false when s is neither. */
+bool export_layout_parse(const char *s, export_layout *out);
+const char *export_state_name(export_state s);
+
+#endif
