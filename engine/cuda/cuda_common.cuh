@@ -38,6 +38,54 @@ __device__ __forceinline__ float cuda_warp_sum(float v)
     return v;
 }
 
+/* The GEMV kernels' shared steps (cuda_matmul.cu, cuda_qmatmul.cu): a lane
+ * holds V consecutive widened weights wf[i][0..V) of each of R rows at
+ * column k and adds their products with the n (<= NT) token rows of x
+ * (row stride ldx) to acc[i][t]; at the end each row's partial sums are
+ * reduced across the warp and lane 0 writes out[t * ldo + r0 + i] (+ bias). */
+template <int R, int NT, int V>
+__device__ __forceinline__ void cuda_gemv_fma(float (&acc)[R][NT], const float (&wf)[R][V], const float *x,
+                                              size_t ldx, size_t k, int n)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < n) {
+            const float4 *xp = (const float4 *)(x + (size_t)t * ldx + k);
+#pragma unroll
+            for (int v = 0; v < V / 4; v++) {
+                float4 xv = __ldg(xp + v);
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    acc[i][t] = fmaf(wf[i][4 * v], xv.x, acc[i][t]);
+                    acc[i][t] = fmaf(wf[i][4 * v + 1], xv.y, acc[i][t]);
+                    acc[i][t] = fmaf(wf[i][4 * v + 2], xv.z, acc[i][t]);
+                    acc[i][t] = fmaf(wf[i][4 * v + 3], xv.w, acc[i][t]);
+                }
+            }
+        }
+    }
+}
+
+template <int R, int NT>
+__device__ __forceinline__ void cuda_gemv_store(float (&acc)[R][NT], int nr, int64_t r0, int n, const void *bias,
+                                                int bias_dt, float *out, size_t ldo, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[i][t] = cuda_warp_sum(acc[i][t]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (i >= nr) break;
+        size_t r = (size_t)(r0 + i);
+        float b = bias ? cuda_load_f32_dyn(bias_dt, bias, r) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < n) out[(size_t)t * ldo + r] = acc[i][t] + b;
+    }
+}
+
 /* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
  * gets the total. `red` is __shared__ float[32]. */
 __device__ __forceinline__ float cuda_block_sum(float v, float *red)

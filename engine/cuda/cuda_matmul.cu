@@ -98,23 +98,7 @@ gemv_kernel(float *out, const float *x, const void *w, const void *bias, int bia
                     for (int v = 0; v < V; v++) wf[i][v] = 0.0f;
                 }
             }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < n) {
-                    const float4 *xp = (const float4 *)(x + (size_t)t * (size_t)cols + (size_t)k);
-#pragma unroll
-                    for (int v = 0; v < V / 4; v++) {
-                        float4 xv = __ldg(xp + v);
-#pragma unroll
-                        for (int i = 0; i < R; i++) {
-                            acc[i][t] = fmaf(wf[i][4 * v], xv.x, acc[i][t]);
-                            acc[i][t] = fmaf(wf[i][4 * v + 1], xv.y, acc[i][t]);
-                            acc[i][t] = fmaf(wf[i][4 * v + 2], xv.z, acc[i][t]);
-                            acc[i][t] = fmaf(wf[i][4 * v + 3], xv.w, acc[i][t]);
-                        }
-                    }
-                }
-            }
+            cuda_gemv_fma(acc, wf, x, (size_t)cols, (size_t)k, n);
         }
     } else {
         for (int64_t k = lane; k < cols; k += 32) {
@@ -131,21 +115,7 @@ gemv_kernel(float *out, const float *x, const void *w, const void *bias, int bia
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[i][t] = cuda_warp_sum(acc[i][t]);
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            if (i >= nr) break;
-            size_t r = (size_t)(r0 + i);
-            float b = bias ? cuda_load_f32_dyn(bias_dt, bias, r) : 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < n) out[(size_t)t * (size_t)rows + r] = acc[i][t] + b;
-        }
-    }
+    cuda_gemv_store(acc, nr, r0, n, bias, bias_dt, out, (size_t)rows, lane);
 }
 
 template <int DT, int NT>

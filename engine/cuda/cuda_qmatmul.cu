@@ -95,23 +95,7 @@ qgemv_kernel(float *out, int64_t ldo, const float *x, qweight w, const void *bia
 #pragma unroll
                     for (int e = 0; e < EPW; e++) wf[i][e] = q_of_word<QT>(word, e) * s[i];
                 }
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t < n) {
-                        const float4 *xp = (const float4 *)(x + (size_t)t * (size_t)w.cols + (size_t)(k + u * EPW));
-#pragma unroll
-                        for (int v = 0; v < EPW / 4; v++) {
-                            float4 xv = __ldg(xp + v);
-#pragma unroll
-                            for (int i = 0; i < R; i++) {
-                                acc[i][t] = fmaf(wf[i][4 * v], xv.x, acc[i][t]);
-                                acc[i][t] = fmaf(wf[i][4 * v + 1], xv.y, acc[i][t]);
-                                acc[i][t] = fmaf(wf[i][4 * v + 2], xv.z, acc[i][t]);
-                                acc[i][t] = fmaf(wf[i][4 * v + 3], xv.w, acc[i][t]);
-                            }
-                        }
-                    }
-                }
+                cuda_gemv_fma(acc, wf, x, (size_t)w.cols, (size_t)(k + u * EPW), n);
             }
         }
     } else {
@@ -133,21 +117,7 @@ qgemv_kernel(float *out, int64_t ldo, const float *x, qweight w, const void *bia
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[i][t] = cuda_warp_sum(acc[i][t]);
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            if (i >= nr) break;
-            size_t r = (size_t)(r0 + i);
-            float b = bias ? cuda_load_f32_dyn(bias_dt, bias, r) : 0.0f;
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < n) out[(size_t)t * (size_t)ldo + r] = acc[i][t] + b;
-        }
-    }
+    cuda_gemv_store(acc, nr, r0, n, bias, bias_dt, out, (size_t)ldo, lane);
 }
 
 template <int QT, int SDT, int NT>

@@ -107,31 +107,13 @@ int64_t convert_piece_rows(const weight *src, const weight *fmt, uint64_t bytes)
 
 /* ---- the element conversions -------------------------------------------------- */
 
-static float load_elem(ferry_dtype dt, const void *p, size_t i)
-{
-    switch (dt) {
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
-static void store_elem(ferry_dtype dt, void *p, size_t i, float v)
-{
-    switch (dt) {
-    case DT_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
-    case DT_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
-    default: ((float *)p)[i] = v; break;
-    }
-}
-
 static void cast_elems(ferry_dtype to, void *dst, ferry_dtype from, const void *src, size_t n)
 {
     if (to == from) {
         memcpy(dst, src, n * dtype_size(to));
         return;
     }
-    for (size_t i = 0; i < n; i++) store_elem(to, dst, i, load_elem(from, src, i));
+    for (size_t i = 0; i < n; i++) dtype_store_f32(to, dst, i, dtype_load_f32(from, src, i));
 }
 
 /* One row of a pack-quantized 8-bit weight as plain int8. */

@@ -61,4 +61,24 @@ static inline uint16_t f32_to_f16(float f)
     return h;
 }
 
+/* Element i of an F32/F16/BF16 array, widened to f32; and stored back,
+ * rounded to nearest-even (F16/BF16). */
+static inline float dtype_load_f32(ferry_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static inline void dtype_store_f32(ferry_dtype dt, void *p, size_t i, float v)
+{
+    switch (dt) {
+    case DT_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
+    case DT_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
 #endif

@@ -61,24 +61,6 @@ size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scal
 
 /* ---- element conversions ---------------------------------------------------- */
 
-static float load_f32(ferry_dtype dt, const void *p, int64_t i)
-{
-    switch (dt) {
-    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
-static void store_scale(ferry_dtype dt, void *p, int64_t i, float v)
-{
-    switch (dt) {
-    case DT_F16: ((uint16_t *)p)[i] = f32_to_f16(v); break;
-    case DT_BF16: ((uint16_t *)p)[i] = f32_to_bf16(v); break;
-    default: ((float *)p)[i] = v; break;
-    }
-}
-
 /* v rounded to nearest-even in dt and widened back (what a PyTorch op with
  * an f32 opmath and a dt result leaves). */
 static float round_to(ferry_dtype dt, float v)
@@ -185,7 +167,7 @@ ferry_status quant_weight(weight_quant q, int group, ferry_dtype scale_dtype, co
 
     ferry_status st = FERRY_OK;
     for (int64_t row = 0; row < rows && st == FERRY_OK; row++) {
-        for (int64_t c = 0; c < cols; c++) x[c] = load_f32(src->dtype, src->data, row * cols + c);
+        for (int64_t c = 0; c < cols; c++) x[c] = dtype_load_f32(src->dtype, src->data, (size_t)(row * cols + c));
         for (int64_t c = 0; c < cols; c++) {
             if (!isfinite(x[c])) {
                 st = refuse_nonfinite(nm, row, c, x[c]);
@@ -210,7 +192,7 @@ ferry_status quant_weight(weight_quant q, int group, ferry_dtype scale_dtype, co
                                 (long long)row, (long long)g, (double)(amax / r.half_range), dtype_name(scale_dtype));
                 break;
             }
-            store_scale(scale_dtype, scales_out, row * n_groups + g, s);
+            dtype_store_f32(scale_dtype, scales_out, (size_t)(row * n_groups + g), s);
             quantize_group(x + c0, n, s, div_dtype, r, qv + c0);
         }
         if (st != FERRY_OK) break;
@@ -246,7 +228,7 @@ void quant_dequant_row(const weight *w, int64_t row, float *out)
     FERRY_ASSERT(w->quant == WQ_INT8 || w->quant == WQ_INT4);
     const int64_t n_groups = weight_groups(w);
     for (int64_t c = 0; c < w->cols; c++) {
-        float s = load_f32(w->scale_dtype, w->scales, row * n_groups + c / w->group);
+        float s = dtype_load_f32(w->scale_dtype, w->scales, (size_t)(row * n_groups + c / w->group));
         out[c] = (float)quant_value(w, row, c) * s;
     }
 }
