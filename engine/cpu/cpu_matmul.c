@@ -248,7 +248,10 @@ static void mm_task(void *vctx, int task, int worker)
     size_t ldo = rows;
 #ifdef HAVE_AVX2
     if (c->n <= DIRECT_MAX_TOKENS && w->quant != WQ_NONE) {
-        cpu_qmatmul_direct(w, r0, r1, c->x, c->n, c->out, ldo);
+        size_t need = cpu_qmatmul_scratch(w, c->n);
+        float *xs = need ? cpu_scratch_get(c->cb, worker, need) : NULL;
+        FERRY_ASSERT(!need || xs);
+        cpu_qmatmul_direct(w, r0, r1, c->x, c->n, c->out, ldo, xs);
     } else if (c->n <= DIRECT_MAX_TOKENS) {
         direct_for(w->dtype)(w->data, cols, r0, r1, c->x, c->n, c->out, ldo);
     } else {
