@@ -9,9 +9,11 @@
  * stream. Prefill (more rows) is bound by arithmetic: a block of 4 weight
  * rows is widened to f32 once into per-worker scratch and applied to token
  * rows 3 at a time (12 accumulators), walking the tokens in cache-sized
- * blocks. Quantized weights (int8, int4) take cpu_qmatmul.c's decode
- * kernels; for prefill cpu_row_to_f32 dequantizes their rows into the same
- * scratch.
+ * blocks. Quantized weights (int8, int4) take cpu_qmatmul.c's kernels,
+ * 16 token rows at a time for prefill too. Every output is computed by the
+ * same operations in the same order whatever the number of token rows and
+ * their blocking, so a row's result does not depend on the others of its
+ * step (batch invariance: test_ops checks it bit for bit).
  */
 #include <string.h>
 
@@ -247,11 +249,19 @@ static void mm_task(void *vctx, int task, int worker)
     if (r0 >= r1) return;
     size_t ldo = rows;
 #ifdef HAVE_AVX2
-    if (c->n <= DIRECT_MAX_TOKENS && w->quant != WQ_NONE) {
-        size_t need = cpu_qmatmul_scratch(w, c->n);
+    if (w->quant != WQ_NONE) {
+        /* decode and prefill alike through the same kernels, DIRECT_MAX_TOKENS
+         * token rows at a time: a token row's result never depends on the
+         * rows sharing its step (batch invariance, test_ops), at some cost to
+         * prefill against dequantizing blocks into the f32 kernel */
+        int chunk = c->n < DIRECT_MAX_TOKENS ? c->n : DIRECT_MAX_TOKENS;
+        size_t need = cpu_qmatmul_scratch(w, chunk);
         float *xs = need ? cpu_scratch_get(c->cb, worker, need) : NULL;
         FERRY_ASSERT(!need || xs);
-        cpu_qmatmul_direct(w, r0, r1, c->x, c->n, c->out, ldo, xs);
+        for (int t = 0; t < c->n; t += chunk) {
+            int nt = c->n - t < chunk ? c->n - t : chunk;
+            cpu_qmatmul_direct(w, r0, r1, c->x + (size_t)t * cols, nt, c->out + (size_t)t * ldo, ldo, xs);
+        }
     } else if (c->n <= DIRECT_MAX_TOKENS) {
         direct_for(w->dtype)(w->data, cols, r0, r1, c->x, c->n, c->out, ldo);
     } else {

@@ -300,9 +300,7 @@ static inline __attribute__((always_inline)) void q4step(int NR, int NT, const u
         for (int t = 0; t < NT; t++) {
             const float *xp = xs->xp + (size_t)t * xs->ldp + k;
             acc_e[i][t] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xp), acc_e[i][t]);
-            /* past 4 (row, token) pairs, one chain each: registers run out */
-            if (NR * NT > 4) acc_e[i][t] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xp + 8), acc_e[i][t]);
-            else acc_o[i][t] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xp + 8), acc_o[i][t]);
+            acc_o[i][t] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xp + 8), acc_o[i][t]);
         }
     }
 }
@@ -310,7 +308,10 @@ static inline __attribute__((always_inline)) void q4step(int NR, int NT, const u
 /* out[t * ldo + r0 + i] = sum_k W[r0 + i, k] * x[t, k] for i < NR, t < NT
  * (x the original rows, for the tail; xs the split of the same rows). Even
  * and odd columns keep separate accumulators: two chains per row and token
- * hide the FMA latency. */
+ * hide the FMA latency. NR * NT <= 4 keeps them in registers. Every output
+ * takes the same operations in the same order whatever NR and NT are, so
+ * the result of a token row does not depend on the others of the call
+ * (batch invariance, test_ops). */
 static inline __attribute__((always_inline)) void q4kern(int NR, int NT, bool pf, const qview *v, size_t r0,
                                                          const q4x *xs, const float *x, float *out, size_t ldo)
 {
@@ -351,7 +352,7 @@ static inline __attribute__((always_inline)) void q4kern(int NR, int NT, bool pf
             __m256 s = _mm256_set1_ps(scale_at(v, r0 + (size_t)i, g));
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
-                __m256 sum = NR * NT > 4 ? acc_e[i][t] : _mm256_add_ps(acc_e[i][t], acc_o[i][t]);
+                __m256 sum = _mm256_add_ps(acc_e[i][t], acc_o[i][t]);
                 __m256 q = _mm256_sub_ps(sum, _mm256_loadu_ps(xs->xs8 + (size_t)t * xs->lds + 8 * g));
                 tot[i][t] = _mm256_fmadd_ps(q, s, tot[i][t]);
             }
@@ -380,24 +381,20 @@ static void q4rows(const qview *v, size_t r0, size_t r1, const q4x *xs, const fl
         for (; r < r1; r++) q4kern(1, 2, true, v, r, xs, x, out, ldo);
         return;
     }
-    /* more: 2 weight rows against chunks of up to 4 token rows, so that
-     * each load of x (the L2 traffic that bounds this case) serves 2 rows */
+    /* more: 2 weight rows against chunks of 2 token rows, so that each load
+     * of x (the L2 traffic that bounds this case) serves 2 rows */
     for (; r < r1; r += 2) {
         int nr = r + 2 <= r1 ? 2 : 1;
-        for (int t = 0; t < n; t += 4) {
+        for (int t = 0; t < n; t += 2) {
             q4x xt = {xs->xp + (size_t)t * xs->ldp, xs->xs8 + (size_t)t * xs->lds, xs->ldp, xs->lds};
             const float *x_t = x + (size_t)t * cols;
             float *ot = out + (size_t)t * ldo;
             bool pf = t == 0;
-            switch ((n - t < 4 ? n - t : 4) * 2 + nr - 1) {
+            switch ((n - t < 2 ? n - t : 2) * 2 + nr - 1) {
             case 2: q4kern(1, 1, pf, v, r, &xt, x_t, ot, ldo); break;
             case 3: q4kern(2, 1, pf, v, r, &xt, x_t, ot, ldo); break;
             case 4: q4kern(1, 2, pf, v, r, &xt, x_t, ot, ldo); break;
-            case 5: q4kern(2, 2, pf, v, r, &xt, x_t, ot, ldo); break;
-            case 6: q4kern(1, 3, pf, v, r, &xt, x_t, ot, ldo); break;
-            case 7: q4kern(2, 3, pf, v, r, &xt, x_t, ot, ldo); break;
-            case 8: q4kern(1, 4, pf, v, r, &xt, x_t, ot, ldo); break;
-            default: q4kern(2, 4, pf, v, r, &xt, x_t, ot, ldo); break;
+            default: q4kern(2, 2, pf, v, r, &xt, x_t, ot, ldo); break;
             }
         }
     }

@@ -26,9 +26,11 @@ full-precision checkpoint of those weights and runs the float64 reference
 6. input dims that 128 does not divide (covered by 1 and 3, asserted here);
 7. `--weights-dtype bf16` on an F32 model, alone and with int8.
 
-Known bug, xfail(strict) in test_step_size_invariant: the CPU matmul of
-quantized weights rounds differently for steps of more than 16 tokens, so
-the runs compared bit for bit keep steps at 16 tokens or fewer (EXACT).
+Runs are compared bit for bit across placements, restarts and checkpoint
+forms: the CPU kernels are batch invariant (a token row's result does not
+depend on the rows sharing its step; test_step_size_invariant here,
+test_ops' test_matmul_batch_invariant below), so two runs of one command
+give the same bits however their prefills were split into steps.
 """
 
 import json
@@ -212,14 +214,6 @@ def _prompts(vocab, seed):
     return [prompt_ids(vocab, 7, seed), prompt_ids(vocab, 11, seed + 1)]
 
 
-# Runs compared bit for bit keep every step at 16 tokens or fewer: ferry's
-# CPU kernels for quantized weights give other low bits to a step of more
-# tokens (test_step_size_invariant), and whether two prompts' prefills share
-# a step depends on timing, so without this two runs of one command can
-# differ in the last bits.
-EXACT = ("--max-step-tokens", 16)
-
-
 def gen(ferry, d, prompts, tmp, *flags):
     """(output_ids [per prompt], logits [n_prompts, vocab]) of one run."""
     dump = Path(tmp) / "logits.bin"
@@ -229,11 +223,6 @@ def gen(ferry, d, prompts, tmp, *flags):
         out, logits = ferry.generate(d, prompts[0], N_NEW, *flags, dump_logits=dump)
         return [out], logits
     return ferry.generate(d, prompts, N_NEW, *flags, dump_logits=dump)
-
-
-def gen_exact(ferry, d, prompts, tmp, *flags):
-    """gen with steps of at most 16 tokens (EXACT)."""
-    return gen(ferry, d, prompts, tmp, *EXACT, *flags)
 
 
 def check_ref(ref, d, prompts, got, tol, what):
@@ -328,10 +317,10 @@ def test_placements_identical(ferry, models, work, name, mode):
     conv = ["--quantize", mode]
     plan = plan_json(ferry, d, *conv)
     assert mode in plan["conversion"], plan["conversion"]
-    resident = gen_exact(ferry, d, prompts, work, *conv)
+    resident = gen(ferry, d, prompts, work, *conv)
     for placement in PLACEMENTS:
         flags = placement_flags(ferry, d, placement, conv, work / ("od-" + placement))
-        assert_identical(gen_exact(ferry, d, prompts, work, *conv, *flags), resident,
+        assert_identical(gen(ferry, d, prompts, work, *conv, *flags), resident,
                          "%s --quantize %s, %s" % (name, mode, placement))
 
 
@@ -354,10 +343,10 @@ def test_offload_dir_follows_the_conversion(ferry, models, ref, work):
     runs = {}
     for conv in (["--quantize", "int4"], ["--quantize", "int8"], ["--quantize", "int8", "--weights-dtype", "bf16"]):
         what = " ".join(conv)
-        runs[what] = resident = gen_exact(ferry, d, prompts, work, *conv)
+        runs[what] = resident = gen(ferry, d, prompts, work, *conv)
         before = snapshot(od) if od.exists() else {}
         old = manifest(od)["fingerprint"] if od.exists() else None
-        assert_identical(gen_exact(ferry, d, prompts, work, *conv, *DISK, "--offload-dir", od), resident,
+        assert_identical(gen(ferry, d, prompts, work, *conv, *DISK, "--offload-dir", od), resident,
                          "%s on disk (first run)" % what)
         built = snapshot(od)
         assert manifest(od)["fingerprint"] != old, "%s: the offload dir kept the fingerprint of %r" % (what, old)
@@ -366,7 +355,7 @@ def test_offload_dir_follows_the_conversion(ferry, models, ref, work):
         for b in blobs:
             assert built[b][:2] != before.get(b, (None, None))[:2], "%s: %s was not rebuilt" % (what, b)
         # a restart with the same conversion rewrites nothing
-        assert_identical(gen_exact(ferry, d, prompts, work, *conv, *DISK, "--offload-dir", od), resident,
+        assert_identical(gen(ferry, d, prompts, work, *conv, *DISK, "--offload-dir", od), resident,
                          "%s on disk (restart)" % what)
         assert snapshot(od) == built, "%s: a restart with the same conversion rewrote the offload dir" % what
     # each conversion's own result (not the previous blobs'), and it is right
@@ -375,16 +364,10 @@ def test_offload_dir_follows_the_conversion(ferry, models, ref, work):
     check_ref(ref, write_float(d, work / "deq8", "int8"), prompts, runs["--quantize int8"], TOL, "int8")
 
 
-STEP_BUG = ("ferry's CPU matmul of quantized weights is not batch invariant: up to 16 token rows "
-            "(engine/cpu/cpu_qmatmul.c qkern) it sums q * x over a group and then multiplies by the scale, "
-            "for more (cpu_matmul.c mm_task -> cpu_qrow_to_f32 + block_f32) it multiplies q * scale first; "
-            "the low bits differ, and with them a prompt's logits depend on how its prefill is split into steps")
-
-
 @pytest.mark.parametrize("mode", [
     "none",
-    pytest.param("int8", marks=pytest.mark.xfail(strict=True, reason=STEP_BUG)),
-    pytest.param("int4", marks=pytest.mark.xfail(strict=True, reason=STEP_BUG)),
+    "int8",
+    "int4",
 ])
 def test_step_size_invariant(ferry, models, work, mode):
     """A 20-token prompt prefilled in one step and in steps of 10 gives the
@@ -431,11 +414,11 @@ def test_compressed_checkpoint(ferry, models, ref, work, name, scheme):
     mode = SCHEMES[scheme][4]
     ct = write_compressed(d, work / "ct", scheme)
     prompts = _prompts(cfg["vocab_size"], 11)
-    want = gen_exact(ferry, d, prompts, work, "--quantize", mode)
-    got = gen_exact(ferry, ct, prompts, work)
+    want = gen(ferry, d, prompts, work, "--quantize", mode)
+    got = gen(ferry, ct, prompts, work)
     assert_identical(got, want, "%s %s checkpoint vs --quantize %s on the original" % (name, scheme, mode))
     # asking for the checkpoint's own scheme is no requantization
-    assert_identical(gen_exact(ferry, ct, prompts, work, "--quantize", mode), want,
+    assert_identical(gen(ferry, ct, prompts, work, "--quantize", mode), want,
                      "%s %s checkpoint with --quantize %s" % (name, scheme, mode))
     check_ref(ref, write_float(d, work / "deq", mode), prompts, got, TOL, "%s %s" % (name, scheme))
     # inspect: the scheme, and the engine bytes of --quantize MODE on the original
@@ -685,8 +668,8 @@ def test_odd_dims(ferry, ref, work, odd_model, mode):
     check_ref(ref, write_float(d, work / "deq", mode), prompts, got, TOL, "odd dims --quantize %s" % mode)
     # and a compressed checkpoint of those bits: exactly the same run
     ct = write_compressed(d, work / "ct", "int8-pack" if mode == "int8" else "int4-pack")
-    want = gen_exact(ferry, d, prompts[:2], work, "--quantize", mode)
-    assert_identical(gen_exact(ferry, ct, prompts[:2], work), want, "odd dims, compressed %s" % mode)
+    want = gen(ferry, d, prompts[:2], work, "--quantize", mode)
+    assert_identical(gen(ferry, ct, prompts[:2], work), want, "odd dims, compressed %s" % mode)
     assert inspect_json(ferry, ct)["engine_bytes"] == engine_bytes(d, mode)
 
 
@@ -714,11 +697,11 @@ def test_weights_dtype(ferry, models, ref, work, name, dtype, mode):
     DT = dtype.upper()
     conv = ["--weights-dtype", dtype, "--quantize", mode]
     prompts = _prompts(cfg["vocab_size"], 19)
-    got = gen_exact(ferry, d, prompts, work, *conv)
+    got = gen(ferry, d, prompts, work, *conv)
     want = write_float(d, work / "want", None if mode == "none" else mode, dtype=DT)
     check_ref(ref, want, prompts, got, TOL, "%s %s" % (name, " ".join(conv)))
     cast = write_cast(d, work / "cast", DT)
-    assert_identical(got, gen_exact(ferry, cast, prompts, work, "--quantize", mode),
+    assert_identical(got, gen(ferry, cast, prompts, work, "--quantize", mode),
                      "%s %s vs the checkpoint stored in %s" % (name, " ".join(conv), dtype))
     info = inspect_json(ferry, d, *conv)
     assert "weights-dtype=%s" % DT.lower() in info["conversion"].lower(), info["conversion"]
@@ -727,4 +710,4 @@ def test_weights_dtype(ferry, models, ref, work, name, dtype, mode):
     if SIZE[DT] != SIZE[ckpt_dtype]:
         assert (info["engine_bytes"] < engine_bytes(d, mode)) == (SIZE[DT] < SIZE[ckpt_dtype])
     # the conversion is visible: the checkpoint's own dtype gives other logits
-    assert not np.array_equal(got[1], gen_exact(ferry, d, prompts, work, "--quantize", mode)[1])
+    assert not np.array_equal(got[1], gen(ferry, d, prompts, work, "--quantize", mode)[1])

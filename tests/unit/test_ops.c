@@ -295,6 +295,53 @@ static void test_qmatmul(void)
                 }
 }
 
+/* Batch invariance: a token row's output does not depend on how many rows
+ * share the call (decode and prefill paths, any token chunking), bit for
+ * bit - otherwise a request's logits would depend on what else is in its
+ * step, and a prompt's on how its prefill is split. The CPU backends keep
+ * it; the CUDA backend does not promise it (its prefill is cuBLASLt). */
+static void test_matmul_batch_invariant(void)
+{
+    static const int ns[] = {2, 3, 5, 16, 17, 40, 64};
+    enum { N = 64 };
+    for (int kind = 0; kind < 6; kind++) {
+        int64_t rows = 37, cols = 300;
+        double *wref, *xref;
+        weight w = kind < 3 ? make_weight(kind == 0 ? DT_F32 : kind == 1 ? DT_F16 : DT_BF16, rows, cols, &wref, -1, 1)
+                   : kind == 3 ? make_qweight(WQ_INT8, DT_BF16, rows, cols, (int)cols, &wref)
+                   : kind == 4 ? make_qweight(WQ_INT4, DT_BF16, rows, cols, 128, &wref)
+                               : make_qweight(WQ_INT4, DT_F16, rows, cols, 100, &wref);
+        float *x = rand_vec((size_t)N * (size_t)cols, &xref);
+        float *one = dev_poison((size_t)rows), *all = dev_poison((size_t)N * (size_t)rows);
+        float *want = malloc((size_t)N * (size_t)rows * sizeof *want);
+        for (int t = 0; t < N; t++) {
+            g_be->ops->matmul(g_be, one, x + (size_t)t * (size_t)cols, &w, NULL, 1);
+            float *h = host_of(one, (size_t)rows);
+            memcpy(want + (size_t)t * (size_t)rows, h, (size_t)rows * sizeof *h);
+            free(h);
+        }
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            g_be->ops->matmul(g_be, all, x, &w, NULL, n);
+            float *got = host_of(all, (size_t)n * (size_t)rows);
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)n * (size_t)rows; i++) bad += memcmp(&got[i], &want[i], sizeof got[i]) != 0;
+            if (bad) fprintf(stderr, "matmul kind %d: n=%d differs from n=1 in %zu of %zu outputs\n", kind, n, bad,
+                             (size_t)n * (size_t)rows);
+            CHECK(bad == 0);
+            free(got);
+        }
+        free(want);
+        free(wref);
+        free(xref);
+        g_be->ops->release(g_be, (void *)w.data);
+        if (w.scales) g_be->ops->release(g_be, (void *)w.scales);
+        g_be->ops->release(g_be, x);
+        g_be->ops->release(g_be, one);
+        g_be->ops->release(g_be, all);
+    }
+}
+
 static void test_rmsnorm(int dim)
 {
     int n = 9;
@@ -513,6 +560,7 @@ int main(int argc, char **argv)
     }
     test_matmul();
     test_qmatmul();
+    if (strcmp(name, "cuda") != 0) test_matmul_batch_invariant();
     test_rmsnorm(70);
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);
