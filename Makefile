@@ -47,13 +47,14 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
-# tritonclient (NVIDIA's Triton client, both protocols). tritonclient's grpc
+# tritonclient (NVIDIA's Triton client, both protocols), and safetensors (the
+# reference parser export's files are checked with). tritonclient's grpc
 # extra wants protobuf < 7 and grpcio-tools from 1.82 on wants protobuf >= 7:
 # without the bound pip settles on a years-old tritonclient.
 VENV      := $(BUILD)/venv
 VENV_PY   := $(VENV)/bin/python
-PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60'
-PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http
+PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors
+PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry

@@ -296,6 +296,8 @@ backend *engine_backend(engine *e) { return e->be; }
 
 const store *engine_store(const engine *e) { return e->storage; }
 
+const char *engine_model_dir(const engine *e) { return e->ck->dir; }
+
 ferry_status engine_trace_start(engine *e, size_t max_events) { return pipeline_trace_start(e->pipe, max_events); }
 
 ferry_status engine_trace_write(engine *e, const char *path) { return pipeline_trace_write(e->pipe, path); }

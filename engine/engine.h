@@ -88,6 +88,9 @@ uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs);
  * and the store the engine runs on. */
 backend *engine_backend(engine *e);
 const store *engine_store(const engine *e);
+/* The checkpoint directory the engine was opened from (config.json,
+ * tokenizer files), for export. */
+const char *engine_model_dir(const engine *e);
 
 /* A Chrome trace of the pipeline from now on (pipeline.h). */
 ferry_status engine_trace_start(engine *e, size_t max_events);

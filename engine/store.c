@@ -395,6 +395,19 @@ store_source store_group_source(const store *s, int g)
     return src;
 }
 
+int store_group_tensor_count(const store *s, int g) { return s->layouts[g].n; }
+
+store_tensor store_group_tensor(const store *s, int g, int k)
+{
+    const group_layout *L = &s->layouts[g];
+    FERRY_ASSERT(k >= 0 && k < L->n);
+    int i = L->entry[k];
+    store_tensor t = {.name = s->src[i].name, .one_d = s->src[i].rows == 0, .ckpt = s->src[i].dst,
+                      .fmt = *s->view[i].dst, .offset = L->offset[k]};
+    t.fmt.data = t.fmt.scales = NULL;
+    return t;
+}
+
 int store_embed_group(const store *s) { return s->embed_group; }
 
 void store_bind(const store *s, int g, const void *base)

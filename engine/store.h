@@ -63,6 +63,21 @@ void store_close(store *s);
 
 store_source store_group_source(const store *s, int g);
 
+/* One tensor of a group's layout, for export: the checkpoint tensor it came
+ * from and its engine form (data and scales NULL; convert_bind points them
+ * into a buffer holding the group). */
+typedef struct {
+    const char *name;     /* the checkpoint's tensor name */
+    bool one_d;           /* 1-D in the checkpoint ([cols]; the engine holds [1, cols]) */
+    const weight *ckpt;   /* the checkpoint tensor, bound to the mapping */
+    weight fmt;           /* its engine form */
+    uint64_t offset;      /* where it starts in the group's layout */
+} store_tensor;
+
+/* Tensors of group g, in layout order: count, and the k-th. */
+int store_group_tensor_count(const store *s, int g);
+store_tensor store_group_tensor(const store *s, int g, int k);
+
 /* Rewrites disk group g's blob from the checkpoint (offload_rebuild: it
  * must come out with the checksum the manifest records) after a read found
  * it damaged; nothing may be reading the offload dir meanwhile. */

@@ -15,6 +15,7 @@
 #include "../base/util.h"
 
 struct st_writer {
+    int dirfd; /* AT_FDCWD, or the directory path and tmp are relative to (not owned) */
     int fd;
     char *path, *tmp;
     uint64_t expect, written; /* data bytes */
@@ -27,9 +28,15 @@ static ferry_status write_all(st_writer *w, const void *data, size_t n)
 
 ferry_status st_writer_open(const char *path, const st_decl *decls, int n, st_writer **out)
 {
+    return st_writer_openat(AT_FDCWD, path, decls, n, out);
+}
+
+ferry_status st_writer_openat(int dirfd, const char *path, const st_decl *decls, int n, st_writer **out)
+{
     *out = NULL;
     st_writer *w = calloc(1, sizeof *w);
     if (!w) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    w->dirfd = dirfd;
     w->fd = -1;
     w->path = strdup(path);
     w->tmp = malloc(strlen(path) + 32);
@@ -59,8 +66,8 @@ ferry_status st_writer_open(const char *path, const st_decl *decls, int n, st_wr
     ferry_status st = FERRY_OK;
     if (h.oom) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     if (st == FERRY_OK) {
-        unlink(w->tmp); /* a leftover of a killed run with our pid */
-        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        unlinkat(dirfd, w->tmp, 0); /* a leftover of a killed run with our pid */
+        w->fd = openat(dirfd, w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (w->fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s", w->path, strerror(errno));
     }
     if (st == FERRY_OK) {
@@ -99,9 +106,11 @@ ferry_status st_writer_finish(st_writer *w)
         w->fd = -1;
         if (close(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", w->path, strerror(errno));
     }
-    if (st == FERRY_OK && rename(w->tmp, w->path) != 0)
+    if (st == FERRY_OK && renameat(w->dirfd, w->tmp, w->dirfd, w->path) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", w->path, strerror(errno));
-    if (st == FERRY_OK) util_fsync_dir_of(w->path);
+    if (st == FERRY_OK && w->dirfd == AT_FDCWD) util_fsync_dir_of(w->path);
+    if (st == FERRY_OK && w->dirfd != AT_FDCWD && fsync(w->dirfd) != 0)
+        st = ferry_fail(FERRY_ERR_IO, "%s: fsync of its directory: %s", w->path, strerror(errno));
     if (st != FERRY_OK) {
         st_writer_abort(w);
         return st;
@@ -116,7 +125,7 @@ void st_writer_abort(st_writer *w)
 {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
-    if (w->tmp) unlink(w->tmp);
+    if (w->tmp) unlinkat(w->dirfd, w->tmp, 0);
     free(w->path);
     free(w->tmp);
     free(w);

@@ -6,7 +6,7 @@
  * held in memory beyond the header. The file is written under a temporary
  * name and renamed into place by st_writer_finish only when every byte was
  * written and synced, so a failed or interrupted write never leaves a
- * half-written checkpoint behind. Used by mkmodel.
+ * half-written checkpoint behind. Used by mkmodel and export.
  */
 #ifndef FERRY_ST_WRITER_H
 #define FERRY_ST_WRITER_H
@@ -29,6 +29,9 @@ typedef struct st_writer st_writer;
 /* Creates path's temporary file and writes the header (8-byte aligned, as
  * the reference writer does). */
 ferry_status st_writer_open(const char *path, const st_decl *decls, int n, st_writer **out);
+/* The same for `name` in the directory dirfd (AT_FDCWD: like open), never
+ * following a symlink there (export writes under a confined root). */
+ferry_status st_writer_openat(int dirfd, const char *name, const st_decl *decls, int n, st_writer **out);
 /* Appends bytes of the current tensor(s), in declaration order. */
 ferry_status st_writer_write(st_writer *w, const void *data, size_t n);
 /* Checks all data arrived, syncs and renames into place; frees w. */

@@ -25,6 +25,7 @@ int cmd_mkmodel(const ferry_config *cfg);
 int cmd_bench(const ferry_config *cfg);
 int cmd_plan(const ferry_config *cfg);
 int cmd_serve(const ferry_config *cfg);
+int cmd_export(const ferry_config *cfg);
 
 /* Fills the engine options from the settings every model-running command
  * shares (device, threads, placement, batch, context; budgets parsed);

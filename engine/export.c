@@ -1,0 +1,862 @@
+/*
+ * export.c - writing a loaded engine's weights as a Hugging Face checkpoint.
+ * See export.h for the contract; this file is how it is kept.
+ *
+ * A job is planned before its thread starts: the list of output tensors
+ * (groups in order, a group's tensors sorted by name, shards filled in
+ * order), from which come the shard headers, the index and the bytes the
+ * free-space check asks for. The thread then walks that list once: the
+ * first tensor of a group brings the group in (a resident host buffer is
+ * read in place; device memory of a non-unified backend is downloaded and a
+ * disk-tier blob is pread and checked against its CRC-32C, both into the
+ * one group buffer), and every tensor is streamed from it into its shard,
+ * through the one write buffer where its bytes must change (int8 repacked,
+ * dequantized, cast).
+ *
+ * Memory bound, beyond serving: the largest group read into the buffer
+ * (only when a group lives on disk or in non-unified device memory) plus
+ * EXPORT_WRITE_BUF (or one output row, if larger) plus convert_rows'
+ * one-row scratch; headers and the plan are O(tensors).
+ *
+ * Durability (export.h): root/.ferry-export-NAME.tmp.PID is the job's
+ * directory; shards (st_writer: fsynced), config.json and the copied files
+ * (fsynced), then the index, then the directory fsynced, renamed to
+ * root/NAME (an existing one swapped out with RENAME_EXCHANGE and removed,
+ * or renamed aside first where the file system cannot swap), and the root
+ * fsynced. Temporaries whose PID is not running are removed by the next
+ * export_start of any name.
+ *
+ * Confinement: the root is opened once with O_DIRECTORY | O_NOFOLLOW (a
+ * root that is itself a symlink is refused: configure its target), and
+ * every later name is a single checked component used relative to that
+ * descriptor (openat / mkdirat / renameat / unlinkat), never followed
+ * through a symlink. An existing root/NAME that is not a directory (a
+ * symlink placed there included) is refused, overwrite or not.
+ */
+#define _GNU_SOURCE
+#include "export.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "base/json.h"
+#include "base/util.h"
+#include "io/crc32c.h"
+#include "store.h"
+#include "weights/st_writer.h"
+
+#define EXPORT_WRITE_BUF (4u << 20)       /* converted bytes staged per write */
+#define EXPORT_CHUNK (1u << 20)           /* one write call; cancel and progress granularity */
+#define EXPORT_READ_CHUNK (8u << 20)      /* one pread / download of a group */
+#define EXPORT_DEFAULT_SHARD 5000000000ull /* transformers' "5GB" */
+#define EXPORT_NAME_MAX 128
+#define TMP_PREFIX ".ferry-export-"
+
+/* How an output tensor's bytes come from its engine tensor. */
+typedef enum {
+    OUT_BYTES,    /* the engine bytes as they are (data, or int4 packed words) */
+    OUT_SCALES,   /* the scales of a quantized tensor, as they are */
+    OUT_INT8_PACK,/* plain int8 -> compressed-tensors' pack-quantized words */
+    OUT_SHAPE,    /* I64 [rows, cols] */
+    OUT_CONVERT,  /* convert_rows into the checkpoint's form (dequantize or cast) */
+} out_kind;
+
+typedef struct {
+    char name[160];
+    ferry_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    uint64_t bytes;
+    out_kind kind;
+    int group, tensor; /* the store tensor it comes from */
+    weight to;         /* OUT_CONVERT: the checkpoint form (unquantized) */
+    int shard;
+} out_tensor;
+
+struct export_job {
+    engine *e;
+    const store *s;
+    backend *be;
+    export_layout layout;
+    uint64_t max_shard;
+    bool overwrite;
+    char name[EXPORT_NAME_MAX + 1];
+    char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory */
+    char *model_dir;
+    int rootfd, dirfd;
+    out_tensor *out;
+    int n_out, n_shards;
+    uint64_t total;                 /* tensor bytes */
+    char *group_buf;                /* EXPORT: the one group buffer (aligned for O_DIRECT) */
+    uint64_t group_cap;
+    char *wbuf;                     /* the one write buffer */
+    size_t wcap;
+    double delay_ms_per_mib;        /* FERRY_EXPORT_DELAY_MS: a slow disk for tests */
+    uint64_t delay_owed;            /* bytes written not yet paid for */
+    atomic_bool cancel;
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;             /* guards status */
+    export_status status;
+};
+
+/* ---- names and the file system ------------------------------------------ */
+
+bool export_layout_parse(const char *s, export_layout *out)
+{
+    if (!s) return false;
+    if (!strcmp(s, "converted")) *out = EXPORT_CONVERTED;
+    else if (!strcmp(s, "original")) *out = EXPORT_ORIGINAL;
+    else return false;
+    return true;
+}
+
+const char *export_state_name(export_state s)
+{
+    static const char *k[] = {"queued", "running", "done", "failed", "cancelled"};
+    return (unsigned)s < sizeof k / sizeof k[0] ? k[s] : "?";
+}
+
+static bool name_ok(const char *n)
+{
+    size_t len = strlen(n);
+    if (len < 1 || len > EXPORT_NAME_MAX || !strcmp(n, ".") || !strcmp(n, "..")) return false;
+    for (const char *p = n; *p; p++)
+        if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return false;
+    return true;
+}
+
+/* Removes name under dirfd: a file, or a directory and everything in it,
+ * never following a symlink (a link is removed, not its target). */
+static void remove_tree_at(int dirfd, const char *name, int depth)
+{
+    if (unlinkat(dirfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && depth < 8) remove_tree_at(fd, de->d_name, depth + 1);
+    closedir(d);
+    unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+/* ".ferry-export-NAME.tmp.PID" / ".old.PID": the PID, or -1. */
+static long temp_pid(const char *n)
+{
+    if (strncmp(n, TMP_PREFIX, strlen(TMP_PREFIX))) return -1;
+    const char *dot = strrchr(n, '.');
+    if (!dot || dot - n < 5) return -1;
+    if (strncmp(dot - 4, ".tmp", 4) && strncmp(dot - 4, ".old", 4)) return -1;
+    char *end;
+    long pid = strtol(dot + 1, &end, 10);
+    return *end || pid <= 0 ? -1 : pid;
+}
+
+/* Temporaries left by processes that no longer run (killed mid-export). */
+static void remove_stale_temps(int rootfd)
+{
+    int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long pid = temp_pid(de->d_name);
+        if (pid < 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* still running (or not ours to judge) */
+        remove_tree_at(rootfd, de->d_name, 0);
+    }
+    closedir(d);
+}
+
+/* ---- planning the output ------------------------------------------------- */
+
+static int cmp_out_name(const void *a, const void *b)
+{
+    return strcmp(((const out_tensor *)a)->name, ((const out_tensor *)b)->name);
+}
+
+static uint64_t decl_bytes(const out_tensor *t)
+{
+    uint64_t b = dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) b *= (uint64_t)t->shape[d];
+    return b;
+}
+
+/* The name of a quantized tensor's part: NAME.weight -> NAME.weight_<part>. */
+static void part_name(char *buf, size_t cap, const char *name, const char *part)
+{
+    snprintf(buf, cap, "%s_%s", name, part);
+}
+
+/* Appends the output tensors of store tensor (g, k). */
+static void plan_tensor(export_job *j, int g, int k, out_tensor *v, int *n)
+{
+    store_tensor st = store_group_tensor(j->s, g, k);
+    const weight *f = &st.fmt;
+    out_tensor base = {.group = g, .tensor = k, .ndim = st.one_d ? 1 : 2};
+    if (st.one_d) base.shape[0] = f->cols;
+    else {
+        base.shape[0] = f->rows;
+        base.shape[1] = f->cols;
+    }
+    if (j->layout == EXPORT_ORIGINAL) {
+        const weight *c = st.ckpt;
+        out_tensor t = base;
+        snprintf(t.name, sizeof t.name, "%s", st.name);
+        t.dtype = c->quant != WQ_NONE ? c->scale_dtype : c->dtype;
+        bool same = f->quant == WQ_NONE && f->dtype == t.dtype;
+        t.kind = same ? OUT_BYTES : OUT_CONVERT;
+        t.to = (weight){.dtype = t.dtype, .rows = f->rows, .cols = f->cols};
+        v[(*n)++] = t;
+        return;
+    }
+    if (f->quant == WQ_NONE) {
+        out_tensor t = base;
+        snprintf(t.name, sizeof t.name, "%s", st.name);
+        t.dtype = f->dtype;
+        t.kind = OUT_BYTES;
+        v[(*n)++] = t;
+        return;
+    }
+    int per_word = f->quant == WQ_INT8 ? 4 : 8;
+    out_tensor t = base;
+    part_name(t.name, sizeof t.name, st.name, "packed");
+    t.dtype = DT_I32;
+    t.shape[1] = (f->cols + per_word - 1) / per_word;
+    t.kind = f->quant == WQ_INT8 ? OUT_INT8_PACK : OUT_BYTES;
+    v[(*n)++] = t;
+    t = base;
+    part_name(t.name, sizeof t.name, st.name, "scale");
+    t.dtype = f->scale_dtype;
+    t.shape[1] = weight_groups(f);
+    t.kind = OUT_SCALES;
+    v[(*n)++] = t;
+    t = base;
+    part_name(t.name, sizeof t.name, st.name, "shape");
+    t.dtype = DT_I64;
+    t.ndim = 1;
+    t.shape[0] = 2;
+    t.kind = OUT_SHAPE;
+    v[(*n)++] = t;
+}
+
+static ferry_status plan_output(export_job *j)
+{
+    const plan *p = engine_get_plan(j->e);
+    int cap = 0;
+    for (int g = 0; g < p->n_groups; g++) cap += 3 * store_group_tensor_count(j->s, g);
+    j->out = calloc((size_t)(cap ? cap : 1), sizeof *j->out);
+    if (!j->out) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    size_t max_row = 0;
+    for (int g = 0; g < p->n_groups; g++) {
+        int first = j->n_out;
+        for (int k = 0; k < store_group_tensor_count(j->s, g); k++) plan_tensor(j, g, k, j->out, &j->n_out);
+        qsort(j->out + first, (size_t)(j->n_out - first), sizeof *j->out, cmp_out_name);
+        store_source src = store_group_source(j->s, g);
+        bool buffered = src.bytes && (src.tier == TIER_DISK || (src.tier == TIER_DEVICE && !j->be->ops->unified));
+        if (buffered && src.bytes > j->group_cap) j->group_cap = src.bytes;
+    }
+    uint64_t shard_bytes = 0;
+    j->n_shards = 0;
+    for (int i = 0; i < j->n_out; i++) {
+        out_tensor *t = &j->out[i];
+        t->bytes = decl_bytes(t);
+        if (t->ndim == 2 && (size_t)t->shape[1] * 4 > max_row) max_row = (size_t)t->shape[1] * 4;
+        if (j->n_shards == 0 || (shard_bytes > 0 && shard_bytes + t->bytes > j->max_shard)) {
+            j->n_shards++;
+            shard_bytes = 0;
+        }
+        t->shard = j->n_shards - 1;
+        shard_bytes += t->bytes;
+        j->total += t->bytes;
+    }
+    if (j->n_shards == 0) j->n_shards = 1;
+    /* convert_piece_rows sizes pieces by the largest of a source row, an
+     * output row and the f32 scratch row: at least one of those fits */
+    j->wcap = max_row * 2 > EXPORT_WRITE_BUF ? max_row * 2 : EXPORT_WRITE_BUF;
+    return FERRY_OK;
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static ferry_status cancelled(void) { return ferry_fail(FERRY_ERR_BUSY, "cancelled"); }
+
+static void add_progress(export_job *j, uint64_t n)
+{
+    pthread_mutex_lock(&j->mu);
+    j->status.bytes_written += n;
+    j->status.progress = j->total ? (double)j->status.bytes_written / (double)j->total : 1.0;
+    if (j->status.progress > 1.0) j->status.progress = 1.0;
+    pthread_mutex_unlock(&j->mu);
+    if (j->delay_ms_per_mib > 0) {
+        j->delay_owed += n;
+        if (j->delay_owed >= (1u << 20)) {
+            double ms = j->delay_ms_per_mib * (double)j->delay_owed / (double)(1u << 20);
+            j->delay_owed = 0;
+            struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (double)(time_t)(ms / 1000)) * 1e6)};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* Appends n bytes of tensor data to the shard, a chunk at a time. */
+static ferry_status put(export_job *j, st_writer *w, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        if (atomic_load(&j->cancel)) return cancelled();
+        size_t c = n < EXPORT_CHUNK ? n : EXPORT_CHUNK;
+        FERRY_TRY(st_writer_write(w, p, c));
+        add_progress(j, c);
+        p += c;
+        n -= c;
+    }
+    return FERRY_OK;
+}
+
+/* Brings group g in; *base is its bytes in the group's layout. */
+static ferry_status load_group(export_job *j, int g, const char **base)
+{
+    store_source src = store_group_source(j->s, g);
+    *base = NULL;
+    if (src.bytes == 0) return FERRY_OK;
+    if (src.tier != TIER_DISK && (src.tier == TIER_HOST || j->be->ops->unified)) {
+        *base = src.resident; /* host memory: read in place, nothing copied */
+        return FERRY_OK;
+    }
+    FERRY_ASSERT(src.bytes <= j->group_cap && j->group_buf);
+    if (src.tier == TIER_DEVICE) {
+        /* in chunks: each download waits for the compute queued before it, so
+         * a step is held up by one chunk's copy at most */
+        for (uint64_t at = 0; at < src.bytes; at += EXPORT_READ_CHUNK) {
+            if (atomic_load(&j->cancel)) return cancelled();
+            uint64_t n = src.bytes - at < EXPORT_READ_CHUNK ? src.bytes - at : EXPORT_READ_CHUNK;
+            j->be->ops->download(j->be, j->group_buf + at, (const char *)src.resident + at, (size_t)n);
+        }
+        *base = j->group_buf;
+        return FERRY_OK;
+    }
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < src.bytes;) {
+        if (atomic_load(&j->cancel)) return cancelled();
+        uint64_t want = src.bytes - at < EXPORT_READ_CHUNK ? src.bytes - at : EXPORT_READ_CHUNK;
+        ssize_t r = pread(src.fd, j->group_buf + at, (size_t)want, (off_t)(src.offset + at));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return ferry_fail(FERRY_ERR_IO, "%s: read at %llu: %s", src.path, (unsigned long long)(src.offset + at),
+                              r < 0 ? strerror(errno) : "unexpected end of file");
+        crc = crc32c(crc, j->group_buf + at, (size_t)r);
+        at += (uint64_t)r;
+    }
+    if (crc != src.crc)
+        return ferry_fail(FERRY_ERR_IO, "%s: CRC-32C %08x, the manifest says %08x: the blob changed or is damaged "
+                          "(not exported)", src.path, crc, src.crc);
+    *base = j->group_buf;
+    return FERRY_OK;
+}
+
+/* Streams output tensor t from its group's bytes (base) into w. */
+static ferry_status write_tensor(export_job *j, st_writer *w, const out_tensor *t, const char *base)
+{
+    store_tensor st = store_group_tensor(j->s, t->group, t->tensor);
+    weight f = st.fmt;
+    convert_bind(&f, base + st.offset);
+    switch (t->kind) {
+    case OUT_BYTES: return put(j, w, f.data, (size_t)t->bytes);
+    case OUT_SCALES: return put(j, w, f.scales, (size_t)t->bytes);
+    case OUT_SHAPE: {
+        int64_t shape[2] = {f.rows, f.cols}; /* little-endian hosts only (safetensors is little-endian) */
+        return put(j, w, shape, sizeof shape);
+    }
+    case OUT_INT8_PACK: {
+        /* compressed-tensors pack_to_int32, 8 bits: q + 128 as a byte, four
+         * to a little-endian word, a row's columns padded to a multiple of 4 */
+        size_t out_row = 4 * (size_t)((f.cols + 3) / 4);
+        int64_t piece = (int64_t)(j->wcap / out_row);
+        for (int64_t r0 = 0; r0 < f.rows; r0 += piece) {
+            int64_t n = f.rows - r0 < piece ? f.rows - r0 : piece;
+            for (int64_t r = 0; r < n; r++) {
+                const uint8_t *in = (const uint8_t *)f.data + (size_t)(r0 + r) * (size_t)f.cols;
+                uint8_t *o = (uint8_t *)j->wbuf + (size_t)r * out_row;
+                for (int64_t c = 0; c < f.cols; c++) o[c] = in[c] ^ 0x80u;
+                memset(o + f.cols, 0, out_row - (size_t)f.cols);
+            }
+            FERRY_TRY(put(j, w, j->wbuf, (size_t)n * out_row));
+        }
+        return FERRY_OK;
+    }
+    case OUT_CONVERT: {
+        int64_t piece = convert_piece_rows(&f, &t->to, j->wcap);
+        size_t out_row = weight_row_bytes(&t->to);
+        for (int64_t r0 = 0; r0 < f.rows; r0 += piece) {
+            int64_t n = f.rows - r0 < piece ? f.rows - r0 : piece;
+            FERRY_TRY(convert_rows(&f, &t->to, r0, n, j->wbuf, NULL, t->name));
+            FERRY_TRY(put(j, w, j->wbuf, (size_t)n * out_row));
+        }
+        return FERRY_OK;
+    }
+    }
+    return FERRY_OK;
+}
+
+static void shard_name(const export_job *j, int k, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "model-%05d-of-%05d.safetensors", k + 1, j->n_shards);
+}
+
+static ferry_status write_shards(export_job *j)
+{
+    st_decl *decls = calloc((size_t)(j->n_out ? j->n_out : 1), sizeof *decls);
+    if (!decls) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = FERRY_OK;
+    int loaded = -1;
+    const char *base = NULL;
+    for (int k = 0, i = 0; st == FERRY_OK && k < j->n_shards; k++) {
+        int first = i, n = 0;
+        while (i < j->n_out && j->out[i].shard == k) {
+            const out_tensor *t = &j->out[i++];
+            decls[n] = (st_decl){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+            memcpy(decls[n].shape, t->shape, sizeof t->shape);
+            n++;
+        }
+        char fname[64];
+        shard_name(j, k, fname, sizeof fname);
+        st_writer *w;
+        if ((st = st_writer_openat(j->dirfd, fname, decls, n, &w)) != FERRY_OK) break;
+        for (int x = first; st == FERRY_OK && x < i; x++) {
+            const out_tensor *t = &j->out[x];
+            if (t->group != loaded) { /* groups come in order: each is read once */
+                st = load_group(j, t->group, &base);
+                loaded = t->group;
+            }
+            if (st == FERRY_OK) st = write_tensor(j, w, t, base);
+        }
+        if (st == FERRY_OK) st = st_writer_finish(w);
+        else st_writer_abort(w);
+    }
+    free(decls);
+    return st;
+}
+
+/* Writes a whole small file into the job's directory, synced. */
+static ferry_status write_file_at(export_job *j, const char *name, const void *data, size_t len)
+{
+    int fd = openat(j->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", name, strerror(errno));
+    ferry_status st = util_write_all(fd, name, data, len);
+    if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
+    if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", name, strerror(errno));
+    return st;
+}
+
+/* Copies model_dir/name when it exists, through the write buffer. */
+static ferry_status copy_model_file(export_job *j, const char *name)
+{
+    char *path = util_path_join(j->model_dir, name);
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        ferry_status st = errno == ENOENT ? FERRY_OK : ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+        free(path);
+        return st;
+    }
+    int out = openat(j->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    ferry_status st = out < 0 ? ferry_fail(FERRY_ERR_IO, "%s: %s", name, strerror(errno)) : FERRY_OK;
+    while (st == FERRY_OK) {
+        ssize_t r = read(in, j->wbuf, j->wcap);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) st = ferry_fail(FERRY_ERR_IO, "%s: read: %s", path, strerror(errno));
+        if (r <= 0) break;
+        st = util_write_all(out, name, j->wbuf, (size_t)r);
+    }
+    if (st == FERRY_OK && fsync(out) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
+    if (out >= 0) close(out);
+    close(in);
+    free(path);
+    return st;
+}
+
+/* ---- config.json and the index ----------------------------------------------- */
+
+static void sb_json_number(strbuf *sb, const json_value *v)
+{
+    if (v->is_int) {
+        sb_printf(sb, "%lld", (long long)v->integer);
+        return;
+    }
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) { /* the shortest that reads back exactly */
+        snprintf(buf, sizeof buf, "%.*g", prec, v->number);
+        if (strtod(buf, NULL) == v->number) break;
+    }
+    sb_puts(sb, buf);
+    if (!strpbrk(buf, ".eEn")) sb_puts(sb, ".0"); /* written with a fraction: it stays a float */
+}
+
+static void sb_json_value(strbuf *sb, const json_value *v, int indent)
+{
+    switch (v->type) {
+    case JSON_NULL: sb_puts(sb, "null"); break;
+    case JSON_BOOL: sb_puts(sb, v->boolean ? "true" : "false"); break;
+    case JSON_NUMBER: sb_json_number(sb, v); break;
+    case JSON_STRING: sb_json_str(sb, v->str); break;
+    case JSON_ARRAY:
+        sb_putc(sb, '[');
+        for (size_t i = 0; i < v->len; i++) {
+            if (i) sb_puts(sb, ", ");
+            sb_json_value(sb, &v->items[i], indent + 2);
+        }
+        sb_putc(sb, ']');
+        break;
+    case JSON_OBJECT:
+        sb_puts(sb, "{");
+        for (size_t i = 0; i < v->len; i++) {
+            sb_printf(sb, "%s\n%*s", i ? "," : "", indent + 2, "");
+            sb_json_str(sb, v->members[i].key);
+            sb_puts(sb, ": ");
+            sb_json_value(sb, &v->members[i].value, indent + 2);
+        }
+        sb_printf(sb, "\n%*s}", indent, "");
+        break;
+    }
+}
+
+static const char *torch_dtype_name(ferry_dtype dt)
+{
+    switch (dt) {
+    case DT_F16: return "float16";
+    case DT_BF16: return "bfloat16";
+    default: return "float32";
+    }
+}
+
+/* compressed-tensors' quantization_config for the engine's quantized
+ * linear layers (docs/quantization.md): what model.c's parse_quantization
+ * reads back. Empty when nothing is quantized. */
+static ferry_status quant_config(export_job *j, strbuf *sb)
+{
+    const plan *p = engine_get_plan(j->e);
+    weight_quant q = WQ_NONE;
+    int group = 0; /* 0: per channel */
+    for (int g = 0; g < p->n_groups; g++)
+        for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
+            weight f = store_group_tensor(j->s, g, k).fmt;
+            if (f.quant == WQ_NONE) continue;
+            int fg = f.quant == WQ_INT8 || f.group >= f.cols ? 0 : f.group;
+            if (q != WQ_NONE && (f.quant != q || (fg && group && fg != group)))
+                return ferry_fail(FERRY_ERR_UNSUPPORTED, "the engine's linear layers use more than one quantization "
+                                  "scheme: compressed-tensors' config cannot describe it");
+            q = f.quant;
+            if (fg) group = fg;
+        }
+    if (q == WQ_NONE) return FERRY_OK;
+    sb_puts(sb, "{\n    \"quant_method\": \"compressed-tensors\",\n    \"format\": \"pack-quantized\",\n"
+                "    \"quantization_status\": \"compressed\",\n    \"config_groups\": {\n      \"group_0\": {\n"
+                "        \"targets\": [\"Linear\"],\n        \"format\": \"pack-quantized\",\n        \"weights\": {");
+    sb_printf(sb, "\"num_bits\": %d, \"type\": \"int\", \"symmetric\": true, ", q == WQ_INT8 ? 8 : 4);
+    if (group) sb_printf(sb, "\"strategy\": \"group\", \"group_size\": %d, ", group);
+    else sb_puts(sb, "\"strategy\": \"channel\", \"group_size\": null, ");
+    sb_puts(sb, "\"dynamic\": false, \"actorder\": null, \"observer\": \"minmax\", \"block_structure\": null},\n"
+                "        \"input_activations\": null,\n        \"output_activations\": null\n      }\n    },\n"
+                "    \"ignore\": [\"lm_head\"],\n    \"kv_cache_scheme\": null\n  }");
+    return FERRY_OK;
+}
+
+/* The model's config.json with quantization_config and torch_dtype saying
+ * what was written (torch_dtype: the embedding's dtype). */
+static ferry_status write_config(export_job *j)
+{
+    char *path = util_path_join(j->model_dir, "config.json"), *text = NULL;
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    size_t len;
+    json_doc *doc = NULL;
+    ferry_status st = util_read_file(path, &text, &len);
+    if (st == FERRY_OK) st = json_parse(text, len, &doc);
+    if (st != FERRY_OK) st = ferry_fail_context(st, "%s", path);
+    strbuf qc, sb;
+    sb_init(&qc);
+    sb_init(&sb);
+    if (st == FERRY_OK && j->layout == EXPORT_CONVERTED) st = quant_config(j, &qc);
+    ferry_dtype dt = DT_F32;
+    for (int i = 0; i < j->n_out; i++)
+        if (strstr(j->out[i].name, "embed_tokens.weight")) dt = j->out[i].dtype;
+    if (st == FERRY_OK) {
+        const json_value *root = json_doc_root(doc);
+        sb_puts(&sb, "{");
+        int n = 0;
+        for (size_t i = 0; i < root->len; i++) {
+            const json_member *m = &root->members[i];
+            if (!strcmp(m->key, "quantization_config") || !strcmp(m->key, "torch_dtype")) continue;
+            sb_printf(&sb, "%s\n  ", n++ ? "," : "");
+            sb_json_str(&sb, m->key);
+            sb_puts(&sb, ": ");
+            sb_json_value(&sb, &m->value, 2);
+        }
+        sb_printf(&sb, "%s\n  \"torch_dtype\": \"%s\"", n++ ? "," : "", torch_dtype_name(dt));
+        if (qc.len) {
+            sb_puts(&sb, ",\n  \"quantization_config\": ");
+            sb_append(&sb, qc.data, qc.len);
+        }
+        sb_puts(&sb, "\n}\n");
+        st = sb.oom || qc.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : write_file_at(j, "config.json", sb.data, sb.len);
+    }
+    sb_free(&qc);
+    sb_free(&sb);
+    json_doc_free(doc);
+    free(text);
+    free(path);
+    return st;
+}
+
+static int cmp_out_ptr(const void *a, const void *b)
+{
+    return strcmp((*(const out_tensor *const *)a)->name, (*(const out_tensor *const *)b)->name);
+}
+
+static ferry_status write_index(export_job *j)
+{
+    const out_tensor **by_name = malloc((size_t)(j->n_out ? j->n_out : 1) * sizeof *by_name);
+    if (!by_name) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < j->n_out; i++) by_name[i] = &j->out[i];
+    qsort(by_name, (size_t)j->n_out, sizeof *by_name, cmp_out_ptr);
+    strbuf sb;
+    sb_init(&sb);
+    sb_printf(&sb, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {",
+              (unsigned long long)j->total);
+    for (int i = 0; i < j->n_out; i++) {
+        char fname[64];
+        shard_name(j, by_name[i]->shard, fname, sizeof fname);
+        sb_printf(&sb, "%s\n    ", i ? "," : "");
+        sb_json_str(&sb, by_name[i]->name);
+        sb_printf(&sb, ": \"%s\"", fname);
+    }
+    sb_puts(&sb, "\n  }\n}\n");
+    ferry_status st = sb.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory")
+                             : write_file_at(j, "model.safetensors.index.json", sb.data, sb.len);
+    sb_free(&sb);
+    free(by_name);
+    return st;
+}
+
+/* ---- the job ------------------------------------------------------------------ */
+
+static const char *const k_copied[] = {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                       "special_tokens_map.json", "tokenizer.model", "chat_template.jinja",
+                                       "chat_template.json"};
+
+/* Puts the finished directory under the final name: swapped with an
+ * existing export in one step where the file system can, else that one is
+ * renamed aside first; the old one is then removed. */
+static ferry_status publish(export_job *j)
+{
+    if (fsync(j->dirfd) != 0) return ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", j->tmp, strerror(errno));
+    struct stat sbuf;
+    bool exists = fstatat(j->rootfd, j->name, &sbuf, AT_SYMLINK_NOFOLLOW) == 0;
+    if (exists && !S_ISDIR(sbuf.st_mode))
+        return ferry_fail(FERRY_ERR_INVALID, "export '%s' exists and is not a directory: not replaced", j->name);
+    if (exists && !j->overwrite)
+        return ferry_fail(FERRY_ERR_INVALID, "export '%s' already exists (overwrite it explicitly)", j->name);
+    if (!exists) {
+        if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_NOREPLACE) != 0 &&
+            (errno != EINVAL && errno != ENOSYS ? true : renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0))
+            return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(errno));
+    } else if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_EXCHANGE) == 0) {
+        fsync(j->rootfd);
+        remove_tree_at(j->rootfd, j->tmp, 0); /* the previous export, under the temporary name now */
+    } else {
+        char old[EXPORT_NAME_MAX + 64];
+        snprintf(old, sizeof old, TMP_PREFIX "%s.old.%ld", j->name, (long)getpid());
+        if (renameat(j->rootfd, j->name, j->rootfd, old) != 0)
+            return ferry_fail(FERRY_ERR_IO, "export '%s': rename aside: %s", j->name, strerror(errno));
+        if (renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0) {
+            int err = errno;
+            renameat(j->rootfd, old, j->rootfd, j->name);
+            return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(err));
+        }
+        fsync(j->rootfd);
+        remove_tree_at(j->rootfd, old, 0);
+    }
+    if (fsync(j->rootfd) != 0) return ferry_fail(FERRY_ERR_IO, "export root: fsync: %s", strerror(errno));
+    return FERRY_OK;
+}
+
+static ferry_status run_export(export_job *j)
+{
+    if (j->group_cap) {
+        if (posix_memalign((void **)&j->group_buf, 4096, (size_t)j->group_cap) != 0) j->group_buf = NULL;
+        if (!j->group_buf) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for the export's group buffer");
+    }
+    j->wbuf = malloc(j->wcap);
+    if (!j->wbuf) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for the export's write buffer");
+    FERRY_TRY(write_shards(j));
+    /* the group buffer is not needed past the shards */
+    free(j->group_buf);
+    j->group_buf = NULL;
+    FERRY_TRY(write_config(j));
+    for (size_t i = 0; i < sizeof k_copied / sizeof k_copied[0]; i++) FERRY_TRY(copy_model_file(j, k_copied[i]));
+    if (atomic_load(&j->cancel)) return cancelled();
+    FERRY_TRY(write_index(j)); /* last: an index means every file it names is complete */
+    if (atomic_load(&j->cancel)) return cancelled();
+    return publish(j);
+}
+
+static void *job_main(void *arg)
+{
+    export_job *j = arg;
+    pthread_mutex_lock(&j->mu);
+    j->status.state = EXPORT_RUNNING;
+    pthread_mutex_unlock(&j->mu);
+    ferry_status st = run_export(j);
+    if (st != FERRY_OK) remove_tree_at(j->rootfd, j->tmp, 0);
+    close(j->dirfd);
+    j->dirfd = -1;
+    free(j->group_buf);
+    free(j->wbuf);
+    j->group_buf = j->wbuf = NULL;
+    pthread_mutex_lock(&j->mu);
+    if (st == FERRY_OK) {
+        j->status.state = EXPORT_DONE;
+        j->status.progress = 1.0;
+    } else if (atomic_load(&j->cancel)) {
+        j->status.state = EXPORT_CANCELLED;
+    } else {
+        j->status.state = EXPORT_FAILED;
+        snprintf(j->status.error, sizeof j->status.error, "%s", ferry_errmsg());
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+static void job_free_fields(export_job *j)
+{
+    if (j->dirfd >= 0) close(j->dirfd);
+    if (j->rootfd >= 0) close(j->rootfd);
+    free(j->out);
+    free(j->model_dir);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+ferry_status export_start(engine *e, const export_opts *o, export_job **out)
+{
+    *out = NULL;
+    if (!o->name || !name_ok(o->name))
+        return ferry_fail(FERRY_ERR_INVALID, "export name '%.140s' is not allowed (1 to %d of A-Z a-z 0-9 . _ -, not "
+                          "'.' or '..')", o->name ? o->name : "", EXPORT_NAME_MAX);
+    if (!o->root || !*o->root) return ferry_fail(FERRY_ERR_INVALID, "no export root directory given");
+    export_job *j = calloc(1, sizeof *j);
+    if (!j) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&j->mu, NULL);
+    j->rootfd = j->dirfd = -1;
+    j->e = e;
+    j->s = engine_store(e);
+    j->be = engine_backend(e);
+    j->layout = o->layout;
+    j->max_shard = o->max_shard_bytes ? o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
+    j->overwrite = o->overwrite;
+    snprintf(j->name, sizeof j->name, "%s", o->name);
+    snprintf(j->tmp, sizeof j->tmp, TMP_PREFIX "%s.tmp.%ld", o->name, (long)getpid());
+    j->model_dir = strdup(engine_model_dir(e));
+    const char *delay = getenv("FERRY_EXPORT_DELAY_MS");
+    if (delay && *delay) j->delay_ms_per_mib = strtod(delay, NULL);
+    ferry_status st = FERRY_OK;
+    if (!j->model_dir) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (st == FERRY_OK) {
+        j->rootfd = open(o->root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (j->rootfd < 0)
+            st = ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_INVALID,
+                            "export root %s: %s%s", o->root, strerror(errno),
+                            errno == ELOOP || errno == ENOTDIR ? " (it must be a directory, not a symlink)" : "");
+    }
+    struct stat sb;
+    if (st == FERRY_OK && fstatat(j->rootfd, j->name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            st = ferry_fail(FERRY_ERR_INVALID, "export '%s' exists and is not a directory (a symlink?): refused", j->name);
+        else if (!o->overwrite)
+            st = ferry_fail(FERRY_ERR_INVALID, "export '%s' already exists in %s (overwrite it explicitly)", j->name,
+                            o->root);
+    }
+    if (st == FERRY_OK) {
+        remove_stale_temps(j->rootfd);
+        st = plan_output(j);
+    }
+    struct statvfs vfs;
+    if (st == FERRY_OK && fstatvfs(j->rootfd, &vfs) == 0) {
+        uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+        uint64_t need = j->total + (1u << 20); /* the tensors, plus headers and small files */
+        char b1[32], b2[32];
+        if (avail < need)
+            st = ferry_fail(FERRY_ERR_IO, "export '%s' needs %llu bytes (%s) in %s, %llu (%s) are available", j->name,
+                            (unsigned long long)need, util_fmt_bytes(need, b1, sizeof b1), o->root,
+                            (unsigned long long)avail, util_fmt_bytes(avail, b2, sizeof b2));
+    }
+    if (st == FERRY_OK) {
+        remove_tree_at(j->rootfd, j->tmp, 0); /* ours from an earlier job of this process that died unfinished */
+        if (mkdirat(j->rootfd, j->tmp, 0755) != 0)
+            st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
+        else if ((j->dirfd = openat(j->rootfd, j->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+            st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
+    }
+    if (st == FERRY_OK) {
+        j->status = (export_status){.state = EXPORT_QUEUED, .bytes_total = j->total};
+        if (pthread_create(&j->thread, NULL, job_main, j) != 0)
+            st = ferry_fail(FERRY_ERR_NOMEM, "cannot start the export thread");
+        else j->started = true;
+    }
+    if (st != FERRY_OK) {
+        if (j->dirfd >= 0) remove_tree_at(j->rootfd, j->tmp, 0);
+        job_free_fields(j);
+        return st;
+    }
+    *out = j;
+    return FERRY_OK;
+}
+
+export_status export_job_status(export_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    export_status s = j->status;
+    pthread_mutex_unlock(&j->mu);
+    return s;
+}
+
+void export_job_cancel(export_job *j) { atomic_store(&j->cancel, true); }
+
+export_status export_job_wait(export_job *j)
+{
+    if (j->started) {
+        pthread_join(j->thread, NULL);
+        j->started = false;
+    }
+    return export_job_status(j);
+}
+
+void export_job_free(export_job *j)
+{
+    if (!j) return;
+    export_job_wait(j);
+    job_free_fields(j);
+}
