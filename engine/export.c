@@ -313,7 +313,7 @@ static void add_progress(export_job *j, uint64_t n)
     pthread_mutex_unlock(&j->mu);
     if (j->delay_ms_per_mib > 0) {
         j->delay_owed += n;
-        if (j->delay_owed >= (1u << 20)) {
+        if (j->delay_owed >= (64u << 10)) { /* paid every 64 KiB: a tiny model is slowed too */
             double ms = j->delay_ms_per_mib * (double)j->delay_owed / (double)(1u << 20);
             j->delay_owed = 0;
             struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (double)(time_t)(ms / 1000)) * 1e6)};

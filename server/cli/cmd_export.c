@@ -5,10 +5,11 @@
  * and its base name the export's name, so the offline command keeps the
  * confinement and atomicity of the admin API's exports.
  *
- * Progress goes to stderr: one bar rewritten in place on a terminal, a
- * plain line per 10% otherwise. Ctrl-C cancels (the partial output is
- * removed). The result is one line on stdout (--json: an object with the
- * bytes, seconds, and RSS before the export and its peak during it).
+ * Progress: on a terminal, one bar on stderr rewritten in place; otherwise
+ * a plain line per 10% on stdout (stderr keeps its one line for an error;
+ * none with --json). Ctrl-C cancels (the partial output is removed). The
+ * result is one line on stdout (--json: an object with the bytes, seconds,
+ * and RSS before the export and its peak during it).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ static void reset_peak_rss(void)
     fclose(f);
 }
 
-static void show_progress(const export_status *s, bool tty, int *last_decile)
+static void show_progress(const export_status *s, bool tty, bool quiet, int *last_decile)
 {
     char b1[32], b2[32];
     int pct = (int)(s->progress * 100.0);
@@ -65,10 +66,11 @@ static void show_progress(const export_status *s, bool tty, int *last_decile)
         fprintf(stderr, "\rexport [%s] %3d%% %s / %s ", bar, pct, util_fmt_bytes(s->bytes_written, b1, sizeof b1),
                 util_fmt_bytes(s->bytes_total, b2, sizeof b2));
         fflush(stderr);
-    } else if (pct / 10 > *last_decile) {
+    } else if (!quiet && pct / 10 > *last_decile) {
         *last_decile = pct / 10;
-        fprintf(stderr, "export: %d%% %s / %s\n", pct, util_fmt_bytes(s->bytes_written, b1, sizeof b1),
+        printf("export: %d%% %s / %s\n", pct, util_fmt_bytes(s->bytes_written, b1, sizeof b1),
                 util_fmt_bytes(s->bytes_total, b2, sizeof b2));
+        fflush(stdout);
     }
 }
 
@@ -129,7 +131,7 @@ int cmd_export(const ferry_config *cfg)
         s = export_job_status(job);
         if (s.state != EXPORT_QUEUED && s.state != EXPORT_RUNNING) break;
         if (g_interrupted) export_job_cancel(job);
-        show_progress(&s, tty, &decile);
+        show_progress(&s, tty, cfg->json, &decile);
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -138,7 +140,7 @@ int cmd_export(const ferry_config *cfg)
     uint64_t rss_peak = proc_status_kib("VmHWM");
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (s.state == EXPORT_DONE) show_progress(&s, tty, &decile);
+    if (s.state == EXPORT_DONE) show_progress(&s, tty, cfg->json, &decile);
     if (tty) fputc('\n', stderr);
     export_job_free(job);
     engine_close(e);
