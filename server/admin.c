@@ -178,8 +178,7 @@ static bool token_matches(const admin_server *a, const char *got, size_t got_len
     memcpy(padded, got, got_len < sizeof padded ? got_len : sizeof padded);
     volatile unsigned diff = 0;
     for (size_t i = 0; i < sizeof padded; i++) diff |= (unsigned char)(padded[i] ^ a->token[i]);
-    size_t ld = got_len ^ a->token_len;
-    diff |= (unsigned)(ld | (ld >> 16) | (ld >> 32 >> 16));
+    diff |= (unsigned)((got_len ^ a->token_len) != 0);
     return diff == 0;
 }
 

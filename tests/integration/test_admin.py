@@ -531,11 +531,14 @@ def test_second_export_is_409_and_cancel(slow_served):
 
 def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_path):
     """Outputs of 8 concurrent requests are the same with an export running
-    (slowed, so that it spans them) as without."""
+    (slowed, so that it spans them) as without; groups on all three tiers,
+    so the export reads the disk tier while steps stream from it."""
     root = tmp_path / "exports"
     root.mkdir()
-    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--export-dir", root,
-                     env=clean_env(FERRY_EXPORT_DELAY_MS="3000"), token_file=token_file)
+    od = tmp_path / "offload"
+    od.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
+                     "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="3000"), token_file=token_file)
     try:
         prompts = [prompt_ids(vocab, 3 + i, 100 + i) for i in range(8)]
 
