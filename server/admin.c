@@ -108,19 +108,22 @@ ferry_status admin_token_read(const char *path, char **out)
     /* O_NOFOLLOW: the checks below must be about the file read, not a link */
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ELOOP) return ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: a symbolic link (give the file itself)", path);
+        if (errno == ELOOP)
+            return ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: a symbolic link (give the file itself)", path);
         return ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: %s", path, strerror(errno));
     }
     struct stat sb;
     ferry_status st = FERRY_OK;
     if (fstat(fd, &sb) != 0) st = ferry_fail(FERRY_ERR_IO, "--admin-token-file %s: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode)) st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: not a regular file", path);
+    else if (!S_ISREG(sb.st_mode))
+        st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: not a regular file", path);
     else if (sb.st_uid != geteuid())
         st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: owned by uid %u, not by this user (uid %u)", path,
                         (unsigned)sb.st_uid, (unsigned)geteuid());
     else if (sb.st_mode & 077)
-        st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: mode %04o lets group or others read it (chmod 600 it)",
-                        path, (unsigned)(sb.st_mode & 07777));
+        st = ferry_fail(FERRY_ERR_INVALID,
+                        "--admin-token-file %s: mode %04o lets group or others read it (chmod 600 it)", path,
+                        (unsigned)(sb.st_mode & 07777));
     char buf[ADMIN_TOKEN_MAX + 2];
     ssize_t n = 0;
     if (st == FERRY_OK) {
@@ -345,7 +348,9 @@ static void status_engine_json(strbuf *sb, engine *e, sched *s)
     sb_printf(sb, ", \"kv\": %llu, \"activations\": %llu}", (unsigned long long)p->kv_bytes,
               (unsigned long long)p->act_bytes);
 
-    sb_printf(sb, ", \"pipeline\": {\"steps\": %llu, \"fetched_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}",
+    sb_printf(sb,
+              ", \"pipeline\": {\"steps\": %llu, \"fetched_bytes\": {\"device\": %llu, \"host\": %llu, "
+              "\"disk\": %llu}",
               (unsigned long long)ps.steps, (unsigned long long)ps.bytes[TIER_DEVICE],
               (unsigned long long)ps.bytes[TIER_HOST], (unsigned long long)ps.bytes[TIER_DISK]);
     sb_printf(sb, ", \"compute_s\": %.6f, \"stall_s\": %.6f, \"fetch_s\": %.6f, \"wall_s\": %.6f}", ps.compute_s,
@@ -640,8 +645,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             char peer[INET6_ADDRSTRLEN + 16];
             peer_name(c, peer, sizeof peer);
             metrics_count_admin_auth_failure(a->counters);
-            fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s\n", method, rq->ep == AEP_OTHER ? "(other path)" : url,
-                    peer, why);
+            fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s\n", method,
+                    rq->ep == AEP_OTHER ? "(other path)" : url, peer, why);
             return reply_error(a, rq, c, 401, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ferry-admin\"",
                                "unauthorized: %s (send Authorization: Bearer <token>)", why);
         }

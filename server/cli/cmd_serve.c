@@ -164,11 +164,13 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
     if (!cfg->admin_host || !*cfg->admin_host) return cli_error(EXIT_USAGE, "--admin-host must not be empty");
     if (cfg->export_dir) {
         struct stat sb;
-        if (stat(cfg->export_dir, &sb) != 0) return cli_error(EXIT_USAGE, "--export-dir %s: %s", cfg->export_dir, strerror(errno));
+        if (stat(cfg->export_dir, &sb) != 0)
+            return cli_error(EXIT_USAGE, "--export-dir %s: %s", cfg->export_dir, strerror(errno));
         if (!S_ISDIR(sb.st_mode)) return cli_error(EXIT_USAGE, "--export-dir %s: not a directory", cfg->export_dir);
     }
     if (cfg->admin_token_file) {
-        if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+        if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK)
+            return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     } else if (getenv("FERRY_ADMIN_TOKEN")) {
         if (admin_token_check(getenv("FERRY_ADMIN_TOKEN"), "FERRY_ADMIN_TOKEN") != FERRY_OK)
             return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
@@ -254,7 +256,8 @@ int cmd_serve(const ferry_config *cfg)
         fprintf(stderr, "ferry: admin listening on http://%s%s%s:%d%s\n", a6 ? "[" : "", cfg->admin_host, a6 ? "]" : "",
                 admin_server_port(adm), cfg->export_dir ? "" : " (no --export-dir: exports are off)");
         if (!admin_host_is_loopback(cfg->admin_host))
-            fprintf(stderr, "ferry: warning: the admin API is plain HTTP on %s: the token crosses the network in the clear\n",
+            fprintf(stderr,
+                    "ferry: warning: the admin API is plain HTTP on %s: the token crosses the network in the clear\n",
                     cfg->admin_host);
     }
 

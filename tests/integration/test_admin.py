@@ -22,22 +22,23 @@ running); names that break the rules (../x, /abs, a/b, empty, 129
 characters, a symlink under the root pointing outside) -> 400, nothing
 written outside; an existing name without overwrite -> 400, with it -> the
 new export; an export while 8 concurrent /v2 infer requests run: their
-outputs equal the same requests without an export; SIGTERM during an export
-cancels it and exits 0, leaving no final or temporary directory.
+outputs equal the same requests without an export; a failed export (ENOSPC
+through the fault hook) reports its error and serving goes on; SIGTERM
+during an export cancels it and exits 0, leaving no final or temporary
+directory.
 """
 
 import concurrent.futures
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import prompt_ids
-from test_http import REQ_TIMEOUT, Server, infer, metrics, msum, request
+from test_http import Server, infer, metrics, msum, request
 
 import st_util
 
@@ -75,7 +76,8 @@ def stop(srv):
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FERRY_EXPORT_DELAY_MS")}
+    drop = ("FERRY_ADMIN_TOKEN", "FERRY_EXPORT_DELAY_MS", "FERRY_FAULT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra)
     return env
 
@@ -123,7 +125,7 @@ def export(adm, name, **fields):
 
 
 def only_final_dirs(root):
-    """Entries under the export root, failing on a leftover temporary."""
+    """Names under the export root (temporaries included: a leftover shows)."""
     names = sorted(p.name for p in Path(root).iterdir())
     return names
 
@@ -538,7 +540,7 @@ def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_pat
     od = tmp_path / "offload"
     od.mkdir()
     srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
-                     "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="3000"), token_file=token_file)
+                     "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="8000"), token_file=token_file)
     try:
         prompts = [prompt_ids(vocab, 3 + i, 100 + i) for i in range(8)]
 
@@ -556,6 +558,27 @@ def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_pat
         assert got == want
         assert overlapped, "the export ended before the requests did: raise FERRY_EXPORT_DELAY_MS"
         assert (root / "busy" / "model.safetensors.index.json").is_file()
+    finally:
+        stop(srv)
+
+
+def test_failed_export_is_reported_and_serving_goes_on(ferry_bin, tiny, vocab, token_file, tmp_path):
+    """ENOSPC on the third write (the fault hook): the job ends failed with
+    the error, leaves nothing under the root; inference and the next
+    export still work."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(FERRY_FAULT="write_enospc=3"),
+                     token_file=token_file)
+    try:
+        want = infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0]
+        obj = wait_job(adm, export(adm, "full"))
+        assert obj["state"] == "failed" and "no space left" in obj["error"].lower(), obj
+        assert only_final_dirs(root) == [], only_final_dirs(root)
+        assert infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0] == want
+        assert wait_job(adm, export(adm, "full"))["state"] == "done"  # the fault fires once
+        st, _, s = areq(adm, "GET", "/admin/v1/status")
+        assert [j["state"] for j in s["jobs"]["recent"]] == ["done", "failed"], s["jobs"]
     finally:
         stop(srv)
 
