@@ -303,6 +303,16 @@ def test_non_loopback_without_a_token_is_refused(ferry, tiny):
     assert "token" in err, err
 
 
+def test_non_loopback_with_a_token_starts_and_warns(ferry_bin, tiny, token_file):
+    srv, adm = start(ferry_bin, tiny, "--admin-host", "0.0.0.0", env=clean_env(), token_file=token_file)
+    try:
+        assert any("plain HTTP" in ln for ln in srv.log), srv.logtail()
+        assert areq(adm, "GET", "/admin/v1/status")[0] == 200
+        assert areq(adm, "GET", "/admin/v1/status", token=None)[0] == 401
+    finally:
+        stop(srv)
+
+
 def test_token_must_not_be_a_flag(ferry, tiny):
     p = ferry.run("serve", "--model", tiny, "--admin-token", TOKEN, timeout=30)
     assert p.returncode == 2 and b"unknown flag" in p.stderr, p.stderr
