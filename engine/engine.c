@@ -192,6 +192,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     ferry_status st;
     backend_opts bo = {opts->threads};
     char fp[40];
+    e->convert = opts->convert;
     if ((st = model_config_load(opts->model_dir, &e->cfg)) != FERRY_OK) goto fail;
     if ((st = st_checkpoint_open(opts->model_dir, &e->ck)) != FERRY_OK) goto fail;
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
@@ -286,6 +287,8 @@ engine_limits engine_get_limits(const engine *e)
 }
 
 const plan *engine_get_plan(const engine *e) { return &e->placement; }
+
+convert_opts engine_get_convert(const engine *e) { return e->convert; }
 
 pipeline_stats engine_pipeline_stats(engine *e) { return pipeline_get_stats(e->pipe); }
 

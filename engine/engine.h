@@ -65,6 +65,8 @@ typedef struct {
 engine_info engine_get_info(const engine *e);
 engine_limits engine_get_limits(const engine *e);
 const plan *engine_get_plan(const engine *e);
+/* The conversion the weights were loaded with (convert_describe names it). */
+convert_opts engine_get_convert(const engine *e);
 pipeline_stats engine_pipeline_stats(engine *e);
 
 /* One forward pass. Every token id must be < vocab and every sequence must

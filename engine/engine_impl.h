@@ -19,6 +19,7 @@ struct engine {
     model_weights ckw;   /* bound to the checkpoint mapping: the source of every load */
     model_weights w;     /* the compute view: points into resident buffers or staging slots */
     backend *be;
+    convert_opts convert; /* the conversion the weights were loaded with */
     plan_opts popts;
     plan placement;
     store *storage;

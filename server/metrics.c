@@ -40,6 +40,13 @@ void metrics_observe_queue(metrics *m, double seconds)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_count_admin_auth_failure(metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->admin_auth_failures++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void help(strbuf *sb, const char *name, const char *type, const char *text)
 {
     sb_printf(sb, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
@@ -63,6 +70,9 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     for (int i = 0; i < c.n_req; i++)
         sb_printf(sb, "ferry_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n", c.req[i].endpoint, c.req[i].code,
                   (unsigned long long)c.req[i].count);
+
+    help(sb, "ferry_admin_auth_failures_total", "counter", "Admin API requests refused for a missing or wrong bearer token");
+    sb_printf(sb, "ferry_admin_auth_failures_total %llu\n", (unsigned long long)c.admin_auth_failures);
 
     help(sb, "ferry_queue_seconds", "histogram", "Time a sequence waited for a batch slot");
     uint64_t cum = 0;

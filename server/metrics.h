@@ -37,6 +37,7 @@ typedef struct {
     uint64_t queue_buckets[METRICS_QUEUE_BUCKETS]; /* by upper bound, not cumulative */
     uint64_t queue_count;
     double queue_sum;
+    uint64_t admin_auth_failures; /* admin requests refused for a missing or wrong token */
 } metrics;
 
 /* What the engine side says at render time; ready false: only the
@@ -56,6 +57,8 @@ void metrics_free(metrics *m);
 void metrics_count_request(metrics *m, const char *endpoint, int code);
 /* Seconds one sequence waited between submission and admission. */
 void metrics_observe_queue(metrics *m, double seconds);
+/* One admin request refused 401 (no token, a wrong one). */
+void metrics_count_admin_auth_failure(metrics *m);
 
 void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *out);
 

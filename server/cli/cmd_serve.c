@@ -7,9 +7,18 @@
  * graceful stop too: a closed terminal must not cut answers off).
  *
  * The gRPC front end (server/grpc, unless --grpc-port -1) listens right
- * after HTTP and is attached to the same engine and scheduler.
+ * after HTTP and is attached to the same engine and scheduler; so does the
+ * admin API (server/admin, 127.0.0.1:8003 by default) when it has a token.
  *
- * Stopping: both front ends stop accepting at once; the requests in flight
+ * The admin token: --admin-token-file (admin.h checks the file), else
+ * FERRY_ADMIN_TOKEN; never a flag's value (it would show in ps). Without
+ * one the admin API does not start - on loopback that is only said when an
+ * admin setting was given; on another address it is a usage error, so that
+ * an operator who asked for a reachable admin API is not left without one.
+ *
+ * Stopping: the admin API goes first (it stops listening, cancels a
+ * running export and waits for it: the job reads the engine); then both
+ * inference front ends stop accepting at once; the requests in flight
  * on either get --drain-timeout to finish (gRPC cancels its calls past it
  * while the scheduler still runs), then http.h's order: detach the model
  * (handlers stop submitting; HTTP requests still running end with 503),
@@ -19,7 +28,9 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <errno.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +42,7 @@
 #include "../../engine/base/util.h"
 #include "cli.h"
 #include "../grpc/grpc_server.h"
+#include "../admin.h"
 #include "../http.h"
 #include "../metrics.h"
 
@@ -138,14 +150,60 @@ static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[
     return fit_fd_limit(&ho->max_connections);
 }
 
+/* The admin API's options: *token is NULL when it is not to start.
+ * Returns 0 or the exit status it printed. */
+static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao, char **token)
+{
+    *token = NULL;
+    *ao = (admin_opts){.host = cfg->admin_host, .port = (int)cfg->admin_port, .model_name = name,
+                       .export_root = cfg->export_dir};
+    if (cfg->admin_port < -1 || cfg->admin_port > 65535)
+        return cli_error(EXIT_USAGE, "--admin-port must be in 1..65535, 0 for no admin API, or -1 for any free port");
+    if (cfg->admin_port == 0) return 0;
+    if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
+    if (!cfg->admin_host || !*cfg->admin_host) return cli_error(EXIT_USAGE, "--admin-host must not be empty");
+    if (cfg->export_dir) {
+        struct stat sb;
+        if (stat(cfg->export_dir, &sb) != 0)
+            return cli_error(EXIT_USAGE, "--export-dir %s: %s", cfg->export_dir, strerror(errno));
+        if (!S_ISDIR(sb.st_mode)) return cli_error(EXIT_USAGE, "--export-dir %s: not a directory", cfg->export_dir);
+    }
+    if (cfg->admin_token_file) {
+        if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK)
+            return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    } else if (getenv("FERRY_ADMIN_TOKEN")) {
+        if (admin_token_check(getenv("FERRY_ADMIN_TOKEN"), "FERRY_ADMIN_TOKEN") != FERRY_OK)
+            return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+        if (!(*token = strdup(getenv("FERRY_ADMIN_TOKEN")))) return cli_error(EXIT_RUNTIME, "out of memory");
+    }
+    if (*token) return 0;
+    if (!admin_host_is_loopback(cfg->admin_host))
+        return cli_error(EXIT_USAGE,
+                         "--admin-host %s is not a loopback address: the admin API needs a token there "
+                         "(--admin-token-file or FERRY_ADMIN_TOKEN), or --admin-port 0",
+                         cfg->admin_host);
+    if (cfg->given[SETTING_admin_port] || cfg->given[SETTING_admin_host] || cfg->given[SETTING_export_dir])
+        fprintf(stderr, "ferry: admin API off: no token (give --admin-token-file or set FERRY_ADMIN_TOKEN)\n");
+    return 0;
+}
+
+static void token_free(char *token)
+{
+    if (!token) return;
+    memset(token, 0, strlen(token));
+    free(token);
+}
+
 int cmd_serve(const ferry_config *cfg)
 {
     engine_opts eo;
     http_opts ho;
     grpc_front_opts go;
-    char name[256];
+    admin_opts ao;
+    char name[256], *token = NULL;
     int rc = cli_engine_opts(cfg, &eo);
-    if (rc || (rc = serve_opts(cfg, &eo, name, &ho, &go)) != 0) return rc;
+    if (rc || (rc = serve_opts(cfg, &eo, name, &ho, &go)) != 0 || (rc = admin_setup(cfg, name, &ao, &token)) != 0)
+        return rc;
 
     /* every thread started from here inherits the mask: signals reach only sigwait below */
     sigset_t set;
@@ -182,9 +240,31 @@ int cmd_serve(const ferry_config *cfg)
                 grpc_front_port(gf));
     }
 
+    admin_server *adm = NULL;
+    if (token) {
+        ao.token = token;
+        ao.counters = &m;
+        ferry_status st = admin_server_start(&ao, &adm);
+        token_free(token);
+        if (st != FERRY_OK) {
+            if (gf) grpc_front_stop(gf, 0);
+            http_server_stop(srv);
+            metrics_free(&m);
+            return cli_fail(st);
+        }
+        bool a6 = strchr(cfg->admin_host, ':') != NULL;
+        fprintf(stderr, "ferry: admin listening on http://%s%s%s:%d%s\n", a6 ? "[" : "", cfg->admin_host, a6 ? "]" : "",
+                admin_server_port(adm), cfg->export_dir ? "" : " (no --export-dir: exports are off)");
+        if (!admin_host_is_loopback(cfg->admin_host))
+            fprintf(stderr,
+                    "ferry: warning: the admin API is plain HTTP on %s: the token crosses the network in the clear\n",
+                    cfg->admin_host);
+    }
+
     loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .main_thread = pthread_self()};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
+        admin_server_stop(adm);
         if (gf) grpc_front_stop(gf, 0);
         http_server_stop(srv);
         metrics_free(&m);
@@ -199,6 +279,7 @@ int cmd_serve(const ferry_config *cfg)
             continue; /* a stray SIGUSR1 */
         if (state == LOAD_FAILED) {
             pthread_join(lt, NULL);
+            admin_server_stop(adm);
             if (gf) grpc_front_stop(gf, 0);
             http_server_stop(srv);
             metrics_free(&m);
@@ -208,18 +289,22 @@ int cmd_serve(const ferry_config *cfg)
         }
         http_server_attach(srv, ld.e, ld.s);
         if (gf) grpc_front_attach(gf, ld.e, ld.s);
+        if (adm) admin_server_attach(adm, ld.e, ld.s);
         fprintf(stderr, "ferry: model %s ready\n", name);
     }
 
     if (state == LOAD_RUNNING) {
         /* loading cannot be interrupted; nothing was submitted, so no
          * connection is suspended: stop listening and leave */
+        admin_server_stop(adm);
         if (gf) grpc_front_stop(gf, 0);
         http_server_stop(srv);
         fprintf(stderr, "ferry: stopped while the model was loading\n");
         _exit(0);
     }
     pthread_join(lt, NULL);
+    /* the admin API first: a running export is cancelled and waited for */
+    admin_server_stop(adm);
     /* both front ends stop accepting at once; the requests in flight on
      * either have --drain-timeout to finish, then what runs is cancelled */
     double deadline = util_now() + (double)cfg->drain_timeout;

@@ -47,7 +47,7 @@ static const command k_commands[] = {
     {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, Prometheus metrics) and gRPC (KServe v2)",
      {S(model), S(device), S(threads), S(batch), S(context), S(http_port), S(grpc_port), S(drain_timeout), S(host), S(name), S(max_body),
       S(max_queued), S(request_memory), S(request_timeout), S(max_connections), S(max_connections_per_ip),
-      PLACEMENT, END},
+      S(admin_port), S(admin_host), S(admin_token_file), S(export_dir), PLACEMENT, END},
      {S(model), END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
@@ -55,7 +55,8 @@ static const command k_commands[] = {
 /* Settings that name a file or directory. An empty one is a usage error
  * naming it: "" would otherwise become paths like "/config.json", or an
  * error about whatever was derived from it (serve's --name from --model). */
-static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace)};
+static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace), S(admin_token_file),
+                                      S(export_dir)};
 
 int cli_error(int code, const char *fmt, ...)
 {
@@ -145,6 +146,8 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         case S(offload_dir): v = cfg->offload_dir; break;
         case S(dump_logits): v = cfg->dump_logits; break;
         case S(trace): v = cfg->trace; break;
+        case S(admin_token_file): v = cfg->admin_token_file; break;
+        case S(export_dir): v = cfg->export_dir; break;
         }
         if (cfg->given[id] && v && !*v)
             return cli_error(EXIT_USAGE, "%s: %s must not be empty (it names a file or directory)", c->name,

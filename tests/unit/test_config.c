@@ -62,6 +62,10 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.request_timeout, 30);
     CHECK_EQ_INT(cfg.max_connections, 2048);
     CHECK_EQ_INT(cfg.max_connections_per_ip, 256);
+    CHECK_EQ_INT(cfg.admin_port, 8003);
+    CHECK_EQ_STR(cfg.admin_host, "127.0.0.1");
+    CHECK(cfg.admin_token_file == NULL);
+    CHECK(cfg.export_dir == NULL);
     CHECK_EQ_STR(cfg.layout, "converted");
     CHECK_EQ_U64(cfg.max_shard_size, 5000000000ull);
     CHECK(cfg.overwrite == false);
@@ -69,7 +73,7 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 47); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 51); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

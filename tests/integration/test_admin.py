@@ -1,0 +1,607 @@
+"""`ferry serve`'s admin API (issue 13), driven over real sockets.
+
+Each server is the real binary (test_http's Server) with `--admin-port -1`
+(any free port; the "admin listening on http://HOST:PORT" line says which)
+and a token from a 0600 file or FERRY_ADMIN_TOKEN.
+
+Covered: 401 with `WWW-Authenticate: Bearer` and a JSON error for a missing
+header, another scheme, a wrong token of the same length, of another length
+and an empty one (also on unknown paths: authentication comes before
+routing); each failure counted in /metrics and logged with the peer and
+the reason, never the token; the token file's rules at startup (mode 0644,
+0640, a symlink, empty: one line naming the file, exit 2; 0400 accepted);
+a non-loopback --admin-host without a token refused (exit 2); no token on
+loopback: no admin listener; FERRY_ADMIN_TOKEN; GET /admin/v1/status (model,
+conversion, placement per group over all three tiers, memory, pipeline
+figures growing with steps, jobs); the export body's errors (each names its
+field); 404/405; the export job's life cycle (202, Location, poll to done,
+the directory under --export-dir with its index, the job in status); 409
+for a second export while one runs and DELETE -> cancelled with nothing left
+under the root (FERRY_EXPORT_DELAY_MS slows the writes so the job is still
+running); names that break the rules (../x, /abs, a/b, empty, 129
+characters, a symlink under the root pointing outside) -> 400, nothing
+written outside; an existing name without overwrite -> 400, with it -> the
+new export; an export while 8 concurrent /v2 infer requests run: their
+outputs equal the same requests without an export; a failed export (ENOSPC
+through the fault hook) reports its error and serving goes on; SIGTERM
+during an export cancels it and exits 0, leaving no final or temporary
+directory.
+"""
+
+import concurrent.futures
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import prompt_ids
+from test_http import Server, infer, metrics, msum, request
+
+import st_util
+
+TOKEN = "adm1n-T0ken-for-tests-0123456789"
+ADMIN_RE = re.compile(r"admin listening on http://([0-9.]+):(\d+)")
+JOB_TIMEOUT = 120  # seconds for an export job of a test model to end
+
+
+class Admin:
+    """The admin listener of a Server: what test_http.request needs (.port)."""
+
+    def __init__(self, srv):
+        self.srv = srv
+        self.port = None
+        for ln in srv.log:
+            m = ADMIN_RE.search(ln)
+            if m:
+                self.port = int(m.group(2))
+        assert self.port, "no 'admin listening on' line:\n%s" % srv.logtail()
+
+
+def start(ferry_bin, model, *flags, env=None, token_file=None):
+    """A ready server with its admin API; (Server, Admin)."""
+    argv = ["--admin-port", -1]
+    if token_file:
+        argv += ["--admin-token-file", token_file]
+    srv = Server(ferry_bin, model, *(argv + list(flags)), env=env)
+    srv.wait_ready()
+    return srv, Admin(srv)
+
+
+def stop(srv):
+    rc = srv.stop()
+    assert rc == 0, "ferry serve exited with %r after SIGTERM:\n%s" % (rc, srv.logtail())
+
+
+def clean_env(**extra):
+    drop = ("FERRY_ADMIN_TOKEN", "FERRY_EXPORT_DELAY_MS", "FERRY_FAULT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra)
+    return env
+
+
+def areq(adm, method, path, body=None, token=TOKEN, headers=None):
+    """(status, headers, parsed JSON body) with the bearer token (token=None: no header)."""
+    h = dict(headers or {})
+    if token is not None:
+        h["Authorization"] = "Bearer " + token
+    st, hdrs, data = request(adm, method, path, body, h)
+    try:
+        obj = json.loads(data.decode("utf-8")) if data else None
+    except ValueError:
+        pytest.fail("%s %s -> %d with a non-JSON body: %r" % (method, path, st, data[:300]))
+    return st, hdrs, obj
+
+
+def write_token(path, token=TOKEN, mode=0o600):
+    path = Path(path)
+    path.write_text(token + "\n")
+    os.chmod(path, mode)
+    return path
+
+
+def wait_job(adm, job, states=("done", "failed", "cancelled"), timeout=JOB_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        st, _, obj = areq(adm, "GET", "/admin/v1/jobs/%s" % job)
+        assert st == 200, (st, obj)
+        assert set(obj) >= {"job", "state", "progress", "bytes_written", "bytes_total", "error"}, obj
+        assert 0.0 <= obj["progress"] <= 1.0, obj
+        if obj["state"] in states:
+            return obj
+        assert time.monotonic() < deadline, "job %s still %r after %ss" % (job, obj, timeout)
+        time.sleep(0.05)
+
+
+def export(adm, name, **fields):
+    body = dict(name=name, **fields)
+    st, hdrs, obj = areq(adm, "POST", "/admin/v1/export", body)
+    assert st == 202, (st, obj)
+    assert obj["location"] == "/admin/v1/jobs/%s" % obj["job"], obj
+    assert hdrs.get("location") == obj["location"], hdrs
+    return obj["job"]
+
+
+def only_final_dirs(root):
+    """Names under the export root (temporaries included: a leftover shows)."""
+    names = sorted(p.name for p in Path(root).iterdir())
+    return names
+
+
+# --------------------------------------------------------------------------
+# fixtures
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(models):
+    return models.get("llama", "tiny", seed=81)
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny):
+    return int(st_util.read_config(tiny)["vocab_size"])
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory):
+    return write_token(tmp_path_factory.mktemp("admin-token") / "token")
+
+
+@pytest.fixture(scope="module")
+def export_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("admin-exports")
+
+
+@pytest.fixture(scope="module")
+def served(ferry_bin, tiny, token_file, export_root, tmp_path_factory):
+    """tiny with groups on all three tiers (layer 0 on the device, the head in
+    host memory, layer 1 and the embedding on disk), exports under
+    export_root."""
+    od = tmp_path_factory.mktemp("admin-offload")
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
+                     "--export-dir", export_root, env=clean_env(), token_file=token_file)
+    try:
+        yield srv, adm
+        stop(srv)
+    finally:
+        srv.kill()
+
+
+@pytest.fixture(scope="module")
+def slow_served(ferry_bin, tiny, token_file, tmp_path_factory):
+    """The same model with FERRY_EXPORT_DELAY_MS: an export takes seconds, so
+    a second one, a cancel or a shutdown meets it running."""
+    root = tmp_path_factory.mktemp("admin-slow-exports")
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--export-dir", root,
+                     env=clean_env(FERRY_EXPORT_DELAY_MS="4000"), token_file=token_file)
+    try:
+        yield srv, adm, root
+        stop(srv)
+    finally:
+        srv.kill()
+
+
+# --------------------------------------------------------------------------
+# authentication
+# --------------------------------------------------------------------------
+
+def auth_failures(srv):
+    return msum(metrics(srv), "ferry_admin_auth_failures_total")
+
+
+@pytest.mark.parametrize("path", ["/admin/v1/status", "/admin/v1/jobs/1", "/nowhere"])
+def test_401_without_a_token(served, path):
+    srv, adm = served
+    st, hdrs, obj = areq(adm, "GET", path, token=None)
+    assert st == 401, (st, obj)
+    assert hdrs.get("www-authenticate", "").startswith("Bearer"), hdrs
+    assert "json" in hdrs.get("content-type", "") and obj["error"], (hdrs, obj)
+
+
+@pytest.mark.parametrize("header", [
+    "Bearer " + TOKEN[:-1] + ("x" if TOKEN[-1] != "x" else "y"),  # same length, last byte differs
+    "Bearer " + TOKEN[:-1],                                         # a prefix
+    "Bearer " + TOKEN + "0",                                        # longer
+    "Bearer x",                                                     # much shorter
+    "Bearer ",                                                      # empty
+    "Basic " + TOKEN,                                               # another scheme
+    TOKEN,                                                          # no scheme
+])
+def test_401_with_a_wrong_token(served, header):
+    srv, adm = served
+    before = auth_failures(srv)
+    for method, path, body in (("GET", "/admin/v1/status", None), ("POST", "/admin/v1/export", {"name": "nope"}),
+                               ("DELETE", "/admin/v1/jobs/1", None)):
+        st, hdrs, obj = areq(adm, method, path, body, token=None, headers={"Authorization": header})
+        assert st == 401, (header, method, st, obj)
+        assert hdrs.get("www-authenticate", "").startswith("Bearer"), hdrs
+        assert obj["error"], obj
+    assert auth_failures(srv) == before + 3
+    # no export was started by the refused POST
+    st, _, obj = areq(adm, "GET", "/admin/v1/status")
+    assert st == 200 and all(j["name"] != "nope" for j in obj["jobs"]["recent"]), obj
+
+
+def test_bearer_scheme_is_case_insensitive(served):
+    srv, adm = served
+    st, _, obj = areq(adm, "GET", "/admin/v1/status", token=None, headers={"Authorization": "bearer  " + TOKEN})
+    assert st == 200, obj
+
+
+def test_auth_failures_logged_without_the_token(served):
+    srv, adm = served
+    secret = "s3cr3t-guess-" + "q" * 20
+    n = len(srv.log)
+    st, _, _ = areq(adm, "GET", "/admin/v1/status", token=secret)
+    assert st == 401
+    time.sleep(0.2)
+    lines = [ln for ln in srv.log[n:] if "admin" in ln and "401" in ln]
+    assert lines, "no log line for the refused request:\n%s" % srv.logtail()
+    assert "127.0.0.1" in lines[-1] and "wrong token" in lines[-1], lines
+    assert not any(secret in ln or TOKEN in ln for ln in srv.log), "a token reached the log"
+
+
+def test_auth_counters_only_count_failures(served):
+    srv, adm = served
+    before = auth_failures(srv)
+    for _ in range(3):
+        assert areq(adm, "GET", "/admin/v1/status")[0] == 200
+    assert auth_failures(srv) == before
+
+
+# --------------------------------------------------------------------------
+# startup: where the token comes from
+# --------------------------------------------------------------------------
+
+def serve_fails(ferry, tiny, *flags, env=None):
+    p = ferry.run("serve", "--model", tiny, "--http-port", 0, "--grpc-port", -1, "--host", "127.0.0.1", *flags,
+                  env=env if env is not None else clean_env(), timeout=60)
+    err = p.stderr.decode(errors="replace").strip()
+    assert p.returncode == 2, "want exit 2, got %d: %s" % (p.returncode, err)
+    assert len(err.splitlines()) == 1, "want one line: %r" % err
+    return err
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_token_file_with_loose_mode_is_refused(ferry, tiny, tmp_path, mode):
+    tf = write_token(tmp_path / "loose-token", mode=mode)
+    err = serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", tf)
+    assert str(tf) in err and ("%04o" % mode) in err, err
+
+
+def test_token_file_symlink_empty_or_missing_is_refused(ferry, tiny, tmp_path):
+    real = write_token(tmp_path / "real-token")
+    link = tmp_path / "link-token"
+    link.symlink_to(real)
+    assert str(link) in serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", link)
+    empty = write_token(tmp_path / "empty-token", token="  ")
+    assert "empty" in serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", empty)
+    missing = tmp_path / "missing-token"
+    assert str(missing) in serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", missing)
+    assert "--admin-token-file" in serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", tmp_path)
+
+
+def test_token_file_0400_and_first_line_trimmed(ferry_bin, tiny, tmp_path):
+    tf = tmp_path / "ro-token"
+    tf.write_text("  %s \t\nsecond line is ignored\n" % TOKEN)
+    os.chmod(tf, 0o400)
+    srv, adm = start(ferry_bin, tiny, env=clean_env(), token_file=tf)
+    try:
+        assert areq(adm, "GET", "/admin/v1/status")[0] == 200
+        assert areq(adm, "GET", "/admin/v1/status", token="second")[0] == 401
+    finally:
+        stop(srv)
+
+
+def test_non_loopback_without_a_token_is_refused(ferry, tiny):
+    err = serve_fails(ferry, tiny, "--admin-host", "0.0.0.0")
+    assert "0.0.0.0" in err and "token" in err, err
+    # the default port too: the admin API is on unless --admin-port 0
+    err = serve_fails(ferry, tiny, "--admin-port", -1, "--admin-host", "::")
+    assert "token" in err, err
+
+
+def test_non_loopback_with_a_token_starts_and_warns(ferry_bin, tiny, token_file):
+    srv, adm = start(ferry_bin, tiny, "--admin-host", "0.0.0.0", env=clean_env(), token_file=token_file)
+    try:
+        assert any("plain HTTP" in ln for ln in srv.log), srv.logtail()
+        assert areq(adm, "GET", "/admin/v1/status")[0] == 200
+        assert areq(adm, "GET", "/admin/v1/status", token=None)[0] == 401
+    finally:
+        stop(srv)
+
+
+def test_token_must_not_be_a_flag(ferry, tiny):
+    p = ferry.run("serve", "--model", tiny, "--admin-token", TOKEN, timeout=30)
+    assert p.returncode == 2 and b"unknown flag" in p.stderr, p.stderr
+
+
+def test_token_from_the_environment(ferry_bin, tiny):
+    srv, adm = start(ferry_bin, tiny, env=clean_env(FERRY_ADMIN_TOKEN="env-token-42"))
+    try:
+        assert areq(adm, "GET", "/admin/v1/status", token="env-token-42")[0] == 200
+        assert areq(adm, "GET", "/admin/v1/status", token=TOKEN)[0] == 401
+        assert not any("env-token-42" in ln for ln in srv.log)
+    finally:
+        stop(srv)
+
+
+def test_no_token_on_loopback_means_no_admin_listener(ferry_bin, tiny):
+    srv = Server(ferry_bin, tiny, "--admin-port", -1, env=clean_env())
+    try:
+        srv.wait_ready()
+        assert not any(ADMIN_RE.search(ln) for ln in srv.log), srv.logtail()
+        assert any("admin API off" in ln for ln in srv.log), srv.logtail()
+    finally:
+        stop(srv)
+
+
+def test_admin_port_0_disables_it_even_with_a_token(ferry_bin, tiny, token_file):
+    srv = Server(ferry_bin, tiny, "--admin-port", 0, "--admin-token-file", token_file, env=clean_env())
+    try:
+        srv.wait_ready()
+        assert not any(ADMIN_RE.search(ln) for ln in srv.log), srv.logtail()
+    finally:
+        stop(srv)
+
+
+def test_export_dir_must_be_a_directory(ferry, tiny, token_file, tmp_path):
+    err = serve_fails(ferry, tiny, "--admin-port", -1, "--admin-token-file", token_file,
+                      "--export-dir", tmp_path / "missing")
+    assert "--export-dir" in err, err
+
+
+# --------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------
+
+def test_status(served, vocab):
+    srv, adm = served
+    st, hdrs, s = areq(adm, "GET", "/admin/v1/status")
+    assert st == 200, s
+    assert s["model"] == srv.name and s["loaded"] is True
+    assert s["arch"] == "LlamaForCausalLM" and s["backend"] == "cpu"
+    assert "weights-dtype=" in s["conversion"] and "quantize=" in s["conversion"], s["conversion"]
+    groups = s["placement"]["groups"]
+    cfg = st_util.read_config(srv.model)
+    assert [g["kind"] for g in groups] == ["embed"] + ["layers"] * cfg["num_hidden_layers"] + ["head"]
+    tiers = {g["tier"] for g in groups}
+    assert tiers == {"device", "host", "disk"}, groups
+    mem = s["memory"]
+    for t in ("device", "host", "disk"):
+        assert mem["weights"][t] == sum(g["bytes"] for g in groups if g["tier"] == t), (t, mem, groups)
+    assert mem["kv"] > 0 and mem["staging"]["slots"] >= 1 and mem["staging"]["device"] > 0, mem
+    steps = s["pipeline"]["steps"]
+    infer(srv, [prompt_ids(vocab, 5, 1)], 4)
+    st, _, s2 = areq(adm, "GET", "/admin/v1/status")
+    assert s2["pipeline"]["steps"] > steps and s2["pipeline"]["fetched_bytes"]["disk"] > 0, s2["pipeline"]
+    assert s2["scheduler"]["generated_tokens"] >= 4, s2["scheduler"]
+    assert set(s2["jobs"]) == {"running", "recent"}
+
+
+def test_status_conversion_names_the_quantization(ferry_bin, tiny, token_file):
+    srv, adm = start(ferry_bin, tiny, "--quantize", "int8", env=clean_env(), token_file=token_file)
+    try:
+        st, _, s = areq(adm, "GET", "/admin/v1/status")
+        assert st == 200 and "int8" in s["conversion"], s
+        assert s["export_dir"] is None
+        st, _, obj = areq(adm, "POST", "/admin/v1/export", {"name": "x"})
+        assert st == 400 and "--export-dir" in obj["error"], obj
+    finally:
+        stop(srv)
+
+
+def test_routes_and_methods(served):
+    srv, adm = served
+    for method, path, code, allow in (("POST", "/admin/v1/status", 405, "GET"),
+                                      ("GET", "/admin/v1/export", 405, "POST"),
+                                      ("PUT", "/admin/v1/jobs/1", 405, "DELETE"),
+                                      ("GET", "/admin/v1/nope", 404, None),
+                                      ("GET", "/admin/v1/jobs/", 404, None),
+                                      ("GET", "/admin/v1/jobs/999999", 404, None),
+                                      ("DELETE", "/admin/v1/jobs/nope", 404, None),
+                                      ("GET", "/admin/v1/jobs/1%00", 404, None)):
+        st, hdrs, obj = areq(adm, method, path)
+        assert st == code, (method, path, st, obj)
+        assert obj["error"], obj
+        if allow:
+            assert allow in hdrs.get("allow", ""), hdrs
+
+
+# --------------------------------------------------------------------------
+# export requests that never start a job
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,field", [
+    ("{", "JSON"),
+    ("[]", "object"),
+    ("", "JSON"),
+    ({}, "name"),
+    ({"name": 5}, "name"),
+    ({"name": None}, "name"),
+    ({"name": "ok", "layout": "gguf"}, "layout"),
+    ({"name": "ok", "layout": 1}, "layout"),
+    ({"name": "ok", "max_shard_bytes": -1}, "max_shard_bytes"),
+    ({"name": "ok", "max_shard_bytes": 0}, "max_shard_bytes"),
+    ({"name": "ok", "max_shard_bytes": 1.5}, "max_shard_bytes"),
+    ({"name": "ok", "max_shard_bytes": "1GiB"}, "max_shard_bytes"),
+    ({"name": "ok", "overwrite": "yes"}, "overwrite"),
+    ({"name": "ok", "root": "/tmp"}, "root"),
+])
+def test_export_body_errors(served, export_root, body, field):
+    srv, adm = served
+    st, _, obj = areq(adm, "POST", "/admin/v1/export", body)
+    assert st == 400, (body, st, obj)
+    assert field.lower() in obj["error"].lower(), (body, obj)
+    assert "ok" not in only_final_dirs(export_root)
+
+
+def test_export_body_too_large(served):
+    srv, adm = served
+    st, _, obj = areq(adm, "POST", "/admin/v1/export", {"name": "big", "pad": "x" * (100 << 10)})
+    assert st == 413, obj
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "", "a" * 129, ".", "..", "a b", "x\u00e9", "a\\b"])
+def test_bad_names_are_400(served, export_root, name):
+    srv, adm = served
+    before = only_final_dirs(export_root)
+    st, _, obj = areq(adm, "POST", "/admin/v1/export", {"name": name})
+    assert st == 400, (name, st, obj)
+    assert "name" in obj["error"], obj
+    assert only_final_dirs(export_root) == before
+    assert not (export_root.parent / "x").exists() and not Path("/abs").exists()
+
+
+def test_symlink_under_the_root_is_refused(served, export_root, tmp_path):
+    srv, adm = served
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (export_root / "escape").symlink_to(outside)
+    try:
+        for overwrite in (False, True):
+            st, _, obj = areq(adm, "POST", "/admin/v1/export", {"name": "escape", "overwrite": overwrite})
+            assert st == 400, (overwrite, st, obj)
+        assert list(outside.iterdir()) == []
+        assert (export_root / "escape").is_symlink()
+    finally:
+        (export_root / "escape").unlink()
+
+
+def test_128_character_name_is_allowed(served, export_root):
+    srv, adm = served
+    name = "n" * 128
+    obj = wait_job(adm, export(adm, name))
+    assert obj["state"] == "done", obj
+    assert (export_root / name / "model.safetensors.index.json").is_file()
+
+
+# --------------------------------------------------------------------------
+# export jobs
+# --------------------------------------------------------------------------
+
+def test_export_lifecycle(served, export_root):
+    srv, adm = served
+    job = export(adm, "life")
+    obj = wait_job(adm, job)
+    assert obj["state"] == "done" and obj["error"] is None, obj
+    assert obj["progress"] == 1.0 and obj["bytes_written"] == obj["bytes_total"] > 0, obj
+    out = export_root / "life"
+    assert out.is_dir()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) <= {p.name for p in out.glob("*.safetensors")}
+    assert (out / "config.json").is_file()
+    assert only_final_dirs(export_root).count("life") == 1
+    assert not [n for n in only_final_dirs(export_root) if "tmp" in n], only_final_dirs(export_root)
+    # the job is listed in status
+    st, _, s = areq(adm, "GET", "/admin/v1/status")
+    assert any(j["job"] == job and j["state"] == "done" and j["name"] == "life" for j in s["jobs"]["recent"]), s["jobs"]
+    # DELETE on a finished job: its final state, unchanged
+    st, _, obj = areq(adm, "DELETE", "/admin/v1/jobs/%s" % job)
+    assert st == 200 and obj["state"] == "done", obj
+    assert out.is_dir()
+
+
+def test_export_existing_name_needs_overwrite(served, export_root):
+    srv, adm = served
+    assert wait_job(adm, export(adm, "again", layout="original"))["state"] == "done"
+    mtime = (export_root / "again" / "config.json").stat().st_mtime_ns
+    st, _, obj = areq(adm, "POST", "/admin/v1/export", {"name": "again"})
+    assert st == 400 and "exists" in obj["error"], obj
+    job = export(adm, "again", overwrite=True, max_shard_bytes=64 << 10)
+    assert wait_job(adm, job)["state"] == "done"
+    out = export_root / "again"
+    assert len(list(out.glob("model-*.safetensors"))) > 1  # the new one, sharded by max_shard_bytes
+    assert (out / "config.json").stat().st_mtime_ns != mtime
+
+
+def test_second_export_is_409_and_cancel(slow_served):
+    srv, adm, root = slow_served
+    job = export(adm, "first")
+    st, hdrs, obj = areq(adm, "GET", "/admin/v1/jobs/%s" % job)
+    assert obj["state"] in ("queued", "running"), obj
+    st, hdrs, obj = areq(adm, "POST", "/admin/v1/export", {"name": "second"})
+    assert st == 409, (st, obj)
+    assert hdrs.get("location") == "/admin/v1/jobs/%s" % job, hdrs
+    st, _, s = areq(adm, "GET", "/admin/v1/status")
+    assert s["jobs"]["running"] and s["jobs"]["running"]["job"] == job, s["jobs"]
+    st, _, obj = areq(adm, "DELETE", "/admin/v1/jobs/%s" % job)
+    assert st in (200, 202), (st, obj)
+    obj = wait_job(adm, job)
+    assert obj["state"] == "cancelled", obj
+    assert only_final_dirs(root) == [], only_final_dirs(root)  # no partial output, no temporary
+    # the next export may start once the first ended
+    job2 = export(adm, "second")
+    assert areq(adm, "DELETE", "/admin/v1/jobs/%s" % job2)[0] in (200, 202)
+    assert wait_job(adm, job2)["state"] == "cancelled"
+    st, _, s = areq(adm, "GET", "/admin/v1/status")
+    assert s["jobs"]["running"] is None
+    assert [j["job"] for j in s["jobs"]["recent"]][:2] == [job2, job], s["jobs"]
+
+
+def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_path):
+    """Outputs of 8 concurrent requests are the same with an export running
+    (slowed, so that it spans them) as without; groups on all three tiers,
+    so the export reads the disk tier while steps stream from it."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    od = tmp_path / "offload"
+    od.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
+                     "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="8000"), token_file=token_file)
+    try:
+        prompts = [prompt_ids(vocab, 3 + i, 100 + i) for i in range(8)]
+
+        def run_all():
+            with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                return list(ex.map(lambda p: infer(srv, [p], 24)[0][0], prompts))
+
+        want = run_all()
+        job = export(adm, "busy")
+        got = run_all()
+        st, _, obj = areq(adm, "GET", "/admin/v1/jobs/%s" % job)
+        overlapped = obj["state"] in ("queued", "running")
+        obj = wait_job(adm, job)
+        assert obj["state"] == "done", obj
+        assert got == want
+        assert overlapped, "the export ended before the requests did: raise FERRY_EXPORT_DELAY_MS"
+        assert (root / "busy" / "model.safetensors.index.json").is_file()
+    finally:
+        stop(srv)
+
+
+def test_failed_export_is_reported_and_serving_goes_on(ferry_bin, tiny, vocab, token_file, tmp_path):
+    """ENOSPC on the third write (the fault hook): the job ends failed with
+    the error, leaves nothing under the root; inference and the next
+    export still work."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(FERRY_FAULT="write_enospc=3"),
+                     token_file=token_file)
+    try:
+        want = infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0]
+        obj = wait_job(adm, export(adm, "full"))
+        assert obj["state"] == "failed" and "no space left" in obj["error"].lower(), obj
+        assert only_final_dirs(root) == [], only_final_dirs(root)
+        assert infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0] == want
+        assert wait_job(adm, export(adm, "full"))["state"] == "done"  # the fault fires once
+        st, _, s = areq(adm, "GET", "/admin/v1/status")
+        assert [j["state"] for j in s["jobs"]["recent"]] == ["done", "failed"], s["jobs"]
+    finally:
+        stop(srv)
+
+
+def test_shutdown_cancels_a_running_export(ferry_bin, tiny, token_file, tmp_path):
+    root = tmp_path / "exports"
+    root.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="4000"),
+                     token_file=token_file)
+    try:
+        job = export(adm, "interrupted")
+        assert areq(adm, "GET", "/admin/v1/jobs/%s" % job)[2]["state"] in ("queued", "running")
+    finally:
+        stop(srv)
+    assert any("cancelling export" in ln for ln in srv.log), srv.logtail()
+    assert only_final_dirs(root) == [], only_final_dirs(root)
