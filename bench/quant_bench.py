@@ -31,7 +31,7 @@ MODES = ["none", "int8", "int4"]
 
 
 def bench(model, quant, batch, extra, steps):
-    args = [FERRY, "bench", "--model", model, "--batch", str(batch), "--steps", str(steps), "--prompt-len", "16",
+    args = [FERRY, "bench", "--model", model, "--batch", str(batch), "--steps", str(steps), "--prompt-len", "64",
             "--json", "--quantize", quant] + extra
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
@@ -67,13 +67,13 @@ def streaming(a):
 
 def resident(a):
     print("\n== resident CPU decode, batch 1: weight bytes/s against the read bandwidth of the same run")
-    print("  | weights | step ms | weight bytes/step | GB/s | read GB/s | fraction |")
-    print("  |---|---|---|---|---|---|")
+    print("  | weights | step ms | weight bytes/step | GB/s | read GB/s | fraction | prefill tok/s |")
+    print("  |---|---|---|---|---|---|---|")
     for q in MODES:
         r = bench(a.model, q, 1, [], a.steps)
-        print("  | %s | %.1f | %.0f MB | %.2f | %.2f | %.2f |" % (
+        print("  | %s | %.1f | %.0f MB | %.2f | %.2f | %.2f | %.1f |" % (
             "bf16" if q == "none" else q, r["decode_step_ms"], r["weight_bytes_per_step"] / 1e6,
-            r["weight_read_gb_per_s"], r["read_gb_per_s"], r["roofline_fraction"]))
+            r["weight_read_gb_per_s"], r["read_gb_per_s"], r["roofline_fraction"], r["prefill_tokens_per_s"]))
 
 
 def accuracy(models):

@@ -66,15 +66,14 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
             if (g[i].bytes > out->slot_bytes) out->slot_bytes = g[i].bytes;
         }
     }
-    out->n_stage_slots = out->n_streamed < o->prefetch + 1 ? out->n_streamed : o->prefetch + 1;
+    uint64_t disk_max = 0;
+    for (int i = 0; i < out->n_groups; i++)
+        if (g[i].kind != GROUP_EMBED && g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
+    int ahead = plan_ahead(o->prefetch, out->slot_bytes, disk_max > 0);
+    out->n_stage_slots = out->n_streamed < ahead + 1 ? out->n_streamed : ahead + 1;
     out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
-    if (!o->unified) {
-        /* disk reads land in pinned bounce buffers, one per slot */
-        uint64_t disk_max = 0;
-        for (int i = 0; i < out->n_groups; i++)
-            if (g[i].kind != GROUP_EMBED && g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
-        out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
-    }
+    /* disk reads land in pinned bounce buffers, one per slot */
+    if (!o->unified) out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
     out->kv_bytes = 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context * (uint64_t)m->kv_dim * 4;
     uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
                          2ull * (uint64_t)m->hidden;
@@ -103,10 +102,17 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     if (work >= avail || out->tier_bytes[TIER_DEVICE] <= avail - work) return FERRY_OK;
     uint64_t largest = 0;
     for (int g = 0; g < out->n_groups; g++) largest = out->groups[g].bytes > largest ? out->groups[g].bytes : largest;
-    uint64_t slots = (uint64_t)(o.prefetch + 1) * largest;
+    uint64_t slots = (uint64_t)(plan_ahead(o.prefetch, largest, true) + 1) * largest;
     o.budget[0] = avail - work > slots ? avail - work - slots : 0;
     plan_free(out);
     return place_all(m, unit_bytes, &o, out);
+}
+
+int plan_ahead(int prefetch, uint64_t slot_bytes, bool disk)
+{
+    if (!disk || slot_bytes < PLAN_READAHEAD_MIN_GROUP) return prefetch;
+    uint64_t want = (PLAN_READAHEAD_BYTES + slot_bytes - 1) / slot_bytes;
+    return want > (uint64_t)prefetch ? (int)want : prefetch;
 }
 
 void plan_free(plan *p)

@@ -74,7 +74,10 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
     if (o->budget[0] != UNL) CHECK(p->tier_bytes[TIER_DEVICE] <= o->budget[0]);
     if (o->budget[1] != UNL) CHECK(p->tier_bytes[TIER_HOST] <= o->budget[1]);
     CHECK_EQ_INT(p->n_streamed, streamed);
-    CHECK_EQ_INT(p->n_stage_slots, streamed < o->prefetch + 1 ? streamed : o->prefetch + 1);
+    int ahead = o->prefetch; /* PLAN_READAHEAD_BYTES ahead for disk groups of 4 MiB or more */
+    if (disk_max && slot >= (4ull << 20) && (int)(((256ull << 20) + slot - 1) / slot) > ahead)
+        ahead = (int)(((256ull << 20) + slot - 1) / slot);
+    CHECK_EQ_INT(p->n_stage_slots, streamed < ahead + 1 ? streamed : ahead + 1);
     CHECK_EQ_U64(p->slot_bytes, slot);
     CHECK_EQ_U64(p->stage_bytes, (uint64_t)p->n_stage_slots * p->slot_bytes);
     if (o->unified) CHECK_EQ_U64(p->host_stage_bytes, 0);
@@ -332,6 +335,34 @@ static void test_embed_last(void)
     plan_free(&p);
 }
 
+/* Big groups streamed from disk are fetched PLAN_READAHEAD_BYTES ahead,
+ * --prefetch groups at least; from host memory, --prefetch as it is. */
+static void test_readahead(void)
+{
+    plan_model m = model_of(40);
+    uint64_t units[42];
+    units[0] = units[41] = K4;
+    for (int i = 1; i <= 40; i++) units[i] = 31ull << 20; /* an int4 layer of a 1B model */
+    plan p;
+    plan_opts o = opts_of(0, 0, 1, 2); /* all on disk */
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_stage_slots, 9 + 1); /* ceil(256 MiB / 31 MiB) = 9 ahead */
+    plan_free(&p);
+    o = opts_of(0, 0, 1, 12);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_stage_slots, 12 + 1); /* --prefetch beyond it stands */
+    plan_free(&p);
+    o = opts_of(0, UNL, 1, 2); /* host memory: no read queue to keep full */
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_stage_slots, 3);
+    plan_free(&p);
+    for (int i = 1; i <= 40; i++) units[i] = 300ull << 20; /* bf16 8B layers: two ahead already hold 256 MiB */
+    o = opts_of(0, 0, 1, 2);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.n_stage_slots, 3);
+    plan_free(&p);
+}
+
 static void test_stage_slots(void)
 {
     plan_model m = model_of(6);
@@ -515,6 +546,7 @@ int main(void)
     test_first_fit();
     test_embed_last();
     test_stage_slots();
+    test_readahead();
     test_kv();
     test_parse_budgets();
     test_check();
