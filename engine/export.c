@@ -191,6 +191,14 @@ static void remove_stale_temps(int rootfd)
     closedir(d);
 }
 
+void export_remove_stale(const char *root)
+{
+    int rootfd = open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (rootfd < 0) return;
+    remove_stale_temps(rootfd);
+    close(rootfd);
+}
+
 /* ---- planning the output ------------------------------------------------- */
 
 static int cmp_out_name(const void *a, const void *b)
@@ -809,7 +817,7 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
         uint64_t need = j->total + (1u << 20); /* the tensors, plus headers and small files */
         char b1[32], b2[32];
         if (avail < need)
-            st = ferry_fail(FERRY_ERR_IO, "export '%s' needs %llu bytes (%s) in %s, %llu (%s) are available", j->name,
+            st = ferry_fail(FERRY_ERR_TOO_LARGE, "export '%s' needs %llu bytes (%s) in %s, %llu (%s) are available", j->name,
                             (unsigned long long)need, util_fmt_bytes(need, b1, sizeof b1), o->root,
                             (unsigned long long)avail, util_fmt_bytes(avail, b2, sizeof b2));
     }

@@ -58,8 +58,9 @@ typedef struct {
 
 typedef struct export_job export_job;
 
-/* Checks the options (name, root, free space) and starts the export on a
- * thread of its own; *out is the job. The engine (and the model dir it was
+/* Checks the options (name, root, free space: FERRY_ERR_TOO_LARGE when the
+ * root's file system cannot hold it) and starts the export on a thread of
+ * its own; *out is the job. The engine (and the model dir it was
  * opened from) must outlive the job. */
 ferry_status export_start(engine *e, const export_opts *o, export_job **out);
 export_status export_job_status(export_job *j);
@@ -69,6 +70,10 @@ void export_job_cancel(export_job *j);
 export_status export_job_wait(export_job *j);
 /* Frees an ended job (after export_job_wait). */
 void export_job_free(export_job *j);
+
+/* Removes the temporaries that exports of processes no longer running left
+ * under root (a server calls it at start; export_start does too). */
+void export_remove_stale(const char *root);
 
 /* "converted" / "original"; false when s is neither. */
 bool export_layout_parse(const char *s, export_layout *out);

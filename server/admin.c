@@ -707,6 +707,7 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
         free(a);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
+    if (a->export_root) export_remove_stale(a->export_root); /* of exports killed with an earlier process */
     a->token_len = strlen(o->token);
     memcpy(a->token, o->token, a->token_len);
     a->counters = o->counters;

@@ -32,6 +32,7 @@ import concurrent.futures
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -605,3 +606,24 @@ def test_shutdown_cancels_a_running_export(ferry_bin, tiny, token_file, tmp_path
         stop(srv)
     assert any("cancelling export" in ln for ln in srv.log), srv.logtail()
     assert only_final_dirs(root) == [], only_final_dirs(root)
+
+
+def test_stale_temporaries_removed_at_start(ferry_bin, tiny, token_file, tmp_path):
+    """A temporary of an export whose process died (kill -9) is removed when
+    a server with that --export-dir starts; one of a live process, a
+    finished export and anything else under the root are left alone."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid names no process now
+    (root / (".ferry-export-old.tmp.%d" % dead.pid)).mkdir()
+    (root / (".ferry-export-old.tmp.%d" % dead.pid) / "model-00001-of-00001.safetensors").write_bytes(b"x" * 100)
+    (root / (".ferry-export-live.tmp.%d" % os.getpid())).mkdir()
+    (root / "done").mkdir()
+    (root / "notes.txt").write_text("mine")
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(), token_file=token_file)
+    try:
+        assert sorted(p.name for p in root.iterdir()) == sorted(
+            [".ferry-export-live.tmp.%d" % os.getpid(), "done", "notes.txt"])
+    finally:
+        stop(srv)
