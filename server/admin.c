@@ -39,6 +39,7 @@
 #include "../engine/base/json.h"
 #include "../engine/export.h"
 #include "../engine/weights/convert.h"
+#include "mhd_common.h"
 
 #define ADMIN_WORKER_THREADS 2
 #define ADMIN_MAX_CONNECTIONS 32
@@ -684,13 +685,7 @@ static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
 
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
-    const admin_server *a = cls;
-    if (!a->log) return;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
-    fprintf(stderr, "ferry: admin: http: %s\n", msg);
+    mhd_log(((const admin_server *)cls)->log, "admin: http", fmt, ap);
 }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -715,15 +710,8 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->jobs_mu, NULL);
 
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int gai = getaddrinfo(o->host, port, &hints, &ai);
-    if (gai != 0) {
-        st = ferry_fail(FERRY_ERR_INVALID, "--admin-host %s: %s", o->host, gai_strerror(gai));
+    struct addrinfo *ai;
+    if ((st = mhd_resolve(o->host, o->port, "--admin-host", &ai)) != FERRY_OK) {
         admin_server_stop(a);
         return st;
     }

@@ -49,6 +49,7 @@
 
 #include "../engine/base/util.h"
 #include "kserve.h"
+#include "mhd_common.h"
 
 static int hexval(char c)
 {
@@ -1003,13 +1004,7 @@ static void *reaper_main(void *arg)
  * FERRY_HTTP_LOG=1 to see them. */
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
-    const struct http_server *srv = cls;
-    if (!srv->log) return;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
-    fprintf(stderr, "ferry: http: %s\n", msg);
+    mhd_log(((const struct http_server *)cls)->log, "http", fmt, ap);
 }
 
 /* ---- server --------------------------------------------------------------------- */
@@ -1036,17 +1031,11 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&srv->reg_mu, NULL);
 
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int gai = getaddrinfo(o->host, port, &hints, &ai);
-    if (gai != 0) {
-        ferry_status st = ferry_fail(FERRY_ERR_INVALID, "--host %s: %s", o->host, gai_strerror(gai));
+    struct addrinfo *ai;
+    ferry_status rst = mhd_resolve(o->host, o->port, "--host", &ai);
+    if (rst != FERRY_OK) {
         http_server_stop(srv);
-        return st;
+        return rst;
     }
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
