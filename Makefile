@@ -90,6 +90,8 @@ $(BUILD)/tests/quant_tool: tests/tools/quant_tool.c $(ENGINE_OBJ)
 
 # test_kserve also links the protocol layer of the server
 $(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o
+# test_budget: the request-memory budget of the front ends
+$(BUILD)/tests/test_budget: $(BUILD)/obj/server/budget.o
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \

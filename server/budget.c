@@ -15,7 +15,7 @@ bool req_budget_take(req_budget *b, uint64_t *held, uint64_t n)
 {
     uint64_t used = __atomic_load_n(&b->used, __ATOMIC_RELAXED);
     do {
-        if (n > b->limit - used) return false;
+        if (used > b->limit || n > b->limit - used) return false; /* a forced take may have passed it */
     } while (!__atomic_compare_exchange_n(&b->used, &used, used + n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     *held += n;
     return true;
