@@ -40,11 +40,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -61,8 +63,8 @@
 #define EXPORT_CHUNK (1u << 20)           /* one write call; cancel and progress granularity */
 #define EXPORT_READ_CHUNK (8u << 20)      /* one pread / download of a group */
 #define EXPORT_DEFAULT_SHARD 5000000000ull /* transformers' "5GB" */
-#define EXPORT_NAME_MAX 128
 #define TMP_PREFIX ".ferry-export-"
+#define EXPORT_MARKER ".ferry-export.json" /* in every export: what overwrite may replace */
 
 /* How an output tensor's bytes come from its engine tensor. */
 typedef enum {
@@ -93,7 +95,8 @@ struct export_job {
     uint64_t max_shard;
     bool overwrite;
     char name[EXPORT_NAME_MAX + 1];
-    char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory */
+    char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory, flock'ed while the job runs */
+    char tmp_id[17];                /* its random part */
     char *model_dir;
     int rootfd, dirfd;
     out_tensor *out;
@@ -129,10 +132,11 @@ const char *export_state_name(export_state s)
     return (unsigned)s < sizeof k / sizeof k[0] ? k[s] : "?";
 }
 
+/* No leading '.': "." and "..", and the temporaries' prefix, are ferry's. */
 static bool name_ok(const char *n)
 {
     size_t len = strlen(n);
-    if (len < 1 || len > EXPORT_NAME_MAX || !strcmp(n, ".") || !strcmp(n, "..")) return false;
+    if (len < 1 || len > EXPORT_NAME_MAX || n[0] == '.') return false;
     for (const char *p = n; *p; p++)
         if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '.' ||
               *p == '_' || *p == '-'))
@@ -159,19 +163,32 @@ static void remove_tree_at(int dirfd, const char *name, int depth)
     unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
-/* ".ferry-export-NAME.tmp.PID" / ".old.PID": the PID, or -1. */
-static long temp_pid(const char *n)
+/* A temporary of an export: ".ferry-export-NAME.tmp.ID" (being written) or
+ * ".ferry-export-NAME.old.ID" (a previous export renamed aside while the new
+ * one is put in its place). Its writer holds an exclusive flock on it for as
+ * long as it works on it, so one nobody holds is stale - whatever process,
+ * container or host left it (a PID says nothing across PID namespaces: in a
+ * container every restart is PID 1). NAME gets the export's name, *old
+ * whether it is the renamed-aside kind. */
+static bool temp_parse(const char *n, char name[EXPORT_NAME_MAX + 1], bool *old)
 {
-    if (strncmp(n, TMP_PREFIX, strlen(TMP_PREFIX))) return -1;
+    size_t pl = strlen(TMP_PREFIX);
+    if (strncmp(n, TMP_PREFIX, pl)) return false;
     const char *dot = strrchr(n, '.');
-    if (!dot || dot - n < 5) return -1;
-    if (strncmp(dot - 4, ".tmp", 4) && strncmp(dot - 4, ".old", 4)) return -1;
-    char *end;
-    long pid = strtol(dot + 1, &end, 10);
-    return *end || pid <= 0 ? -1 : pid;
+    if (!dot || dot - n < (ptrdiff_t)pl + 5) return false;
+    bool is_tmp = !strncmp(dot - 4, ".tmp", 4), is_old = !strncmp(dot - 4, ".old", 4);
+    size_t nl = (size_t)(dot - 4 - (n + pl));
+    if ((!is_tmp && !is_old) || nl < 1 || nl > EXPORT_NAME_MAX) return false;
+    memcpy(name, n + pl, nl);
+    name[nl] = '\0';
+    *old = is_old;
+    return true;
 }
 
-/* Temporaries left by processes that no longer run (killed mid-export). */
+/* Temporaries nobody holds: a stale ".tmp" is removed; a stale ".old" is a
+ * previous export whose replacement never got its name (killed between the
+ * two renames where the file system cannot swap in one step): it goes back
+ * under its name if that is free, and is removed otherwise. */
 static void remove_stale_temps(int rootfd)
 {
     int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -183,10 +200,18 @@ static void remove_stale_temps(int rootfd)
     }
     struct dirent *de;
     while ((de = readdir(d))) {
-        long pid = temp_pid(de->d_name);
-        if (pid < 0 || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* still running (or not ours to judge) */
-        remove_tree_at(rootfd, de->d_name, 0);
+        char name[EXPORT_NAME_MAX + 1];
+        bool old;
+        if (!temp_parse(de->d_name, name, &old)) continue;
+        int tfd = openat(rootfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (tfd < 0) continue;
+        bool stale = flock(tfd, LOCK_EX | LOCK_NB) == 0; /* held while it is ours, released with tfd */
+        if (stale && old && renameat2(rootfd, de->d_name, rootfd, name, RENAME_NOREPLACE) == 0) {
+            close(tfd);
+            continue;
+        }
+        if (stale) remove_tree_at(rootfd, de->d_name, 0);
+        close(tfd);
     }
     closedir(d);
 }
@@ -480,6 +505,28 @@ static ferry_status write_file_at(export_job *j, const char *name, const void *d
     return st;
 }
 
+/* The marker that makes ROOT/NAME an export of ferry's: overwrite replaces
+ * nothing else (a model dir under the export root stays safe). */
+static ferry_status write_marker(export_job *j)
+{
+    strbuf sb;
+    sb_init(&sb);
+    sb_printf(&sb, "{\"ferry_export\": 1, \"layout\": \"%s\"}\n", j->layout == EXPORT_ORIGINAL ? "original" : "converted");
+    ferry_status st = sb.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : write_file_at(j, EXPORT_MARKER, sb.data, sb.len);
+    sb_free(&sb);
+    return st;
+}
+
+static bool is_export(int rootfd, const char *name)
+{
+    int fd = openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat sb;
+    bool ok = fstatat(fd, EXPORT_MARKER, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode);
+    close(fd);
+    return ok;
+}
+
 /* Copies model_dir/name when it exists, through the write buffer. */
 static ferry_status copy_model_file(export_job *j, const char *name)
 {
@@ -581,6 +628,22 @@ static ferry_status quant_config(export_job *j, strbuf *sb)
             if (fg) group = fg;
         }
     if (q == WQ_NONE) return FERRY_OK;
+    /* linear layers the engine holds unquantized (a compressed-tensors
+     * checkpoint's own ignore list): named, so that other consumers do not
+     * look for their weight_packed */
+    strbuf ignore;
+    sb_init(&ignore);
+    sb_puts(&ignore, "\"lm_head\"");
+    for (int g = 0; g < p->n_groups; g++)
+        for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
+            store_tensor t = store_group_tensor(j->s, g, k);
+            size_t nl = strlen(t.name), sl = strlen("_proj.weight");
+            if (t.fmt.quant != WQ_NONE || t.one_d || nl <= sl || strcmp(t.name + nl - sl, "_proj.weight")) continue;
+            sb_puts(&ignore, ", ");
+            char module[160];
+            snprintf(module, sizeof module, "%.*s", (int)(nl - strlen(".weight")), t.name);
+            sb_json_str(&ignore, module);
+        }
     sb_puts(sb, "{\n    \"quant_method\": \"compressed-tensors\",\n    \"format\": \"pack-quantized\",\n"
                 "    \"quantization_status\": \"compressed\",\n    \"config_groups\": {\n      \"group_0\": {\n"
                 "        \"targets\": [\"Linear\"],\n        \"format\": \"pack-quantized\",\n        \"weights\": {");
@@ -589,8 +652,12 @@ static ferry_status quant_config(export_job *j, strbuf *sb)
     else sb_puts(sb, "\"strategy\": \"channel\", \"group_size\": null, ");
     sb_puts(sb, "\"dynamic\": false, \"actorder\": null, \"observer\": \"minmax\", \"block_structure\": null},\n"
                 "        \"input_activations\": null,\n        \"output_activations\": null\n      }\n    },\n"
-                "    \"ignore\": [\"lm_head\"],\n    \"kv_cache_scheme\": null\n  }");
-    return FERRY_OK;
+                "    \"ignore\": [");
+    sb_append(sb, ignore.data, ignore.len);
+    sb_puts(sb, "],\n    \"kv_cache_scheme\": null\n  }");
+    ferry_status st = ignore.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
+    sb_free(&ignore);
+    return st;
 }
 
 /* The model's config.json with quantization_config and torch_dtype saying
@@ -611,6 +678,8 @@ static ferry_status write_config(export_job *j)
     ferry_dtype dt = DT_F32;
     for (int i = 0; i < j->n_out; i++)
         if (strstr(j->out[i].name, "embed_tokens.weight")) dt = j->out[i].dtype;
+    if (st == FERRY_OK && json_doc_root(doc)->type != JSON_OBJECT)
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: not a JSON object (changed since the model was loaded?)", path);
     if (st == FERRY_OK) {
         const json_value *root = json_doc_root(doc);
         sb_puts(&sb, "{");
@@ -687,6 +756,9 @@ static ferry_status publish(export_job *j)
         return ferry_fail(FERRY_ERR_INVALID, "export '%s' exists and is not a directory: not replaced", j->name);
     if (exists && !j->overwrite)
         return ferry_fail(FERRY_ERR_INVALID, "export '%s' already exists (overwrite it explicitly)", j->name);
+    if (exists && !is_export(j->rootfd, j->name))
+        return ferry_fail(FERRY_ERR_INVALID, "'%s' is not an export of ferry (no " EXPORT_MARKER "): not replaced",
+                          j->name);
     if (!exists) {
         if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_NOREPLACE) != 0 &&
             (errno != EINVAL && errno != ENOSYS ? true : renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0))
@@ -695,19 +767,38 @@ static ferry_status publish(export_job *j)
         fsync(j->rootfd);
         remove_tree_at(j->rootfd, j->tmp, 0); /* the previous export, under the temporary name now */
     } else {
+        /* two renames: the previous export is held (flock) while it is aside,
+         * so a sweep never takes it for stale; if this process dies between
+         * them, the next sweep puts it back under its name */
         char old[EXPORT_NAME_MAX + 64];
-        snprintf(old, sizeof old, TMP_PREFIX "%s.old.%ld", j->name, (long)getpid());
-        if (renameat(j->rootfd, j->name, j->rootfd, old) != 0)
-            return ferry_fail(FERRY_ERR_IO, "export '%s': rename aside: %s", j->name, strerror(errno));
+        snprintf(old, sizeof old, TMP_PREFIX "%s.old.%s", j->name, j->tmp_id);
+        int ofd = openat(j->rootfd, j->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (ofd < 0 || flock(ofd, LOCK_EX) != 0) {
+            int err = errno;
+            if (ofd >= 0) close(ofd);
+            return ferry_fail(FERRY_ERR_IO, "export '%s': %s", j->name, strerror(err));
+        }
+        if (renameat(j->rootfd, j->name, j->rootfd, old) != 0) {
+            int err = errno;
+            close(ofd);
+            return ferry_fail(FERRY_ERR_IO, "export '%s': rename aside: %s", j->name, strerror(err));
+        }
         if (renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0) {
             int err = errno;
-            renameat(j->rootfd, old, j->rootfd, j->name);
+            if (renameat(j->rootfd, old, j->rootfd, j->name) != 0)
+                fprintf(stderr, "ferry: export '%s': the previous export stays as %s: %s\n", j->name, old,
+                        strerror(errno));
+            close(ofd);
             return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(err));
         }
         fsync(j->rootfd);
         remove_tree_at(j->rootfd, old, 0);
+        close(ofd);
     }
-    if (fsync(j->rootfd) != 0) return ferry_fail(FERRY_ERR_IO, "export root: fsync: %s", strerror(errno));
+    /* the export is in place: a failed sync of the root is not a failed export */
+    if (fsync(j->rootfd) != 0)
+        fprintf(stderr, "ferry: export '%s': syncing the export root: %s (the export is in place)\n", j->name,
+                strerror(errno));
     return FERRY_OK;
 }
 
@@ -726,6 +817,7 @@ static ferry_status run_export(export_job *j)
     FERRY_TRY(write_config(j));
     for (size_t i = 0; i < sizeof k_copied / sizeof k_copied[0]; i++) FERRY_TRY(copy_model_file(j, k_copied[i]));
     if (atomic_load(&j->cancel)) return cancelled();
+    FERRY_TRY(write_marker(j));
     FERRY_TRY(write_index(j)); /* last: an index means every file it names is complete */
     if (atomic_load(&j->cancel)) return cancelled();
     return publish(j);
@@ -786,7 +878,10 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
     j->max_shard = o->max_shard_bytes ? o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
     j->overwrite = o->overwrite;
     snprintf(j->name, sizeof j->name, "%s", o->name);
-    snprintf(j->tmp, sizeof j->tmp, TMP_PREFIX "%s.tmp.%ld", o->name, (long)getpid());
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint64_t)getpid() ^ (uint64_t)time(NULL) << 20;
+    snprintf(j->tmp_id, sizeof j->tmp_id, "%016llx", (unsigned long long)rnd);
+    snprintf(j->tmp, sizeof j->tmp, TMP_PREFIX "%s.tmp.%s", o->name, j->tmp_id);
     j->model_dir = strdup(engine_model_dir(e));
     const char *delay = getenv("FERRY_EXPORT_DELAY_MS");
     if (delay && *delay) j->delay_ms_per_mib = strtod(delay, NULL);
@@ -806,6 +901,9 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
         else if (!o->overwrite)
             st = ferry_fail(FERRY_ERR_INVALID, "export '%s' already exists in %s (overwrite it explicitly)", j->name,
                             o->root);
+        else if (!is_export(j->rootfd, j->name))
+            st = ferry_fail(FERRY_ERR_INVALID, "%s/%s is not an export of ferry (no " EXPORT_MARKER "): overwrite "
+                            "replaces only ferry's exports", o->root, j->name);
     }
     if (st == FERRY_OK) {
         remove_stale_temps(j->rootfd);
@@ -821,12 +919,14 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
                             (unsigned long long)need, util_fmt_bytes(need, b1, sizeof b1), o->root,
                             (unsigned long long)avail, util_fmt_bytes(avail, b2, sizeof b2));
     }
+    bool made = false;
     if (st == FERRY_OK) {
-        remove_tree_at(j->rootfd, j->tmp, 0); /* ours from an earlier job of this process that died unfinished */
         if (mkdirat(j->rootfd, j->tmp, 0755) != 0)
             st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
-        else if ((j->dirfd = openat(j->rootfd, j->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+        else if ((made = true, j->dirfd = openat(j->rootfd, j->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
             st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
+        else if (flock(j->dirfd, LOCK_EX) != 0) /* ours while the job runs (remove_stale_temps) */
+            st = ferry_fail(FERRY_ERR_IO, "%s/%s: flock: %s", o->root, j->tmp, strerror(errno));
     }
     if (st == FERRY_OK) {
         j->status = (export_status){.state = EXPORT_QUEUED, .bytes_total = j->total};
@@ -835,7 +935,7 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
         else j->started = true;
     }
     if (st != FERRY_OK) {
-        if (j->dirfd >= 0) remove_tree_at(j->rootfd, j->tmp, 0);
+        if (made) remove_tree_at(j->rootfd, j->tmp, 0);
         job_free_fields(j);
         return st;
     }

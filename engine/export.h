@@ -25,8 +25,10 @@
  * last, then renamed to root/name and the root fsynced: a process killed at
  * any moment leaves no directory under the final name, and a previous export
  * of that name intact until the new one replaces it. Names match
- * [A-Za-z0-9._-]{1,128}, not "." or ".."; everything is opened relative to
- * the root's descriptor without following symlinks.
+ * [A-Za-z0-9._-]{1,128} and do not start with '.'; everything is opened
+ * relative to the root's descriptor without following symlinks. An export
+ * holds a marker file, .ferry-export.json: overwrite replaces only a
+ * directory that has one.
  */
 #ifndef FERRY_EXPORT_H
 #define FERRY_EXPORT_H
@@ -36,6 +38,8 @@
 
 #include "engine.h"
 
+#define EXPORT_NAME_MAX 128 /* [A-Za-z0-9._-], not starting with '.' */
+
 typedef enum { EXPORT_CONVERTED, EXPORT_ORIGINAL } export_layout;
 
 typedef struct {
@@ -43,7 +47,8 @@ typedef struct {
     const char *name;         /* the directory created under it */
     export_layout layout;
     uint64_t max_shard_bytes; /* 0: 5 GB, transformers' default */
-    bool overwrite;           /* replace an existing root/name (else FERRY_ERR_INVALID... see export.c) */
+    bool overwrite;           /* replace an existing root/name, if it is an export of ferry's (its
+                               * .ferry-export.json marker); else an existing name is FERRY_ERR_INVALID */
 } export_opts;
 
 typedef enum { EXPORT_QUEUED, EXPORT_RUNNING, EXPORT_DONE, EXPORT_FAILED, EXPORT_CANCELLED } export_state;

@@ -48,7 +48,7 @@
 #define ADMIN_MAX_BODY (64u << 10)
 #define ADMIN_JOBS_KEPT 16
 #define JOBS_PREFIX "/admin/v1/jobs/"
-#define ADMIN_NAME_SHOWN 128 /* export names are at most this long (export.h) */
+
 
 typedef enum { AEP_STATUS, AEP_EXPORT, AEP_JOB, AEP_OTHER } admin_endpoint;
 
@@ -57,7 +57,7 @@ static const char *const k_aep_name[] = {"admin_status", "admin_export", "admin_
 
 typedef struct {
     char id[24];
-    char name[ADMIN_NAME_SHOWN + 1];
+    char name[EXPORT_NAME_MAX + 1];
     export_layout layout;
     double created_unix;
     export_job *job;      /* NULL once reaped (J1-J3) */

@@ -48,12 +48,14 @@ ferry_status st_writer_openat(int dirfd, const char *path, const st_decl *decls,
 
     strbuf h;
     sb_init(&h);
-    sb_putc(&h, '{');
+    /* __metadata__ as torch's save_file writes it: transformers before
+     * 4.48.2 reads metadata.get("format") and fails on a file without it */
+    sb_puts(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         uint64_t bytes = dtype_size(decls[i].dtype);
         for (int d = 0; d < decls[i].ndim; d++) bytes *= (uint64_t)decls[i].shape[d];
-        if (i) sb_putc(&h, ',');
+        sb_putc(&h, ',');
         sb_json_str(&h, decls[i].name);
         sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_name(decls[i].dtype));
         for (int d = 0; d < decls[i].ndim; d++) sb_printf(&h, "%s%lld", d ? "," : "", (long long)decls[i].shape[d]);

@@ -29,6 +29,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -162,11 +163,12 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
     if (cfg->admin_port == 0) return 0;
     if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
     if (!cfg->admin_host || !*cfg->admin_host) return cli_error(EXIT_USAGE, "--admin-host must not be empty");
-    if (cfg->export_dir) {
-        struct stat sb;
-        if (stat(cfg->export_dir, &sb) != 0)
-            return cli_error(EXIT_USAGE, "--export-dir %s: %s", cfg->export_dir, strerror(errno));
-        if (!S_ISDIR(sb.st_mode)) return cli_error(EXIT_USAGE, "--export-dir %s: not a directory", cfg->export_dir);
+    if (cfg->export_dir) { /* checked as export_start opens it: a directory, not a symlink */
+        int fd = open(cfg->export_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return cli_error(EXIT_USAGE, "--export-dir %s: %s%s", cfg->export_dir, strerror(errno),
+                             errno == ELOOP || errno == ENOTDIR ? " (it must be a directory, not a symlink)" : "");
+        close(fd);
     }
     if (cfg->admin_token_file) {
         if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK)

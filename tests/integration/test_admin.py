@@ -32,7 +32,6 @@ import concurrent.futures
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -445,7 +444,7 @@ def test_export_body_too_large(served):
     assert st == 413, obj
 
 
-@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "", "a" * 129, ".", "..", "a b", "x\u00e9", "a\\b"])
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "", "a" * 129, ".", "..", "a b", "x\u00e9", "a\\b", ".hidden", ".ferry-export-x.tmp.1"])
 def test_bad_names_are_400(served, export_root, name):
     srv, adm = served
     before = only_final_dirs(export_root)
@@ -609,21 +608,24 @@ def test_shutdown_cancels_a_running_export(ferry_bin, tiny, token_file, tmp_path
 
 
 def test_stale_temporaries_removed_at_start(ferry_bin, tiny, token_file, tmp_path):
-    """A temporary of an export whose process died (kill -9) is removed when
-    a server with that --export-dir starts; one of a live process, a
-    finished export and anything else under the root are left alone."""
+    """A temporary of an export whose process died (kill -9: nobody holds its
+    lock any more) is removed when a server with that --export-dir starts;
+    one a live exporter holds, a finished export and anything else under
+    the root are left alone."""
+    import fcntl
     root = tmp_path / "exports"
     root.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # its pid names no process now
-    (root / (".ferry-export-old.tmp.%d" % dead.pid)).mkdir()
-    (root / (".ferry-export-old.tmp.%d" % dead.pid) / "model-00001-of-00001.safetensors").write_bytes(b"x" * 100)
-    (root / (".ferry-export-live.tmp.%d" % os.getpid())).mkdir()
+    (root / ".ferry-export-old.tmp.1").mkdir()  # PID 1, as in a container: the PID proves nothing
+    (root / ".ferry-export-old.tmp.1" / "model-00001-of-00001.safetensors").write_bytes(b"x" * 100)
+    live = root / ".ferry-export-live.tmp.0123456789abcdef"
+    live.mkdir()
     (root / "done").mkdir()
     (root / "notes.txt").write_text("mine")
+    fd = os.open(str(live), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(), token_file=token_file)
     try:
-        assert sorted(p.name for p in root.iterdir()) == sorted(
-            [".ferry-export-live.tmp.%d" % os.getpid(), "done", "notes.txt"])
+        assert sorted(p.name for p in root.iterdir()) == sorted([live.name, "done", "notes.txt"])
     finally:
         stop(srv)
+        os.close(fd)

@@ -91,7 +91,10 @@ def check_files(d):
                 assert a.tobytes() == raw, name
     assert idx["weight_map"] == seen
     assert idx["metadata"]["total_size"] == total
-    assert not list(d.glob(".*")), "temporaries left in the export"
+    dots = sorted(p.name for p in d.glob(".*"))
+    assert dots == [".ferry-export.json"], "an export holds its marker and nothing hidden besides: %r" % dots
+    marker = json.loads((d / ".ferry-export.json").read_text())
+    assert marker["ferry_export"] == 1 and marker["layout"] in ("converted", "original")
 
 
 def leftovers(root):
@@ -308,3 +311,42 @@ def test_missing_root_and_bad_layout(ferry, models, work):
     d = models.get("llama", "tiny", seed=1313)
     assert_ferry_error(export(ferry, d, work / "nope" / "ex"), ["no such file"])
     assert_ferry_error(export(ferry, d, work / "ex", "--layout", "hf"), ["--layout"], rcs=(2,))
+
+
+def test_overwrite_replaces_only_exports(ferry, models, work):
+    """--overwrite replaces a ferry export, never another directory under
+    the root (the model dir, say): that is refused and left as it was."""
+    d = models.get("llama", "tiny", seed=1314)
+    root = work / "root"
+    root.mkdir()
+    mine = root / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    assert_ferry_error(export(ferry, d, mine, "--overwrite"), ["not an export of ferry"])
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in root.iterdir()) == ["mine"]
+
+
+def test_stale_temporaries_by_lock(ferry, models, work):
+    """A temporary nobody holds a lock on is stale, whatever PID its name
+    has: removed; one that a live holder locks stays; a previous export left
+    aside (.old) by a killed swap goes back under its name."""
+    import fcntl
+    d = models.get("llama", "tiny", seed=1315)
+    root = work / "root"
+    root.mkdir()
+    export_ok(ferry, d, root / "prev")
+    (root / "prev").rename(root / ".ferry-export-prev.old.0123456789abcdef")
+    held = root / ".ferry-export-busy.tmp.1"
+    held.mkdir()
+    stale = root / (".ferry-export-x.tmp.%d" % os.getpid())  # a live PID: no longer a reason to keep it
+    stale.mkdir()
+    (stale / "model-00001-of-00001.safetensors").write_bytes(b"x" * 64)
+    fd = os.open(str(held), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        export_ok(ferry, d, root / "new")
+        assert sorted(p.name for p in root.iterdir()) == [held.name, "new", "prev"]
+        check_files(root / "prev")
+    finally:
+        os.close(fd)

@@ -173,16 +173,17 @@ def quant_config(scheme, **weights):
         ignore=["lm_head"])
 
 
-def write_compressed(d, out, scheme):
+def write_compressed(d, out, scheme, plain=()):
     """A compressed-tensors checkpoint of d's weights, quantized by the
     reference: weight (I8) or weight_packed (I32) + weight_shape (I64 [2]),
-    and weight_scale in the weight's dtype, for every linear layer; every
+    and weight_scale in the weight's dtype, for every linear layer but those
+    named in `plain` (left full precision and listed in `ignore`); every
     other tensor as it is."""
     fmt, bits, _, _, mode = SCHEMES[scheme]
     q = quantized(d, mode)
     tensors = []
     for name, (dt, shape, raw) in read_tensors(d).items():
-        if name not in q:
+        if name not in q or name in plain:
             tensors.append((name, dt, shape, raw))
             continue
         qq, s = q[name]
@@ -196,6 +197,7 @@ def write_compressed(d, out, scheme):
         tensors.append((base + "weight_scale", dt, list(s.shape), st_util.encode(s, dt)))
     cfg = st_util.read_config(str(d))
     cfg["quantization_config"] = quant_config(scheme)
+    cfg["quantization_config"]["ignore"] += [n[:-len(".weight")] for n in plain]
     return write_model(d, out, tensors, cfg)
 
 
@@ -711,3 +713,21 @@ def test_weights_dtype(ferry, models, ref, work, name, dtype, mode):
         assert (info["engine_bytes"] < engine_bytes(d, mode)) == (SIZE[DT] < SIZE[ckpt_dtype])
     # the conversion is visible: the checkpoint's own dtype gives other logits
     assert not np.array_equal(got[1], gen(ferry, d, prompts, work, "--quantize", mode)[1])
+
+
+def test_partly_quantized_checkpoint_exports_its_ignore_list(ferry, models, work):
+    """A compressed-tensors checkpoint that leaves a linear layer unquantized
+    (its ignore list) loads with that layer full precision, and ferry's
+    converted export names it in ignore (other consumers must not look for
+    its weight_packed) and reloads to the same logits."""
+    d, cfg, _ = _model(models, "llama-f32")
+    plain = ("model.layers.0.self_attn.q_proj.weight",)
+    ct = write_compressed(d, work / "ct", "int4-pack", plain=plain)
+    prompts = _prompts(cfg["vocab_size"], 31)
+    want = gen(ferry, ct, prompts, work)
+    ferry.check("export", "--model", ct, "--out", work / "ex")
+    qc = st_util.read_config(str(work / "ex"))["quantization_config"]
+    assert qc["ignore"] == ["lm_head", "model.layers.0.self_attn.q_proj"], qc["ignore"]
+    names = set(json.loads((work / "ex" / "model.safetensors.index.json").read_text())["weight_map"])
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "model.layers.0.self_attn.k_proj.weight_packed" in names
+    assert_identical(gen(ferry, work / "ex", prompts, work), want, "export of a partly quantized checkpoint")
