@@ -371,6 +371,8 @@ static ferry_status put(export_job *j, st_writer *w, const void *data, size_t n)
 }
 
 /* Brings group g in; *base is its bytes in the group's layout. */
+static ferry_status read_blob(export_job *j, int g, const char **base);
+
 static ferry_status load_group(export_job *j, int g, const char **base)
 {
     store_source src = store_group_source(j->s, g);
@@ -392,6 +394,17 @@ static ferry_status load_group(export_job *j, int g, const char **base)
         *base = j->group_buf;
         return FERRY_OK;
     }
+    /* a rebuild of the blob (engine_repair) waits for this read; the
+     * descriptor is taken under the same lock */
+    store_blobs_read_begin((store *)j->s);
+    ferry_status st = read_blob(j, g, base);
+    store_blobs_read_end((store *)j->s);
+    return st;
+}
+
+static ferry_status read_blob(export_job *j, int g, const char **base)
+{
+    store_source src = store_group_source(j->s, g);
     uint32_t crc = 0;
     for (uint64_t at = 0; at < src.bytes;) {
         if (atomic_load(&j->cancel)) return cancelled();

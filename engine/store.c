@@ -5,6 +5,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@ struct store {
     int embed_group;       /* the group holding model.embed_tokens.weight */
     uint64_t embed_offset; /* its offset in that group */
     int embed_fd;          /* buffered descriptor on the verified embedding blob, for row reads when on disk */
+    pthread_rwlock_t blobs; /* readers of blob descriptors outside the pipeline (export) vs a rebuild */
 };
 
 
@@ -287,6 +289,7 @@ ferry_status store_open(store **out, backend *be, const plan *p, const model_con
     s->be = be;
     s->plan = p;
     s->conv = *conv;
+    pthread_rwlock_init(&s->blobs, NULL);
     s->embed_fd = -1;
     int n_view;
     ferry_status st = model_tensor_entries(cfg, ckpt, &s->src, &s->n_tensors);
@@ -358,10 +361,24 @@ void store_close(store *s)
     free(s->blob);
     free(s->src);
     free(s->view);
+    pthread_rwlock_destroy(&s->blobs);
     free(s);
 }
 
+static ferry_status rebuild_group(store *s, int g);
+
+void store_blobs_read_begin(store *s) { pthread_rwlock_rdlock(&s->blobs); }
+void store_blobs_read_end(store *s) { pthread_rwlock_unlock(&s->blobs); }
+
 ferry_status store_rebuild_group(store *s, int g)
+{
+    pthread_rwlock_wrlock(&s->blobs);
+    ferry_status st = rebuild_group(s, g);
+    pthread_rwlock_unlock(&s->blobs);
+    return st;
+}
+
+static ferry_status rebuild_group(store *s, int g)
 {
     int i = s->blob[g];
     if (i < 0) return ferry_fail(FERRY_ERR_INTERNAL, "group %d is not on disk", g);
@@ -402,10 +419,12 @@ store_tensor store_group_tensor(const store *s, int g, int k)
     const group_layout *L = &s->layouts[g];
     FERRY_ASSERT(k >= 0 && k < L->n);
     int i = L->entry[k];
-    store_tensor t = {.name = s->src[i].name, .one_d = s->src[i].rows == 0, .ckpt = s->src[i].dst,
-                      .fmt = *s->view[i].dst, .offset = L->offset[k]};
-    t.fmt.data = t.fmt.scales = NULL;
-    return t;
+    /* the format only: the pipeline thread rebinds data/scales meanwhile */
+    const weight *v = s->view[i].dst;
+    weight fmt = {.dtype = v->dtype, .rows = v->rows, .cols = v->cols, .quant = v->quant, .group = v->group,
+                  .scale_dtype = v->scale_dtype};
+    return (store_tensor){.name = s->src[i].name, .one_d = s->src[i].rows == 0, .ckpt = s->src[i].dst, .fmt = fmt,
+                          .offset = L->offset[k]};
 }
 
 int store_embed_group(const store *s) { return s->embed_group; }

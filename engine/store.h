@@ -80,8 +80,12 @@ store_tensor store_group_tensor(const store *s, int g, int k);
 
 /* Rewrites disk group g's blob from the checkpoint (offload_rebuild: it
  * must come out with the checksum the manifest records) after a read found
- * it damaged; nothing may be reading the offload dir meanwhile. */
+ * it damaged; the pipeline must be quiet, and readers outside it (export)
+ * are waited for: they read blob descriptors between
+ * store_blobs_read_begin and _end (a shared lock the rebuild takes alone). */
 ferry_status store_rebuild_group(store *s, int g);
+void store_blobs_read_begin(store *s);
+void store_blobs_read_end(store *s);
 
 /* Points the view's weights of group g at base (a buffer in g's layout). */
 void store_bind(const store *s, int g, const void *base);
