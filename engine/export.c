@@ -569,49 +569,6 @@ static ferry_status copy_model_file(export_job *j, const char *name)
 
 /* ---- config.json and the index ----------------------------------------------- */
 
-static void sb_json_number(strbuf *sb, const json_value *v)
-{
-    if (v->is_int) {
-        sb_printf(sb, "%lld", (long long)v->integer);
-        return;
-    }
-    char buf[40];
-    for (int prec = 15; prec <= 17; prec++) { /* the shortest that reads back exactly */
-        snprintf(buf, sizeof buf, "%.*g", prec, v->number);
-        if (strtod(buf, NULL) == v->number) break;
-    }
-    sb_puts(sb, buf);
-    if (!strpbrk(buf, ".eEn")) sb_puts(sb, ".0"); /* written with a fraction: it stays a float */
-}
-
-static void sb_json_value(strbuf *sb, const json_value *v, int indent)
-{
-    switch (v->type) {
-    case JSON_NULL: sb_puts(sb, "null"); break;
-    case JSON_BOOL: sb_puts(sb, v->boolean ? "true" : "false"); break;
-    case JSON_NUMBER: sb_json_number(sb, v); break;
-    case JSON_STRING: sb_json_str(sb, v->str); break;
-    case JSON_ARRAY:
-        sb_putc(sb, '[');
-        for (size_t i = 0; i < v->len; i++) {
-            if (i) sb_puts(sb, ", ");
-            sb_json_value(sb, &v->items[i], indent + 2);
-        }
-        sb_putc(sb, ']');
-        break;
-    case JSON_OBJECT:
-        sb_puts(sb, "{");
-        for (size_t i = 0; i < v->len; i++) {
-            sb_printf(sb, "%s\n%*s", i ? "," : "", indent + 2, "");
-            sb_json_str(sb, v->members[i].key);
-            sb_puts(sb, ": ");
-            sb_json_value(sb, &v->members[i].value, indent + 2);
-        }
-        sb_printf(sb, "\n%*s}", indent, "");
-        break;
-    }
-}
-
 static const char *torch_dtype_name(ferry_dtype dt)
 {
     switch (dt) {

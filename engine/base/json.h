@@ -90,5 +90,9 @@ void sb_printf(strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2
 void sb_json_str(strbuf *sb, const char *s);
 /* Appends a float so that it reads back exactly (%.9g; nan/inf as null). */
 void sb_json_f32(strbuf *sb, float v);
+/* Appends a parsed value as JSON, objects one member per line indented by
+ * `indent` + 2: integers as written, other numbers in the shortest form that
+ * reads back exactly (with a fraction, so they stay floats). */
+void sb_json_value(strbuf *sb, const json_value *v, int indent);
 
 #endif
