@@ -71,12 +71,22 @@ static inline size_t weight_bytes(const weight *w)
     return (size_t)w->rows * weight_row_bytes(w) + scales;
 }
 
-/* The KV cache of one layer: [n_seqs, max_ctx, kv_dim] f32 for K and V;
- * batch_seq.kv_seq picks the sequence. */
+/* The KV cache of one layer, paged (kv.h): K and V are [n_blocks,
+ * block_size, kv_dim] f32; table [n_seqs, max_blocks] (backend memory) lists
+ * the blocks of each KV sequence in position order, batch_seq.kv_seq picks
+ * the row. Position p of sequence s is row kv_row(kv, s, p) of K and V. */
 typedef struct {
     float *k, *v;
-    int n_seqs, max_ctx, kv_dim;
+    const int32_t *table;
+    int n_seqs, max_blocks, block_size, n_blocks, kv_dim;
 } kv_layer;
+
+/* The row (of kv_dim floats) holding position pos of KV sequence kv_seq. */
+static inline size_t kv_row(const kv_layer *kv, int kv_seq, int pos)
+{
+    int32_t blk = kv->table[(size_t)kv_seq * (size_t)kv->max_blocks + (size_t)(pos / kv->block_size)];
+    return (size_t)blk * (size_t)kv->block_size + (size_t)(pos % kv->block_size);
+}
 
 typedef struct backend backend;
 typedef struct be_event be_event;

@@ -54,6 +54,7 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
         .prefetch = o->prefetch,
         .n_seqs = o->max_seqs,
         .context = o->max_ctx,
+        .kv_memory = o->kv_memory,
         .max_step_tokens = o->max_step_tokens,
         .unified = unified,
         .device_avail = unified ? 0 : in->be->ops->mem_available(in->be),
@@ -164,23 +165,17 @@ static ferry_status alloc_activations(engine *e)
     return FERRY_OK;
 }
 
+/* The KV pool: its size is the plan's (kv_blocks), every page touched
+ * here, at startup, rather than by the first steps that reach it. */
 static ferry_status alloc_kv(engine *e)
 {
     const model_config *c = &e->cfg;
+    int kvd = c->n_kv_heads * c->head_dim;
     e->kv = calloc((size_t)c->n_layers, sizeof *e->kv);
     if (!e->kv) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    int n_seqs = e->popts.n_seqs, ctx = e->popts.context;
-    size_t per = (size_t)n_seqs * (size_t)ctx * kvd * sizeof(float);
-    for (int l = 0; l < c->n_layers; l++) {
-        kv_layer *kv = &e->kv[l];
-        *kv = (kv_layer){e->be->ops->alloc(e->be, per), e->be->ops->alloc(e->be, per), n_seqs, ctx, (int)kvd};
-        if (!kv->k || !kv->v) {
-            char need[32];
-            return ferry_fail(FERRY_ERR_NOMEM, "KV cache of %s (%d sequences x %d positions) cannot be allocated",
-                              util_fmt_bytes(e->placement.kv_bytes, need, sizeof need), n_seqs, ctx);
-        }
-    }
+    FERRY_TRY(kv_pool_create(&e->kvp, (int)e->placement.kv_blocks, e->popts.n_seqs, kv_blocks_for(e->popts.context)));
+    FERRY_TRY(kv_pool_alloc_memory(e->kvp, e->be, c->n_layers, kvd));
+    for (int l = 0; l < c->n_layers; l++) e->kv[l] = kv_pool_layer(e->kvp, l);
     return FERRY_OK;
 }
 
@@ -229,11 +224,7 @@ void engine_close(engine *e)
     if (e->be) {
         float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up, &e->last, &e->logits};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) e->be->ops->release(e->be, *bufs[i]);
-        if (e->kv)
-            for (int l = 0; l < e->cfg.n_layers; l++) {
-                e->be->ops->release(e->be, e->kv[l].k);
-                e->be->ops->release(e->be, e->kv[l].v);
-            }
+        kv_pool_free(e->kvp);
         if (e->rows_host)
             e->be->ops->host_free(e->be, e->rows_host, (size_t)e->popts.max_step_tokens * store_embed_row_bytes(e->storage),
                                   e->rows_pinned);
@@ -283,7 +274,8 @@ engine_info engine_get_info(const engine *e)
 
 engine_limits engine_get_limits(const engine *e)
 {
-    return (engine_limits){e->cfg.vocab, e->popts.context, e->popts.n_seqs, e->popts.max_step_tokens};
+    return (engine_limits){e->cfg.vocab, e->popts.context, e->popts.n_seqs, e->popts.max_step_tokens,
+                           (int64_t)kv_total_blocks(e->kvp) * KV_BLOCK_POSITIONS};
 }
 
 const plan *engine_get_plan(const engine *e) { return &e->placement; }
@@ -322,6 +314,25 @@ uint64_t engine_decode_weight_bytes(const engine *e, int n_seqs)
     return total;
 }
 
+/* ---- the KV cache --------------------------------------------------------------- */
+
+ferry_status engine_kv_reserve(engine *e, int kv_seq, int n_positions)
+{
+    if (kv_seq < 0 || kv_seq >= e->popts.n_seqs)
+        return ferry_fail(FERRY_ERR_INVALID, "KV sequence %d (the engine has %d)", kv_seq, e->popts.n_seqs);
+    return kv_reserve(e->kvp, kv_seq, n_positions);
+}
+
+void engine_kv_release(engine *e, int kv_seq)
+{
+    if (kv_seq >= 0 && kv_seq < e->popts.n_seqs) kv_release(e->kvp, kv_seq);
+}
+
+engine_kv engine_kv_info(const engine *e)
+{
+    return (engine_kv){KV_BLOCK_POSITIONS, kv_total_blocks(e->kvp), kv_free_blocks(e->kvp)};
+}
+
 /* ---- the step ------------------------------------------------------------------- */
 
 /* The kernels index the KV cache by sequence and position: a batch must
@@ -344,6 +355,10 @@ static ferry_status check_batch(engine *e, const batch *b)
         if (q->n_tokens > o->context - q->n_past)
             return ferry_fail(FERRY_ERR_INVALID, "sequence needs %lld positions but the context holds %d",
                               (long long)q->n_past + q->n_tokens, o->context);
+        if (q->n_past + q->n_tokens > kv_capacity(e->kvp, q->kv_seq))
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "KV sequence %d needs %d positions but has blocks for %d (engine_kv_reserve first)",
+                              q->kv_seq, q->n_past + q->n_tokens, kv_capacity(e->kvp, q->kv_seq));
         if (e->seq_seen[q->kv_seq]++)
             return ferry_fail(FERRY_ERR_INTERNAL, "malformed batch (KV sequence %d twice)", q->kv_seq);
         for (int i = 0; i < q->n_tokens; i++)
@@ -415,6 +430,7 @@ static ferry_status check_logits(const engine *e, const batch *b, const float *l
 ferry_status engine_step(engine *e, const batch *b, float *logits_out)
 {
     FERRY_TRY(check_batch(e, b));
+    kv_pool_sync_table(e->kvp); /* the backend is quiet between steps */
     FERRY_TRY(e->be->ops->set_batch(e->be, b));
     e->cur = b;
     pipeline_units u = {unit_embed, unit_embed_rows, unit_layer, unit_head, e};

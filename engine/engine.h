@@ -35,6 +35,7 @@ typedef struct {
     int max_seqs;            /* sequences the KV cache holds */
     int max_ctx;             /* positions per sequence; 0 = the planner's default (plan.h) */
     int max_step_tokens;     /* most token rows in one step */
+    uint64_t kv_memory;      /* bytes of the KV pool; 0 = the planner's default (plan.h) */
     uint64_t budget[2];      /* device, host weight budgets (PLAN_UNLIMITED) */
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
     int group_size;
@@ -69,8 +70,23 @@ const plan *engine_get_plan(const engine *e);
 convert_opts engine_get_convert(const engine *e);
 pipeline_stats engine_pipeline_stats(engine *e);
 
+/* The paged KV cache (kv.h): a KV sequence holds blocks for the positions
+ * reserved for it until it is released. engine_kv_reserve makes room for
+ * positions 0 .. n_positions - 1 (FERRY_ERR_BUSY when the pool has too few
+ * free blocks, nothing taken; FERRY_ERR_INVALID past the context). Between
+ * steps, from the thread that runs them. */
+typedef struct {
+    int block_positions;     /* positions per block */
+    int total_blocks, free_blocks;
+} engine_kv;
+
+ferry_status engine_kv_reserve(engine *e, int kv_seq, int n_positions);
+void engine_kv_release(engine *e, int kv_seq);
+engine_kv engine_kv_info(const engine *e);
+
 /* One forward pass. Every token id must be < vocab and every sequence must
- * fit the context (checked). logits_out: host [b->n_seqs, vocab]. */
+ * fit the context and the positions reserved for it (checked).
+ * logits_out: host [b->n_seqs, vocab]. */
 ferry_status engine_step(engine *e, const batch *b, float *logits_out);
 
 /* Between steps, after one failed: rebuilds from the checkpoint every blob

@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "kv.h"
 #include "pipeline.h"
 #include "store.h"
 #include "weights/model.h"
@@ -24,7 +25,8 @@ struct engine {
     plan placement;
     store *storage;
     pipeline *pipe;
-    kv_layer *kv;        /* [n_layers] */
+    kv_pool *kvp;        /* the paged KV cache: blocks and block tables */
+    kv_layer *kv;        /* [n_layers] the kernels' view of kvp */
     uint8_t *seq_seen;   /* [max_seqs] scratch for batch checks */
     const batch *cur;    /* the batch of the running step */
     /* activations in backend memory, sized for max_step_tokens rows */

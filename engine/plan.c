@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "kv.h"
 
 #define RUNTIME_OVERHEAD (96ull << 20) /* code, allocator, small buffers */
 
@@ -74,7 +75,18 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
     out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
     /* disk reads land in pinned bounce buffers, one per slot */
     if (!o->unified) out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
-    out->kv_bytes = 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context * (uint64_t)m->kv_dim * 4;
+    out->kv_block_positions = KV_BLOCK_POSITIONS;
+    out->kv_block_bytes = 2ull * (uint64_t)m->n_layers * KV_BLOCK_POSITIONS * (uint64_t)m->kv_dim * 4;
+    out->kv_blocks = o->kv_memory ? o->kv_memory / out->kv_block_bytes
+                                  : (uint64_t)o->n_seqs * (uint64_t)kv_blocks_for(o->context);
+    if (out->kv_blocks < 1 || out->kv_blocks > INT32_MAX) {
+        char a[32], b[32];
+        util_fmt_bytes(out->kv_block_bytes, b, sizeof b);
+        plan_free(out);
+        return ferry_fail(FERRY_ERR_INVALID, "--kv-memory %s: the KV pool needs 1 to %d blocks of %s",
+                          util_fmt_bytes(o->kv_memory, a, sizeof a), INT32_MAX, b);
+    }
+    out->kv_bytes = out->kv_blocks * out->kv_block_bytes;
     uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
                          2ull * (uint64_t)m->hidden;
     out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
@@ -106,6 +118,11 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     o.budget[0] = avail - work > slots ? avail - work - slots : 0;
     plan_free(out);
     return place_all(m, unit_bytes, &o, out);
+}
+
+uint64_t plan_kv_sequences(const plan *p, int n_positions)
+{
+    return n_positions < 1 ? 0 : p->kv_blocks / (uint64_t)kv_blocks_for(n_positions);
 }
 
 int plan_ahead(int prefetch, uint64_t slot_bytes, bool disk)

@@ -20,7 +20,8 @@
  *
  * Every placement decision is made here, defaults included, so that `ferry
  * plan` shows what `serve` runs: a context of 0 means max_position_embeddings
- * capped at PLAN_DEFAULT_CONTEXT (the KV cache is sized for it); on a
+ * capped at PLAN_DEFAULT_CONTEXT; the KV pool is kv_memory bytes of blocks,
+ * by default enough for n_seqs sequences of the whole context; on a
  * backend that is not unified, no device budget means "keep resident what
  * fits beside the working memory" (device_avail).
  */
@@ -60,6 +61,7 @@ typedef struct {
     int prefetch;         /* groups fetched ahead of the computing one, >= 1 (at least: PLAN_READAHEAD_BYTES) */
     int n_seqs;           /* sequences the KV cache holds */
     int context;          /* positions per sequence; 0 = the default (above) */
+    uint64_t kv_memory;   /* bytes of the KV pool; 0 = n_seqs x context positions */
     int max_step_tokens;  /* most token rows in one step */
     bool unified;         /* device memory is host memory (the CPU backend) */
     uint64_t device_avail; /* not unified: device memory the backend can give; 0 = unknown */
@@ -75,7 +77,10 @@ typedef struct {
     uint64_t slot_bytes;         /* largest streamed group */
     uint64_t stage_bytes;        /* n_stage_slots x slot_bytes, device memory */
     uint64_t host_stage_bytes;   /* pinned host bounce buffers for disk reads (non-unified) */
-    uint64_t kv_bytes;
+    uint64_t kv_blocks;          /* the KV pool (kv.h): blocks of KV_BLOCK_POSITIONS positions */
+    int kv_block_positions;      /* positions per block */
+    uint64_t kv_block_bytes;     /* one block: every layer's K and V */
+    uint64_t kv_bytes;           /* kv_blocks x kv_block_bytes */
     uint64_t act_bytes;
 } plan;
 
@@ -93,6 +98,9 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
  * groups of slot_bytes stream from disk (PLAN_READAHEAD_BYTES). */
 int plan_ahead(int prefetch, uint64_t slot_bytes, bool disk);
 void plan_free(plan *p);
+
+/* Sequences of n_positions each that the KV pool holds at once. */
+uint64_t plan_kv_sequences(const plan *p, int n_positions);
 
 /* Parses "device=SIZE,host=SIZE" (either key optional) into budget[2]. */
 ferry_status plan_parse_budgets(const char *s, uint64_t budget[2]);

@@ -15,6 +15,12 @@ ferry_status request_check(const gen_request *r, const engine_limits *lim, const
     if (r->max_new_tokens > lim->max_ctx - r->prompt_len)
         return ferry_fail(FERRY_ERR_INVALID, "%s: %d prompt + %d new tokens exceed the context of %d positions", what,
                           r->prompt_len, r->max_new_tokens, lim->max_ctx);
+    if (lim->kv_positions > 0 && (int64_t)r->prompt_len + r->max_new_tokens > lim->kv_positions)
+        return ferry_fail(FERRY_ERR_INVALID,
+                          "%s: %d prompt + %d new tokens need %lld KV positions but the KV cache holds %lld in all "
+                          "(raise --kv-memory)",
+                          what, r->prompt_len, r->max_new_tokens, (long long)r->prompt_len + r->max_new_tokens,
+                          (long long)lim->kv_positions);
     if (r->n_stop < 0 || r->n_stop > REQUEST_MAX_STOP)
         return ferry_fail(FERRY_ERR_INVALID, "at most %d stop_token_ids (got %d)", REQUEST_MAX_STOP, r->n_stop);
     for (int k = 0; k < r->n_stop; k++)

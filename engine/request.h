@@ -39,6 +39,8 @@ typedef struct {
     int max_ctx;             /* positions per sequence: prompt + new tokens */
     int max_seqs;            /* sequences generating at once (the KV cache holds them) */
     int max_step_tokens;     /* token rows in one step */
+    int64_t kv_positions;    /* positions the whole KV pool holds (blocks x block positions): a sequence
+                              * longer than that could never run; 0 = no bound beyond max_ctx */
 } engine_limits;
 
 /* The outcome of one gen_request. */

@@ -31,11 +31,21 @@ typedef struct req {
 
 typedef enum { SEQ_FREE, SEQ_PREFILL, SEQ_DECODE } seq_state;
 
-/* A KV-cache sequence and the request running in it. */
+/* A KV-cache sequence and the request running in it. In PREFILL it fills
+ * fill[0 .. fill_len) into the KV cache: the prompt, or after a preemption
+ * the prompt and every generated token but the last (the prefix is
+ * recomputed; the last token is the next decode row's input). It holds no
+ * KV blocks until it starts filling, then blocks for the whole fill, and one
+ * more block every KV_BLOCK positions while it decodes. */
 typedef struct {
     seq_state state;      /* engine thread only */
     req *r;               /* set and cleared under mu (sched_cancel reads it) */
-    int done_prompt;      /* prompt rows already in the KV cache */
+    const int32_t *fill;  /* the prompt, or resume */
+    int fill_len;
+    int done_fill;        /* rows of fill already in the KV cache */
+    int32_t *resume;      /* [prompt_len + max_new_tokens] after a preemption, else NULL */
+    uint64_t order;       /* admission order: the highest is the newest */
+    int room;             /* positions its KV blocks were reserved for; 0: it holds none */
     int n_gen;
     int32_t *gen;         /* [max_new_tokens] */
     sampler smp;
@@ -52,6 +62,7 @@ struct sched {
     int n_queued, max_queued;
     bool stop;
     uint64_t next_id;
+    uint64_t next_order;
     sched_seq *seqs;      /* [lim.max_seqs]: index = KV-cache sequence */
     engine_limits lim;
     int rr;               /* where the next prefill budget starts (fairness) */
@@ -71,6 +82,14 @@ static void req_free(req *r)
     free(r);
 }
 
+/* The pool as the stats show it (mu held, engine thread). */
+static void publish_kv(sched *s)
+{
+    engine_kv kv = engine_kv_info(s->e);
+    s->stats.kv_blocks_free = kv.free_blocks;
+    s->stats.kv_blocks_used = kv.total_blocks - kv.free_blocks;
+}
+
 /* ---- finishing ---------------------------------------------------------------- */
 
 /* Ends sequence i's request (engine thread, mu not held). */
@@ -81,8 +100,10 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     double now = util_now();
     gen_result res = {q->gen, q->n_gen, q->logits, s->lim.vocab, cancelled, r->t_admit - r->t_submit,
                       now - r->t_submit};
+    engine_kv_release(s->e, i);
     /* the stats first: a client that got its answer finds it counted */
     pthread_mutex_lock(&s->mu);
+    publish_kv(s);
     if (st != FERRY_OK) {
         s->stats.requests_failed++;
         s->stats.failed_s_sum += res.total_s;
@@ -104,11 +125,14 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     sampler_free(&q->smp);
     free(q->gen);
     free(q->logits);
+    free(q->resume);
     req_free(r);
     q->state = SEQ_FREE;
     q->gen = NULL;
     q->logits = NULL;
-    q->n_gen = q->done_prompt = 0;
+    q->resume = NULL;
+    q->fill = NULL;
+    q->n_gen = q->done_fill = q->fill_len = q->room = 0;
 }
 
 /* Ends a request that never started (mu not held). */
@@ -132,7 +156,10 @@ static ferry_status admit(sched *s, int i)
 {
     sched_seq *q = &s->seqs[i];
     req *r = q->r;
-    q->n_gen = q->done_prompt = 0;
+    q->n_gen = q->done_fill = 0;
+    q->fill = r->prompt;
+    q->fill_len = r->p.prompt_len;
+    q->order = ++s->next_order;
     q->gen = malloc((size_t)r->p.max_new_tokens * sizeof *q->gen);
     if (r->p.want_logits) q->logits = malloc((size_t)s->lim.vocab * sizeof *q->logits);
     if (!q->gen || (r->p.want_logits && !q->logits)) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for a request");
@@ -192,29 +219,107 @@ static int boundary(sched *s)
         running += s->seqs[i].state != SEQ_FREE;
     }
     s->stats.queued = s->n_queued;
+    publish_kv(s);
     return running;
+}
+
+/* ---- KV blocks: reservation and preemption -------------------------------------- */
+
+/* Frees sequence i's blocks and sends it back to PREFILL, keeping its
+ * tokens: it resumes by recomputing its prefix (struct comment). */
+static void preempt(sched *s, int i)
+{
+    sched_seq *q = &s->seqs[i];
+    engine_kv_release(s->e, i);
+    q->room = 0;
+    q->done_fill = 0;
+    if (q->n_gen > 0) {
+        int plen = q->r->p.prompt_len;
+        if (!q->resume) q->resume = malloc(((size_t)plen + (size_t)q->r->p.max_new_tokens) * sizeof *q->resume);
+        FERRY_ASSERT(q->resume); /* a few KiB; without it the request cannot go on */
+        memcpy(q->resume, q->r->prompt, (size_t)plen * sizeof *q->resume);
+        memcpy(q->resume + plen, q->gen, (size_t)(q->n_gen - 1) * sizeof *q->resume);
+        q->fill = q->resume;
+        q->fill_len = plen + q->n_gen - 1;
+    }
+    q->state = SEQ_PREFILL;
+    pthread_mutex_lock(&s->mu);
+    s->stats.preemptions++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The newest sequence holding KV blocks, or -1. */
+static int newest_holder(sched *s)
+{
+    int best = -1;
+    for (int i = 0; i < s->lim.max_seqs; i++) {
+        sched_seq *q = &s->seqs[i];
+        if (q->state != SEQ_FREE && q->room > 0 && (best < 0 || q->order > s->seqs[best].order)) best = i;
+    }
+    return best;
+}
+
+/* Room for the next decode row of every generating sequence, oldest first;
+ * when the pool runs out, the newest sequence holding blocks is preempted
+ * (possibly the one asking). No request fails because others arrived:
+ * request_check let in only requests that fit the pool alone. */
+static void reserve_decode(sched *s)
+{
+    for (;;) {
+        int i = -1; /* the oldest decoding sequence without room for its next row */
+        for (int k = 0; k < s->lim.max_seqs; k++) {
+            sched_seq *q = &s->seqs[k];
+            if (q->state != SEQ_DECODE || q->r->p.prompt_len + q->n_gen <= q->room) continue;
+            if (i < 0 || q->order < s->seqs[i].order) i = k;
+        }
+        if (i < 0) return;
+        sched_seq *q = &s->seqs[i];
+        int need = q->r->p.prompt_len + q->n_gen;
+        if (engine_kv_reserve(s->e, i, need) == FERRY_OK) {
+            q->room = need;
+            continue;
+        }
+        int v = newest_holder(s);
+        FERRY_ASSERT(v >= 0);
+        preempt(s, v);
+    }
 }
 
 /* Builds the step: a decode row for every generating sequence, then prompt
  * chunks from PREFILL sequences (starting at s->rr, round robin) within
- * max_step_tokens. Returns the number of batch sequences. */
+ * max_step_tokens. A sequence starts filling only when the pool has blocks
+ * for its whole fill, beside one spare block per decoding sequence that may
+ * still grow: starting one that the next decode rows would preempt again is
+ * wasted work. Returns the number of batch sequences. */
 static int build(sched *s, batch *b)
 {
     batch_builder *bb = &s->bb;
     batch_builder_clear(bb);
+    reserve_decode(s);
+    int growing = 0; /* decoding sequences that may need another block */
+    engine_kv kv = engine_kv_info(s->e);
     for (int i = 0; i < s->lim.max_seqs; i++) {
         sched_seq *q = &s->seqs[i];
         if (q->state != SEQ_DECODE) continue;
         int k = batch_builder_add(bb, i, q->r->p.prompt_len + q->n_gen - 1, &q->gen[q->n_gen - 1], 1);
         s->seq_of[k] = i;
+        int most = q->r->p.prompt_len + q->r->p.max_new_tokens;
+        growing += (q->room + kv.block_positions - 1) / kv.block_positions < (most + kv.block_positions - 1) / kv.block_positions;
     }
     for (int k = 0; k < s->lim.max_seqs && batch_builder_room(bb) > 0; k++) {
         int i = (s->rr + k) % s->lim.max_seqs;
         sched_seq *q = &s->seqs[i];
         if (q->state != SEQ_PREFILL) continue;
-        int take = q->r->p.prompt_len - q->done_prompt;
+        if (q->room == 0) {
+            kv = engine_kv_info(s->e);
+            int need = (q->fill_len + kv.block_positions) / kv.block_positions; /* the fill and the first decode row */
+            if (need + growing > kv.free_blocks && bb->n_seqs > 0) continue;
+            if (engine_kv_reserve(s->e, i, q->fill_len + 1) != FERRY_OK) continue;
+            q->room = q->fill_len + 1;
+        }
+        int take = q->fill_len - q->done_fill;
         if (take > batch_builder_room(bb)) take = batch_builder_room(bb);
-        int j = batch_builder_add(bb, i, q->done_prompt, q->r->prompt + q->done_prompt, take);
+        int j = batch_builder_add(bb, i, q->done_fill, q->fill + q->done_fill, take);
         s->seq_of[j] = i;
     }
     s->rr = (s->rr + 1) % s->lim.max_seqs;
@@ -253,11 +358,12 @@ static void run_step(sched *s)
         const float *row = s->logits + (size_t)k * (size_t)vocab;
         s->new_tok[k] = -1;
         if (q->state == SEQ_PREFILL) {
-            q->done_prompt += b.seqs[k].n_tokens;
-            prompted += (uint64_t)b.seqs[k].n_tokens;
-            if (q->done_prompt < q->r->p.prompt_len) continue;
-            if (q->logits) memcpy(q->logits, row, (size_t)vocab * sizeof *row);
+            q->done_fill += b.seqs[k].n_tokens;
+            if (q->n_gen == 0) prompted += (uint64_t)b.seqs[k].n_tokens; /* not a resumed prefix again */
+            if (q->done_fill < q->fill_len) continue;
             q->state = SEQ_DECODE;
+            if (q->n_gen > 0) continue; /* resumed: its next token is already known */
+            if (q->logits) memcpy(q->logits, row, (size_t)vocab * sizeof *row);
         }
         s->new_tok[k] = sampler_next(&q->smp, row);
         q->gen[q->n_gen++] = s->new_tok[k];
@@ -275,6 +381,7 @@ static void run_step(sched *s)
     s->stats.batch_hist[bucket]++;
     s->stats.batch_sum += (uint64_t)ns;
     s->stats.failing_steps = st == FERRY_OK ? 0 : s->stats.failing_steps + 1;
+    publish_kv(s);
     pthread_mutex_unlock(&s->mu);
 
     for (int k = 0; k < ns; k++) {
@@ -302,7 +409,9 @@ static void probe(sched *s)
     int32_t tok = 0;
     batch_builder_add(&s->bb, 0, 0, &tok, 1);
     batch b = batch_builder_get(&s->bb);
-    ferry_status st = engine_step(s->e, &b, s->logits);
+    ferry_status st = engine_kv_reserve(s->e, 0, 1);
+    if (st == FERRY_OK) st = engine_step(s->e, &b, s->logits);
+    engine_kv_release(s->e, 0);
     if (st != FERRY_OK) {
         fprintf(stderr, "ferry: probe step failed: %s\n", ferry_errmsg());
         engine_repair(s->e);

@@ -18,7 +18,16 @@
  * frees the request's KV sequence at the next step boundary; on_done then reports
  * FERRY_OK with res->cancelled set and the tokens generated so far.
  *
- * Sequence states:  FREE -> PREFILL (prompt rows left) -> DECODE -> FREE
+ * KV memory is paged (engine_kv_reserve): a sequence takes blocks for its
+ * prompt when its prefill starts (it waits while the pool lacks them) and
+ * one more block every 16 positions as it decodes. When a decode row finds
+ * the pool empty, the newest sequence holding blocks is preempted: its
+ * blocks are freed, its tokens kept, and it later recomputes its prefix
+ * (prompt + generated tokens) before decoding on. Blocks go back when a
+ * sequence ends (done, cancelled, failed).
+ *
+ * Sequence states:  FREE -> PREFILL (prompt rows left) -> DECODE -> FREE;
+ *                   PREFILL/DECODE -> PREFILL on preemption
  */
 #ifndef FERRY_SCHEDULER_H
 #define FERRY_SCHEDULER_H

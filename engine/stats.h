@@ -34,6 +34,8 @@ typedef struct {
     uint64_t batch_hist[8];  /* steps by sequences: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
     uint64_t batch_sum;      /* sequences summed over steps */
     int failing_steps;       /* steps failed in a row (0 after one succeeds) */
+    int kv_blocks_used, kv_blocks_free; /* the paged KV cache, now */
+    uint64_t preemptions;    /* sequences whose blocks were taken back to let older ones go on */
     /* for Triton's statistics: seconds summed over finished sequences */
     double done_s_sum;       /* submit -> done, sequences that succeeded */
     double failed_s_sum;     /* submit -> failed */

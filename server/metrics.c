@@ -114,6 +114,13 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     help(sb, "ferry_requests_queued", "gauge", "Sequences waiting for a batch slot");
     sb_printf(sb, "ferry_requests_queued %d\n", s->queued);
 
+    help(sb, "ferry_kv_blocks", "gauge", "Blocks of the paged KV cache, by state");
+    sb_printf(sb, "ferry_kv_blocks{state=\"used\"} %d\n", s->kv_blocks_used);
+    sb_printf(sb, "ferry_kv_blocks{state=\"free\"} %d\n", s->kv_blocks_free);
+    help(sb, "ferry_preemptions_total", "counter",
+         "Sequences preempted when KV blocks ran out (blocks freed, tokens kept, prefix recomputed later)");
+    sb_printf(sb, "ferry_preemptions_total %llu\n", (unsigned long long)s->preemptions);
+
     help(sb, "ferry_fetched_bytes_total", "counter", "Weight bytes brought to compute, by tier of origin");
     for (int t = 0; t < TIER_COUNT; t++)
         sb_printf(sb, "ferry_fetched_bytes_total{tier=\"%s\"} %llu\n", tier_name((tier)t),

@@ -3,8 +3,10 @@
  * cache, parallel over (token, head) pairs.
  *
  * Token i of sequence s sits at position p = pos[i] and sees cache positions
- * [lo, p] of its KV sequence, where lo = 0, or p - window + 1 with a sliding window
- * (Mistral: a key is visible while p - k < window). The new K/V rows were
+ * [lo, p] of its KV sequence, where lo = 0, or p - window + 1 with a sliding
+ * window (Mistral: a key is visible while p - k < window); each position's
+ * row is found through the sequence's block table (kv.h), in the same order
+ * and with the same arithmetic as a contiguous cache. The new K/V rows were
  * stored by kv_store before this runs, so prefill rows also see each other.
  * Query head h reads KV head h / (n_heads / n_kv_heads) (grouped-query).
  */
@@ -76,15 +78,15 @@ static void att_task(void *vctx, int task, int worker)
     int lo = sh->sliding_window > 0 && p - sh->sliding_window + 1 > 0 ? p - sh->sliding_window + 1 : 0;
     int n = p - lo + 1;
     const float *qv = c->q + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
-    size_t row = (size_t)c->kv->kv_dim;
-    const float *kbase = c->kv->k + ((size_t)s->kv_seq * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
-    const float *vbase = c->kv->v + ((size_t)s->kv_seq * (size_t)c->kv->max_ctx) * row + (size_t)g * (size_t)hd;
+    const kv_layer *kv = c->kv;
+    size_t row = (size_t)kv->kv_dim;
+    const float *kbase = kv->k + (size_t)g * (size_t)hd, *vbase = kv->v + (size_t)g * (size_t)hd;
     float *score = cpu_scratch_get(c->cb, worker, (size_t)n);
     FERRY_ASSERT(score);
     float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
-        float d = dot(qv, kbase + (size_t)(lo + j) * row, hd) * scale;
+        float d = dot(qv, kbase + kv_row(kv, s->kv_seq, lo + j) * row, hd) * scale;
         score[j] = d;
         if (d > mx) mx = d;
     }
@@ -97,7 +99,7 @@ static void att_task(void *vctx, int task, int worker)
     float *o = c->out + (size_t)tok * (size_t)sh->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
     memset(o, 0, (size_t)hd * sizeof *o);
     for (int j = 0; j < n; j++) {
-        axpy(o, score[j] * inv, vbase + (size_t)(lo + j) * row, hd);
+        axpy(o, score[j] * inv, vbase + kv_row(kv, s->kv_seq, lo + j) * row, hd);
     }
 }
 

@@ -193,6 +193,8 @@ static void cpu_rope(backend *be, float *x, int heads, int head_dim, float theta
     }
 }
 
+/* Rows go to their sequence's blocks (kv.h): a run of rows is copied at
+ * once up to the end of a block. */
 static void cpu_kv_store(backend *be, const kv_layer *kv, const float *k, const float *v)
 {
     cpu_backend *cb = (cpu_backend *)be;
@@ -200,10 +202,16 @@ static void cpu_kv_store(backend *be, const kv_layer *kv, const float *k, const 
     size_t row = (size_t)kv->kv_dim;
     for (int s = 0; s < b->n_seqs; s++) {
         const batch_seq *q = &b->seqs[s];
-        FERRY_ASSERT(q->kv_seq < kv->n_seqs && q->n_past + q->n_tokens <= kv->max_ctx);
-        size_t dst = ((size_t)q->kv_seq * (size_t)kv->max_ctx + (size_t)q->n_past) * row;
-        memcpy(kv->k + dst, k + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
-        memcpy(kv->v + dst, v + (size_t)q->first * row, (size_t)q->n_tokens * row * sizeof(float));
+        FERRY_ASSERT(q->kv_seq < kv->n_seqs && q->n_past + q->n_tokens <= kv->max_blocks * kv->block_size);
+        for (int i = 0; i < q->n_tokens;) {
+            int pos = q->n_past + i;
+            int run = kv->block_size - pos % kv->block_size;
+            if (run > q->n_tokens - i) run = q->n_tokens - i;
+            size_t dst = kv_row(kv, q->kv_seq, pos) * row, src = (size_t)(q->first + i) * row;
+            memcpy(kv->k + dst, k + src, (size_t)run * row * sizeof(float));
+            memcpy(kv->v + dst, v + src, (size_t)run * row * sizeof(float));
+            i += run;
+        }
     }
 }
 

@@ -287,9 +287,10 @@ static void split_rope(backend *be, float *x, int heads, int head_dim, float the
 
 static void check_kv(split_backend *sb, const kv_layer *kv, const char *who)
 {
-    size_t one_seq = F32((size_t)kv->max_ctx * kv->kv_dim);
-    dev(sb, kv->k, one_seq, who, "K cache");
-    dev(sb, kv->v, one_seq, who, "V cache");
+    size_t pool = F32((size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)kv->kv_dim);
+    dev(sb, kv->k, pool, who, "K cache");
+    dev(sb, kv->v, pool, who, "V cache");
+    dev(sb, kv->table, (size_t)kv->n_seqs * (size_t)kv->max_blocks * sizeof *kv->table, who, "KV block table");
 }
 
 static void split_kv_store(backend *be, const kv_layer *kv, const float *k, const float *v)

@@ -53,6 +53,15 @@ typedef struct {
     int32_t kv_seq, n_past, n_tokens, first;
 } cuda_seq;
 
+/* One layer of the paged KV cache, as backend.h kv_layer (engine/kv.h):
+ * K and V [n_blocks, block_size, kv_dim], table [n_seqs, max_blocks] of
+ * block ids in position order, all device memory. */
+typedef struct {
+    float *k, *v;
+    const int32_t *table;
+    int max_blocks, block_size, kv_dim;
+} cuda_kv;
+
 /* A cached cuBLASLt plan (cuda_matmul.cu owns its contents). */
 typedef struct cuda_mm_plan cuda_mm_plan;
 
@@ -143,15 +152,13 @@ void cuda_rope(cuda_ctx *cx, float *x /* [n_tokens, heads * head_dim] */, int he
 /* cuda_attention.cu: causal (optionally sliding-window) GQA attention of the
  * batch's query rows against the KV cache */
 void cuda_attention(cuda_ctx *cx, float *out /* [n_tokens, heads * hd] */, const float *q /* [n_tokens, heads * hd] */,
-                    const float *k_cache, const float *v_cache /* [n_seqs, max_ctx, kv_dim] */, int max_ctx,
-                    int kv_dim, int n_heads, int n_kv_heads, int head_dim, int sliding_window);
+                    const cuda_kv *kv, int n_heads, int n_kv_heads, int head_dim, int sliding_window);
 
 /* cuda_elementwise.cu */
 void cuda_silu_mul(cuda_ctx *cx, float *gate /* [n] */, const float *up /* [n] */, size_t n);
 void cuda_add(cuda_ctx *cx, float *x /* [n] */, const float *y /* [n] */, size_t n);
 void cuda_gather_last(cuda_ctx *cx, float *out /* [n_seqs, dim] */, const float *x /* [n_tokens, dim] */, int dim);
-void cuda_kv_store(cuda_ctx *cx, float *k_cache, float *v_cache /* [n_seqs, max_ctx, kv_dim] */, int max_ctx,
-                   int kv_dim, const float *k, const float *v /* [n_tokens, kv_dim] */);
+void cuda_kv_store(cuda_ctx *cx, const cuda_kv *kv, const float *k, const float *v /* [n_tokens, kv_dim] */);
 
 /* cuda_matmul.cu: y = x W^T (+ b). Sets up / tears down its cuBLASLt state. */
 void cuda_matmul(cuda_ctx *cx, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,

@@ -4,7 +4,7 @@
  * per (token, head), so sequences of any lengths share a launch.
  *
  * Token t of sequence s sits at position p = pos[t] and sees cache rows
- * [lo, p] of KV sequence s.kv_seq, lo = 0, or p - window + 1 with a sliding window (a
+ * [lo, p] of KV sequence s.kv_seq (through its block table), lo = 0, or p - window + 1 with a sliding window (a
  * key is visible while p - k < window); query head h reads KV head
  * h / (n_heads / n_kv_heads). kv_store has already written this step's rows,
  * so prefill rows see each other - the CPU backend's semantics.
@@ -29,9 +29,8 @@
 /* EPL: head_dim elements per lane (head_dim <= 32 * EPL) */
 template <int EPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attention_kernel(float *out, const float *q, const float *kc, const float *vc, const int32_t *pos,
-                 const int32_t *seq_of, const cuda_seq *seqs, int max_ctx, int kv_dim, int n_heads, int group,
-                 int head_dim, int window, float scale)
+attention_kernel(float *out, const float *q, const cuda_kv kv, const int32_t *pos, const int32_t *seq_of,
+                 const cuda_seq *seqs, int n_heads, int group, int head_dim, int window, float scale)
 {
     extern __shared__ float s_acc[]; /* [ATT_WARPS, head_dim] */
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
@@ -40,8 +39,8 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
     const cuda_seq *s = &seqs[seq_of[tok]];
     int p = pos[tok];
     int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    size_t off = (size_t)s->kv_seq * (size_t)max_ctx * (size_t)kv_dim + (size_t)(h / group) * (size_t)head_dim;
-    const float *kb = kc + off, *vb = vc + off;
+    size_t kv_dim = (size_t)kv.kv_dim, off = (size_t)(h / group) * (size_t)head_dim;
+    const float *kb = kv.k + off, *vb = kv.v + off;
     const float *qv = q + ((size_t)tok * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
 
     float qr[EPL], acc[EPL];
@@ -53,7 +52,8 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
     }
     float m = -INFINITY, l = 0.0f;
     for (int j = lo + warp; j <= p; j += ATT_WARPS) {
-        const float *kr = kb + (size_t)j * (size_t)kv_dim;
+        size_t row = cuda_kv_row(kv, s->kv_seq, j) * kv_dim;
+        const float *kr = kb + row;
         float d = 0.0f;
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
@@ -65,7 +65,7 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
         float corr = expf(m - m_new); /* 0 for the first key (m = -inf) */
         float pj = expf(d - m_new);
         l = l * corr + pj;
-        const float *vr = vb + (size_t)j * (size_t)kv_dim;
+        const float *vr = vb + row;
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             int i = lane + 32 * e;
@@ -105,21 +105,20 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
     }
 }
 
-void cuda_attention(cuda_ctx *cx, float *out, const float *q, const float *k_cache, const float *v_cache, int max_ctx,
-                    int kv_dim, int n_heads, int n_kv_heads, int head_dim, int sliding_window)
+void cuda_attention(cuda_ctx *cx, float *out, const float *q, const cuda_kv *kv, int n_heads, int n_kv_heads,
+                    int head_dim, int sliding_window)
 {
     if (cx->n_tokens == 0) return;
     CUDA_REQUIRE(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && n_heads <= 65535);
-    CUDA_REQUIRE(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads * head_dim <= kv_dim);
+    CUDA_REQUIRE(head_dim > 0 && head_dim <= ATT_MAX_HEAD_DIM && n_kv_heads * head_dim <= kv->kv_dim);
     dim3 grid((unsigned)cx->n_tokens, (unsigned)n_heads);
     size_t smem = (size_t)ATT_WARPS * (size_t)head_dim * sizeof(float);
     int group = n_heads / n_kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
 #define ATT_LAUNCH(EPL)                                                                                        \
-    attention_kernel<EPL><<<grid, ATT_WARPS * 32, smem, cx->compute>>>(out, q, k_cache, v_cache, cx->d_pos,       \
-                                                                        cx->d_seq_of, cx->d_seqs, max_ctx, kv_dim, \
-                                                                        n_heads, group, head_dim, sliding_window,  \
-                                                                        scale)
+    attention_kernel<EPL><<<grid, ATT_WARPS * 32, smem, cx->compute>>>(out, q, *kv, cx->d_pos, cx->d_seq_of,    \
+                                                                        cx->d_seqs, n_heads, group, head_dim,    \
+                                                                        sliding_window, scale)
     if (head_dim <= 32) ATT_LAUNCH(1);
     else if (head_dim <= 64) ATT_LAUNCH(2);
     else if (head_dim <= 128) ATT_LAUNCH(4);

@@ -341,21 +341,28 @@ static void op_rope(backend *be, float *x, int heads, int head_dim, float theta)
     cuda_rope(&cuda_of(be)->cx, x, heads, head_dim, theta);
 }
 
+static cuda_kv kv_of(const kv_layer *kv)
+{
+    return (cuda_kv){kv->k, kv->v, kv->table, kv->max_blocks, kv->block_size, kv->kv_dim};
+}
+
 static void op_kv_store(backend *be, const kv_layer *kv, const float *k, const float *v)
 {
     cuda_ctx *cx = &cuda_of(be)->cx;
     for (int s = 0; s < cx->n_seqs; s++) {
         const cuda_seq *q = &cx->seqs_host[s];
-        FERRY_ASSERT(q->kv_seq >= 0 && q->kv_seq < kv->n_seqs && q->n_past >= 0 && q->n_past + q->n_tokens <= kv->max_ctx);
+        FERRY_ASSERT(q->kv_seq >= 0 && q->kv_seq < kv->n_seqs && q->n_past >= 0 &&
+                     q->n_past + q->n_tokens <= kv->max_blocks * kv->block_size);
     }
-    cuda_kv_store(cx, kv->k, kv->v, kv->max_ctx, kv->kv_dim, k, v);
+    cuda_kv ck = kv_of(kv);
+    cuda_kv_store(cx, &ck, k, v);
 }
 
 static void op_attention(backend *be, float *out, const float *q, const kv_layer *kv, const attn_shape *sh)
 {
     FERRY_ASSERT(sh->n_kv_heads > 0 && sh->n_heads % sh->n_kv_heads == 0);
-    cuda_attention(&cuda_of(be)->cx, out, q, kv->k, kv->v, kv->max_ctx, kv->kv_dim, sh->n_heads, sh->n_kv_heads,
-                   sh->head_dim, sh->sliding_window);
+    cuda_kv ck = kv_of(kv);
+    cuda_attention(&cuda_of(be)->cx, out, q, &ck, sh->n_heads, sh->n_kv_heads, sh->head_dim, sh->sliding_window);
 }
 
 static void op_silu_mul(backend *be, float *gate, const float *up, size_t n)

@@ -31,6 +31,14 @@ __device__ __forceinline__ float cuda_load_f32_dyn(int dt, const void *base, siz
     }
 }
 
+/* The row of the paged KV cache holding position pos of KV sequence
+ * kv_seq (backend.h kv_row). */
+__device__ __forceinline__ size_t cuda_kv_row(const cuda_kv &kv, int kv_seq, int pos)
+{
+    int32_t blk = kv.table[(size_t)kv_seq * (size_t)kv.max_blocks + (size_t)(pos / kv.block_size)];
+    return (size_t)blk * (size_t)kv.block_size + (size_t)(pos % kv.block_size);
+}
+
 __device__ __forceinline__ float cuda_warp_sum(float v)
 {
 #pragma unroll

@@ -33,18 +33,19 @@ __global__ void gather_last_kernel(float *out, const float *x, const cuda_seq *s
     }
 }
 
-/* grid.x: tokens. Token t of sequence s goes to row n_past + (t - first) of
- * KV sequence s.kv_seq - the rows kv_store fills on the CPU. */
-__global__ void kv_store_kernel(float *kc, float *vc, const float *k, const float *v, const int32_t *seq_of,
-                                const cuda_seq *seqs, int n_tokens, int max_ctx, int kv_dim)
+/* grid.x: tokens. Token t of sequence s goes to position n_past + (t - first)
+ * of KV sequence s.kv_seq, in the block its table names - the rows kv_store
+ * fills on the CPU. */
+__global__ void kv_store_kernel(const cuda_kv kv, const float *k, const float *v, const int32_t *seq_of,
+                                const cuda_seq *seqs, int n_tokens)
 {
     for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const cuda_seq *s = &seqs[seq_of[t]];
-        size_t dst = ((size_t)s->kv_seq * (size_t)max_ctx + (size_t)(s->n_past + t - s->first)) * (size_t)kv_dim;
-        size_t src = (size_t)t * (size_t)kv_dim;
-        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-            kc[dst + i] = k[src + i];
-            vc[dst + i] = v[src + i];
+        size_t dst = cuda_kv_row(kv, s->kv_seq, s->n_past + t - s->first) * (size_t)kv.kv_dim;
+        size_t src = (size_t)t * (size_t)kv.kv_dim;
+        for (int i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
+            kv.k[dst + i] = k[src + i];
+            kv.v[dst + i] = v[src + i];
         }
     }
 }
@@ -71,13 +72,11 @@ void cuda_gather_last(cuda_ctx *cx, float *out, const float *x, int dim)
     CUDA_CHECK_LAUNCH("gather_last_kernel");
 }
 
-void cuda_kv_store(cuda_ctx *cx, float *k_cache, float *v_cache, int max_ctx, int kv_dim, const float *k,
-                   const float *v)
+void cuda_kv_store(cuda_ctx *cx, const cuda_kv *kv, const float *k, const float *v)
 {
     if (cx->n_tokens == 0) return;
     unsigned blocks = cx->n_tokens < 65535 ? (unsigned)cx->n_tokens : 65535u;
-    unsigned threads = kv_dim >= 256 ? 256u : (unsigned)((kv_dim + 31) / 32 * 32);
-    kv_store_kernel<<<blocks, threads, 0, cx->compute>>>(k_cache, v_cache, k, v, cx->d_seq_of, cx->d_seqs,
-                                                         cx->n_tokens, max_ctx, kv_dim);
+    unsigned threads = kv->kv_dim >= 256 ? 256u : (unsigned)((kv->kv_dim + 31) / 32 * 32);
+    kv_store_kernel<<<blocks, threads, 0, cx->compute>>>(*kv, k, v, cx->d_seq_of, cx->d_seqs, cx->n_tokens);
     CUDA_CHECK_LAUNCH("kv_store_kernel");
 }

@@ -22,6 +22,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     if (cfg->context < 0 || cfg->context > (1 << 24)) return cli_error(EXIT_USAGE, "--context must be in 0..16777216");
     eo->max_seqs = (int)cfg->batch;
     eo->max_ctx = (int)cfg->context;
+    eo->kv_memory = cfg->kv_memory;
     eo->verify_reads = cfg->verify_reads;
     eo->group_size = (int)cfg->group_size;
     eo->prefetch = (int)cfg->prefetch;

@@ -235,12 +235,16 @@ static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
     /* prefill: one prompt of plen tokens in one step, warmed then timed */
     batch_builder_add(&bb, 0, 0, tokens, plen);
     batch b = batch_builder_get(&bb);
+    if ((st = engine_kv_reserve(e, 0, plen)) != FERRY_OK) goto out;
     if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
     double t0 = util_now();
     if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
     r->prefill_s = util_now() - t0;
 
     /* decode: B sequences with 4-token prompts, one warm step, then the timed ones */
+    engine_kv_release(e, 0);
+    for (int s = 0; s < B; s++)
+        if ((st = engine_kv_reserve(e, s, 5 + r->steps)) != FERRY_OK) goto out;
     batch_builder_clear(&bb);
     for (int s = 0; s < B; s++) batch_builder_add(&bb, s, 0, tokens + s * 4, 4);
     b = batch_builder_get(&bb);

@@ -80,7 +80,7 @@ static ferry_status engine_check_requests(const engine_opts *eo, const prompt_se
 {
     model_config mc;
     FERRY_TRY(model_config_load(eo->model_dir, &mc));
-    engine_limits lim = {mc.vocab, mc.max_pos, ps->n, eo->max_step_tokens};
+    engine_limits lim = {mc.vocab, mc.max_pos, ps->n, eo->max_step_tokens, 0}; /* the pool: checked once the engine is open */
     char what[48];
     for (int i = 0; i < ps->n; i++) {
         gen_request r = *proto;

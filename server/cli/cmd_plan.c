@@ -35,6 +35,8 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               "], \"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, \"streamed_groups\": %d, "
               "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
               "\"host_staging_bytes\": %llu, \"kv_bytes\": %llu, \"activation_bytes\": %llu}, "
+              "\"kv_pool\": {\"blocks\": %llu, \"block_positions\": %d, \"positions\": %llu, \"bytes\": %llu, "
+              "\"sequences_of_context\": %llu}, "
               "\"sequences\": %d, \"context\": %d, "
               "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s, "
               "\"conversion\": ",
@@ -42,7 +44,9 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->n_stage_slots,
               (unsigned long long)p->slot_bytes, (unsigned long long)p->stage_bytes,
               (unsigned long long)p->host_stage_bytes, (unsigned long long)p->kv_bytes,
-              (unsigned long long)p->act_bytes, p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
+              (unsigned long long)p->act_bytes, (unsigned long long)p->kv_blocks, p->kv_block_positions,
+              (unsigned long long)(p->kv_blocks * p->kv_block_positions), (unsigned long long)p->kv_bytes,
+              (unsigned long long)plan_kv_sequences(p, p->opts.context), p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
               (unsigned long long)need_dev, (unsigned long long)avail, need_host <= avail ? "true" : "false");
     sb_json_str(sb, conv);
     sb_puts(sb, "}\n");
@@ -64,8 +68,12 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
     sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
               util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
     if (p->host_stage_bytes) sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->host_stage_bytes, b3, sizeof b3));
-    sb_printf(sb, ", KV cache %s (%d x %d positions), activations %s\n", util_fmt_bytes(p->kv_bytes, b1, sizeof b1),
-              p->opts.n_seqs, p->opts.context, util_fmt_bytes(p->act_bytes, b2, sizeof b2));
+    sb_printf(sb, ", activations %s\n", util_fmt_bytes(p->act_bytes, b2, sizeof b2));
+    sb_printf(sb, "KV pool   %llu blocks x %d positions = %llu positions, %s; holds %llu sequences of %d positions "
+                  "(--batch %d run at once)\n",
+              (unsigned long long)p->kv_blocks, p->kv_block_positions,
+              (unsigned long long)(p->kv_blocks * p->kv_block_positions), util_fmt_bytes(p->kv_bytes, b1, sizeof b1),
+              (unsigned long long)plan_kv_sequences(p, p->opts.context), p->opts.context, p->opts.n_seqs);
     if (p->opts.unified)
         sb_printf(sb, "needs     %s of RAM; %s available: %s\n", util_fmt_bytes(need_host, b1, sizeof b1),
                   util_fmt_bytes(avail, b4, sizeof b4), need_host <= avail ? "fits" : "DOES NOT FIT");

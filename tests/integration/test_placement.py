@@ -309,7 +309,12 @@ def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=8, contex
     assert plan["sequences"] == batch and plan["context"] == ctx
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_dim = (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * head_dim
-    assert w["kv_bytes"] == 2 * L * batch * ctx * kv_dim * 4
+    # the paged KV pool (engine/kv.h): by default batch sequences of the whole
+    # context, each in blocks of 16 positions
+    blocks = batch * -(-ctx // 16)
+    assert plan["kv_pool"]["blocks"] == blocks and plan["kv_pool"]["positions"] == blocks * 16
+    assert plan["kv_pool"]["sequences_of_context"] == batch
+    assert w["kv_bytes"] == plan["kv_pool"]["bytes"] == 2 * L * blocks * 16 * kv_dim * 4
     assert w["activation_bytes"] > 0
     assert plan["needs"]["host"] >= plan["tier_bytes"]["device"] + plan["tier_bytes"]["host"] + \
         w["staging_bytes"] + w["kv_bytes"] + w["activation_bytes"]  # the CPU backend: one memory

@@ -47,6 +47,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.prefetch, 2);
     CHECK_EQ_INT(cfg.max_step_tokens, 512);
     CHECK_EQ_INT(cfg.context, 0);
+    CHECK_EQ_U64(cfg.kv_memory, 0);
     CHECK(cfg.trace == NULL);
     CHECK_EQ_INT(cfg.http_port, 8000);
     CHECK_EQ_INT(cfg.grpc_port, 8001);
@@ -73,7 +74,7 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 51); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 52); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -467,14 +467,30 @@ static void test_elementwise(void)
     g_be->ops->release(g_be, u);
 }
 
-/* Sequences at different positions in different slots; earlier positions
- * are filled by a first step, then a second step adds rows and attends. */
+/* Sequences at different positions in different KV sequences; earlier
+ * positions are filled by a first step, then a second step adds rows and
+ * attends. The cache is paged (kv.h) with blocks of 4 positions, so rows
+ * cross block boundaries, and the block tables are shuffled over a pool
+ * with spare blocks: no sequence's blocks are contiguous or in order. The
+ * reference indexes logical positions. */
 static void attention_case(int heads, int kv_heads, int hd, int window)
 {
-    int n_seqs = 3, max_ctx = 40, kv_dim = kv_heads * hd;
+    int n_seqs = 3, max_ctx = 40, kv_dim = kv_heads * hd, bsize = 4;
+    int max_blocks = max_ctx / bsize, n_blocks = n_seqs * max_blocks + 7;
     size_t cache = (size_t)n_seqs * (size_t)max_ctx * (size_t)kv_dim;
+    size_t pool = (size_t)n_blocks * (size_t)bsize * (size_t)kv_dim;
     double *kref_all = calloc(cache, sizeof *kref_all), *vref_all = calloc(cache, sizeof *vref_all);
-    kv_layer kv = {dev_poison(cache), dev_poison(cache), n_seqs, max_ctx, kv_dim};
+    int32_t perm[n_blocks];
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* Fisher-Yates, frand's stream */
+        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1));
+        if (j > i) j = i;
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *table_dev = dev_copy(perm, (size_t)n_seqs * (size_t)max_blocks * sizeof *perm);
+    kv_layer kv = {dev_poison(pool), dev_poison(pool), table_dev, n_seqs, max_blocks, bsize, n_blocks, kv_dim};
     static const int step1[3][3] = {{0, 0, 6}, {2, 0, 20}, {1, 0, 1}};
     static const int step2[3][3] = {{2, 20, 1}, {0, 6, 5}, {1, 1, 1}};
     const int (*steps[2])[3] = {step1, step2};
@@ -545,6 +561,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
     free(vref_all);
     g_be->ops->release(g_be, kv.k);
     g_be->ops->release(g_be, kv.v);
+    g_be->ops->release(g_be, table_dev);
 }
 
 int main(int argc, char **argv)

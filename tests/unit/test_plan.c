@@ -82,7 +82,10 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
     CHECK_EQ_U64(p->stage_bytes, (uint64_t)p->n_stage_slots * p->slot_bytes);
     if (o->unified) CHECK_EQ_U64(p->host_stage_bytes, 0);
     else CHECK_EQ_U64(p->host_stage_bytes, disk_max ? (uint64_t)p->n_stage_slots * disk_max : 0);
-    CHECK_EQ_U64(p->kv_bytes, 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * (uint64_t)o->context *
+    uint64_t ctx_blocks = ((uint64_t)p->opts.context + 15) / 16; /* KV_BLOCK_POSITIONS */
+    if (o->kv_memory) return;
+    CHECK_EQ_U64(p->kv_blocks, (uint64_t)o->n_seqs * ctx_blocks);
+    CHECK_EQ_U64(p->kv_bytes, 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * ctx_blocks * 16 *
                                   (uint64_t)m->kv_dim * 4ull);
 }
 
@@ -428,8 +431,25 @@ static void test_kv(void)
     o.context = 300;
     plan p;
     make_ok(&m, units, &o, &p);
-    CHECK_EQ_U64(p.kv_bytes, 2ull * 5 * 7 * 300 * 96 * 4);
+    /* 300 positions take 19 blocks of 16 */
+    CHECK_EQ_U64(p.kv_blocks, 7ull * 19);
+    CHECK_EQ_U64(p.kv_block_bytes, 2ull * 5 * 16 * 96 * 4);
+    CHECK_EQ_U64(p.kv_bytes, 2ull * 5 * 7 * 304 * 96 * 4);
+    CHECK_EQ_U64(plan_kv_sequences(&p, 300), 7);
+    CHECK_EQ_U64(plan_kv_sequences(&p, 16), 7ull * 19);
+    uint64_t block = p.kv_block_bytes;
     plan_free(&p);
+    /* --kv-memory: whole blocks of it */
+    o.kv_memory = 10 * block + 5;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_blocks, 10);
+    CHECK_EQ_U64(p.kv_bytes, 10 * block);
+    plan_free(&p);
+    o.kv_memory = 5; /* not one block */
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--kv-memory");
+    plan_free(&p);
+    o.kv_memory = 0;
     /* large: no 32-bit overflow */
     o.n_seqs = 4096;
     o.context = 131072;

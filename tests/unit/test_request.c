@@ -11,6 +11,9 @@
 #include "check.h"
 
 static const engine_limits k_lim = {.vocab = 100, .max_ctx = 32, .max_seqs = 4, .max_step_tokens = 16};
+/* a KV pool smaller than the context */
+static const engine_limits k_small_pool = {.vocab = 100, .max_ctx = 32, .max_seqs = 4, .max_step_tokens = 16,
+                                           .kv_positions = 20};
 
 static gen_request good(const int32_t *prompt, int n)
 {
@@ -24,6 +27,13 @@ static void test_request_check(void)
     for (int i = 0; i < 40; i++) p[i] = i;
     gen_request r = good(p, 5);
     CHECK_STATUS(request_check(&r, &k_lim, "input_ids"), FERRY_OK);
+    /* the KV pool: prompt + new tokens within the positions it holds in all */
+    r.max_new_tokens = 15;
+    CHECK_STATUS(request_check(&r, &k_small_pool, "input_ids"), FERRY_OK);
+    r.max_new_tokens = 16;
+    CHECK_STATUS(request_check(&r, &k_small_pool, "input_ids"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("5 prompt + 16 new tokens need 21 KV positions but the KV cache holds 20");
+    r = good(p, 5);
 
     r = good(p, 0);
     CHECK_STATUS(request_check(&r, &k_lim, "input_ids[2]"), FERRY_ERR_INVALID);

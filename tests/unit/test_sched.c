@@ -99,7 +99,7 @@ static ferry_status generate_alone(engine *e, const int32_t *prompt, int len, in
     batch_builder bb;
     FERRY_TRY(batch_builder_init(&bb, lim.max_step_tokens, 1));
     float *logits = malloc((size_t)lim.vocab * sizeof *logits);
-    ferry_status st = FERRY_OK;
+    ferry_status st = engine_kv_reserve(e, 0, len + max_new);
     for (int done = 0; done < len && st == FERRY_OK;) {
         int take = len - done < lim.max_step_tokens ? len - done : lim.max_step_tokens;
         batch_builder_clear(&bb);
@@ -117,6 +117,7 @@ static ferry_status generate_alone(engine *e, const int32_t *prompt, int len, in
         batch b = batch_builder_get(&bb);
         st = engine_step(e, &b, logits);
     }
+    engine_kv_release(e, 0);
     free(logits);
     batch_builder_free(&bb);
     return st;
@@ -144,6 +145,33 @@ int main(void)
     CHECK_STATUS(engine_open(&eo, &e), FERRY_OK);
     if (!e) return check_report();
     int vocab = engine_get_limits(e).vocab;
+
+    /* the KV pool: 3 x 64 positions in 16-position blocks; a step needs its
+     * rows reserved */
+    engine_kv kv = engine_kv_info(e);
+    CHECK_EQ_INT(kv.block_positions, 16);
+    CHECK_EQ_INT(kv.total_blocks, 12);
+    CHECK_EQ_INT(kv.free_blocks, 12);
+    CHECK_EQ_INT((int)engine_get_limits(e).kv_positions, 192);
+    {
+        batch_builder bb;
+        CHECK_STATUS(batch_builder_init(&bb, 8, 1), FERRY_OK);
+        int32_t toks[3] = {1, 2, 3};
+        float *lg = malloc((size_t)vocab * sizeof *lg);
+        batch_builder_add(&bb, 1, 0, toks, 3);
+        batch b = batch_builder_get(&bb);
+        CHECK_STATUS(engine_step(e, &b, lg), FERRY_ERR_INVALID);
+        CHECK_MSG_HAS("KV sequence 1 needs 3 positions but has blocks for 0");
+        CHECK_STATUS(engine_kv_reserve(e, 1, 3), FERRY_OK);
+        CHECK_EQ_INT(engine_kv_info(e).free_blocks, 11);
+        CHECK_STATUS(engine_step(e, &b, lg), FERRY_OK);
+        CHECK_STATUS(engine_kv_reserve(e, 1, 65), FERRY_ERR_INVALID);
+        CHECK_STATUS(engine_kv_reserve(e, 3, 1), FERRY_ERR_INVALID);
+        engine_kv_release(e, 1);
+        CHECK_EQ_INT(engine_kv_info(e).free_blocks, 12);
+        free(lg);
+        batch_builder_free(&bb);
+    }
 
     /* prompts of 1..19 tokens; the reference is one request at a time */
     int32_t prompts[N_REQ][20];
@@ -208,6 +236,7 @@ int main(void)
     CHECK_STATUS(sched_submit(s, &bp, &k_cb, NULL, NULL), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("max_new_tokens");
     sched_free(s);
+    CHECK_EQ_INT(engine_kv_info(e).free_blocks, 12); /* every sequence's blocks came back */
 
     /* a full queue answers busy; cancelling frees the KV sequence early */
     so.max_queued = 1;
@@ -245,6 +274,7 @@ int main(void)
     CHECK_EQ_INT(stt.running, 0);
     CHECK_EQ_INT(stt.queued, 0);
     sched_free(s);
+    CHECK_EQ_INT(engine_kv_info(e).free_blocks, 12); /* every sequence's blocks came back */
 
     /* cancelling the request at the back of the queue keeps the one ahead
      * of it: slots full of long requests, X then Y queued, Y cancelled, D
@@ -277,6 +307,7 @@ int main(void)
     stt = sched_get_stats(s);
     CHECK_EQ_INT(stt.queued, 0);
     sched_free(s);
+    CHECK_EQ_INT(engine_kv_info(e).free_blocks, 12); /* every sequence's blocks came back */
 
     engine_close(e);
     free(want_logits);
