@@ -113,17 +113,21 @@ int cmd_export(const ferry_config *cfg)
     uint64_t rss_before = proc_status_kib("VmRSS");
     reset_peak_rss();
     double t0 = util_now();
-    export_job *job;
-    st = export_start(e, &o, &job);
-    if (st != FERRY_OK) {
-        engine_close(e);
-        free(out);
-        return cli_fail(st);
-    }
+    /* before the job starts: a signal as soon as its temporary exists must
+     * cancel it, not kill the process */
     struct sigaction sa = {.sa_handler = on_interrupt}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    export_job *job;
+    st = export_start(e, &o, &job);
+    if (st != FERRY_OK) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        engine_close(e);
+        free(out);
+        return cli_fail(st);
+    }
     bool tty = isatty(2);
     int decile = -1;
     export_status s;
