@@ -70,3 +70,11 @@ ferry_status backend_create(const char *name, const backend_opts *opts, backend 
     if (strcmp(name, "cuda") == 0) return cuda_backend_open(opts, out);
     return ferry_fail(FERRY_ERR_INVALID, "unknown device '%s' (expected cpu, cpu-split or cuda)", name);
 }
+
+void backend_prefault(backend *be, void *dst, size_t bytes)
+{
+    static const char zeros[1u << 16];
+    for (size_t off = 0; off < bytes; off += sizeof zeros)
+        be->ops->upload(be, (char *)dst + off, zeros, bytes - off < sizeof zeros ? bytes - off : sizeof zeros);
+    be->ops->sync(be);
+}

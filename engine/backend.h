@@ -163,6 +163,11 @@ typedef struct {
 
 /* Creates the named backend ("cpu", "cpu-split", "cuda"). */
 ferry_status backend_create(const char *name, const backend_opts *opts, backend **out);
+/* Writes zeros over [dst, dst + bytes) of backend memory through upload, so
+ * that its pages are faulted in and zero-filled now, at startup, rather than
+ * by the first steps that reach them (on the CPU a first touch is a page
+ * fault and a 2 MiB clear; measured: half of a cold burst's time). */
+void backend_prefault(backend *be, void *dst, size_t bytes);
 
 static inline void backend_free(backend *be)
 {

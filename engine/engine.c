@@ -58,6 +58,7 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
         .max_step_tokens = o->max_step_tokens,
         .unified = unified,
         .device_avail = unified ? 0 : in->be->ops->mem_available(in->be),
+        .host_avail = unified ? in->be->ops->mem_available(in->be) : 0,
     };
     plan_model pm = {cfg->n_layers, cfg->dim, cfg->hidden, cfg->vocab, cfg->n_heads * cfg->head_dim,
                      cfg->n_kv_heads * cfg->head_dim, cfg->max_pos};

@@ -56,15 +56,6 @@ ferry_status kv_pool_create(kv_pool **out, int n_blocks, int max_seqs, int max_b
     return FERRY_OK;
 }
 
-/* Backend memory is written once through upload, a chunk of zeros at a
- * time: that is what touches every page on the CPU (the kernel zero-fills
- * it now, not during a step) and works alike on every backend. */
-static void prefault(backend *be, void *dst, size_t bytes, const void *zeros, size_t chunk)
-{
-    for (size_t off = 0; off < bytes; off += chunk)
-        be->ops->upload(be, (char *)dst + off, zeros, bytes - off < chunk ? bytes - off : chunk);
-}
-
 ferry_status kv_pool_alloc_memory(kv_pool *p, backend *be, int n_layers, int kv_dim)
 {
     p->be = be;
@@ -72,12 +63,10 @@ ferry_status kv_pool_alloc_memory(kv_pool *p, backend *be, int n_layers, int kv_
     p->kv_dim = kv_dim;
     p->k = calloc((size_t)n_layers, sizeof *p->k);
     p->v = calloc((size_t)n_layers, sizeof *p->v);
-    size_t chunk = 1u << 20;
-    void *zeros = calloc(1, chunk);
     size_t bytes = (size_t)p->n_blocks * KV_BLOCK_POSITIONS * (size_t)kv_dim * sizeof(float);
     size_t table_bytes = (size_t)p->max_seqs * (size_t)p->max_blocks * sizeof *p->table;
     ferry_status st = FERRY_OK;
-    if (!p->k || !p->v || !zeros) {
+    if (!p->k || !p->v) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -86,8 +75,8 @@ ferry_status kv_pool_alloc_memory(kv_pool *p, backend *be, int n_layers, int kv_
         p->k[l] = be->ops->alloc(be, bytes);
         p->v[l] = be->ops->alloc(be, bytes);
         if (!p->k[l] || !p->v[l]) break;
-        prefault(be, p->k[l], bytes, zeros, chunk);
-        prefault(be, p->v[l], bytes, zeros, chunk);
+        backend_prefault(be, p->k[l], bytes);
+        backend_prefault(be, p->v[l], bytes);
     }
     if (!p->table_dev || !p->k[n_layers - 1] || !p->v[n_layers - 1]) {
         char need[32];
@@ -100,7 +89,6 @@ ferry_status kv_pool_alloc_memory(kv_pool *p, backend *be, int n_layers, int kv_
     p->dirty = true;
     kv_pool_sync_table(p);
 out:
-    free(zeros);
     return st;
 }
 

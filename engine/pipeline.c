@@ -291,6 +291,9 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
                             util_fmt_bytes(p->slot_bytes, b, sizeof b));
             goto fail;
         }
+        /* the first reads into a slot must not fault its pages in: a
+         * cold burst after startup spent half its time zero-filling them */
+        backend_prefault(be, sl->dev, (size_t)p->slot_bytes);
         if (any_disk && !p->opts.unified) {
             sl->host = be->ops->host_alloc(be, (size_t)p->slot_bytes, &sl->host_pinned);
             if (!sl->host) {
@@ -298,6 +301,7 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
                                 util_fmt_bytes(p->slot_bytes, b, sizeof b));
                 goto fail;
             }
+            if (!sl->host_pinned) memset(sl->host, 0, (size_t)p->slot_bytes); /* pageable: fault it in now */
             if (!sl->host_pinned && i == 0)
                 fprintf(stderr, "ferry: warning: could not pin the disk bounce buffers; using pageable memory\n");
         }

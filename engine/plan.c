@@ -34,6 +34,24 @@ static void place(plan_group *g, uint64_t left[2])
     g->tier = TIER_DISK;
 }
 
+/* The KV pool when --kv-memory is not given (plan.h): half of the memory
+ * the KV cache lives in that the rest of the plan leaves free, between one
+ * sequence of the whole context (every request that passes request_check
+ * can run) and n_seqs of them (more is never used). Half, not all: the
+ * rest stays for the page cache the disk tier reads through, other
+ * processes, and on a device the second placement (plan_make) that keeps
+ * weights resident beside the working memory. Unknown memory: the most. */
+static uint64_t kv_default_blocks(const plan *p, const plan_opts *o)
+{
+    uint64_t floor = (uint64_t)kv_blocks_for(o->context), most = (uint64_t)o->n_seqs * floor;
+    uint64_t avail = o->unified ? o->host_avail : o->device_avail, rest = p->stage_bytes + p->act_bytes;
+    if (o->unified) rest += p->tier_bytes[TIER_DEVICE] + p->tier_bytes[TIER_HOST] + p->host_stage_bytes + RUNTIME_OVERHEAD;
+    else rest += p->tier_bytes[TIER_DEVICE];
+    if (avail == 0 || avail == PLAN_UNLIMITED) return most;
+    uint64_t afford = avail > rest ? (avail - rest) / 2 / p->kv_block_bytes : 0;
+    return afford < floor ? floor : afford > most ? most : afford;
+}
+
 static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out)
 {
     memset(out, 0, sizeof *out);
@@ -75,10 +93,13 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
     out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
     /* disk reads land in pinned bounce buffers, one per slot */
     if (!o->unified) out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
+    uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
+                         2ull * (uint64_t)m->hidden;
+    out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
+                     (uint64_t)o->n_seqs * ((uint64_t)m->dim + (uint64_t)m->vocab) * 4;
     out->kv_block_positions = KV_BLOCK_POSITIONS;
     out->kv_block_bytes = 2ull * (uint64_t)m->n_layers * KV_BLOCK_POSITIONS * (uint64_t)m->kv_dim * 4;
-    out->kv_blocks = o->kv_memory ? o->kv_memory / out->kv_block_bytes
-                                  : (uint64_t)o->n_seqs * (uint64_t)kv_blocks_for(o->context);
+    out->kv_blocks = o->kv_memory ? o->kv_memory / out->kv_block_bytes : kv_default_blocks(out, o);
     if (out->kv_blocks < 1 || out->kv_blocks > INT32_MAX) {
         char a[32], b[32];
         util_fmt_bytes(out->kv_block_bytes, b, sizeof b);
@@ -87,10 +108,6 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
                           util_fmt_bytes(o->kv_memory, a, sizeof a), INT32_MAX, b);
     }
     out->kv_bytes = out->kv_blocks * out->kv_block_bytes;
-    uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
-                         2ull * (uint64_t)m->hidden;
-    out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
-                     (uint64_t)o->n_seqs * ((uint64_t)m->dim + (uint64_t)m->vocab) * 4;
     return FERRY_OK;
 }
 

@@ -21,7 +21,9 @@
  * Every placement decision is made here, defaults included, so that `ferry
  * plan` shows what `serve` runs: a context of 0 means max_position_embeddings
  * capped at PLAN_DEFAULT_CONTEXT; the KV pool is kv_memory bytes of blocks,
- * by default enough for n_seqs sequences of the whole context; on a
+ * by default half of what the memory it lives in (host_avail when unified,
+ * else device_avail) has left beside the rest of the plan, at least one
+ * sequence of the whole context and at most n_seqs of them; on a
  * backend that is not unified, no device budget means "keep resident what
  * fits beside the working memory" (device_avail).
  */
@@ -61,10 +63,11 @@ typedef struct {
     int prefetch;         /* groups fetched ahead of the computing one, >= 1 (at least: PLAN_READAHEAD_BYTES) */
     int n_seqs;           /* sequences the KV cache holds */
     int context;          /* positions per sequence; 0 = the default (above) */
-    uint64_t kv_memory;   /* bytes of the KV pool; 0 = n_seqs x context positions */
+    uint64_t kv_memory;   /* bytes of the KV pool; 0 = what the memory affords (above) */
     int max_step_tokens;  /* most token rows in one step */
     bool unified;         /* device memory is host memory (the CPU backend) */
     uint64_t device_avail; /* not unified: device memory the backend can give; 0 = unknown */
+    uint64_t host_avail;   /* unified: host memory the OS can give (plan_host_available); 0 = unknown */
 } plan_opts;
 
 typedef struct {

@@ -60,6 +60,7 @@ struct sched {
     pthread_cond_t cv;
     req *q_head, *q_tail;
     int n_queued, max_queued;
+    int n_waiting;        /* admitted sequences holding no KV blocks (publish) */
     bool stop;
     uint64_t next_id;
     uint64_t next_order;
@@ -82,12 +83,25 @@ static void req_free(req *r)
     free(r);
 }
 
-/* The pool as the stats show it (mu held, engine thread). */
-static void publish_kv(sched *s)
+/* The pool and the sequences as the stats show them (mu held, engine
+ * thread). A sequence that holds no KV blocks - admitted and not yet
+ * started, or preempted - counts as queued, not running: it waits, as the
+ * requests in the queue do, for blocks rather than for a slot. */
+static void publish(sched *s)
 {
     engine_kv kv = engine_kv_info(s->e);
     s->stats.kv_blocks_free = kv.free_blocks;
     s->stats.kv_blocks_used = kv.total_blocks - kv.free_blocks;
+    int running = 0, waiting = 0;
+    for (int i = 0; i < s->lim.max_seqs; i++) {
+        const sched_seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE) continue;
+        if (q->state == SEQ_PREFILL && q->room == 0) waiting++;
+        else running++;
+    }
+    s->n_waiting = waiting;
+    s->stats.running = running;
+    s->stats.queued = s->n_queued + waiting;
 }
 
 /* ---- finishing ---------------------------------------------------------------- */
@@ -101,9 +115,11 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     gen_result res = {q->gen, q->n_gen, q->logits, s->lim.vocab, cancelled, r->t_admit - r->t_submit,
                       now - r->t_submit};
     engine_kv_release(s->e, i);
+    q->state = SEQ_FREE; /* its buffers stay until on_done has returned */
+    q->room = 0;
     /* the stats first: a client that got its answer finds it counted */
     pthread_mutex_lock(&s->mu);
-    publish_kv(s);
+    publish(s);
     if (st != FERRY_OK) {
         s->stats.requests_failed++;
         s->stats.failed_s_sum += res.total_s;
@@ -115,7 +131,6 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
         s->stats.last_done_unix = util_wall_now();
     }
     s->stats.queue_s_sum += res.queue_s;
-    s->stats.running--;
     pthread_mutex_unlock(&s->mu);
     if (st != FERRY_OK && !msg) msg = "out of memory";
     if (r->cb.on_done) r->cb.on_done(r->user, st, msg, &res);
@@ -127,7 +142,6 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     free(q->logits);
     free(q->resume);
     req_free(r);
-    q->state = SEQ_FREE;
     q->gen = NULL;
     q->logits = NULL;
     q->resume = NULL;
@@ -184,7 +198,7 @@ static int boundary(sched *s)
         *pp = r->next;
         if (s->q_tail == r) s->q_tail = prev;
         s->n_queued--;
-        s->stats.queued = s->n_queued;
+        s->stats.queued = s->n_queued + s->n_waiting;
         pthread_mutex_unlock(&s->mu);
         finish_unadmitted(s, r, FERRY_OK, NULL, true);
         pthread_mutex_lock(&s->mu);
@@ -203,9 +217,7 @@ static int boundary(sched *s)
             s->q_head = r->next;
             if (!s->q_head) s->q_tail = NULL;
             s->n_queued--;
-            s->stats.queued = s->n_queued;
             r->t_admit = util_now();
-            s->stats.running++;
             s->seqs[i].r = r;
             pthread_mutex_unlock(&s->mu);
             ferry_status st = admit(s, i);
@@ -218,8 +230,7 @@ static int boundary(sched *s)
         }
         running += s->seqs[i].state != SEQ_FREE;
     }
-    s->stats.queued = s->n_queued;
-    publish_kv(s);
+    publish(s);
     return running;
 }
 
@@ -285,12 +296,36 @@ static void reserve_decode(sched *s)
     }
 }
 
+/* Gives blocks to the sequences waiting for them (PREFILL, room 0), oldest
+ * admission first, stopping at the first that cannot start: a preempted
+ * sequence resumes before later arrivals start, and none is overtaken for
+ * ever by shorter ones. A sequence starts only when the pool has blocks for
+ * its whole fill, beside one spare block per decoding sequence that may
+ * still grow (starting one that the next decode rows would preempt again is
+ * wasted work) - unless nothing else runs (busy false), when it starts if
+ * the blocks are there at all. */
+static void start_waiting(sched *s, int growing, bool busy)
+{
+    for (;;) {
+        int i = -1;
+        for (int k = 0; k < s->lim.max_seqs; k++) {
+            const sched_seq *q = &s->seqs[k];
+            if (q->state == SEQ_PREFILL && q->room == 0 && (i < 0 || q->order < s->seqs[i].order)) i = k;
+        }
+        if (i < 0) return;
+        sched_seq *q = &s->seqs[i];
+        engine_kv kv = engine_kv_info(s->e);
+        int need = (q->fill_len + kv.block_positions) / kv.block_positions; /* the fill and the first decode row */
+        if (need + growing > kv.free_blocks && busy) return;
+        if (engine_kv_reserve(s->e, i, q->fill_len + 1) != FERRY_OK) return;
+        q->room = q->fill_len + 1;
+        busy = true;
+    }
+}
+
 /* Builds the step: a decode row for every generating sequence, then prompt
- * chunks from PREFILL sequences (starting at s->rr, round robin) within
- * max_step_tokens. A sequence starts filling only when the pool has blocks
- * for its whole fill, beside one spare block per decoding sequence that may
- * still grow: starting one that the next decode rows would preempt again is
- * wasted work. Returns the number of batch sequences. */
+ * chunks from PREFILL sequences holding blocks (starting at s->rr, round
+ * robin) within max_step_tokens. Returns the number of batch sequences. */
 static int build(sched *s, batch *b)
 {
     batch_builder *bb = &s->bb;
@@ -306,17 +341,13 @@ static int build(sched *s, batch *b)
         int most = q->r->p.prompt_len + q->r->p.max_new_tokens;
         growing += (q->room + kv.block_positions - 1) / kv.block_positions < (most + kv.block_positions - 1) / kv.block_positions;
     }
+    bool busy = bb->n_seqs > 0;
+    for (int i = 0; i < s->lim.max_seqs; i++) busy |= s->seqs[i].state == SEQ_PREFILL && s->seqs[i].room > 0;
+    start_waiting(s, growing, busy);
     for (int k = 0; k < s->lim.max_seqs && batch_builder_room(bb) > 0; k++) {
         int i = (s->rr + k) % s->lim.max_seqs;
         sched_seq *q = &s->seqs[i];
-        if (q->state != SEQ_PREFILL) continue;
-        if (q->room == 0) {
-            kv = engine_kv_info(s->e);
-            int need = (q->fill_len + kv.block_positions) / kv.block_positions; /* the fill and the first decode row */
-            if (need + growing > kv.free_blocks && bb->n_seqs > 0) continue;
-            if (engine_kv_reserve(s->e, i, q->fill_len + 1) != FERRY_OK) continue;
-            q->room = q->fill_len + 1;
-        }
+        if (q->state != SEQ_PREFILL || q->room == 0) continue;
         int take = q->fill_len - q->done_fill;
         if (take > batch_builder_room(bb)) take = batch_builder_room(bb);
         int j = batch_builder_add(bb, i, q->done_fill, q->fill + q->done_fill, take);
@@ -338,6 +369,9 @@ static void run_step(sched *s)
 {
     batch b;
     int ns = build(s, &b);
+    pthread_mutex_lock(&s->mu);
+    publish(s); /* who started: running from here, not from the end of this step */
+    pthread_mutex_unlock(&s->mu);
     if (ns == 0) return;
     int vocab = s->lim.vocab;
     double t0 = util_now();
@@ -352,14 +386,15 @@ static void run_step(sched *s)
     /* First advance every sequence and count, then publish the step's
      * figures, then call back: a client that got its answer must find it in
      * the stats already. new_tok[k] < 0: sequence k produced no token. */
-    uint64_t prompted = 0, generated = 0;
+    uint64_t prompted = 0, generated = 0, recomputed = 0;
     for (int k = 0; k < ns && st == FERRY_OK; k++) {
         sched_seq *q = &s->seqs[s->seq_of[k]];
         const float *row = s->logits + (size_t)k * (size_t)vocab;
         s->new_tok[k] = -1;
         if (q->state == SEQ_PREFILL) {
             q->done_fill += b.seqs[k].n_tokens;
-            if (q->n_gen == 0) prompted += (uint64_t)b.seqs[k].n_tokens; /* not a resumed prefix again */
+            if (q->n_gen == 0) prompted += (uint64_t)b.seqs[k].n_tokens;
+            else recomputed += (uint64_t)b.seqs[k].n_tokens; /* a preempted sequence's prefix, again */
             if (q->done_fill < q->fill_len) continue;
             q->state = SEQ_DECODE;
             if (q->n_gen > 0) continue; /* resumed: its next token is already known */
@@ -376,12 +411,13 @@ static void run_step(sched *s)
     s->stats.last_batch = ns;
     s->stats.tokens_prompted += prompted;
     s->stats.tokens_generated += generated;
+    s->stats.tokens_recomputed += recomputed;
     int bucket = 0;
     while (bucket < 7 && ns >= (2 << bucket)) bucket++;
     s->stats.batch_hist[bucket]++;
     s->stats.batch_sum += (uint64_t)ns;
     s->stats.failing_steps = st == FERRY_OK ? 0 : s->stats.failing_steps + 1;
-    publish_kv(s);
+    publish(s);
     pthread_mutex_unlock(&s->mu);
 
     for (int k = 0; k < ns; k++) {
@@ -550,7 +586,7 @@ ferry_status sched_submit(sched *s, const gen_request *p, const sched_callbacks 
     else s->q_head = r;
     s->q_tail = r;
     s->n_queued++;
-    s->stats.queued = s->n_queued;
+    s->stats.queued = s->n_queued + s->n_waiting;
     if (id) *id = r->id;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);

@@ -26,8 +26,9 @@ typedef struct {
 typedef struct {
     uint64_t steps;
     uint64_t tokens_prompted, tokens_generated;
+    uint64_t tokens_recomputed; /* prefix rows prefilled again after a preemption (not in tokens_prompted) */
     uint64_t requests_done, requests_failed, requests_cancelled;
-    int running, queued;     /* now */
+    int running, queued;     /* now: holding KV blocks; waiting for a slot or for blocks */
     double step_s_sum;       /* sum of step wall times */
     double last_step_s;
     int last_batch;          /* sequences in the last step */

@@ -90,6 +90,9 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     const pipeline_stats *p = &v->pipe;
     help(sb, "ferry_prompt_tokens_total", "counter", "Prompt tokens prefilled");
     sb_printf(sb, "ferry_prompt_tokens_total %llu\n", (unsigned long long)s->tokens_prompted);
+    help(sb, "ferry_recomputed_tokens_total", "counter",
+         "Prefix tokens prefilled again to resume preempted sequences (not in ferry_prompt_tokens_total)");
+    sb_printf(sb, "ferry_recomputed_tokens_total %llu\n", (unsigned long long)s->tokens_recomputed);
     help(sb, "ferry_generated_tokens_total", "counter", "Tokens generated");
     sb_printf(sb, "ferry_generated_tokens_total %llu\n", (unsigned long long)s->tokens_generated);
     help(sb, "ferry_sequences_total", "counter", "Sequences the scheduler finished, by outcome");
@@ -109,9 +112,10 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     sb_printf(sb, "ferry_batch_size_sum %llu\n", (unsigned long long)s->batch_sum);
     sb_printf(sb, "ferry_batch_size_count %llu\n", (unsigned long long)s->steps);
 
-    help(sb, "ferry_requests_running", "gauge", "Sequences holding a batch slot");
+    help(sb, "ferry_requests_running", "gauge", "Sequences holding KV blocks (prefilling or generating)");
     sb_printf(sb, "ferry_requests_running %d\n", s->running);
-    help(sb, "ferry_requests_queued", "gauge", "Sequences waiting for a batch slot");
+    help(sb, "ferry_requests_queued", "gauge",
+         "Sequences waiting: for a batch slot, or for KV blocks (admitted and not yet started, or preempted)");
     sb_printf(sb, "ferry_requests_queued %d\n", s->queued);
 
     help(sb, "ferry_kv_blocks", "gauge", "Blocks of the paged KV cache, by state");

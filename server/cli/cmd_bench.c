@@ -398,7 +398,9 @@ int cmd_bench(const ferry_config *cfg)
     int rc = cli_engine_opts(cfg, &eo);
     if (rc) return rc;
     eo.max_seqs = r.batch;
-    eo.max_ctx = r.plen + r.steps + 8;
+    /* positions each sequence may reach: what the run uses, or --context
+     * where given (the paged pool commits only the blocks used) */
+    if (eo.max_ctx < r.plen + r.steps + 8) eo.max_ctx = r.plen + r.steps + 8;
     if (eo.max_step_tokens < r.plen) eo.max_step_tokens = r.plen;
     if (eo.max_step_tokens < 4 * r.batch) eo.max_step_tokens = 4 * r.batch;
 

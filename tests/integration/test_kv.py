@@ -5,7 +5,8 @@ sequences generate.
 Covered: many concurrent requests of mixed lengths against a pool of 12
 blocks (192 positions) for 8 sequences: every request succeeds, sequences
 are preempted (/metrics ferry_preemptions_total) and resumed by
-recomputing their prefix, and the greedy tokens equal those of an
+recomputing their prefix (ferry_recomputed_tokens_total, apart from
+ferry_prompt_tokens_total), and the greedy tokens equal those of an
 unconstrained server; a request whose prompt + max_new_tokens can never fit
 the pool is a 400 naming the numbers; the pool is fully free at idle after
 requests, cancellations and disconnects (ferry_kv_blocks{state="used"} 0);
@@ -99,6 +100,10 @@ def test_preemption_gives_the_same_tokens(full, small, tiny):
         assert g == w, "request %d: %r, unconstrained %r" % (i, g, w)
     assert msum(after, "ferry_preemptions_total") > msum(before, "ferry_preemptions_total"), \
         "no sequence was preempted: the test did not exhaust the pool"
+    # a resumed prefix is counted apart from the prompts, each prompt once
+    assert msum(after, "ferry_recomputed_tokens_total") > msum(before, "ferry_recomputed_tokens_total")
+    assert msum(after, "ferry_prompt_tokens_total") - msum(before, "ferry_prompt_tokens_total") == \
+        sum(len(r[0]) for r in reqs)
     assert msum(after, "ferry_sequences_total", outcome="failed") == msum(before, "ferry_sequences_total",
                                                                           outcome="failed")
     assert assert_pool_free(small) == 12

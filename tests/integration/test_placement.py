@@ -268,10 +268,10 @@ def test_bad_max_memory(ferry, models):
 # ferry plan
 # --------------------------------------------------------------------------
 
-def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=8, context=None):
+def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=64, context=None, kv_memory=None):
     """Invariants of any plan (JSON of `ferry plan --json`). batch and context
-    default as settings.def says: 8 sequences, max_position_embeddings capped
-    at 4096."""
+    default as settings.def says: 64 sequences, max_position_embeddings capped
+    at 4096. kv_memory: the --kv-memory given, None for the default pool."""
     L = cfg["num_hidden_layers"]
     groups = plan["groups"]
     assert [g["group"] for g in groups] == list(range(len(groups)))
@@ -309,12 +309,21 @@ def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=8, contex
     assert plan["sequences"] == batch and plan["context"] == ctx
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_dim = (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * head_dim
-    # the paged KV pool (engine/kv.h): by default batch sequences of the whole
-    # context, each in blocks of 16 positions
-    blocks = batch * -(-ctx // 16)
-    assert plan["kv_pool"]["blocks"] == blocks and plan["kv_pool"]["positions"] == blocks * 16
-    assert plan["kv_pool"]["sequences_of_context"] == batch
-    assert w["kv_bytes"] == plan["kv_pool"]["bytes"] == 2 * L * blocks * 16 * kv_dim * 4
+    # the paged KV pool (engine/kv.h): blocks of 16 positions; --kv-memory
+    # bytes of them, else by default batch sequences of the whole context, or
+    # fewer (never under one) where the memory does not afford them: then the
+    # plan fits
+    block_bytes = 2 * L * 16 * kv_dim * 4
+    ctx_blocks = -(-ctx // 16)
+    blocks = plan["kv_pool"]["blocks"]
+    if kv_memory is not None:
+        assert blocks == kv_memory // block_bytes
+    else:
+        assert ctx_blocks <= blocks <= batch * ctx_blocks
+        assert blocks == batch * ctx_blocks or plan["fits"] is True, plan
+    assert plan["kv_pool"]["positions"] == blocks * 16
+    assert plan["kv_pool"]["sequences_of_context"] == blocks // ctx_blocks
+    assert w["kv_bytes"] == plan["kv_pool"]["bytes"] == blocks * block_bytes
     assert w["activation_bytes"] > 0
     assert plan["needs"]["host"] >= plan["tier_bytes"]["device"] + plan["tier_bytes"]["host"] + \
         w["staging_bytes"] + w["kv_bytes"] + w["activation_bytes"]  # the CPU backend: one memory
@@ -412,15 +421,21 @@ def test_plan_does_not_fit(ferry, models, work):
     check_plan(small, cfg, 1, 2, (1 << 20, 1 << 20), batch=1, context=64)
     assert small["fits"] is True
     assert small["tier_bytes"]["disk"] > 0
-    big = plan_json(ferry, d, *flags, "--batch", 4096, "--context", 131072)
-    check_plan(big, cfg, 1, 2, (1 << 20, 1 << 20), batch=4096, context=131072)
+    # the default pool is what the memory affords: it fits
+    auto = plan_json(ferry, d, *flags, "--batch", 4096, "--context", 131072)
+    check_plan(auto, cfg, 1, 2, (1 << 20, 1 << 20), batch=4096, context=131072)
+    assert auto["fits"] is True and auto["kv_pool"]["sequences_of_context"] >= 1
+    # a pool asked for that no machine here has
+    kv = ["--kv-memory", "2TiB"]
+    big = plan_json(ferry, d, *flags, "--batch", 4096, "--context", 131072, *kv)
+    check_plan(big, cfg, 1, 2, (1 << 20, 1 << 20), batch=4096, context=131072, kv_memory=2 << 40)
     assert big["working"]["kv_bytes"] >= 1 << 40
     if big["host_available"] >= big["needs"]["host"]:
         pytest.skip("this machine has more than %d bytes available" % big["needs"]["host"])
     assert big["needs"]["host"] > big["host_available"]
     assert big["fits"] is False
     # the text form says so too, and plan still exits 0 (it is a report)
-    p = ferry.check("plan", "--model", d, *flags, "--batch", 4096, "--context", 131072)
+    p = ferry.check("plan", "--model", d, *flags, "--batch", 4096, "--context", 131072, *kv)
     assert "fit" in p.stdout.decode().lower()
 
 

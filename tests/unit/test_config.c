@@ -38,7 +38,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.kv_heads, 0);
     CHECK(cfg.tied == false);
     CHECK_EQ_INT(cfg.sliding_window, 0);
-    CHECK_EQ_INT(cfg.batch, 8);
+    CHECK_EQ_INT(cfg.batch, 64);
     CHECK_EQ_INT(cfg.steps, 8);
     CHECK_EQ_INT(cfg.prompt_len, 128);
     CHECK(cfg.max_memory == NULL);

@@ -84,9 +84,11 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
     else CHECK_EQ_U64(p->host_stage_bytes, disk_max ? (uint64_t)p->n_stage_slots * disk_max : 0);
     uint64_t ctx_blocks = ((uint64_t)p->opts.context + 15) / 16; /* KV_BLOCK_POSITIONS */
     if (o->kv_memory) return;
-    CHECK_EQ_U64(p->kv_blocks, (uint64_t)o->n_seqs * ctx_blocks);
-    CHECK_EQ_U64(p->kv_bytes, 2ull * (uint64_t)m->n_layers * (uint64_t)o->n_seqs * ctx_blocks * 16 *
-                                  (uint64_t)m->kv_dim * 4ull);
+    /* the default pool: one sequence of the whole context to n_seqs of them, the most when memory is unknown */
+    CHECK(p->kv_blocks >= ctx_blocks && p->kv_blocks <= (uint64_t)o->n_seqs * ctx_blocks);
+    if ((o->unified ? o->host_avail : o->device_avail) == 0)
+        CHECK_EQ_U64(p->kv_blocks, (uint64_t)o->n_seqs * ctx_blocks);
+    CHECK_EQ_U64(p->kv_bytes, 2ull * (uint64_t)m->n_layers * p->kv_blocks * 16 * (uint64_t)m->kv_dim * 4ull);
 }
 
 static void make_ok(const plan_model *m, const uint64_t *units, const plan_opts *o, plan *p)
@@ -459,6 +461,52 @@ static void test_kv(void)
     plan_free(&p);
 }
 
+/* No --kv-memory: half of the memory the rest of the plan leaves, between
+ * one sequence of the context and n_seqs of them. */
+static void test_kv_default(void)
+{
+    plan_model m = model_of(5);
+    m.kv_dim = 96;
+    uint64_t units[] = {K4, K4, K4, K4, K4, K4, K4};
+    plan_opts o = opts_of(UNL, UNL, 2, 1);
+    o.n_seqs = 64;
+    o.context = 300; /* 19 blocks */
+    plan p;
+    make_ok(&m, units, &o, &p);
+    uint64_t block = p.kv_block_bytes, host, dev;
+    plan_needs(&p, &o, &host, &dev);
+    uint64_t rest = host - p.kv_bytes; /* weights, staging, activations, runtime */
+    plan_free(&p);
+    o.host_avail = rest + 2 * 50 * block + block / 2;
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_blocks, 50);
+    plan_needs(&p, &o, &host, &dev);
+    CHECK(host <= o.host_avail);
+    plan_free(&p);
+    o.host_avail = rest / 2; /* less than the rest: still one whole-context sequence */
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_blocks, 19);
+    plan_free(&p);
+    o.host_avail = 1ull << 50; /* plenty: never more than n_seqs of the context */
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_blocks, 64ull * 19);
+    plan_free(&p);
+    /* not unified: device memory beside the device's weights, staging and activations */
+    o = opts_of(K4, 0, 1, 1);
+    o.unified = false;
+    o.n_seqs = 64;
+    o.context = 300;
+    make_ok(&m, units, &o, &p);
+    plan_needs(&p, &o, &host, &dev);
+    rest = dev - p.kv_bytes;
+    plan_free(&p);
+    o.device_avail = rest + 2 * 30 * block;
+    o.host_avail = 1ull << 50; /* ignored: the pool is device memory */
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_U64(p.kv_blocks, 30);
+    plan_free(&p);
+}
+
 static void test_parse_budgets(void)
 {
     uint64_t b[2] = {1, 1};
@@ -568,6 +616,7 @@ int main(void)
     test_stage_slots();
     test_readahead();
     test_kv();
+    test_kv_default();
     test_parse_budgets();
     test_check();
     CHECK_EQ_STR(tier_name(TIER_DEVICE), "device");

@@ -209,6 +209,18 @@ int main(void)
         CHECK(w[r].has_logits && memcmp(w[r].logits, want_logits + (size_t)r * (size_t)vocab,
                                         (size_t)vocab * sizeof(float)) == 0);
     }
+    {
+        /* prompts count once; a preempted sequence's prefix, prefilled
+         * again, apart; at idle nothing runs or waits */
+        sched_stats st0 = sched_get_stats(s);
+        uint64_t prompted = 0;
+        for (int r = 0; r < N_REQ; r++) prompted += (uint64_t)lens[r];
+        CHECK_EQ_U64(st0.tokens_prompted, prompted);
+        CHECK_EQ_U64(st0.tokens_generated, (uint64_t)N_REQ * MAX_NEW);
+        CHECK(st0.preemptions > 0 ? st0.tokens_recomputed > 0 : st0.tokens_recomputed == 0);
+        CHECK_EQ_INT(st0.running, 0);
+        CHECK_EQ_INT(st0.queued, 0);
+    }
 
     /* a stop id ends the request right after emitting it */
     waiter ws;
