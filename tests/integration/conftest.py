@@ -251,3 +251,10 @@ def check_greedy(model_dir, refmodel, prompt, got, n, tol):
 def prompt_ids(vocab, length, seed):
     rng = np.random.default_rng(seed)
     return [int(x) for x in rng.integers(0, vocab, size=length)]
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny):
+    """The vocabulary size of the module's `tiny` model (each server test
+    module picks its own tiny checkpoint)."""
+    return int(st_util.read_config(tiny)["vocab_size"])

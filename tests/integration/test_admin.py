@@ -140,11 +140,6 @@ def tiny(models):
 
 
 @pytest.fixture(scope="module")
-def vocab(tiny):
-    return int(st_util.read_config(tiny)["vocab_size"])
-
-
-@pytest.fixture(scope="module")
 def token_file(tmp_path_factory):
     return write_token(tmp_path_factory.mktemp("admin-token") / "token")
 

@@ -428,11 +428,6 @@ def tiny(models):
 
 
 @pytest.fixture(scope="module")
-def vocab(tiny):
-    return int(st_util.read_config(tiny)["vocab_size"])
-
-
-@pytest.fixture(scope="module")
 def srv(ferry_bin, tiny):
     yield from serve(ferry_bin, tiny, "--batch", 8)
 
