@@ -17,9 +17,9 @@ ARCH_FLAGS ?=
 endif
 OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -MMD -MP
-LDLIBS   += -lmicrohttpd -luring -lm -pthread
+LDLIBS   += -lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread
 
-ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) config/config.c
+ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c engine/text/*.c) config/config.c
 SERVER_SRC := $(wildcard server/*.c server/cli/*.c server/grpc/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
@@ -43,7 +43,8 @@ BENCH_MODEL ?= $(BUILD)/bench-1b
 # gRPC front end: gRPC C core, protobuf-c and its protoc plugin (C generated at
 # build time into $(BUILD)/gen), python3-venv for the project venv below.
 DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest \
-            python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev
+            python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
+            libpcre2-dev libutf8proc-dev python3-jinja2
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
@@ -53,8 +54,8 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
 # without the bound pip settles on a years-old tritonclient.
 VENV      := $(BUILD)/venv
 VENV_PY   := $(VENV)/bin/python
-PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors
-PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors
+PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai
+PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai
 
 .PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
 all: $(BUILD)/ferry
@@ -150,7 +151,7 @@ bench-offload: all $(BENCH_BIG)/config.json
 # bad-input tests run against it.
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-lmicrohttpd -luring -lm -pthread -fsanitize=address,undefined" all unit
+	  LDLIBS="-lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread -fsanitize=address,undefined" all unit
 
 test-asan: asan
 	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(TEST_PY) -m pytest -q tests/integration

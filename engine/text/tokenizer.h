@@ -1,0 +1,72 @@
+/*
+ * tokenizer.h - text <-> token ids, from the tokenizer.json (and
+ * tokenizer_config.json) that ship with a Hugging Face checkpoint.
+ *
+ * Two model families are read, exactly as HF tokenizers runs them:
+ * byte-level BPE with a Split regex pre-tokenizer (Llama 3.x, Qwen2/2.5/3,
+ * Mistral Nemo) and SentencePiece-style BPE with byte fallback (Llama 2,
+ * TinyLlama, Mistral 7B). Added tokens are split out of the text first. The
+ * regexes run in PCRE2 as tokenizer.json writes them; utf8proc does the
+ * Unicode normal forms. Anything else in a tokenizer.json (another model
+ * type, normalizer, pre-tokenizer, decoder or post-processor) is an error
+ * naming it, never an approximation.
+ *
+ * A loaded tokenizer is immutable: any number of threads may encode and
+ * decode with it at once.
+ */
+#ifndef FERRY_TOKENIZER_H
+#define FERRY_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/json.h"
+#include "../base/status.h"
+
+typedef struct tokenizer tokenizer;
+
+/* Reads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+ * FERRY_ERR_NOT_FOUND when dir has no tokenizer.json. */
+ferry_status tok_load(const char *dir, tokenizer **out);
+void tok_free(tokenizer *t);
+
+/* Highest token id + 1 (added tokens included). */
+int tok_vocab_size(const tokenizer *t);
+
+/* Encodes text[0..len) (any bytes; invalid UTF-8 is encoded as HF does).
+ * add_special: the post-processor's tokens (BOS/EOS) are added.
+ * parse_special: the text of a special added token becomes its id; when
+ * false it is encoded as ordinary text (user text must not smuggle control
+ * tokens in). Non-special added tokens are always matched.
+ * *ids is malloc'd; the caller frees it. */
+ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                        int32_t **ids, int *n);
+
+/* Appends the text of ids to out, as HF's decode(skip_special_tokens) does.
+ * An id outside the vocabulary is FERRY_ERR_INVALID naming it. */
+ferry_status tok_decode(const tokenizer *t, const int32_t *ids, int n, bool skip_special, strbuf *out);
+
+/* Id of a token by its exact content (vocabulary or added token), or -1. */
+int32_t tok_token_id(const tokenizer *t, const char *content);
+/* Whether id is a special added token. */
+bool tok_is_special(const tokenizer *t, int32_t id);
+
+/* tokenizer_config.json's values ("" / NULL when absent). */
+const char *tok_bos_token(const tokenizer *t);      /* e.g. "<s>", "<|begin_of_text|>", "" */
+const char *tok_eos_token(const tokenizer *t);      /* e.g. "</s>", "<|im_end|>", "" */
+const char *tok_chat_template(const tokenizer *t);  /* the "chat_template" string, NULL when none */
+
+/* Streaming decode: feed generated ids one at a time; each push appends the
+ * text that has become final. Bytes of an incomplete UTF-8 sequence are held
+ * back until complete. The concatenation of everything pushed and flushed is
+ * exactly tok_decode of all the ids (leading-space rules included). */
+typedef struct tok_stream tok_stream;
+tok_stream *tok_stream_new(const tokenizer *t, bool skip_special);
+void tok_stream_free(tok_stream *s);
+ferry_status tok_stream_push(tok_stream *s, int32_t id, strbuf *out);
+/* At the end of generation: what is still held (an incomplete sequence
+ * becomes U+FFFD, as decode would write it). */
+void tok_stream_flush(tok_stream *s, strbuf *out);
+
+#endif
