@@ -11,6 +11,7 @@
 
 #include "../config/config.h"
 #include "base/util.h"
+#include "weights/model_dir.h"
 
 void engine_opts_init(engine_opts *o)
 {
@@ -113,11 +114,9 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
     char conv[256];
     conversion_id(&o->convert, conv, sizeof conv);
     uint64_t h = fnv1a(0xcbf29ce484222325ull, conv, strlen(conv) + 1);
-    char *path = util_path_join(dir, "config.json"), *text;
+    char *text;
     size_t len;
-    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    ferry_status st = util_read_file(path, &text, &len);
-    free(path);
+    ferry_status st = model_dir_read(dir, "config.json", &text, &len);
     if (st != FERRY_OK) return st;
     h = fnv1a(h, text, len);
     free(text);

@@ -11,6 +11,7 @@
 
 #include "../base/json.h"
 #include "../base/util.h"
+#include "model_dir.h"
 
 /* ---- config.json ------------------------------------------------------ */
 
@@ -294,7 +295,7 @@ ferry_status model_config_load(const char *dir, model_config *cfg)
     if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     char *text;
     size_t len;
-    ferry_status st = util_read_file(path, &text, &len);
+    ferry_status st = model_dir_read(dir, "config.json", &text, &len);
     if (st == FERRY_OK) {
         st = model_config_parse(text, len, path, cfg);
         free(text);

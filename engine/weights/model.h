@@ -52,7 +52,7 @@ typedef struct {
 
 /* Parses config.json text; `label` names the file in errors. */
 ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg);
-/* Reads dir/config.json. */
+/* Reads dir/config.json (under model_dir.h's rule). */
 ferry_status model_config_load(const char *dir, model_config *cfg);
 
 typedef struct {

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -187,7 +188,13 @@ int main(int argc, char **argv)
         ferry_config cfg;
         int rc = parse_args(c, argc - 2, argv + 2, &cfg);
         if (rc) return rc;
-        return finish_stdout(c->run(&cfg));
+        char *model_dir = NULL, *model_name = NULL;
+        if (accepts(c, S(model)) && (rc = cli_model_resolve(&cfg, accepts(c, S(name)), &model_dir, &model_name)))
+            return rc;
+        rc = finish_stdout(c->run(&cfg));
+        free(model_dir);
+        free(model_name);
+        return rc;
     }
     return cli_error(EXIT_USAGE, "unknown command '%s' (try 'ferry --help')", argv[1]);
 }
