@@ -84,6 +84,8 @@ static ferry_status parse_yarn(const json_value *s, const char *label, const cha
 {
     bool given;
     double attention, mscale = 0, mscale_all_dim = 0, beta;
+    if (rc->theta == 1.0) /* the correction range divides by log(theta) */
+        return ferry_fail(FERRY_ERR_INVALID, "%s: %s of type 'yarn' needs rope_theta other than 1", label, field);
     FERRY_TRY(get_orig_max(s, label, field, "yarn", false, max_pos, &rc->original_max_pos));
     /* `get("beta_fast") or 32`: absent, null and 0 all mean the default */
     FERRY_TRY(get_num(s, label, field, "yarn", "beta_fast", false, false, &beta, &given));
@@ -178,8 +180,13 @@ ferry_status rope_config_parse(const json_value *root, const char *label, int ma
     bool use_scaling = scaling && scaling->type == JSON_OBJECT && scaling->len > 0;
     bool use_params = !use_scaling && params && params->type == JSON_OBJECT;
 
-    /* rope_theta at the top level, else in rope_parameters (v5 configs) */
-    const json_value *theta_src = json_get(root, "rope_theta") || !use_params ? root : params;
+    /* rope_theta at the top level, else inside rope_parameters (v5
+     * configs) or the scaling object */
+    const json_value *theta_src = root;
+    if (!json_get(root, "rope_theta")) {
+        if (params && params->type == JSON_OBJECT && json_get(params, "rope_theta")) theta_src = params;
+        else if (use_scaling && json_get(scaling, "rope_theta")) theta_src = scaling;
+    }
     double theta;
     bool bad = false;
     if (json_get_num(theta_src, "rope_theta", &theta, &bad)) rc->theta = theta;

@@ -71,6 +71,12 @@ static void test_which_object(void)
     CHECK_STATUS(parse("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 3}, "
                        "\"rope_parameters\": {\"rope_type\": \"default\"}", 4096, &rc), FERRY_OK);
     CHECK(rc.type == ROPE_LINEAR && rc.factor == 3);
+    CHECK_STATUS(parse("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 3}, "
+                       "\"rope_parameters\": {\"rope_theta\": 5.0}", 4096, &rc), FERRY_OK);
+    CHECK(rc.type == ROPE_LINEAR && rc.theta == 5.0);
+    CHECK_STATUS(parse("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 3, \"rope_theta\": 6.0}", 4096, &rc),
+                 FERRY_OK);
+    CHECK(rc.theta == 6.0);
 }
 
 static void test_yarn_defaults(void)
