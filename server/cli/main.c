@@ -1,7 +1,8 @@
 /*
  * main.c - the `ferry` command line: picks the subcommand, parses its flags
  * (every flag is a setting from config/settings.def; a command accepts only
- * the settings listed for it here) and runs it.
+ * the settings listed for it here), resolves --model once for every command
+ * that takes it (a directory or a Hugging Face repo id) and runs it.
  */
 #include <errno.h>
 #include <stdarg.h>
