@@ -118,7 +118,7 @@ static ferry_status norm_unicode(tok_norm_kind kind, const char *s, size_t n, st
                                          : ferry_fail(FERRY_ERR_INTERNAL, "tokenizer: normalization failed: %s",
                                                       utf8proc_errmsg(r));
     }
-    sb_append(out, dst, (size_t)r);
+    tok_put(out, dst, (size_t)r);
     free(dst);
     return FERRY_OK;
 }
@@ -133,10 +133,10 @@ static void norm_lowercase(const char *s, size_t n, strbuf *out)
         if (cp < 0x80) {
             sb_putc(out, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
         } else if (cp == 0x130) {
-            sb_append(out, "i\xCC\x87", 3);
+            tok_put(out, "i\xCC\x87", 3);
         } else {
             char buf[4];
-            sb_append(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
+            tok_put(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
         }
         i += k;
     }
@@ -155,7 +155,7 @@ static ferry_status norm_replace(tok_match_ctx *mc, const tok_normalizer *nz, co
     bool zeroing = *zero > 0;
     for (size_t i = 0; i < sp.n; i++) {
         size_t a = sp.v[i].start, b = sp.v[i].end;
-        sb_append(out, s + last, a - last);
+        tok_put(out, s + last, a - last);
         if (zeroing) {
             if (a > *zero) {
                 z += *zero > last ? *zero - last : 0;
@@ -164,14 +164,14 @@ static ferry_status norm_replace(tok_match_ctx *mc, const tok_normalizer *nz, co
                 z += a - last;
             }
         }
-        sb_append(out, nz->str, nz->str_len);
+        tok_put(out, nz->str, nz->str_len);
         if (zeroing) {
             if (b == 0 || b - 1 < *zero) z += nz->str_len;
             else zeroing = false;
         }
         last = b;
     }
-    sb_append(out, s + last, n - last);
+    tok_put(out, s + last, n - last);
     if (zeroing) z += *zero > last ? *zero - last : 0;
     *zero = z > out->len - base ? out->len - base : z;
 done:
@@ -200,7 +200,7 @@ static void norm_strip(const tok_normalizer *nz, const char *s, size_t n, strbuf
         }
     *zero = *zero > a ? *zero - a : 0;
     if (*zero > b - a) *zero = b - a;
-    sb_append(out, s + a, b - a);
+    tok_put(out, s + a, b - a);
 }
 
 /* The length of the normalized form of s[0..z): the bytes the first
@@ -246,10 +246,10 @@ ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s,
             break;
         case TOK_NORM_PREPEND:
             if (cur_n) {
-                sb_append(dst, nz->str, nz->str_len);
+                tok_put(dst, nz->str, nz->str_len);
                 if (*zero) *zero += nz->str_len; /* aligned with the first character */
             }
-            sb_append(dst, cur, cur_n);
+            tok_put(dst, cur, cur_n);
             break;
         case TOK_NORM_REPLACE:
             st = norm_replace(mc, nz, cur, cur_n, dst, zero);
@@ -267,7 +267,7 @@ ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s,
         cur_n = dst->len;
         if (*zero > cur_n) *zero = cur_n;
     }
-    sb_append(out, cur, cur_n);
+    tok_put(out, cur, cur_n);
     if (out->oom) st = oom();
 done:
     sb_free(&a);
@@ -649,7 +649,7 @@ static ferry_status post_process(work *w, bool add_special)
         size_t m = 0;
         for (size_t i = 0; i < tp->n; i++) {
             if (tp->items[i] < 0) {
-                memcpy(v + m, w->ids, w->n_ids * sizeof *v);
+                if (w->n_ids) memcpy(v + m, w->ids, w->n_ids * sizeof *v);
                 m += w->n_ids;
             } else if (add_special) {
                 v[m++] = tp->items[i];

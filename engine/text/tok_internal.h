@@ -43,6 +43,12 @@ char *tok_arena_strdup(tok_arena *a, const char *s, size_t n);
 void tok_arena_reset(tok_arena *a);
 void tok_arena_free(tok_arena *a);
 
+/* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
+static inline void tok_put(strbuf *sb, const void *p, size_t n)
+{
+    if (n) sb_append(sb, p, n);
+}
+
 /* ---- string -> int32 map (open addressing; keys are not copied) ------- */
 
 typedef struct {

@@ -559,8 +559,10 @@ static ferry_status load_added(loader *L, const json_value *list)
         !tok_pairmap_init(&by_id, 16))
         goto oom;
     size_t n = list && list->type == JSON_ARRAY ? list->len : 0;
-    if (list && list->type != JSON_ARRAY && list->type != JSON_NULL)
-        return ferry_fail(FERRY_ERR_INVALID, "%s: added_tokens must be an array", L->file);
+    if (list && list->type != JSON_ARRAY && list->type != JSON_NULL) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: added_tokens must be an array", L->file);
+        goto done;
+    }
     t->added = calloc(n ? n : 1, sizeof *t->added);
     if (!t->added) goto oom;
     int64_t next_id = (int64_t)t->bpe.n_entries;
