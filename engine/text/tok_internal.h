@@ -283,7 +283,6 @@ struct tokenizer {
 
     tok_normalizer *norm;
     size_t n_norm;
-    bool has_normalizer;
 
     tok_pretok *pretok;
     size_t n_pretok;
