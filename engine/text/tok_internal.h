@@ -1,9 +1,9 @@
 /*
  * tok_internal.h - the tokenizer's private structures, shared by
- * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_encode.c,
- * tok_decode.c, tok_regex.c (PCRE2 with Oniguruma's semantics) and
- * tok_util.c (tables, UTF-8, Unicode classes). Nothing here is visible
- * outside engine/text/.
+ * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_normalize.c,
+ * tok_encode.c (added tokens, pre-tokenizers, the pipeline), tok_decode.c,
+ * tok_regex.c (PCRE2 with Oniguruma's semantics) and tok_util.c (tables,
+ * UTF-8, Unicode classes). Nothing here is visible outside engine/text/.
  *
  * The pipeline mirrors HF tokenizers 0.23 stage for stage, so that each
  * piece can be checked against its Rust counterpart:

@@ -89,7 +89,9 @@ const char *tok_chat_template(const tokenizer *t);  /* the "chat_template" strin
 /* Streaming decode: feed generated ids one at a time; each push appends the
  * text that has become final. Bytes of an incomplete UTF-8 sequence are held
  * back until complete. The concatenation of everything pushed and flushed is
- * exactly tok_decode of all the ids (leading-space rules included). */
+ * exactly tok_decode of all the ids (leading-space rules included).
+ * (With byte fallback a run of <0xNN> tokens becomes final when a token that
+ * is not one follows: HF turns a whole run with one bad byte into U+FFFD.) */
 typedef struct tok_stream tok_stream;
 tok_stream *tok_stream_new(const tokenizer *t, bool skip_special);
 void tok_stream_free(tok_stream *s);
