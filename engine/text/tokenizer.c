@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "../weights/model_dir.h"
 #include "tok_internal.h"
 
 #define TOK_GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -690,8 +691,9 @@ static ferry_status load_config(tokenizer *t, const char *dir)
     char *buf = NULL;
     size_t len;
     json_doc *doc = NULL;
-    ferry_status st = util_read_file(path, &buf, &len);
-    if (st == FERRY_ERR_NOT_FOUND) {
+    /* read as every model file is, inside the model directory (model_dir.h) */
+    ferry_status st = model_dir_read(dir, "tokenizer_config.json", &buf, &len);
+    if (st == FERRY_ERR_NOT_FOUND && !model_dir_has(dir, "tokenizer_config.json")) {
         st = FERRY_OK;
         goto done;
     }
@@ -773,7 +775,7 @@ ferry_status tok_load(const char *dir, tokenizer **out)
         st = ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
         goto fail;
     }
-    if ((st = util_read_file(t->path, &buf, &len)) != FERRY_OK) goto fail;
+    if ((st = model_dir_read(dir, "tokenizer.json", &buf, &len)) != FERRY_OK) goto fail;
     if ((st = json_parse(buf, len, &doc)) != FERRY_OK) {
         st = ferry_fail_context(st, "%s", t->path);
         goto fail;
