@@ -5,9 +5,11 @@
  * accessors of tokenizer.h.
  *
  * tokenizer.json is untrusted input: every field is checked for its type
- * and an error names the file and the field ("tokenizer.json: pre_tokenizer
- * .pretokenizers[1] type 'Digits' is not supported"). Anything the encoder
- * does not implement is FERRY_ERR_UNSUPPORTED rather than approximated.
+ * and an error names the file and the field
+ * ("tokenizer.json: pre_tokenizer.pretokenizers[1] type 'Digits' is not
+ * supported"). Anything the encoder does not implement is
+ * FERRY_ERR_UNSUPPORTED rather than approximated. Both files are read
+ * through model_dir.h, inside the model directory.
  *
  * Added tokens get their ids as HF tokenizers 0.23 gives them
  * (added_vocabulary.rs add_tokens), not from the "id" field: a token whose
