@@ -182,7 +182,9 @@ static ferry_status find_added(const tokenizer *t, const tok_trie *tr, const cha
             }
         if (start > stop) start = stop; /* HF would panic here (a whitespace-only token after an rstrip) */
         if (start_offset < start && !seg_push(out, start_offset, start, -1)) return oom();
-        if (!seg_push(out, start, stop, a->id)) return oom();
+        /* a match inside spaces an earlier token's rstrip took is empty:
+         * HF drops empty splits, so it adds no token */
+        if (start < stop && !seg_push(out, start, stop, a->id)) return oom();
         start_offset = stop;
     }
     if (start_offset < n && !seg_push(out, start_offset, n, -1)) return oom();

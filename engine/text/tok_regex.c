@@ -143,7 +143,12 @@ static ferry_status xlat_class(xlat *x)
                 sb_puts(&items, set);
                 x->i += 2;
             } else if (set) {
-                if (n_neg < (int)sizeof neg_esc) neg_esc[n_neg++] = e;
+                if (n_neg == (int)sizeof neg_esc) {
+                    sb_free(&items);
+                    return ferry_fail(FERRY_ERR_UNSUPPORTED, "a class with more than %d negated escapes (\\S, \\W, "
+                                      "...) is not supported", (int)sizeof neg_esc);
+                }
+                neg_esc[n_neg++] = e;
                 x->i += 2;
             } else if (e == 'u' && x->i + 5 < x->n && is_hex(x->p[x->i + 2]) && is_hex(x->p[x->i + 3]) &&
                        is_hex(x->p[x->i + 4]) && is_hex(x->p[x->i + 5])) {

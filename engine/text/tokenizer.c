@@ -653,6 +653,12 @@ static ferry_status index_ids(loader *L)
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].id > max) max = t->added[i].id;
     t->vocab_size = (int32_t)(max + 1);
+    /* a post-processor's ids must be tokens: what encode adds, decode reads */
+    for (size_t k = 0; k < t->n_post; k++)
+        for (size_t i = 0; i < t->post[k].n; i++)
+            if (t->post[k].items[i] >= t->vocab_size)
+                return ferry_fail(FERRY_ERR_INVALID, "%s: post_processor adds id %d, outside the vocabulary (0..%d)",
+                                  L->file, t->post[k].items[i], t->vocab_size - 1);
     size_t n = t->vocab_size ? (size_t)t->vocab_size : 1;
     t->added_at = tok_arena_alloc(&t->arena, n * sizeof *t->added_at);
     t->skippable = tok_arena_alloc(&t->arena, n);

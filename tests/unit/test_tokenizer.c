@@ -354,6 +354,16 @@ static void test_added_flags(void)
     DEC(t, false, "a <L>   ab", 0, 5, 2, 7);
     tok_free(t);
 
+    /* a whitespace token with both strips: its second match lies inside the
+     * spaces the first one took and adds nothing (HF drops empty splits;
+     * the token is the vocabulary's " ", id 2: HF tokenizers 0.23 gives
+     * [0, 2, 1] for "a  b", not [0, 2, 2, 1]) */
+    t = LOAD("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \" \": 2}, \"merges\": []}, "
+             "\"added_tokens\": [{\"id\": 3, \"content\": \" \", \"lstrip\": true, \"rstrip\": true, "
+             "\"normalized\": false, \"special\": false}]}");
+    ENC(t, "a  b", 0, 2, 1);
+    tok_free(t);
+
     /* ids come from the vocabulary or follow it, whatever "id" says */
     t = LOAD("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, \"added_tokens\": ["
              "{\"id\": 100, \"content\": \"<x>\", \"special\": true}, {\"id\": 0, \"content\": \"b\", \"special\": true},"
@@ -499,6 +509,13 @@ static void test_post_and_config(void)
 
 static void test_errors(void)
 {
+    LOAD_ERR("{" MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+             "{\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [], "
+             "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [7], \"tokens\": [\"<s>\"]}}}}",
+             FERRY_ERR_INVALID, "post_processor adds id 7, outside the vocabulary");
+    LOAD_ERR("{" MODEL ", \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
+             "\"[\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\W]\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
+             FERRY_ERR_UNSUPPORTED, "more than 8 negated escapes");
     /* unsupported parts name themselves and their place */
     LOAD_ERR("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", FERRY_ERR_UNSUPPORTED, "model type 'Unigram'");
     LOAD_ERR("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", FERRY_ERR_UNSUPPORTED, "'WordPiece'");
