@@ -91,6 +91,8 @@ $(BUILD)/tests/quant_tool: tests/tools/quant_tool.c $(ENGINE_OBJ)
 
 # test_kserve also links the protocol layer of the server (and the text layer it encodes text_input with)
 $(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o $(BUILD)/obj/server/text.o
+# test_text: the text layer (server/text.c) on the demo tokenizer
+$(BUILD)/tests/test_text: $(BUILD)/obj/server/text.o
 # test_budget: the request-memory budget of the front ends
 $(BUILD)/tests/test_budget: $(BUILD)/obj/server/budget.o
 

@@ -974,9 +974,12 @@ static enum MHD_Result answer_tokens(request *rq)
     if (!tm) return respond_error(rq, 503, "model not ready", NULL, NULL);
     if (text_error(tm)) return respond_error(rq, 400, text_error(tm), NULL, NULL);
     size_t len = rq->len;
-    /* the tree, the ids, and the answer (ids: 12 bytes each; text: 6 per byte escaped) */
-    uint64_t hold = kserve_parse_bound(len) + text_encode_bound(len) + (len + 8) * 12 +
-                    (uint64_t)len * text_max_token_bytes(tm) * 7 + 4096;
+    /* the tree, and: the ids and their JSON (12 bytes each; a byte of text
+     * makes at most one id, BOS/EOS aside); or the text of at most len / 2
+     * ids ("1," each) and its JSON (6 bytes a byte at worst) */
+    uint64_t hold = kserve_parse_bound(len) + 4096 +
+                    (rq->ep == EP_TOKENIZE ? text_encode_bound(len) + ((uint64_t)len + 8) * 12
+                                           : ((uint64_t)len / 2 + 1) * text_max_token_bytes(tm) * 7);
     if (hold > srv->budget->limit) return respond_error(rq, 413, "the request is too large for --request-memory", NULL, NULL);
     if (!mem_take(rq, hold)) return respond_busy(rq);
     json_doc *doc = NULL;
