@@ -962,6 +962,56 @@ static enum MHD_Result start_inference(request *rq)
 
 /* ---- /tokenize and /detokenize --------------------------------------------------- */
 
+/* {"content": "...", "add_special": false, "parse_special": true} -> {"tokens": [...]} */
+static ferry_status tokenize_body(const tokenizer *t, const json_value *root, strbuf *sb)
+{
+    bool bad = false, add_special = false, parse_special = true, pieces = false;
+    const json_value *content = json_get(root, "content");
+    json_get_bool(root, "add_special", &add_special, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "add_special must be true or false");
+    json_get_bool(root, "parse_special", &parse_special, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "parse_special must be true or false");
+    json_get_bool(root, "with_pieces", &pieces, &bad);
+    if (bad || pieces) return ferry_fail(FERRY_ERR_INVALID, "with_pieces is not supported");
+    if (!content || content->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "content must be a string");
+    int32_t *ids = NULL;
+    int n = 0;
+    FERRY_TRY(tok_encode(t, content->str, content->len, add_special, parse_special, &ids, &n));
+    sb_puts(sb, "{\"tokens\": [");
+    for (int i = 0; i < n; i++) sb_printf(sb, "%s%d", i ? ", " : "", ids[i]);
+    sb_puts(sb, "]}");
+    free(ids);
+    return FERRY_OK;
+}
+
+/* {"tokens": [...]} -> {"content": "..."}, special tokens written out */
+static ferry_status detokenize_body(const tokenizer *t, const json_value *root, int vocab, strbuf *sb)
+{
+    const json_value *tokens = json_get(root, "tokens");
+    if (!tokens || tokens->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "tokens must be a list of token ids");
+    int32_t *ids = malloc((tokens->len + 1) * sizeof *ids);
+    if (!ids) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; st == FERRY_OK && i < tokens->len; i++) {
+        const json_value *v = &tokens->items[i];
+        if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 || v->integer >= vocab)
+            st = ferry_fail(FERRY_ERR_INVALID, "tokens[%zu] is not a token id of the model (0..%d)", i, vocab - 1);
+        else ids[i] = (int32_t)v->integer;
+    }
+    strbuf text;
+    sb_init(&text);
+    if (st == FERRY_OK) st = tok_decode(t, ids, (int)tokens->len, false, &text);
+    if (st == FERRY_OK) {
+        sb_puts(sb, "{\"content\": ");
+        text_put_json(sb, text.data ? text.data : "", text.len);
+        sb_putc(sb, '}');
+        sb->oom |= text.oom;
+    }
+    sb_free(&text);
+    free(ids);
+    return st;
+}
+
 /* Synchronous on the MHD thread: no engine, only the tokenizer. Their
  * errors are KServe-style {"error": ...}, as the other paths outside /v1. */
 static enum MHD_Result answer_tokens(request *rq)
@@ -985,68 +1035,24 @@ static enum MHD_Result answer_tokens(request *rq)
     json_doc *doc = NULL;
     strbuf sb;
     sb_init(&sb);
-    int code = 200;
     ferry_status st = json_parse_limited(rq->body ? rq->body : "", len, kserve_parse_bound(len), &doc);
-    const json_value *root = st == FERRY_OK ? json_doc_root(doc) : NULL;
     if (st == FERRY_ERR_INVALID) ferry_fail_context(st, "malformed JSON");
+    const json_value *root = st == FERRY_OK ? json_doc_root(doc) : NULL;
     if (st == FERRY_OK && root->type != JSON_OBJECT) st = ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
-    if (st == FERRY_OK && rq->ep == EP_TOKENIZE) {
-        bool bad = false, add_special = false, parse_special = true, pieces = false;
-        const json_value *content = json_get(root, "content");
-        json_get_bool(root, "add_special", &add_special, &bad);
-        if (bad) st = ferry_fail(FERRY_ERR_INVALID, "add_special must be true or false");
-        json_get_bool(root, "parse_special", &parse_special, &bad);
-        if (st == FERRY_OK && bad) st = ferry_fail(FERRY_ERR_INVALID, "parse_special must be true or false");
-        json_get_bool(root, "with_pieces", &pieces, &bad);
-        if (st == FERRY_OK && (bad || pieces)) st = ferry_fail(FERRY_ERR_INVALID, "with_pieces is not supported");
-        if (st == FERRY_OK && (!content || content->type != JSON_STRING))
-            st = ferry_fail(FERRY_ERR_INVALID, "content must be a string");
-        int32_t *ids = NULL;
-        int n = 0;
-        if (st == FERRY_OK)
-            st = tok_encode(text_tokenizer(tm), content->str, content->len, add_special, parse_special, &ids, &n);
-        if (st == FERRY_OK) {
-            sb_puts(&sb, "{\"tokens\": [");
-            for (int i = 0; i < n; i++) sb_printf(&sb, "%s%d", i ? ", " : "", ids[i]);
-            sb_puts(&sb, "]}");
-        }
-        free(ids);
-    } else if (st == FERRY_OK) {
-        const json_value *tokens = json_get(root, "tokens");
-        if (!tokens || tokens->type != JSON_ARRAY) st = ferry_fail(FERRY_ERR_INVALID, "tokens must be a list of token ids");
-        int32_t *ids = st == FERRY_OK ? malloc((tokens->len + 1) * sizeof *ids) : NULL;
-        if (st == FERRY_OK && !ids) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; st == FERRY_OK && i < tokens->len; i++) {
-            const json_value *t = &tokens->items[i];
-            if (t->type != JSON_NUMBER || !t->is_int || t->integer < 0 || t->integer >= vocab)
-                st = ferry_fail(FERRY_ERR_INVALID, "tokens[%zu] is not a token id of the model (0..%d)", i, vocab - 1);
-            else ids[i] = (int32_t)t->integer;
-        }
-        strbuf text;
-        sb_init(&text);
-        if (st == FERRY_OK) st = tok_decode(text_tokenizer(tm), ids, (int)tokens->len, false, &text);
-        if (st == FERRY_OK) {
-            sb_puts(&sb, "{\"content\": ");
-            text_put_json(&sb, text.data ? text.data : "", text.len);
-            sb_putc(&sb, '}');
-            sb.oom |= text.oom;
-        }
-        sb_free(&text);
-        free(ids);
-    }
+    if (st == FERRY_OK)
+        st = rq->ep == EP_TOKENIZE ? tokenize_body(text_tokenizer(tm), root, &sb)
+                                   : detokenize_body(text_tokenizer(tm), root, vocab, &sb);
     json_doc_free(doc);
     body_release(rq);
-    enum MHD_Result ret;
     if (st != FERRY_OK) {
         sb_free(&sb);
-        code = kserve_http_status(st);
-        ret = respond_error(rq, code, ferry_errmsg(), NULL, NULL);
+        enum MHD_Result ret = respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
         mem_give(rq, hold);
-    } else {
-        size_t keep = sb.cap < hold ? sb.cap : hold; /* the answer, until MHD has sent it (request_unref) */
-        ret = respond_sb(rq, code, &sb, NULL, NULL);
-        mem_give(rq, hold - keep);
+        return ret;
     }
+    size_t keep = sb.cap < hold ? sb.cap : hold; /* the answer, until MHD has sent it (request_unref) */
+    enum MHD_Result ret = respond_sb(rq, 200, &sb, NULL, NULL);
+    mem_give(rq, hold - keep);
     return ret;
 }
 

@@ -81,6 +81,21 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
     return FERRY_OK;
 }
 
+/* --prompt: the text encoded as one prompt; the model's generation
+ * defaults where the flags left them, and its end-of-sequence ids. */
+static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, prompt_set *ps, gen_request *proto)
+{
+    text_given given = {cfg->given[SETTING_temperature], cfg->given[SETTING_top_p], cfg->given[SETTING_top_k]};
+    memset(ps, 0, sizeof *ps);
+    ps->ids = calloc(1, sizeof *ps->ids);
+    ps->lens = calloc(1, sizeof *ps->lens);
+    if (!ps->ids || !ps->lens) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ps->n = 1;
+    FERRY_TRY(text_encode(tm, cfg->prompt, strlen(cfg->prompt), true, &ps->ids[0], &ps->lens[0]));
+    if (ps->lens[0] == 0) return ferry_fail(FERRY_ERR_INVALID, "--prompt encodes to no tokens");
+    return text_request_defaults(tm, &given, false, &proto->sampling, proto->stop_ids, &proto->n_stop);
+}
+
 /* Every prompt against the model's config with request_check, before any
  * weight is loaded: a bad id or a prompt past max_position_embeddings costs
  * no load. */
@@ -253,20 +268,7 @@ int cmd_generate(const ferry_config *cfg)
         return rc;
     }
     prompt_set ps;
-    ferry_status pst;
-    if (cfg->prompt) {
-        text_given given = {cfg->given[SETTING_temperature], cfg->given[SETTING_top_p], cfg->given[SETTING_top_k]};
-        memset(&ps, 0, sizeof ps);
-        ps.ids = calloc(1, sizeof *ps.ids);
-        ps.lens = calloc(1, sizeof *ps.lens);
-        pst = ps.ids && ps.lens ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-        if (pst == FERRY_OK) ps.n = 1, pst = text_encode(tm, cfg->prompt, strlen(cfg->prompt), true, &ps.ids[0], &ps.lens[0]);
-        if (pst == FERRY_OK && ps.lens[0] == 0) pst = ferry_fail(FERRY_ERR_INVALID, "--prompt encodes to no tokens");
-        if (pst == FERRY_OK)
-            pst = text_request_defaults(tm, &given, false, &proto.sampling, proto.stop_ids, &proto.n_stop);
-    } else {
-        pst = prompts_parse(cfg->prompt_ids, &ps);
-    }
+    ferry_status pst = cfg->prompt ? text_prompt(cfg, tm, &ps, &proto) : prompts_parse(cfg->prompt_ids, &ps);
     if (pst != FERRY_OK) {
         prompts_free(&ps);
         text_model_free(tm);
