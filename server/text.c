@@ -26,6 +26,12 @@ struct text_model {
     size_t max_token_bytes;
 };
 
+/* sb_append of what may be an empty strbuf's NULL data */
+static void put(strbuf *sb, const char *p, size_t n)
+{
+    if (n) sb_append(sb, p, n);
+}
+
 /* ---- loading ------------------------------------------------------------------------ */
 
 /* Sets *slot to a malloc'd "fmt ..." (a message stays whole even when it is
@@ -256,7 +262,7 @@ void text_put_json(strbuf *sb, const char *s, size_t len)
             run++;
             continue;
         }
-        sb_append(sb, s + i - run, run);
+        if (run) sb_append(sb, s + i - run, run);
         run = 0;
         switch (c) {
         case '"': sb_puts(sb, "\\\""); break;
@@ -267,7 +273,7 @@ void text_put_json(strbuf *sb, const char *s, size_t len)
         default: sb_printf(sb, "\\u%04x", c);
         }
     }
-    sb_append(sb, s + len - run, run);
+    if (run) sb_append(sb, s + len - run, run);
     sb_putc(sb, '"');
 }
 
@@ -305,7 +311,7 @@ static ferry_status put_content(strbuf *vars, const json_value *c, size_t i)
             return ferry_fail(FERRY_ERR_INVALID, "messages[%zu].content[%zu].text must be a string", i, k);
         }
         if (k) sb_putc(&joined, '\n');
-        sb_append(&joined, text->str, text->len);
+        put(&joined, text->str, text->len);
     }
     ferry_status st = joined.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
     text_put_json(vars, joined.data ? joined.data : "", joined.len);
@@ -529,6 +535,7 @@ void text_stream_free(text_stream *s)
 /* Moves pending[0..n) to delta. */
 static void release(text_stream *s, size_t n, strbuf *delta)
 {
+    if (!n) return;
     sb_append(delta, s->pending.data, n);
     memmove(s->pending.data, s->pending.data + n, s->pending.len - n);
     s->pending.len -= n;
@@ -575,10 +582,10 @@ bool text_stream_push(text_stream *s, int32_t id, strbuf *delta)
     if (id >= 0 && id < tok_vocab_size(s->m->tok) && tok_stream_push(s->ts, id, &s->fresh) != FERRY_OK)
         s->fresh.len = 0; /* an id without text: nothing, as HF's decode */
     if (s->stops.n == 0) {
-        sb_append(delta, s->fresh.data, s->fresh.len);
+        put(delta, s->fresh.data, s->fresh.len);
         return false;
     }
-    sb_append(&s->pending, s->fresh.data, s->fresh.len);
+    put(&s->pending, s->fresh.data, s->fresh.len);
     if (match_stop(s, delta)) return true;
     release(s, s->pending.len - held_suffix(s), delta);
     return false;
@@ -589,7 +596,7 @@ text_finish text_stream_end(text_stream *s, strbuf *delta)
     if (!s->ended && !s->stopped) {
         s->fresh.len = 0;
         tok_stream_flush(s->ts, &s->fresh);
-        sb_append(&s->pending, s->fresh.data, s->fresh.len);
+        put(&s->pending, s->fresh.data, s->fresh.len);
         if (!match_stop(s, delta)) release(s, s->pending.len, delta);
     }
     s->ended = true;
