@@ -304,16 +304,16 @@ int cmd_chat(const ferry_config *cfg)
     sched *s = NULL;
     ferry_status st = engine_open(&eo, &e);
     if (st == FERRY_OK) st = sched_create(e, NULL, &s);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint; /* no SA_RESTART: getline returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL); /* before unblocking: a Ctrl-C while loading must not end the program */
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (st != FERRY_OK) {
         rc = cli_fail(st);
         goto done;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint; /* no SA_RESTART: getline returns EINTR */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
 
     engine_limits lim = engine_get_limits(e);
     bool tty = isatty(STDIN_FILENO);

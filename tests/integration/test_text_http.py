@@ -8,7 +8,9 @@ and `ferry generate --prompt-ids` for the greedy ids of a prompt.
 """
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -250,6 +252,34 @@ def test_chat_text_output(ferry, m_demo):
     p = chat(ferry, m_demo, "Hi\n\n/clear\nHi\n", "--max-new-tokens", 6)
     assert p.returncode == 0, p.stderr.decode()
     assert p.stdout.decode() == answer + "\n" + answer + "\n"
+
+
+def test_chat_ctrl_c_stops_the_answer_not_the_program(ferry, tdir):
+    """SIGINT while an answer is being written ends that answer (the prompt
+    comes back, the partial answer stays in the history); EOF then exits 0."""
+    slow = text_model(ferry, tdir / "slow", DEMO_TOKENIZER, preset="small", seed=25, extra=("--layers", 8))
+    flags = ["--max-memory", "device=0,host=0", "--offload-dir", str(tdir / "slow-offload")]
+    p = chat(ferry, slow, "warm up\n", "--max-new-tokens", 1, *flags)  # writes the offload blobs: loads fast next
+    assert p.returncode == 0, p.stderr.decode()
+    proc = subprocess.Popen([ferry.path, "chat", "--model", str(slow), "--max-new-tokens", "1500", "--json"] + flags,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"Tell me everything\n")
+        proc.stdin.flush()
+        time.sleep(1.5)  # loading, then some tokens (each step streams the model from disk: 1500 take tens of s)
+        proc.send_signal(signal.SIGINT)
+        proc.stdin.write(b"Hi\n")
+        proc.stdin.close()
+        out = proc.stdout.read()  # until the program exits (a hang is the test's timeout)
+        err = proc.stderr.read()
+        proc.wait(RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    turns = [json.loads(line) for line in out.decode().splitlines()]
+    assert len(turns) == 2, (turns, err.decode())
+    assert turns[0]["finish_reason"] == "cancelled" and len(turns[0]["output_ids"]) < 1500
+    assert turns[0]["text"] in turns[1]["prompt"]
 
 
 def test_chat_errors(ferry, models, m_l2):
