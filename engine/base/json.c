@@ -331,6 +331,16 @@ static bool vec_finish(parser *p, vec *v, void **out)
 {
     *out = NULL;
     if (!v->blk) return true;
+    if (v->n < v->cap) {
+        /* give back the unused room: a document of many short lists (a
+         * tokenizer.json's 300k merge pairs) would otherwise hold 4x its tree */
+        arena_block *b = realloc(v->blk, sizeof *b + v->n * v->elem);
+        if (b) {
+            p->doc->held -= (v->cap - v->n) * v->elem;
+            v->blk = b;
+            v->cap = v->n;
+        }
+    }
     v->blk->next = p->doc->lists;
     p->doc->lists = v->blk;
     *out = v->blk->data;

@@ -27,6 +27,8 @@ int cmd_bench(const ferry_config *cfg);
 int cmd_plan(const ferry_config *cfg);
 int cmd_serve(const ferry_config *cfg);
 int cmd_export(const ferry_config *cfg);
+int cmd_tokenize(const ferry_config *cfg);
+int cmd_detokenize(const ferry_config *cfg);
 
 /* Fills the engine options from the settings every model-running command
  * shares (device, threads, placement, batch, context; budgets parsed);

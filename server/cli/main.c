@@ -48,6 +48,12 @@ static const command k_commands[] = {
     {"export", cmd_export, "write the loaded (converted) weights as a Hugging Face checkpoint, read from wherever they live",
      {S(model), S(out), S(layout), S(max_shard_size), S(overwrite), S(device), S(threads), S(json), PLACEMENT, END},
      {S(model), S(out), END}},
+    {"tokenize", cmd_tokenize, "text -> token ids with the checkpoint's tokenizer.json (ids space separated, or --json)",
+     {S(model), S(text), S(file), S(add_special), S(json), END},
+     {S(model), END}},
+    {"detokenize", cmd_detokenize, "token ids -> text with the checkpoint's tokenizer.json (special tokens kept)",
+     {S(model), S(ids), S(json), END},
+     {S(model), S(ids), END}},
     {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, OpenAI /v1, Prometheus metrics) and gRPC (KServe v2)",
      {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(http_port), S(grpc_port), S(drain_timeout), S(host), S(name), S(max_body),
       S(max_queued), S(request_memory), S(request_timeout), S(max_connections), S(max_connections_per_ip),
@@ -60,7 +66,7 @@ static const command k_commands[] = {
  * naming it: "" would otherwise become paths like "/config.json", or an
  * error about whatever was derived from it (serve's --name from --model). */
 static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace), S(admin_token_file),
-                                      S(export_dir), S(tokenizer)};
+                                      S(export_dir), S(tokenizer), S(file)};
 
 int cli_error(int code, const char *fmt, ...)
 {
@@ -153,6 +159,7 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         case S(admin_token_file): v = cfg->admin_token_file; break;
         case S(export_dir): v = cfg->export_dir; break;
         case S(tokenizer): v = cfg->tokenizer; break;
+        case S(file): v = cfg->file; break;
         }
         if (cfg->given[id] && v && !*v)
             return cli_error(EXIT_USAGE, "%s: %s must not be empty (it names a file or directory)", c->name,

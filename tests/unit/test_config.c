@@ -73,11 +73,15 @@ static void test_defaults(void)
     CHECK_EQ_STR(cfg.layout, "converted");
     CHECK_EQ_U64(cfg.max_shard_size, 5000000000ull);
     CHECK(cfg.overwrite == false);
+    CHECK(cfg.text == NULL);
+    CHECK(cfg.file == NULL);
+    CHECK(cfg.add_special == false);
+    CHECK(cfg.ids == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) {
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 55); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 59); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

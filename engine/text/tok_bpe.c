@@ -1,0 +1,432 @@
+/*
+ * tok_bpe.c - the BPE model: tokenizer.json's "model" section (vocab and
+ * merges, in either merge form) and the tokenization of one pre-token.
+ *
+ * A word starts as one symbol per character (its vocab id; else its bytes'
+ * <0xNN> tokens under byte_fallback; else unk, fused under fuse_unk; else
+ * nothing, as HF drops it). Merges then run lowest rank first, leftmost
+ * first among equal ranks, from a binary heap of candidate pairs over a
+ * doubly linked list of symbols: O(n log n) in the word's length, so one
+ * 1 MB "word" costs a fraction of a second, not minutes. The invariants are
+ * HF's (models/bpe/word.rs merge_all):
+ *   1. A heap entry (rank, pos, new_id) is stale when the symbol at pos was
+ *      merged away (len 0), is last, or no longer forms the pair that makes
+ *      new_id with its right neighbour; stale entries are dropped on pop.
+ *   2. A merge keeps the left symbol's position, so array order is word
+ *      order, and the pairs it creates are pushed with their left position.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_internal.h"
+
+/* ---- loading ---------------------------------------------------------------- */
+
+/* Parses one "a b" merge string into its two tokens. HF refuses a line that
+ * does not hold exactly one space; see tokenizer.h for why ferry skips it. */
+static bool split_merge(const char *s, size_t n, size_t *a_len, const char **b, size_t *b_len)
+{
+    const char *sp = memchr(s, ' ', n);
+    if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1)) return false;
+    *a_len = (size_t)(sp - s);
+    *b = sp + 1;
+    *b_len = n - *a_len - 1;
+    return true;
+}
+
+static ferry_status add_merge(tok_bpe *m, const char *file, size_t i, const char *a, size_t a_len, const char *b,
+                              size_t b_len, uint32_t rank, char **buf, size_t *buf_cap)
+{
+    int32_t ia = tok_strmap_get(&m->vocab, a, a_len);
+    if (ia < 0)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.merges[%zu]: token '%.*s' is not in the vocabulary", file, i,
+                          (int)(a_len > 200 ? 200 : a_len), a);
+    int32_t ib = tok_strmap_get(&m->vocab, b, b_len);
+    if (ib < 0)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.merges[%zu]: token '%.*s' is not in the vocabulary", file, i,
+                          (int)(b_len > 200 ? 200 : b_len), b);
+    if (a_len + b_len > *buf_cap) {
+        size_t cap = (a_len + b_len) * 2;
+        char *nb = realloc(*buf, cap);
+        if (!nb) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+        *buf = nb;
+        *buf_cap = cap;
+    }
+    memcpy(*buf, a, a_len);
+    memcpy(*buf + a_len, b, b_len);
+    int32_t merged = tok_strmap_get(&m->vocab, *buf, a_len + b_len);
+    if (merged < 0)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.merges[%zu]: the merged token '%.*s' is not in the vocabulary",
+                          file, i, (int)(a_len + b_len > 200 ? 200 : a_len + b_len), *buf);
+    /* a pair listed twice keeps the later rank, as HF's map does */
+    if (!tok_pairmap_put(&m->merges, (uint32_t)ia, (uint32_t)ib, rank, merged))
+        return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    return FERRY_OK;
+}
+
+static ferry_status load_vocab(tok_bpe *m, const json_value *vocab, tok_arena *arena, const char *file)
+{
+    if (!vocab || vocab->type != JSON_OBJECT)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.vocab must be an object of token -> id", file);
+    if (!tok_strmap_init(&m->vocab, vocab->len)) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    const char **keys = malloc((vocab->len ? vocab->len : 1) * sizeof *keys);
+    if (!keys) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    ferry_status st = FERRY_OK;
+    m->max_id = -1;
+    for (size_t i = 0; i < vocab->len; i++) {
+        const json_member *e = &vocab->members[i];
+        if (e->value.type != JSON_NUMBER || !e->value.is_int || e->value.integer < 0 ||
+            e->value.integer >= TOK_MAX_ID) {
+            st = ferry_fail(FERRY_ERR_INVALID, "%s: model.vocab['%.*s'] must be an integer id in [0, %d)", file,
+                            (int)(e->key_len > 200 ? 200 : e->key_len), e->key, TOK_MAX_ID);
+            goto done;
+        }
+        keys[i] = tok_arena_strdup(arena, e->key, e->key_len);
+        if (!keys[i] || !tok_strmap_put(&m->vocab, keys[i], e->key_len, (int32_t)e->value.integer)) {
+            st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+            goto done;
+        }
+        if (e->value.integer > m->max_id) m->max_id = (int32_t)e->value.integer;
+    }
+    m->n_entries = m->vocab.count;
+    size_t n_ids = (size_t)m->max_id + 1;
+    m->id_str = tok_arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_str);
+    m->id_len = tok_arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_len);
+    m->bmp_id = tok_arena_alloc(arena, 0x10000 * sizeof *m->bmp_id);
+    if (!m->id_str || !m->id_len || !m->bmp_id) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+        goto done;
+    }
+    memset(m->id_str, 0, n_ids * sizeof *m->id_str);
+    memset(m->id_len, 0, n_ids * sizeof *m->id_len);
+    memset(m->bmp_id, 0xFF, 0x10000 * sizeof *m->bmp_id);
+    /* in document order, skipping bindings a later duplicate key replaced;
+     * two tokens sharing an id: the later one names it */
+    for (size_t i = 0; i < vocab->len; i++) {
+        const json_member *e = &vocab->members[i];
+        int32_t id = (int32_t)e->value.integer;
+        if (tok_strmap_get(&m->vocab, e->key, e->key_len) != id) continue;
+        m->id_str[id] = keys[i];
+        m->id_len[id] = (uint32_t)e->key_len;
+        uint32_t cp;
+        if (e->key_len > 0 && tok_utf8_next(e->key, e->key_len, &cp) == e->key_len && cp < 0x10000)
+            m->bmp_id[cp] = id;
+    }
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        m->byte_id[b] = tok_strmap_get(&m->vocab, name, 6);
+    }
+done:
+    free(keys);
+    return st;
+}
+
+static ferry_status load_merges(tok_bpe *m, const json_value *merges, const char *file)
+{
+    if (!merges || merges->type != JSON_ARRAY)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.merges must be an array", file);
+    if (!tok_pairmap_init(&m->merges, merges->len)) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    /* HF reads either every merge as a pair or every merge as a string */
+    bool pairs = merges->len == 0 || merges->items[0].type == JSON_ARRAY;
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    uint32_t rank = 0;
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < merges->len && st == FERRY_OK; i++) {
+        const json_value *v = &merges->items[i];
+        if (pairs) {
+            if (v->type != JSON_ARRAY || v->len != 2 || v->items[0].type != JSON_STRING ||
+                v->items[1].type != JSON_STRING) {
+                st = ferry_fail(FERRY_ERR_INVALID, "%s: model.merges[%zu] must be a pair of strings like the others",
+                                file, i);
+                break;
+            }
+            st = add_merge(m, file, i, v->items[0].str, v->items[0].len, v->items[1].str, v->items[1].len, rank++,
+                           &buf, &buf_cap);
+        } else {
+            if (v->type != JSON_STRING) {
+                st = ferry_fail(FERRY_ERR_INVALID, "%s: model.merges[%zu] must be a string \"a b\" like the others",
+                                file, i);
+                break;
+            }
+            if (v->len >= 8 && memcmp(v->str, "#version", 8) == 0) continue; /* merges.txt's header line */
+            size_t a_len, b_len;
+            const char *b;
+            if (!split_merge(v->str, v->len, &a_len, &b, &b_len)) {
+                rank++;
+                continue;
+            }
+            st = add_merge(m, file, i, v->str, a_len, b, b_len, rank++, &buf, &buf_cap);
+        }
+    }
+    free(buf);
+    return st;
+}
+
+/* A string-or-null field; *bad when it is something else. */
+static const char *opt_str(const json_value *obj, const char *key, const char *file, ferry_status *st)
+{
+    const json_value *v = json_get(obj, key);
+    if (!v || v->type == JSON_NULL) return NULL;
+    if (v->type != JSON_STRING) {
+        *st = ferry_fail(FERRY_ERR_INVALID, "%s: model.%s must be a string or null", file, key);
+        return NULL;
+    }
+    return v->str;
+}
+
+static bool opt_bool(const json_value *obj, const char *key, const char *file, ferry_status *st)
+{
+    bool bad = false, v = false;
+    json_get_bool(obj, key, &v, &bad);
+    if (bad && *st == FERRY_OK) *st = ferry_fail(FERRY_ERR_INVALID, "%s: model.%s must be true or false", file, key);
+    return v;
+}
+
+ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, tok_arena *arena, const char *file)
+{
+    memset(m, 0, sizeof *m);
+    m->max_id = -1;
+    if (!model || model->type != JSON_OBJECT)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model must be an object", file);
+    const json_value *type = json_get(model, "type");
+    if (type && type->type != JSON_STRING)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: model.type must be a string", file);
+    if (type && strcmp(type->str, "BPE") != 0)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", file, type->str);
+    if (!type && !json_get(model, "merges"))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model has no type and no merges: only BPE is supported", file);
+
+    ferry_status st = FERRY_OK;
+    const json_value *dropout = json_get(model, "dropout");
+    if (dropout && dropout->type != JSON_NULL && !(dropout->type == JSON_NUMBER && dropout->number == 0.0))
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model.dropout must be null (BPE dropout makes encoding random)",
+                          file);
+    const char *prefix = opt_str(model, "continuing_subword_prefix", file, &st);
+    const char *suffix = opt_str(model, "end_of_word_suffix", file, &st);
+    const char *unk = opt_str(model, "unk_token", file, &st);
+    m->fuse_unk = opt_bool(model, "fuse_unk", file, &st);
+    m->byte_fallback = opt_bool(model, "byte_fallback", file, &st);
+    m->ignore_merges = opt_bool(model, "ignore_merges", file, &st);
+    if (st != FERRY_OK) return st;
+    if (prefix && *prefix)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model.continuing_subword_prefix '%s' is not supported", file,
+                          prefix);
+    if (suffix && *suffix)
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model.end_of_word_suffix '%s' is not supported", file, suffix);
+    if (unk && !(m->unk_token = tok_arena_strdup(arena, unk, strlen(unk))))
+        return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    const json_value *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");
+    if (!vocab || !merges) return ferry_fail(FERRY_ERR_INVALID, "%s: model needs vocab and merges", file);
+    FERRY_TRY(load_vocab(m, vocab, arena, file));
+    return load_merges(m, merges, file);
+}
+
+void tok_bpe_free(tok_bpe *m)
+{
+    tok_strmap_free(&m->vocab);
+    tok_pairmap_free(&m->merges);
+}
+
+/* ---- one word ------------------------------------------------------------------ */
+
+typedef struct {
+    int32_t id;
+    int32_t prev, next; /* -1 at the ends */
+    uint32_t len;       /* bytes of the word it covers; 0: merged into its left neighbour */
+} symbol;
+
+typedef struct {
+    uint32_t rank;
+    uint32_t pos;
+    int32_t new_id;
+} candidate;
+
+struct tok_bpe_scratch {
+    symbol *sym;
+    size_t sym_cap;
+    candidate *heap;
+    size_t heap_n, heap_cap;
+};
+
+void tok_bpe_scratch_free(tok_bpe_scratch *s)
+{
+    if (!s) return;
+    free(s->sym);
+    free(s->heap);
+    free(s);
+}
+
+static inline bool cand_less(const candidate *a, const candidate *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static bool heap_push(tok_bpe_scratch *s, uint32_t rank, uint32_t pos, int32_t new_id)
+{
+    if (s->heap_n == s->heap_cap) {
+        size_t cap = s->heap_cap ? s->heap_cap * 2 : 64;
+        candidate *h = realloc(s->heap, cap * sizeof *h);
+        if (!h) return false;
+        s->heap = h;
+        s->heap_cap = cap;
+    }
+    size_t i = s->heap_n++;
+    candidate c = {rank, pos, new_id};
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!cand_less(&c, &s->heap[parent])) break;
+        s->heap[i] = s->heap[parent];
+        i = parent;
+    }
+    s->heap[i] = c;
+    return true;
+}
+
+static candidate heap_pop(tok_bpe_scratch *s)
+{
+    candidate top = s->heap[0], last = s->heap[--s->heap_n];
+    size_t i = 0, n = s->heap_n;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const candidate *best = &last;
+        if (l < n && cand_less(&s->heap[l], best)) {
+            m = l;
+            best = &s->heap[l];
+        }
+        if (r < n && cand_less(&s->heap[r], best)) m = r;
+        if (m == i) break;
+        s->heap[i] = s->heap[m];
+        i = m;
+    }
+    if (n) s->heap[i] = last;
+    return top;
+}
+
+static bool sym_add(tok_bpe_scratch *s, size_t *n, int32_t id, uint32_t len)
+{
+    if (*n == s->sym_cap) {
+        size_t cap = s->sym_cap ? s->sym_cap * 2 : 64;
+        symbol *v = realloc(s->sym, cap * sizeof *v);
+        if (!v) return false;
+        s->sym = v;
+        s->sym_cap = cap;
+    }
+    s->sym[*n] = (symbol){id, (int32_t)*n - 1, -1, len};
+    if (*n > 0) s->sym[*n - 1].next = (int32_t)*n;
+    (*n)++;
+    return true;
+}
+
+static bool ids_push(int32_t **ids, size_t *n, size_t *cap, int32_t id)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        int32_t *v = realloc(*ids, c * sizeof *v);
+        if (!v) return false;
+        *ids = v;
+        *cap = c;
+    }
+    (*ids)[(*n)++] = id;
+    return true;
+}
+
+/* The initial symbols of w, as HF's merge_word builds them. */
+static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const char *w, size_t n, size_t *n_sym)
+{
+    bool have_unk = false;
+    int32_t unk_id = -1;
+    uint32_t unk_len = 0;
+    *n_sym = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = tok_utf8_next(w + i, n - i, &cp);
+        int32_t id = cp < 0x10000 ? m->bmp_id[cp] : tok_strmap_get(&m->vocab, w + i, k);
+        if (id >= 0) {
+            if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
+            have_unk = false;
+            if (!sym_add(s, n_sym, id, (uint32_t)k)) goto oom;
+            i += k;
+            continue;
+        }
+        if (m->byte_fallback) {
+            bool all = true;
+            for (size_t b = 0; b < k; b++) all = all && m->byte_id[(unsigned char)w[i + b]] >= 0;
+            if (all) {
+                /* a pending unk stays pending across byte tokens, as in HF */
+                for (size_t b = 0; b < k; b++)
+                    if (!sym_add(s, n_sym, m->byte_id[(unsigned char)w[i + b]], 1)) goto oom;
+                i += k;
+                continue;
+            }
+        }
+        if (m->unk_token) {
+            if (have_unk && m->fuse_unk) {
+                unk_len += (uint32_t)k;
+            } else {
+                if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
+                unk_id = tok_strmap_get(&m->vocab, m->unk_token, strlen(m->unk_token));
+                if (unk_id < 0)
+                    return ferry_fail(FERRY_ERR_INVALID, "tokenizer: unk_token '%s' is not in the vocabulary",
+                                      m->unk_token);
+                unk_len = (uint32_t)k;
+                have_unk = true;
+            }
+        }
+        i += k;
+    }
+    if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
+    return FERRY_OK;
+oom:
+    return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+}
+
+ferry_status tok_bpe_word(const tok_bpe *m, const char *w, size_t n, tok_bpe_scratch **scratch, int32_t **ids,
+                          size_t *n_ids, size_t *cap)
+{
+    if (n == 0) return FERRY_OK;
+    if (m->ignore_merges) {
+        int32_t id = tok_strmap_get(&m->vocab, w, n);
+        if (id >= 0) return ids_push(ids, n_ids, cap, id) ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    if (!*scratch && !(*scratch = calloc(1, sizeof **scratch)))
+        return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    tok_bpe_scratch *s = *scratch;
+    size_t n_sym;
+    FERRY_TRY(initial_symbols(m, s, w, n, &n_sym));
+    symbol *sym = s->sym;
+    s->heap_n = 0;
+    for (size_t i = 0; i + 1 < n_sym; i++) {
+        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)sym[i].id, (uint32_t)sym[i + 1].id);
+        if (p && !heap_push(s, p->rank, (uint32_t)i, p->id)) goto oom;
+    }
+    while (s->heap_n) {
+        candidate top = heap_pop(s);
+        symbol *cur = &sym[top.pos];
+        if (cur->len == 0 || cur->next < 0) continue; /* invariant 1 */
+        symbol right = sym[cur->next];
+        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)cur->id, (uint32_t)right.id);
+        if (!p || p->id != top.new_id) continue;
+        sym[cur->next].len = 0;
+        cur->id = top.new_id;
+        cur->len += right.len;
+        cur->next = right.next;
+        if (right.next >= 0) sym[right.next].prev = (int32_t)top.pos;
+        /* invariant 2: the new pairs, keyed by their left symbol */
+        if (cur->prev >= 0) {
+            p = tok_pairmap_get(&m->merges, (uint32_t)sym[cur->prev].id, (uint32_t)cur->id);
+            if (p && !heap_push(s, p->rank, (uint32_t)cur->prev, p->id)) goto oom;
+        }
+        if (cur->next >= 0) {
+            p = tok_pairmap_get(&m->merges, (uint32_t)cur->id, (uint32_t)sym[cur->next].id);
+            if (p && !heap_push(s, p->rank, top.pos, p->id)) goto oom;
+        }
+    }
+    for (size_t i = 0; i < n_sym; i++)
+        if (sym[i].len && !ids_push(ids, n_ids, cap, sym[i].id)) goto oom;
+    return FERRY_OK;
+oom:
+    return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+}

@@ -1,0 +1,678 @@
+/*
+ * tok_encode.c - text -> ids, in HF tokenizers' order (tokenizer/mod.rs
+ * encode_single_sequence):
+ *   1. added tokens whose `normalized` is false are split out of the raw
+ *      text (added_vocabulary.rs find_matches: leftmost-longest, then the
+ *      special / single_word / lstrip / rstrip rules);
+ *   2. each remaining piece is normalized on its own, and added tokens whose
+ *      `normalized` is true are split out of the normalized text;
+ *   3. the pre-tokenizers cut each piece into words;
+ *   4. the BPE model turns each word into ids;
+ *   5. the post-processor adds BOS/EOS-style tokens.
+ * Invalid UTF-8 in the input is first replaced by U+FFFD, as Python's
+ * bytes.decode('utf-8', 'replace') would before calling HF.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "tok_internal.h"
+
+/* One call's working memory. */
+typedef struct {
+    const tokenizer *t;
+    tok_match_ctx *mc;
+    tok_arena arena;  /* strings made by normalizers and pre-tokenizers, per piece of text */
+    tok_spans spans;
+    tok_bpe_scratch *bpe;
+    int32_t *ids;
+    size_t n_ids, cap;
+} work;
+
+typedef struct {
+    size_t start, end;
+    int32_t id; /* -1: text */
+} segment;
+
+typedef struct {
+    segment *v;
+    size_t n, cap;
+} segments;
+
+typedef struct {
+    const char *p;
+    size_t n;
+    bool orig0; /* starts at offset 0 of the original text (Metaspace's "first") */
+} piece;
+
+typedef struct {
+    piece *v;
+    size_t n, cap;
+} pieces;
+
+static ferry_status oom(void) { return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"); }
+
+static bool seg_push(segments *s, size_t start, size_t end, int32_t id)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        segment *v = realloc(s->v, cap * sizeof *v);
+        if (!v) return false;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = (segment){start, end, id};
+    return true;
+}
+
+static bool piece_push(pieces *l, const char *p, size_t n, bool orig0)
+{
+    if (n == 0) return true; /* HF drops empty splits */
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        piece *v = realloc(l->v, cap * sizeof *v);
+        if (!v) return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (piece){p, n, orig0};
+    return true;
+}
+
+static bool ids_push(work *w, int32_t id)
+{
+    if (w->n_ids == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 256;
+        int32_t *v = realloc(w->ids, cap * sizeof *v);
+        if (!v) return false;
+        w->ids = v;
+        w->cap = cap;
+    }
+    w->ids[w->n_ids++] = id;
+    return true;
+}
+
+static ferry_status need_mc(work *w)
+{
+    if (!w->mc && !(w->mc = tok_match_ctx_new())) return oom();
+    return FERRY_OK;
+}
+
+/* ---- normalizers --------------------------------------------------------------- */
+
+static ferry_status norm_unicode(tok_norm_kind kind, const char *s, size_t n, strbuf *out)
+{
+    int opt = UTF8PROC_STABLE;
+    switch (kind) {
+    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    if (n == 0) return FERRY_OK;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
+    if (r < 0) {
+        free(dst);
+        return r == UTF8PROC_ERROR_NOMEM ? oom()
+                                         : ferry_fail(FERRY_ERR_INTERNAL, "tokenizer: normalization failed: %s",
+                                                      utf8proc_errmsg(r));
+    }
+    sb_append(out, dst, (size_t)r);
+    free(dst);
+    return FERRY_OK;
+}
+
+/* Rust's char::to_lowercase: the simple mapping, except U+0130, whose full
+ * lowercase is two characters. */
+static void norm_lowercase(const char *s, size_t n, strbuf *out)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = tok_utf8_next(s + i, n - i, &cp);
+        if (cp < 0x80) {
+            sb_putc(out, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
+        } else if (cp == 0x130) {
+            sb_append(out, "i\xCC\x87", 3);
+        } else {
+            char buf[4];
+            sb_append(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
+        }
+        i += k;
+    }
+}
+
+/* HF replace(): every match of the pattern becomes the content. */
+static ferry_status norm_replace(const tokenizer *t, tok_match_ctx *mc, const tok_normalizer *nz, const char *s,
+                                 size_t n, strbuf *out, bool *first_kept)
+{
+    (void)t;
+    tok_spans sp = {0};
+    ferry_status st = tok_regex_find_all(nz->re, mc, s, n, &sp);
+    if (st != FERRY_OK) goto done;
+    size_t last = 0;
+    for (size_t i = 0; i < sp.n; i++) {
+        size_t a = sp.v[i].start, b = sp.v[i].end;
+        if (a == 0 && b > 0) {
+            /* the new first character is aligned with the last one replaced:
+             * still the original's first only if one character was replaced */
+            uint32_t cp;
+            if (nz->str_len == 0 || tok_utf8_next(s, n, &cp) != b) *first_kept = false;
+        }
+        sb_append(out, s + last, a - last);
+        sb_append(out, nz->str, nz->str_len);
+        last = b;
+    }
+    sb_append(out, s + last, n - last);
+done:
+    free(sp.v);
+    return st;
+}
+
+static void norm_strip(const tok_normalizer *nz, const char *s, size_t n, strbuf *out, bool *first_kept)
+{
+    size_t a = 0, b = n;
+    if (nz->left)
+        while (a < b) {
+            uint32_t cp;
+            size_t k = tok_utf8_next(s + a, b - a, &cp);
+            if (!tok_is_white_space(cp)) break;
+            a += k;
+        }
+    if (nz->right)
+        while (b > a) {
+            size_t k = 1;
+            while (k < b - a && ((unsigned char)s[b - k] & 0xC0) == 0x80) k++;
+            uint32_t cp;
+            tok_utf8_next(s + b - k, k, &cp);
+            if (!tok_is_white_space(cp)) break;
+            b -= k;
+        }
+    if (a > 0) *first_kept = false;
+    sb_append(out, s + a, b - a);
+}
+
+ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
+                           bool *first_kept)
+{
+    strbuf a, b;
+    sb_init(&a);
+    sb_init(&b);
+    ferry_status st = FERRY_OK;
+    const char *cur = s;
+    size_t cur_n = n;
+    for (size_t i = 0; i < t->n_norm; i++) {
+        const tok_normalizer *nz = &t->norm[i];
+        strbuf *dst = (i % 2) ? &b : &a;
+        dst->len = 0;
+        if (dst->data) dst->data[0] = '\0';
+        switch (nz->kind) {
+        case TOK_NORM_NFC:
+        case TOK_NORM_NFD:
+        case TOK_NORM_NFKC:
+        case TOK_NORM_NFKD:
+            st = norm_unicode(nz->kind, cur, cur_n, dst);
+            break;
+        case TOK_NORM_LOWERCASE:
+            norm_lowercase(cur, cur_n, dst);
+            break;
+        case TOK_NORM_PREPEND:
+            if (cur_n) sb_append(dst, nz->str, nz->str_len);
+            sb_append(dst, cur, cur_n);
+            break;
+        case TOK_NORM_REPLACE:
+            st = norm_replace(t, mc, nz, cur, cur_n, dst, first_kept);
+            break;
+        case TOK_NORM_STRIP:
+            norm_strip(nz, cur, cur_n, dst, first_kept);
+            break;
+        }
+        if (st != FERRY_OK) goto done;
+        if (dst->oom) {
+            st = oom();
+            goto done;
+        }
+        cur = dst->data ? dst->data : "";
+        cur_n = dst->len;
+    }
+    sb_append(out, cur, cur_n);
+    if (out->oom) st = oom();
+done:
+    sb_free(&a);
+    sb_free(&b);
+    return st;
+}
+
+/* ---- added tokens ---------------------------------------------------------------- */
+
+/* The leftmost-longest match at or after *pos: its start, length and added
+ * token index, or false. */
+static bool trie_find(const tok_trie *tr, const char *s, size_t n, size_t from, size_t *at, size_t *len,
+                      int32_t *idx)
+{
+    for (size_t p = from; p < n; p++) {
+        if (!tr->first[(unsigned char)s[p]]) continue;
+        int32_t node = 0, best = -1;
+        size_t best_len = 0;
+        for (size_t q = p; q < n; q++) {
+            const tok_pairmap_slot *e = tok_pairmap_get(&tr->edges, (uint32_t)node, (unsigned char)s[q]);
+            if (!e) break;
+            node = e->id;
+            if (tr->value[node] >= 0) {
+                best = tr->value[node];
+                best_len = q - p + 1;
+            }
+        }
+        if (best >= 0) {
+            *at = p;
+            *len = best_len;
+            *idx = best;
+            return true;
+        }
+    }
+    return false;
+}
+
+static size_t prev_char_start(const char *s, size_t pos)
+{
+    size_t k = pos - 1;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
+    return k;
+}
+
+/* HF's find_matches: the text cut at each added token kept by the rules. */
+static ferry_status find_added(const tokenizer *t, const tok_trie *tr, const char *s, size_t n, bool parse_special,
+                               segments *out)
+{
+    out->n = 0;
+    size_t start_offset = 0, from = 0, at, len;
+    int32_t idx;
+    while (tr->n_nodes > 1 && from < n && trie_find(tr, s, n, from, &at, &len, &idx)) {
+        size_t start = at, stop = at + len;
+        from = stop; /* matches never overlap, even those discarded below */
+        const tok_added *a = &t->added[idx];
+        if (!parse_special && tok_strmap_get(&t->special_set, a->content, a->len) >= 0) continue;
+        if (a->single_word) {
+            uint32_t cp;
+            bool start_space = true, stop_space = true;
+            if (start > 0) {
+                size_t k = prev_char_start(s, start);
+                tok_utf8_next(s + k, start - k, &cp);
+                start_space = !tok_is_regex_word(cp);
+            }
+            if (stop < n) {
+                tok_utf8_next(s + stop, n - stop, &cp);
+                stop_space = !tok_is_regex_word(cp);
+            }
+            if (!start_space || !stop_space) continue;
+        }
+        if (a->lstrip) {
+            size_t ns = start;
+            while (ns > 0) {
+                size_t k = prev_char_start(s, ns);
+                uint32_t cp;
+                tok_utf8_next(s + k, ns - k, &cp);
+                if (!tok_is_white_space(cp)) break;
+                ns = k;
+            }
+            /* spaces an earlier token already took stay with it */
+            start = ns > start_offset ? ns : start_offset;
+        }
+        if (a->rstrip)
+            while (stop < n) {
+                uint32_t cp;
+                size_t k = tok_utf8_next(s + stop, n - stop, &cp);
+                if (!tok_is_white_space(cp)) break;
+                stop += k;
+            }
+        if (start > stop) start = stop; /* HF would panic here (a whitespace-only token after an rstrip) */
+        if (start_offset < start && !seg_push(out, start_offset, start, -1)) return oom();
+        if (!seg_push(out, start, stop, a->id)) return oom();
+        start_offset = stop;
+    }
+    if (start_offset < n && !seg_push(out, start_offset, n, -1)) return oom();
+    return FERRY_OK;
+}
+
+/* ---- pre-tokenizers ----------------------------------------------------------------- */
+
+typedef struct {
+    size_t start, end;
+    bool is_match;
+} split_part;
+
+typedef struct {
+    split_part *v;
+    size_t n, cap;
+} split_parts;
+
+static bool part_push(split_parts *p, size_t start, size_t end, bool is_match)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        split_part *v = realloc(p->v, cap * sizeof *v);
+        if (!v) return false;
+        p->v = v;
+        p->cap = cap;
+    }
+    p->v[p->n++] = (split_part){start, end, is_match};
+    return true;
+}
+
+/* HF NormalizedString::split: the matches and the text between them, then
+ * the delimiter behaviour. The parts cover [0, n) in order. */
+static ferry_status split_by(const split_parts *in, tok_split_behavior behavior, const piece *pc, pieces *out,
+                             split_parts *tmp)
+{
+    tmp->n = 0;
+    bool prev = false;
+    switch (behavior) {
+    case TOK_SPLIT_ISOLATED:
+        for (size_t i = 0; i < in->n; i++)
+            if (!part_push(tmp, in->v[i].start, in->v[i].end, false)) return oom();
+        break;
+    case TOK_SPLIT_REMOVED:
+        for (size_t i = 0; i < in->n; i++)
+            if (!part_push(tmp, in->v[i].start, in->v[i].end, in->v[i].is_match)) return oom();
+        break;
+    case TOK_SPLIT_CONTIGUOUS:
+        for (size_t i = 0; i < in->n; i++) {
+            if (in->v[i].is_match == prev && tmp->n) tmp->v[tmp->n - 1].end = in->v[i].end;
+            else if (!part_push(tmp, in->v[i].start, in->v[i].end, false)) return oom();
+            prev = in->v[i].is_match;
+        }
+        break;
+    case TOK_SPLIT_MERGED_PREV:
+        for (size_t i = 0; i < in->n; i++) {
+            if (in->v[i].is_match && !prev && tmp->n) tmp->v[tmp->n - 1].end = in->v[i].end;
+            else if (!part_push(tmp, in->v[i].start, in->v[i].end, false)) return oom();
+            prev = in->v[i].is_match;
+        }
+        break;
+    case TOK_SPLIT_MERGED_NEXT:
+        /* built back to front, as HF folds the reversed list */
+        for (size_t i = in->n; i-- > 0;) {
+            if (in->v[i].is_match && !prev && tmp->n) tmp->v[tmp->n - 1].start = in->v[i].start;
+            else if (!part_push(tmp, in->v[i].start, in->v[i].end, false)) return oom();
+            prev = in->v[i].is_match;
+        }
+        for (size_t i = 0, j = tmp->n ? tmp->n - 1 : 0; i < j; i++, j--) {
+            split_part x = tmp->v[i];
+            tmp->v[i] = tmp->v[j];
+            tmp->v[j] = x;
+        }
+        break;
+    }
+    for (size_t i = 0; i < tmp->n; i++) {
+        if (tmp->v[i].is_match) continue; /* removed */
+        if (!piece_push(out, pc->p + tmp->v[i].start, tmp->v[i].end - tmp->v[i].start,
+                        pc->orig0 && tmp->v[i].start == 0))
+            return oom();
+    }
+    return FERRY_OK;
+}
+
+/* Pattern::find_matches over a regex: matches and gaps, in order. */
+static ferry_status regex_parts(work *w, const tok_regex *re, bool invert, const char *s, size_t n,
+                                split_parts *parts)
+{
+    parts->n = 0;
+    FERRY_TRY(need_mc(w));
+    FERRY_TRY(tok_regex_find_all(re, w->mc, s, n, &w->spans));
+    size_t prev = 0;
+    for (size_t i = 0; i < w->spans.n; i++) {
+        size_t a = w->spans.v[i].start, b = w->spans.v[i].end;
+        if (prev != a && !part_push(parts, prev, a, invert)) return oom();
+        if (!part_push(parts, a, b, !invert)) return oom();
+        prev = b;
+    }
+    if (prev != n && !part_push(parts, prev, n, invert)) return oom();
+    return FERRY_OK;
+}
+
+/* GPT-2's byte-to-character mapping of a piece. */
+static const char *byte_level_map(work *w, const char *s, size_t n, size_t *out_n)
+{
+    char *d = tok_arena_alloc(&w->arena, n * 2 + 1);
+    if (!d) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += tok_utf8_put(d + k, tok_byte_char[(unsigned char)s[i]]);
+    *out_n = k;
+    return d;
+}
+
+static ferry_status pre_byte_level(work *w, const tok_pretok *pt, const piece *pc, pieces *out, split_parts *parts,
+                                   split_parts *tmp)
+{
+    piece src = *pc;
+    if (pt->add_prefix_space && pc->p[0] != ' ') {
+        char *d = tok_arena_alloc(&w->arena, pc->n + 1);
+        if (!d) return oom();
+        d[0] = ' ';
+        memcpy(d + 1, pc->p, pc->n);
+        src.p = d;
+        src.n = pc->n + 1;
+    }
+    size_t first = out->n;
+    if (pt->re) {
+        FERRY_TRY(regex_parts(w, pt->re, false, src.p, src.n, parts));
+        FERRY_TRY(split_by(parts, TOK_SPLIT_ISOLATED, &src, out, tmp));
+    } else if (!piece_push(out, src.p, src.n, src.orig0)) {
+        return oom();
+    }
+    for (size_t i = first; i < out->n; i++) {
+        size_t m;
+        const char *mapped = byte_level_map(w, out->v[i].p, out->v[i].n, &m);
+        if (!mapped) return oom();
+        out->v[i].p = mapped;
+        out->v[i].n = m;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status pre_metaspace(work *w, const tok_pretok *pt, const piece *pc, pieces *out, split_parts *parts,
+                                  split_parts *tmp)
+{
+    size_t spaces = 0;
+    for (size_t i = 0; i < pc->n; i++) spaces += pc->p[i] == ' ';
+    char *d = tok_arena_alloc(&w->arena, pc->n + spaces * pt->rep_len + pt->rep_len + 1);
+    if (!d) return oom();
+    size_t k = 0;
+    bool starts = pc->n >= pt->rep_len && memcmp(pc->p, pt->rep, pt->rep_len) == 0;
+    starts = starts || (pc->p[0] == ' '); /* a leading space becomes the replacement */
+    if ((pt->prepend == TOK_PREPEND_ALWAYS || (pt->prepend == TOK_PREPEND_FIRST && pc->orig0)) && !starts) {
+        memcpy(d, pt->rep, pt->rep_len);
+        k = pt->rep_len;
+    }
+    for (size_t i = 0; i < pc->n; i++) {
+        if (pc->p[i] == ' ') {
+            memcpy(d + k, pt->rep, pt->rep_len);
+            k += pt->rep_len;
+        } else {
+            d[k++] = pc->p[i];
+        }
+    }
+    piece src = {d, k, pc->orig0};
+    if (!pt->split) return piece_push(out, d, k, pc->orig0) ? FERRY_OK : oom();
+    /* every replacement character is a match, merged with what follows */
+    parts->n = 0;
+    size_t prev = 0;
+    for (size_t i = 0; i + pt->rep_len <= k;) {
+        if (memcmp(d + i, pt->rep, pt->rep_len) == 0) {
+            if (prev != i && !part_push(parts, prev, i, false)) return oom();
+            if (!part_push(parts, i, i + pt->rep_len, true)) return oom();
+            i += pt->rep_len;
+            prev = i;
+        } else {
+            i += tok_utf8_len((unsigned char)d[i]);
+        }
+    }
+    if (prev != k && !part_push(parts, prev, k, false)) return oom();
+    return split_by(parts, TOK_SPLIT_MERGED_NEXT, &src, out, tmp);
+}
+
+static ferry_status pre_tokenize(work *w, const tok_pretok *pt, const pieces *in, pieces *out, split_parts *parts,
+                                 split_parts *tmp)
+{
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        const piece *pc = &in->v[i];
+        switch (pt->kind) {
+        case TOK_PRE_SPLIT:
+            FERRY_TRY(regex_parts(w, pt->re, pt->invert, pc->p, pc->n, parts));
+            FERRY_TRY(split_by(parts, pt->behavior, pc, out, tmp));
+            break;
+        case TOK_PRE_BYTE_LEVEL:
+            FERRY_TRY(pre_byte_level(w, pt, pc, out, parts, tmp));
+            break;
+        case TOK_PRE_METASPACE:
+            FERRY_TRY(pre_metaspace(w, pt, pc, out, parts, tmp));
+            break;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* ---- the pipeline ------------------------------------------------------------------------ */
+
+typedef struct {
+    pieces a, b;
+    split_parts parts, tmp;
+    segments segs;
+    strbuf norm;
+} buffers;
+
+static ferry_status encode_piece(work *w, buffers *bf, const char *p, size_t n, bool orig0)
+{
+    const tokenizer *t = w->t;
+    bf->a.n = 0;
+    if (!piece_push(&bf->a, p, n, orig0)) return oom();
+    pieces *cur = &bf->a, *next = &bf->b;
+    for (size_t k = 0; k < t->n_pretok; k++) {
+        FERRY_TRY(pre_tokenize(w, &t->pretok[k], cur, next, &bf->parts, &bf->tmp));
+        pieces *x = cur;
+        cur = next;
+        next = x;
+    }
+    if (w->arena.oom) return oom();
+    for (size_t i = 0; i < cur->n; i++)
+        FERRY_TRY(tok_bpe_word(&t->bpe, cur->v[i].p, cur->v[i].n, &w->bpe, &w->ids, &w->n_ids, &w->cap));
+    return FERRY_OK;
+}
+
+/* A stretch of raw text between added tokens: normalized, then cut at the
+ * normalized added tokens. */
+static ferry_status encode_text(work *w, buffers *bf, const char *s, size_t n, bool at_start, bool parse_special)
+{
+    const tokenizer *t = w->t;
+    if (n == 0) return FERRY_OK;
+    bool first_kept = true;
+    const char *ns = s;
+    size_t nn = n;
+    if (t->n_norm) {
+        bf->norm.len = 0;
+        FERRY_TRY(need_mc(w));
+        FERRY_TRY(tok_normalize(t, w->mc, s, n, &bf->norm, &first_kept));
+        ns = bf->norm.data ? bf->norm.data : "";
+        nn = bf->norm.len;
+    }
+    if (nn == 0) return FERRY_OK;
+    segments segs = {0};
+    ferry_status st = find_added(t, &t->trie_norm, ns, nn, parse_special, &segs);
+    for (size_t i = 0; i < segs.n && st == FERRY_OK; i++) {
+        const segment *g = &segs.v[i];
+        if (g->id >= 0) {
+            if (!ids_push(w, g->id)) st = oom();
+        } else {
+            tok_arena_reset(&w->arena);
+            st = encode_piece(w, bf, ns + g->start, g->end - g->start, at_start && g->start == 0 && first_kept);
+        }
+    }
+    free(segs.v);
+    return st;
+}
+
+static ferry_status post_process(work *w, bool add_special)
+{
+    const tokenizer *t = w->t;
+    for (size_t k = 0; k < t->n_post; k++) {
+        const tok_template *tp = &t->post[k];
+        size_t extra = 0, seqs = 0;
+        for (size_t i = 0; i < tp->n; i++) {
+            if (tp->items[i] < 0) seqs++;
+            else extra += add_special;
+        }
+        size_t total = seqs * w->n_ids + extra;
+        int32_t *v = malloc((total ? total : 1) * sizeof *v);
+        if (!v) return oom();
+        size_t m = 0;
+        for (size_t i = 0; i < tp->n; i++) {
+            if (tp->items[i] < 0) {
+                memcpy(v + m, w->ids, w->n_ids * sizeof *v);
+                m += w->n_ids;
+            } else if (add_special) {
+                v[m++] = tp->items[i];
+            }
+        }
+        free(w->ids);
+        w->ids = v;
+        w->n_ids = m;
+        w->cap = total ? total : 1;
+    }
+    return FERRY_OK;
+}
+
+ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                        int32_t **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    work w = {.t = t};
+    buffers bf = {0};
+    strbuf fixed;
+    sb_init(&fixed);
+    ferry_status st = FERRY_OK;
+    if (!text) text = "";
+    if (!tok_utf8_valid(text, len)) {
+        tok_utf8_lossy(text, len, &fixed, NULL);
+        if (fixed.oom) {
+            st = oom();
+            goto done;
+        }
+        text = fixed.data;
+        len = fixed.len;
+    }
+    st = find_added(t, &t->trie_raw, text, len, parse_special, &bf.segs);
+    for (size_t i = 0; i < bf.segs.n && st == FERRY_OK; i++) {
+        const segment *g = &bf.segs.v[i];
+        if (g->id >= 0) {
+            if (!ids_push(&w, g->id)) st = oom();
+        } else {
+            st = encode_text(&w, &bf, text + g->start, g->end - g->start, g->start == 0, parse_special);
+        }
+    }
+    if (st == FERRY_OK) st = post_process(&w, add_special);
+    if (st == FERRY_OK && w.n_ids > (size_t)INT32_MAX)
+        st = ferry_fail(FERRY_ERR_TOO_LARGE, "tokenizer: the text encodes to more than %d tokens", INT32_MAX);
+    if (st == FERRY_OK && bf.norm.oom) st = oom();
+done:
+    if (st == FERRY_OK) {
+        *ids = w.ids ? w.ids : malloc(sizeof(int32_t));
+        *n = (int)w.n_ids;
+        if (!*ids) st = oom();
+    } else {
+        free(w.ids);
+    }
+    tok_match_ctx_free(w.mc);
+    tok_arena_free(&w.arena);
+    free(w.spans.v);
+    tok_bpe_scratch_free(w.bpe);
+    free(bf.a.v);
+    free(bf.b.v);
+    free(bf.parts.v);
+    free(bf.tmp.v);
+    free(bf.segs.v);
+    sb_free(&bf.norm);
+    sb_free(&fixed);
+    return st;
+}
