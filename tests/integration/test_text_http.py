@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_TIMEOUT, assert_ferry_error
-from test_http import jreq, request, serve, sse_events
+from test_http import jreq, serve
+from test_http import request as http_request
 from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, hf_render, hf_tokenizer, shared_dir, stop_ids, text_model,
                        until_stop)
 
@@ -81,7 +82,7 @@ def test_generate_text_input(request, ferry, which):
         assert obj["text_output"] == want, (prompt, obj, ids)
         assert obj["model_name"] == srv.name and obj["finish_reason"] in ("stop", "length")
         # streamed: text deltas whose concatenation is the whole text
-        st, hdrs, data = request(srv, "POST", "/v2/models/%s/generate_stream" % srv.name,
+        st, hdrs, data = http_request(srv, "POST", "/v2/models/%s/generate_stream" % srv.name,
                                  {"text_input": prompt, "parameters": {"max_new_tokens": 10}})
         assert st == 200 and hdrs["content-type"].startswith("text/event-stream")
         events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: ")]
@@ -101,7 +102,7 @@ def test_generate_stream_stops_at_a_stop_string(srv_demo, m_demo, ferry):
     st, obj = jreq(srv_demo, "POST", "/v2/models/demo/generate",
                    {"text_input": prompt, "parameters": {"max_new_tokens": 30, "stop": [stop]}})
     assert st == 200 and obj["text_output"] == before and obj["finish_reason"] == "stop", (obj, stop)
-    st, hdrs, data = request(srv_demo, "POST", "/v2/models/demo/generate_stream",
+    st, hdrs, data = http_request(srv_demo, "POST", "/v2/models/demo/generate_stream",
                              {"text_input": prompt, "parameters": {"max_new_tokens": 30, "stop": stop}})
     events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: ")]
     assert "".join(e["text_output"] for e in events) == before and events[-1]["finish_reason"] == "stop"

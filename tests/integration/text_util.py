@@ -32,8 +32,25 @@ def shared_dir(*parts):
     return p
 
 
+_HF = {}
+
+
 def hf_tokenizer(model_dir):
-    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    """HF tokenizers on model_dir/tokenizer.json. Llama 2's file has three
+    merges holding a literal space ("a b" is then ambiguous) that
+    tokenizers 0.23 refuses to read; they involve unreachable tokens (the
+    normalizer turns every space into U+2581, ../shared/tokenizers/llama2/
+    README.txt), so they are left out here."""
+    path = str(Path(model_dir) / "tokenizer.json")
+    if path not in _HF:
+        try:
+            _HF[path] = Tokenizer.from_file(path)
+        except Exception:
+            obj = json.loads(Path(path).read_text())
+            merges = obj["model"]["merges"]
+            obj["model"]["merges"] = [m for m in merges if not isinstance(m, str) or m.count(" ") == 1]
+            _HF[path] = Tokenizer.from_str(json.dumps(obj))
+    return _HF[path]
 
 
 def tokenizer_config(model_dir):
