@@ -84,8 +84,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # test tools: small programs the integration tests drive (tests/tools/)
-TOOL_BIN := $(BUILD)/tests/quant_tool
+TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/template_tool
 $(BUILD)/tests/quant_tool: tests/tools/quant_tool.c $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+$(BUILD)/tests/template_tool: tests/tools/template_tool.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
