@@ -303,11 +303,15 @@ struct tokenizer {
     const char *bos, *eos, *chat_template;
 };
 
-/* Runs the normalizers on s[0..n), appending the result to out. *first_kept
- * is cleared when the first character was removed (Strip), which decides
- * the Metaspace "first" prepend scheme. */
+/* Runs the normalizers on s[0..n), appending the result to out.
+ *
+ * *zero tracks what HF's alignments decide for the Metaspace "first"
+ * prepend scheme: on entry the number of leading bytes of s that come from
+ * the original text's first character (0 when s does not start the text),
+ * on return the number of leading bytes of the result that do (NFKC turns
+ * a leading "\uFB01" into "fi", both from it; Strip may drop it). */
 ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
-                           bool *first_kept);
+                           size_t *zero);
 
 /* The text decode writes for id (an added token's form or the vocab's
  * token), or NULL when id is not in the vocabulary. */

@@ -603,10 +603,10 @@ static ferry_status load_added(loader *L, const json_value *list)
         a->single_word = s.single_word;
         /* the normalized form is cached by id and never dropped, as in HF */
         if (s.normalized && t->n_norm) {
-            bool kept = true;
+            size_t zero = 0;
             norm.len = 0;
             if (!mc && !(mc = tok_match_ctx_new())) goto oom;
-            if ((st = tok_normalize(t, mc, content, s.len, &norm, &kept)) != FERRY_OK) goto done;
+            if ((st = tok_normalize(t, mc, content, s.len, &norm, &zero)) != FERRY_OK) goto done;
             if (norm.len != s.len || memcmp(norm.data, content, s.len) != 0) {
                 char *f = tok_arena_strdup(&t->arena, norm.data ? norm.data : "", norm.len);
                 if (!f) goto oom;
