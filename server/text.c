@@ -240,7 +240,9 @@ int text_eos_ids(const text_model *m, const int32_t **ids)
 
 size_t text_max_token_bytes(const text_model *m) { return m->max_token_bytes; }
 
-size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 64 ? SIZE_MAX : 48 * len + (64u << 10); }
+/* ids (4 bytes for at most a token a byte) and the tokenizer's pieces and
+ * matches, a few times the text */
+size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 32 ? SIZE_MAX : 16 * len + (64u << 10); }
 
 /* ---- prompts ------------------------------------------------------------------------ */
 
