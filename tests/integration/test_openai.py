@@ -395,6 +395,8 @@ BAD = [
     ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "top_p": 1.5}, "top_p"),
     ({"prompt": "x", "n": "two"}, "n"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
