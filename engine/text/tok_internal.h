@@ -1,9 +1,9 @@
 /*
  * tok_internal.h - the tokenizer's private structures, shared by
- * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_encode.c,
- * tok_decode.c, tok_regex.c (PCRE2 with Oniguruma's semantics) and
- * tok_util.c (tables, UTF-8, Unicode classes). Nothing here is visible
- * outside engine/text/.
+ * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_normalize.c,
+ * tok_encode.c (added tokens, pre-tokenizers, the pipeline), tok_decode.c,
+ * tok_regex.c (PCRE2 with Oniguruma's semantics) and tok_util.c (tables,
+ * UTF-8, Unicode classes). Nothing here is visible outside engine/text/.
  *
  * The pipeline mirrors HF tokenizers 0.23 stage for stage, so that each
  * piece can be checked against its Rust counterpart:
@@ -42,6 +42,12 @@ char *tok_arena_strdup(tok_arena *a, const char *s, size_t n);
 /* Forgets every allocation but keeps one block for reuse. */
 void tok_arena_reset(tok_arena *a);
 void tok_arena_free(tok_arena *a);
+
+/* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
+static inline void tok_put(strbuf *sb, const void *p, size_t n)
+{
+    if (n) sb_append(sb, p, n);
+}
 
 /* ---- string -> int32 map (open addressing; keys are not copied) ------- */
 
@@ -277,7 +283,6 @@ struct tokenizer {
 
     tok_normalizer *norm;
     size_t n_norm;
-    bool has_normalizer;
 
     tok_pretok *pretok;
     size_t n_pretok;
