@@ -34,7 +34,7 @@ enum {
     F_ABS, F_ATTR, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT, F_FORMAT,
     F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN, F_REJECT,
     F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM,
-    F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT,
+    F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_FORCEESCAPE,
 };
 
 static const struct {
@@ -43,7 +43,7 @@ static const struct {
 } filter_names[] = {
     {"abs", F_ABS}, {"attr", F_ATTR}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER}, {"count", F_LENGTH},
     {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE}, {"escape", F_ESCAPE},
-    {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_ESCAPE}, {"format", F_FORMAT}, {"indent", F_INDENT},
+    {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE}, {"format", F_FORMAT}, {"indent", F_INDENT},
     {"int", F_INT}, {"items", F_ITEMS}, {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST},
     {"lower", F_LOWER}, {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT},
     {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
@@ -1173,6 +1173,10 @@ bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *ou
 {
     const tlist *tuple = args->kind == TV_LIST && args->list->flavour == LF_TUPLE ? args->list : NULL;
     const tdict *map = args->kind == TV_DICT ? args->dict : NULL;
+    /* Python's PyMapping_Check: anything with __getitem__ but a tuple or a
+     * str may be left unused without "not all arguments converted" */
+    bool mapping_like = map || args->kind == TV_UNDEF ||
+                        (args->kind == TV_LIST && (args->list->flavour == LF_LIST || args->list->flavour == LF_RANGE));
     size_t argi = 0, nargs = tuple ? tuple->n : 1;
     bool used_single = false;
     strbuf sb;
@@ -1199,6 +1203,7 @@ bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *ou
                 k++;
             }
             if (depth) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: incomplete format key", r->line); break; }
+            if (args->kind == TV_UNDEF) { ok = tmpl_fail_undef(r, args); break; }
             if (!map) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: format requires a mapping", r->line); break; }
             bool found;
             ok = tmpl_dict_get_str(r, map, p + i + 1, k - i - 2, &val, &found);
@@ -1262,7 +1267,7 @@ bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *ou
         }
         if (sb.len > r->arena.limit) ok = tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
     }
-    if (ok && !map && ((tuple && argi < nargs) || (!tuple && !used_single)))
+    if (ok && !mapping_like && ((tuple && argi < nargs) || (!tuple && !used_single)))
         ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: not all arguments converted during string formatting", r->line);
     if (!ok) {
         sb_free(&sb);
@@ -1466,8 +1471,12 @@ static bool round_value(trender *r, const tval *v, int64_t prec, const tval *met
     return true;
 }
 
-static bool html_escape(trender *r, const tval *v, tval *out)
+static bool html_escape(trender *r, const tval *v, tval *out, bool force)
 {
+    if (v->kind == TV_STR && (v->sub & STR_MARKUP) && !force) {
+        *out = *v; /* already safe */
+        return true;
+    }
     tval s;
     if (!tmpl_to_str(r, v, &s)) return false;
     strbuf sb;
@@ -1483,7 +1492,24 @@ static bool html_escape(trender *r, const tval *v, tval *out)
         default: sb_putc(&sb, c);
         }
     }
-    return sb_out(r, &sb, out);
+    if (!sb_out(r, &sb, out)) return false;
+    out->sub |= STR_MARKUP;
+    return true;
+}
+
+bool tmpl_markup_add(trender *r, const tval *a, const tval *b, tval *out)
+{
+    /* Markup's __add__ and __radd__ escape the plain str */
+    tval x = *a, y = *b;
+    if (!(x.sub & STR_MARKUP) && !html_escape(r, &x, &x, false)) return false;
+    if (!(y.sub & STR_MARKUP) && !html_escape(r, &y, &y, false)) return false;
+    strbuf sb;
+    sb_init(&sb);
+    sb_append(&sb, x.s.p, x.s.n);
+    sb_append(&sb, y.s.p, y.s.n);
+    if (!sb_out(r, &sb, out)) return false;
+    out->sub |= STR_MARKUP;
+    return true;
 }
 
 /* jinja's title filter: each piece after [-\s({[<]+ capitalized */
@@ -1785,7 +1811,8 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         return true;
     }
     case F_ESCAPE:
-        return no_args(r, "escape()", nargs, nkw) && html_escape(r, in, out);
+    case F_FORCEESCAPE:
+        return no_args(r, "escape()", nargs, nkw) && html_escape(r, in, out, id == F_FORCEESCAPE);
     case F_FIRST: {
         if (!no_args(r, "first()", nargs, nkw)) return false;
         tlist *items;
@@ -1866,8 +1893,10 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
     }
     case F_INDENT: {
         BIND("indent()", "width", "first", "blank");
-        if (!tmpl_to_str(r, in, &s)) return false;
-        return do_indent(r, &s, g[0] ? &p[0] : NULL, g[1] && tmpl_truthy(&p[1]), g[2] && tmpl_truthy(&p[2]), out);
+        /* jinja's indent appends "\n" to the value itself: only a str survives that */
+        if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
+        if (in->kind != TV_STR) return type_error(r, "indent() needs a str, not %s", in);
+        return do_indent(r, in, g[0] ? &p[0] : NULL, g[1] && tmpl_truthy(&p[1]), g[2] && tmpl_truthy(&p[2]), out);
     }
     case F_ITEMS: {
         if (!no_args(r, "items()", nargs, nkw)) return false;
@@ -1972,8 +2001,9 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         return round_value(r, in, prec, g[1] ? &p[1] : NULL, out);
     }
     case F_SAFE:
-        if (!no_args(r, "safe()", nargs, nkw)) return false;
-        return tmpl_to_str(r, in, out);
+        if (!no_args(r, "safe()", nargs, nkw) || !tmpl_to_str(r, in, out)) return false;
+        out->sub |= STR_MARKUP;
+        return true;
     case F_SORT: {
         BIND("sort()", "reverse", "case_sensitive", "attribute");
         tlist *items;
@@ -2064,8 +2094,8 @@ static bool test_arity(trender *r, const char *name, size_t nargs, size_t want)
 static bool py_mod(trender *r, const tval *v, const tval *m, tval *out)
 {
     if (v->kind == TV_UNDEF) return tmpl_fail_undef(r, v);
+    if (v->kind == TV_STR) return tmpl_percent_format(r, v, m, out); /* str % x formats */
     if (!is_number(v) || !is_number(m)) {
-        if (v->kind == TV_STR) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: not all arguments converted during string formatting", r->line);
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: unsupported operand type(s) for %%: '%s' and '%s'", r->line,
                          tmpl_type_name(v), tmpl_type_name(m));
     }
@@ -2156,7 +2186,7 @@ bool tmpl_call_test_id(trender *r, int id, const tval *v, const tval *args, size
                (v->kind == TV_LIST && (v->list->flavour == LF_LIST || v->list->flavour == LF_TUPLE || v->list->flavour == LF_RANGE));
         return true;
     case T_ITERABLE:
-        *out = v->kind == TV_UNDEF || v->kind == TV_STR || v->kind == TV_LIST || v->kind == TV_DICT;
+        *out = v->kind == TV_UNDEF || v->kind == TV_STR || v->kind == TV_LIST || v->kind == TV_DICT || v->kind == TV_LOOP;
         return true;
     case T_CALLABLE:
         *out = v->kind == TV_MACRO || v->kind == TV_FUNC || v->kind == TV_METHOD;

@@ -39,7 +39,7 @@
 /* ---- limits ----------------------------------------------------------- */
 
 #define TMPL_MAX_SOURCE (1u << 20)        /* template bytes                       */
-#define TMPL_MAX_NESTING 96               /* parser: nested expressions/blocks     */
+#define TMPL_MAX_NESTING 256              /* parser: nested expressions/blocks     */
 #define TMPL_MAX_DEPTH 1200               /* render: nested evaluations (C stack)  */
 #define TMPL_MAX_MACRO_DEPTH 64           /* render: nested macro calls            */
 #define TMPL_MAX_VALUE_DEPTH 256          /* repr/json/equality of nested values   */
@@ -132,6 +132,12 @@ typedef enum {
 /* flavours of TV_LIST: what Python type the sequence stands for */
 enum { LF_LIST, LF_TUPLE, LF_GEN, LF_KEYS, LF_VALUES, LF_ITEMS, LF_RANGE };
 
+/* flags of TV_STR: STR_OWNED, it is its whole arena allocation (may grow in
+ * place, see str_append in tmpl_eval.c); STR_MARKUP, a markupsafe.Markup
+ * (from |safe and |escape: repr()s as Markup('...'), is not escaped again,
+ * escapes what + joins to it) */
+enum { STR_OWNED = 1, STR_MARKUP = 2 };
+
 /* sub-kinds of TV_UNDEF, for messages */
 enum { UD_NAME, UD_ATTR, UD_ITEM, UD_UNSAFE, UD_OTHER };
 
@@ -143,7 +149,7 @@ typedef struct tloop tloop;
 
 typedef struct tval {
     uint8_t kind;
-    uint8_t sub; /* TV_UNDEF: UD_*; TV_STR: 1 when it owns its whole arena allocation */
+    uint8_t sub; /* TV_UNDEF: UD_*; TV_STR: STR_* flags */
     union {
         bool b;
         int64_t i;
@@ -229,9 +235,12 @@ typedef enum {
 
 typedef struct tmpl_expr tmpl_expr;
 
+enum { FOLD_SLICE = 1, FOLD_OUTPUT = 2 };
+
 struct tmpl_expr {
     uint8_t kind;
-    uint8_t op;     /* E_BINOP */
+    uint8_t op;     /* E_BINOP: the operator */
+    uint8_t fold;   /* FOLD_*: constant folding as jinja's optimizer does it (tmpl_parse.c) */
     uint16_t fn;    /* E_FILTER: TF filter id; E_TEST: test id */
     int line;
     int id;         /* E_NAME: interned name */
@@ -266,6 +275,10 @@ typedef struct tmpl_stmt tmpl_stmt;
 typedef struct {
     tmpl_stmt **v;
     uint32_t n;
+    /* a frame's body (template, loop, macro, ...): names the frame holds
+     * undefined from its start (tmpl_symbols.c) */
+    int *undef_ids;
+    uint32_t nundef;
 } tmpl_body;
 
 typedef enum {
@@ -289,6 +302,7 @@ struct tmpl_macro {
 
 struct tmpl_stmt {
     uint8_t kind;
+    bool elif;        /* S_IF: an elif, the only statement of its parent's else */
     int line;
     const char *text; /* S_DATA */
     size_t len;
@@ -328,6 +342,8 @@ struct chat_template {
 };
 
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz);
+/* Fills undef_ids of every frame body (tmpl_symbols.c). */
+bool tmpl_analyze_frames(struct chat_template *t, char *err, size_t errsz);
 
 /* ---- builtins (tmpl_builtins.c) ---------------------------------------- */
 
@@ -382,6 +398,7 @@ struct trender {
     tval *globals;         /* per interned name: the caller's variable or a builtin */
     tscope *top;
     tmpl_sink *out;        /* where output goes (captures push their own) */
+    bool folding;          /* computing as jinja's compiler would (see FOLD_SLICE in tmpl_parse.c) */
 };
 
 /* Records an error (the first one wins) and returns false. */
@@ -472,6 +489,8 @@ bool tmpl_call_method(trender *r, const tmethod *m, const tval *args, size_t nar
 bool tmpl_getattr(trender *r, const tval *v, const char *name, size_t n, tval *out);
 /* v[key] (getitem first, then attribute). */
 bool tmpl_getitem(trender *r, const tval *v, const tval *key, tval *out);
+/* a + b where one is a Markup */
+bool tmpl_markup_add(trender *r, const tval *a, const tval *b, tval *out);
 /* fmt % args (printf-style, the `%` operator and the format filter) */
 bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *out);
 /* v[start:stop:step] (NULL = omitted) */
