@@ -8,11 +8,15 @@
  *                   here, so the parser only sees text and tag tokens
  *   tmpl_parse.c    tokens -> statement and expression trees, with the
  *                   static checks (unknown filters, tests, statements)
+ *   tmpl_symbols.c  which names each frame holds undefined from its start
+ *                   (jinja's compile-time scoping)
  *   tmpl_value.c    arenas and the value model: Python semantics for
  *                   truthiness, equality, ordering, hashing, str(), repr()
  *                   and json.dumps
  *   tmpl_eval.c     renders a tree: scopes, loops, macros, limits
- *   tmpl_builtins.c filters, tests, methods of str/dict/list and globals
+ *   tmpl_builtins.c filters, tests, attribute/item lookup, slicing, methods
+ *                   of dict/list/loop, globals
+ *   tmpl_str.c      Python's str methods and string formatting
  *   chat_template.c the API
  *
  * Everything a render creates lives in one arena per render (freed at once
@@ -495,6 +499,62 @@ bool tmpl_markup_add(trender *r, const tval *a, const tval *b, tval *out);
 bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *out);
 /* v[start:stop:step] (NULL = omitted) */
 bool tmpl_slice(trender *r, const tval *v, const tval *start, const tval *stop, const tval *step, tval *out);
+
+/* helpers shared by the builtins (tmpl_builtins.c, tmpl_str.c) */
+static inline bool tv_is_int(const tval *v) { return v->kind == TV_INT || v->kind == TV_BOOL; }
+static inline int64_t tv_int_of(const tval *v) { return v->kind == TV_BOOL ? (int64_t)v->b : v->i; }
+static inline bool tv_is_num(const tval *v) { return tv_is_int(v) || v->kind == TV_FLOAT; }
+static inline double tv_num_of(const tval *v) { return v->kind == TV_FLOAT ? v->f : (double)tv_int_of(v); }
+static inline tval tv_list(tlist *l) { tval v = {0}; v.kind = TV_LIST; v.list = l; return v; }
+
+/* fmt is a printf format with one %s for the type name of v */
+bool tmpl_type_error(trender *r, const char *fmt, const tval *v);
+/* Binds positional and keyword arguments to named parameters, as Python
+ * does (out/given hold nparams entries). */
+bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tval *args, size_t nargs,
+               const char **kwn, const size_t *kwnn, const tval *kwv, size_t nkw, tval *out, bool *given);
+/* BIND("f()", "a", "b") in a builtin with the usual argument names binds
+ * args/kwargs to p[] with g[] saying which were given. */
+#define BIND(what, ...)                                                                            \
+    static const char *const names_[] = {__VA_ARGS__};                                            \
+    enum { NP_ = sizeof names_ / sizeof names_[0] };                                               \
+    tval p[NP_];                                                                                  \
+    bool g[NP_];                                                                                  \
+    if (!tmpl_bind(r, what, names_, NP_, args, nargs, kwn, kwnn, kwv, nkw, p, g)) return false
+bool tmpl_no_args(trender *r, const char *what, size_t nargs, size_t nkw);
+bool tmpl_arg_int(trender *r, const tval *v, int64_t *out);
+bool tmpl_arg_str(trender *r, const tval *v, const char *what);
+/* the strbuf (freed) as a string value */
+bool tmpl_sb_out(trender *r, strbuf *sb, tval *out);
+/* byte offsets of the code points of s (count + 1 entries) */
+bool tmpl_cp_offsets(trender *r, const char *s, size_t n, size_t **offs, size_t *count);
+size_t tmpl_cp_to_byte(const char *s, size_t n, size_t i);
+/* CPython's PySlice_AdjustIndices: the slice length */
+int64_t tmpl_slice_adjust(int64_t len, int64_t *start, int64_t *stop, int64_t step);
+bool tmpl_slice_bound(trender *r, const tval *v, int64_t dflt, int64_t *out);
+tval tmpl_undef_named(int sub, const char *name, size_t n);
+
+/* strings (tmpl_str.c) */
+enum { TMPL_CASE_UPPER, TMPL_CASE_LOWER, TMPL_CASE_TITLE, TMPL_CASE_SWAP };
+bool tmpl_str_case(trender *r, const char *s, size_t n, int mode, tval *out);
+/* str.title(), or str.capitalize() */
+bool tmpl_str_title(trender *r, const char *s, size_t n, bool capitalize, tval *out);
+/* jinja's title filter */
+bool tmpl_jinja_title(trender *r, const tval *s, tval *out);
+/* str.strip/lstrip/rstrip; chars NULL or None: whitespace */
+bool tmpl_str_strip(trender *r, const tval *s, const tval *chars, bool left, bool right, tval *out);
+bool tmpl_str_replace(trender *r, const tval *s, const tval *old, const tval *new_, int64_t count, tval *out);
+bool tmpl_str_indent(trender *r, const tval *s, const tval *width, bool first, bool blank, tval *out);
+bool tmpl_str_case_is(const tval *s, bool upper);
+int64_t tmpl_str_wordcount(const char *p, size_t n);
+/* markupsafe's escape (force: escape a Markup too) */
+bool tmpl_html_escape(trender *r, const tval *v, tval *out, bool force);
+/* Python's int(str, base) and float(str); false when Python raises
+ * ValueError (*overflow: the value does not fit int64) */
+bool tmpl_parse_int(const tval *s, int base, int64_t *out, bool *overflow);
+bool tmpl_parse_float(const tval *s, double *out);
+bool tmpl_str_method(trender *r, const tval *s, int id, const tval *args, size_t nargs, const char **kwn,
+                     const size_t *kwnn, const tval *kwv, size_t nkw, tval *out);
 
 /* eval hooks the builtins need (map/select call filters and tests by name,
  * macros are called through the evaluator) */
