@@ -142,6 +142,21 @@ static bool scope_set(trender *r, tscope *s, int id, tval v)
     return true;
 }
 
+/* Enters a frame: the names it holds undefined until it assigns them
+ * (tmpl_symbols.c) shadow the caller's variables from the start. */
+static bool predeclare(trender *r, tscope *s, const tmpl_body *b)
+{
+    for (uint32_t i = 0; i < b->nundef; i++) {
+        int id = b->undef_ids[i];
+        tval u = tv_undef();
+        u.sub = UD_NAME;
+        u.s.p = r->t->names.s[id];
+        u.s.n = r->t->names.n[id];
+        if (!scope_set(r, s, id, u)) return false;
+    }
+    return true;
+}
+
 static tval lookup(trender *r, const tscope *s, int id)
 {
     for (; s; s = s->parent)
@@ -273,7 +288,7 @@ static bool repeat(trender *r, const tval *seq, int64_t times, tval *out)
 }
 
 /* a + b for strings. A string that owns its whole arena allocation
- * (sub == 1) and is the newest one grows in place, so that accumulating
+ * (STR_OWNED) and is the newest one grows in place, so that accumulating
  * loops (`set ns.s = ns.s ~ x`) stay linear; the old value keeps its length
  * and so its text. */
 static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval *out)
@@ -281,7 +296,7 @@ static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval 
     if (!tmpl_charge(r, (a->s.n + n) / 16)) return false;
     if (n > SIZE_MAX / 2 - a->s.n) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
     char *d;
-    if (a->sub == 1) {
+    if (a->sub & STR_OWNED) {
         d = tmpl_rgrow(r, (void *)a->s.p, a->s.n + 1, a->s.n + n + 1);
         if (!d) return false;
         if (d != a->s.p) memcpy(d, a->s.p, a->s.n);
@@ -293,7 +308,7 @@ static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval 
     memcpy(d + a->s.n, p, n);
     d[a->s.n + n] = '\0';
     *out = tv_str(d, a->s.n + n);
-    out->sub = 1;
+    out->sub = STR_OWNED;
     return true;
 }
 
@@ -328,6 +343,7 @@ static void float_divmod(double vx, double wx, double *floordiv, double *mod)
 
 static bool arith(trender *r, int op, const tval *a, const tval *b, tval *out)
 {
+    if (op == OP_MOD && a->kind == TV_STR) return tmpl_percent_format(r, a, b, out); /* str % anything */
     if (a->kind == TV_UNDEF) return tmpl_fail_undef(r, a);
     if (b->kind == TV_UNDEF) return tmpl_fail_undef(r, b);
     if (is_number(a) && is_number(b)) {
@@ -390,7 +406,10 @@ static bool arith(trender *r, int op, const tval *a, const tval *b, tval *out)
         }
     }
     if (op == OP_ADD) {
-        if (a->kind == TV_STR && b->kind == TV_STR) return str_append(r, a, b->s.p, b->s.n, out);
+        if (a->kind == TV_STR && b->kind == TV_STR) {
+            if ((a->sub | b->sub) & STR_MARKUP) return tmpl_markup_add(r, a, b, out);
+            return str_append(r, a, b->s.p, b->s.n, out);
+        }
         if (is_seq_list(a) && is_seq_list(b) && a->list->flavour == b->list->flavour) {
             tlist *l = tmpl_list_new(r, a->list->n + b->list->n, a->list->flavour);
             if (!l) return false;
@@ -489,9 +508,23 @@ static bool compare(trender *r, int op, const tval *a, const tval *b, bool *res)
 
 static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const tval *body, tval *out);
 
+/* what jinja cannot compute at compile time (as_const raises Impossible) */
+static bool not_constant(trender *r, const tmpl_expr *e)
+{
+    if (e->kind == E_NAME || e->kind == E_CALL) return true;
+    if (e->kind != E_FILTER) return false;
+    if (!e->a) return true;
+    static const char *const context_filters[] = {"map", "select", "reject", "selectattr", "rejectattr", NULL};
+    for (int i = 0; context_filters[i]; i++)
+        if (strlen(context_filters[i]) == e->name_n && memcmp(context_filters[i], e->name, e->name_n) == 0) return true;
+    (void)r;
+    return false;
+}
+
 static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
 {
     tval a, b;
+    if (r->folding && not_constant(r, e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
     switch (e->kind) {
     case E_CONST:
         *out = e->cval;
@@ -532,6 +565,18 @@ static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
         if (e->c && !eval(r, sc, e->c, &s1)) return false;
         if (e->d && !eval(r, sc, e->d, &s2)) return false;
         r->line = e->line;
+        if (r->folding && a.kind != TV_UNDEF) {
+            /* folded at compile time: the sandbox's getitem makes a TypeError undefined */
+            bool seq = a.kind == TV_STR || (a.kind == TV_LIST && (a.list->flavour == LF_LIST ||
+                                                                  a.list->flavour == LF_TUPLE || a.list->flavour == LF_RANGE));
+            const tval *bounds[3] = {e->b ? &s0 : NULL, e->c ? &s1 : NULL, e->d ? &s2 : NULL};
+            for (int k = 0; k < 3; k++)
+                if (bounds[k] && bounds[k]->kind != TV_NONE && !is_intlike(bounds[k])) seq = false;
+            if (!seq) {
+                *out = tv_undef();
+                return true;
+            }
+        }
         return tmpl_slice(r, &a, e->b ? &s0 : NULL, e->c ? &s1 : NULL, e->d ? &s2 : NULL, out);
     }
     case E_CALL: {
@@ -606,11 +651,49 @@ static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
     return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown expression kind %d", e->line, e->kind);
 }
 
+/* Python's has_safe_repr: what jinja's optimizer may turn into a constant */
+static bool safe_repr(const tval *v, int depth)
+{
+    if (depth > TMPL_MAX_VALUE_DEPTH) return false;
+    switch (v->kind) {
+    case TV_NONE: case TV_BOOL: case TV_INT: case TV_FLOAT: case TV_STR: return true;
+    case TV_LIST:
+        if (v->list->flavour == LF_RANGE) return true;
+        if (v->list->flavour != LF_LIST && v->list->flavour != LF_TUPLE) return false;
+        for (size_t i = 0; i < v->list->n; i++)
+            if (!safe_repr(&v->list->items[i], depth + 1)) return false;
+        return true;
+    case TV_DICT:
+        for (size_t i = 0; i < v->dict->n; i++)
+            if (!safe_repr(&v->dict->keys[i], depth + 1) || !safe_repr(&v->dict->vals[i], depth + 1)) return false;
+        return true;
+    default: return false;
+    }
+}
+
+/* An expression holding a slice: jinja computes it when it compiles if
+ * it can and the value has a safe repr (or it is what a {{ }} prints),
+ * else at render time with its foldable parts folded - which is what this
+ * does, the parts through eval. */
+static bool eval_folded(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
+{
+    r->folding = true;
+    bool ok = eval_inner(r, sc, e, out);
+    r->folding = false;
+    if (ok && ((e->fold & FOLD_OUTPUT) || safe_repr(out, 0))) return true;
+    if (!ok) {
+        if (r->st == FERRY_ERR_TOO_LARGE || r->st == FERRY_ERR_NOMEM) return false;
+        r->st = FERRY_OK; /* folding failed: jinja leaves it to the render */
+        r->raised = false;
+    }
+    return eval_inner(r, sc, e, out);
+}
+
 static bool eval(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
 {
     r->line = e->line;
     if (!enter(r) || !tmpl_charge(r, 1)) return false;
-    bool ok = eval_inner(r, sc, e, out);
+    bool ok = (e->fold & FOLD_SLICE) && !r->folding ? eval_folded(r, sc, e, out) : eval_inner(r, sc, e, out);
     r->depth--;
     return ok;
 }
@@ -620,6 +703,7 @@ static bool eval(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
 static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const tval *body, tval *out)
 {
     tval in;
+    if (r->folding && not_constant(r, e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
     if (e->a) {
         if (e->a->kind == E_FILTER) {
             if (!enter(r)) return false;
@@ -668,7 +752,7 @@ static bool call_macro(trender *r, const tclosure *c, const tval *args, size_t n
         return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "chat template render exceeds %d loop iterations and macro calls",
                          TMPL_MAX_ITERATIONS);
     tscope *s = scope_new(r, c->env);
-    if (!s) return false;
+    if (!s || !predeclare(r, s, &m->body)) return false;
     bool *given = nargs || nkw ? tmpl_ralloc(r, (m->nparams + 1) * sizeof *given) : NULL;
     if ((nargs || nkw) && !given) return false;
     if (given) memset(given, 0, (m->nparams + 1) * sizeof *given);
@@ -808,6 +892,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
     if (items->n == 0) {
         /* the else branch runs in a frame of its own too */
         iter->n = 0;
+        if (!predeclare(r, iter, &s->else_body)) return X_ERR;
         xres x = exec_body(r, iter, &s->else_body);
         return x == X_ERR ? X_ERR : X_OK;
     }
@@ -829,6 +914,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
          * rather than reallocate, so that long loops do not grow memory */
         iter->n = 0;
         r->line = s->line;
+        if (!predeclare(r, iter, &s->body)) return X_ERR;
         if (!scope_set(r, iter, NAME_LOOP, (tval){.kind = TV_LOOP, .loop = loop})) return X_ERR;
         if (!assign(r, iter, s->target, &items->items[i])) return X_ERR;
         xres x = exec_body(r, iter, &s->body);
@@ -838,7 +924,9 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
     }
     if (!completed && s->else_body.n) {
         iter->n = 0;
-        return exec_body(r, iter, &s->else_body);
+        if (!predeclare(r, iter, &s->else_body)) return X_ERR;
+        xres x = exec_body(r, iter, &s->else_body);
+        return x == X_ERR ? X_ERR : X_OK;
     }
     return X_OK;
 }
@@ -866,13 +954,13 @@ static xres exec_stmt(trender *r, tscope *sc, const tmpl_stmt *s)
         return assign(r, sc, s->target, &v) ? X_OK : X_ERR;
     case S_SETBLOCK: {
         tscope *inner = scope_new(r, sc);
-        if (!inner || !capture(r, inner, &s->body, &v)) return X_ERR;
+        if (!inner || !predeclare(r, inner, &s->body) || !capture(r, inner, &s->body, &v)) return X_ERR;
         if (s->filter && !eval_filter_chain(r, sc, s->filter, &v, &v)) return X_ERR;
         return assign(r, sc, s->target, &v) ? X_OK : X_ERR;
     }
     case S_FILTERBLOCK: {
         tscope *inner = scope_new(r, sc);
-        if (!inner || !capture(r, inner, &s->body, &v)) return X_ERR;
+        if (!inner || !predeclare(r, inner, &s->body) || !capture(r, inner, &s->body, &v)) return X_ERR;
         if (!eval_filter_chain(r, sc, s->filter, &v, &v)) return X_ERR;
         return emit_value(r, &v) ? X_OK : X_ERR;
     }
@@ -914,7 +1002,7 @@ static xres exec_stmt(trender *r, tscope *sc, const tmpl_stmt *s)
     case S_CONTINUE: return X_CONTINUE;
     case S_SCOPE: {
         tscope *inner = scope_new(r, sc);
-        if (!inner) return X_ERR;
+        if (!inner || !predeclare(r, inner, &s->body)) return X_ERR;
         for (uint32_t i = 0; i < s->nwith; i++) {
             if (!eval(r, sc, s->with_values[i], &v) || !assign(r, inner, s->with_targets[i], &v)) return X_ERR;
         }
@@ -972,7 +1060,7 @@ ferry_status tmpl_render_body(const struct chat_template *t, const json_value *v
             if (fixed_funcs[k][0] == (int)i) r.globals[i] = (tval){.kind = TV_FUNC, .fn = fixed_funcs[k][1]};
     }
     r.top = scope_new(&r, NULL);
-    if (!r.top) goto done;
+    if (!r.top || !predeclare(&r, r.top, &t->body)) goto done;
     if (exec_body(&r, r.top, &t->body) != X_OK && r.st == FERRY_OK)
         tmpl_fail(&r, FERRY_ERR_INTERNAL, "break or continue escaped its loop");
 done:

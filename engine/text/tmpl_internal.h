@@ -8,11 +8,15 @@
  *                   here, so the parser only sees text and tag tokens
  *   tmpl_parse.c    tokens -> statement and expression trees, with the
  *                   static checks (unknown filters, tests, statements)
+ *   tmpl_symbols.c  which names each frame holds undefined from its start
+ *                   (jinja's compile-time scoping)
  *   tmpl_value.c    arenas and the value model: Python semantics for
  *                   truthiness, equality, ordering, hashing, str(), repr()
  *                   and json.dumps
  *   tmpl_eval.c     renders a tree: scopes, loops, macros, limits
- *   tmpl_builtins.c filters, tests, methods of str/dict/list and globals
+ *   tmpl_builtins.c filters, tests, attribute/item lookup, slicing, methods
+ *                   of dict/list/loop, globals
+ *   tmpl_str.c      Python's str methods and string formatting
  *   chat_template.c the API
  *
  * Everything a render creates lives in one arena per render (freed at once
@@ -39,7 +43,7 @@
 /* ---- limits ----------------------------------------------------------- */
 
 #define TMPL_MAX_SOURCE (1u << 20)        /* template bytes                       */
-#define TMPL_MAX_NESTING 96               /* parser: nested expressions/blocks     */
+#define TMPL_MAX_NESTING 256              /* parser: nested expressions/blocks     */
 #define TMPL_MAX_DEPTH 1200               /* render: nested evaluations (C stack)  */
 #define TMPL_MAX_MACRO_DEPTH 64           /* render: nested macro calls            */
 #define TMPL_MAX_VALUE_DEPTH 256          /* repr/json/equality of nested values   */
@@ -132,6 +136,12 @@ typedef enum {
 /* flavours of TV_LIST: what Python type the sequence stands for */
 enum { LF_LIST, LF_TUPLE, LF_GEN, LF_KEYS, LF_VALUES, LF_ITEMS, LF_RANGE };
 
+/* flags of TV_STR: STR_OWNED, it is its whole arena allocation (may grow in
+ * place, see str_append in tmpl_eval.c); STR_MARKUP, a markupsafe.Markup
+ * (from |safe and |escape: repr()s as Markup('...'), is not escaped again,
+ * escapes what + joins to it) */
+enum { STR_OWNED = 1, STR_MARKUP = 2 };
+
 /* sub-kinds of TV_UNDEF, for messages */
 enum { UD_NAME, UD_ATTR, UD_ITEM, UD_UNSAFE, UD_OTHER };
 
@@ -143,7 +153,7 @@ typedef struct tloop tloop;
 
 typedef struct tval {
     uint8_t kind;
-    uint8_t sub; /* TV_UNDEF: UD_*; TV_STR: 1 when it owns its whole arena allocation */
+    uint8_t sub; /* TV_UNDEF: UD_*; TV_STR: STR_* flags */
     union {
         bool b;
         int64_t i;
@@ -229,9 +239,12 @@ typedef enum {
 
 typedef struct tmpl_expr tmpl_expr;
 
+enum { FOLD_SLICE = 1, FOLD_OUTPUT = 2 };
+
 struct tmpl_expr {
     uint8_t kind;
-    uint8_t op;     /* E_BINOP */
+    uint8_t op;     /* E_BINOP: the operator */
+    uint8_t fold;   /* FOLD_*: constant folding as jinja's optimizer does it (tmpl_parse.c) */
     uint16_t fn;    /* E_FILTER: TF filter id; E_TEST: test id */
     int line;
     int id;         /* E_NAME: interned name */
@@ -266,6 +279,10 @@ typedef struct tmpl_stmt tmpl_stmt;
 typedef struct {
     tmpl_stmt **v;
     uint32_t n;
+    /* a frame's body (template, loop, macro, ...): names the frame holds
+     * undefined from its start (tmpl_symbols.c) */
+    int *undef_ids;
+    uint32_t nundef;
 } tmpl_body;
 
 typedef enum {
@@ -289,6 +306,7 @@ struct tmpl_macro {
 
 struct tmpl_stmt {
     uint8_t kind;
+    bool elif;        /* S_IF: an elif, the only statement of its parent's else */
     int line;
     const char *text; /* S_DATA */
     size_t len;
@@ -328,6 +346,8 @@ struct chat_template {
 };
 
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz);
+/* Fills undef_ids of every frame body (tmpl_symbols.c). */
+bool tmpl_analyze_frames(struct chat_template *t, char *err, size_t errsz);
 
 /* ---- builtins (tmpl_builtins.c) ---------------------------------------- */
 
@@ -382,6 +402,7 @@ struct trender {
     tval *globals;         /* per interned name: the caller's variable or a builtin */
     tscope *top;
     tmpl_sink *out;        /* where output goes (captures push their own) */
+    bool folding;          /* computing as jinja's compiler would (see FOLD_SLICE in tmpl_parse.c) */
 };
 
 /* Records an error (the first one wins) and returns false. */
@@ -472,10 +493,68 @@ bool tmpl_call_method(trender *r, const tmethod *m, const tval *args, size_t nar
 bool tmpl_getattr(trender *r, const tval *v, const char *name, size_t n, tval *out);
 /* v[key] (getitem first, then attribute). */
 bool tmpl_getitem(trender *r, const tval *v, const tval *key, tval *out);
+/* a + b where one is a Markup */
+bool tmpl_markup_add(trender *r, const tval *a, const tval *b, tval *out);
 /* fmt % args (printf-style, the `%` operator and the format filter) */
 bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *out);
 /* v[start:stop:step] (NULL = omitted) */
 bool tmpl_slice(trender *r, const tval *v, const tval *start, const tval *stop, const tval *step, tval *out);
+
+/* helpers shared by the builtins (tmpl_builtins.c, tmpl_str.c) */
+static inline bool tv_is_int(const tval *v) { return v->kind == TV_INT || v->kind == TV_BOOL; }
+static inline int64_t tv_int_of(const tval *v) { return v->kind == TV_BOOL ? (int64_t)v->b : v->i; }
+static inline bool tv_is_num(const tval *v) { return tv_is_int(v) || v->kind == TV_FLOAT; }
+static inline double tv_num_of(const tval *v) { return v->kind == TV_FLOAT ? v->f : (double)tv_int_of(v); }
+static inline tval tv_list(tlist *l) { tval v = {0}; v.kind = TV_LIST; v.list = l; return v; }
+
+/* fmt is a printf format with one %s for the type name of v */
+bool tmpl_type_error(trender *r, const char *fmt, const tval *v);
+/* Binds positional and keyword arguments to named parameters, as Python
+ * does (out/given hold nparams entries). */
+bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tval *args, size_t nargs,
+               const char **kwn, const size_t *kwnn, const tval *kwv, size_t nkw, tval *out, bool *given);
+/* BIND("f()", "a", "b") in a builtin with the usual argument names binds
+ * args/kwargs to p[] with g[] saying which were given. */
+#define BIND(what, ...)                                                                            \
+    static const char *const names_[] = {__VA_ARGS__};                                            \
+    enum { NP_ = sizeof names_ / sizeof names_[0] };                                               \
+    tval p[NP_];                                                                                  \
+    bool g[NP_];                                                                                  \
+    if (!tmpl_bind(r, what, names_, NP_, args, nargs, kwn, kwnn, kwv, nkw, p, g)) return false
+bool tmpl_no_args(trender *r, const char *what, size_t nargs, size_t nkw);
+bool tmpl_arg_int(trender *r, const tval *v, int64_t *out);
+bool tmpl_arg_str(trender *r, const tval *v, const char *what);
+/* the strbuf (freed) as a string value */
+bool tmpl_sb_out(trender *r, strbuf *sb, tval *out);
+/* byte offsets of the code points of s (count + 1 entries) */
+bool tmpl_cp_offsets(trender *r, const char *s, size_t n, size_t **offs, size_t *count);
+size_t tmpl_cp_to_byte(const char *s, size_t n, size_t i);
+/* CPython's PySlice_AdjustIndices: the slice length */
+int64_t tmpl_slice_adjust(int64_t len, int64_t *start, int64_t *stop, int64_t step);
+bool tmpl_slice_bound(trender *r, const tval *v, int64_t dflt, int64_t *out);
+tval tmpl_undef_named(int sub, const char *name, size_t n);
+
+/* strings (tmpl_str.c) */
+enum { TMPL_CASE_UPPER, TMPL_CASE_LOWER, TMPL_CASE_TITLE, TMPL_CASE_SWAP };
+bool tmpl_str_case(trender *r, const char *s, size_t n, int mode, tval *out);
+/* str.title(), or str.capitalize() */
+bool tmpl_str_title(trender *r, const char *s, size_t n, bool capitalize, tval *out);
+/* jinja's title filter */
+bool tmpl_jinja_title(trender *r, const tval *s, tval *out);
+/* str.strip/lstrip/rstrip; chars NULL or None: whitespace */
+bool tmpl_str_strip(trender *r, const tval *s, const tval *chars, bool left, bool right, tval *out);
+bool tmpl_str_replace(trender *r, const tval *s, const tval *old, const tval *new_, int64_t count, tval *out);
+bool tmpl_str_indent(trender *r, const tval *s, const tval *width, bool first, bool blank, tval *out);
+bool tmpl_str_case_is(const tval *s, bool upper);
+int64_t tmpl_str_wordcount(const char *p, size_t n);
+/* markupsafe's escape (force: escape a Markup too) */
+bool tmpl_html_escape(trender *r, const tval *v, tval *out, bool force);
+/* Python's int(str, base) and float(str); false when Python raises
+ * ValueError (*overflow: the value does not fit int64) */
+bool tmpl_parse_int(const tval *s, int base, int64_t *out, bool *overflow);
+bool tmpl_parse_float(const tval *s, double *out);
+bool tmpl_str_method(trender *r, const tval *s, int id, const tval *args, size_t nargs, const char **kwn,
+                     const size_t *kwnn, const tval *kwv, size_t nkw, tval *out);
 
 /* eval hooks the builtins need (map/select call filters and tests by name,
  * macros are called through the evaluator) */

@@ -128,6 +128,15 @@ static bool enter(parser *p)
 }
 static void leave(parser *p) { p->depth--; }
 
+/* Loops that extend a chain (a + b + c, x.a.b, x|f|g) build trees as deep
+ * as the chain is long: each link counts as a level of nesting, so that
+ * every later recursion over the tree is bounded too. */
+static bool link(parser *p, int *links)
+{
+    ++*links;
+    return enter(p);
+}
+
 /* ---- names ------------------------------------------------------------ */
 
 static int intern(parser *p, const char *s, size_t n)
@@ -293,7 +302,8 @@ static bool parse_dotted_name(parser *p, const char **s, size_t *n)
 /* |name(args) chains; node is the operand (NULL in filter blocks) */
 static tmpl_expr *parse_filter(parser *p, tmpl_expr *node, bool start_inline)
 {
-    while (at_op(p, OP_PIPE) || start_inline) {
+    int links = 0;
+    while ((at_op(p, OP_PIPE) || start_inline) && link(p, &links)) {
         if (!start_inline) next(p);
         start_inline = false;
         int line = cur(p)->line;
@@ -315,7 +325,8 @@ static tmpl_expr *parse_filter(parser *p, tmpl_expr *node, bool start_inline)
         if (!check_named_builtin(p, e, line)) return NULL;
         node = e;
     }
-    return node;
+    p->depth -= links;
+    return p->failed ? NULL : node;
 }
 
 static tmpl_expr *parse_test(parser *p, tmpl_expr *node)
@@ -365,6 +376,37 @@ static tmpl_expr *parse_test(parser *p, tmpl_expr *node)
         return n;
     }
     return e;
+}
+
+/* jinja's optimizer replaces an expression by its value when it can
+ * compute it at compile time (its nodes' as_const: no names, calls or
+ * context filters, though `and`, `or`, `if` and comparisons stop early)
+ * and the value has a safe repr; a {{ }} prints a value computed that way
+ * whatever it is. Such computations slice through the sandbox's getitem,
+ * which turns a TypeError into undefined, where a slice at render time
+ * raises: `{{ none[1:] }}` prints nothing, `{{ {}[1:] is string }}` is
+ * False, `{% set x = none[1:] %}` raises. Slices are the only place where
+ * folding changes a result, so expressions holding one are marked
+ * (FOLD_SLICE; FOLD_OUTPUT on the expression of a print) and the evaluator
+ * folds those the same way (tmpl_eval.c). */
+static bool mark_folds(tmpl_expr *e)
+{
+    if (!e) return false;
+    bool slice = e->kind == E_SLICE;
+    slice |= mark_folds(e->a);
+    slice |= mark_folds(e->b);
+    slice |= mark_folds(e->c);
+    slice |= mark_folds(e->d);
+    for (uint32_t i = 0; i < e->nargs; i++) slice |= mark_folds(e->args[i]);
+    for (uint32_t i = 0; i < e->nkw; i++) slice |= mark_folds(e->kwvals[i]);
+    if (slice) e->fold |= FOLD_SLICE;
+    return slice;
+}
+
+static void mark_output(tmpl_expr *e)
+{
+    mark_folds(e);
+    e->fold |= FOLD_OUTPUT;
 }
 
 static tmpl_expr *parse_subscribed(parser *p)
@@ -442,10 +484,6 @@ static tmpl_expr *parse_subscript(parser *p, tmpl_expr *node)
         if (!s || !pv_push(p, &args, s)) return NULL;
     }
     if (!expect_op(p, OP_RBRACKET, "]")) return NULL;
-    if (args.n == 0) {
-        pfail_at(p, line, "expected a subscript expression");
-        return NULL;
-    }
     if (args.n == 1) {
         tmpl_expr *s = args.v[0];
         if (s->kind == E_SLICE && s->a == NULL) {
@@ -458,6 +496,7 @@ static tmpl_expr *parse_subscript(parser *p, tmpl_expr *node)
         e->b = s;
         return e;
     }
+    /* x[a, b] and x[] subscript with a tuple, as in jinja */
     for (uint32_t i = 0; i < args.n; i++)
         if (((tmpl_expr *)args.v[i])->kind == E_SLICE && ((tmpl_expr *)args.v[i])->a == NULL) {
             pfail_at(p, line, "slices inside a tuple subscript are not supported");
@@ -485,22 +524,28 @@ static tmpl_expr *parse_call(parser *p, tmpl_expr *node)
 
 static tmpl_expr *parse_postfix(parser *p, tmpl_expr *node)
 {
+    int links = 0;
     while (node) {
-        if (at_op(p, OP_DOT) || at_op(p, OP_LBRACKET)) node = parse_subscript(p, node);
-        else if (at_op(p, OP_LPAREN)) node = parse_call(p, node);
-        else break;
+        if (!(at_op(p, OP_DOT) || at_op(p, OP_LBRACKET) || at_op(p, OP_LPAREN))) break;
+        if (!link(p, &links)) { node = NULL; break; }
+        if (at_op(p, OP_LPAREN)) node = parse_call(p, node);
+        else node = parse_subscript(p, node);
     }
+    p->depth -= links;
     return node;
 }
 
 static tmpl_expr *parse_filter_expr(parser *p, tmpl_expr *node)
 {
+    int links = 0;
     while (node) {
+        if (!(at_op(p, OP_PIPE) || at_name(p, "is") || at_op(p, OP_LPAREN))) break;
+        if (!link(p, &links)) { node = NULL; break; }
         if (at_op(p, OP_PIPE)) node = parse_filter(p, node, false);
         else if (at_name(p, "is")) node = parse_test(p, node);
-        else if (at_op(p, OP_LPAREN)) node = parse_call(p, node);
-        else break;
+        else node = parse_call(p, node);
     }
+    p->depth -= links;
     return node;
 }
 
@@ -632,23 +677,27 @@ static tmpl_expr *binop(parser *p, int kind, int op, tmpl_expr *l, tmpl_expr *r,
 static tmpl_expr *parse_pow(parser *p)
 {
     tmpl_expr *l = parse_unary(p, true);
-    while (l && at_op(p, OP_POW)) {
+    int links = 0;
+    while (l && at_op(p, OP_POW) && link(p, &links)) {
         int line = cur(p)->line;
         next(p);
         l = binop(p, E_BINOP, OP_POW, l, parse_unary(p, true), line);
     }
-    return l;
+    p->depth -= links;
+    return p->failed ? NULL : l;
 }
 
 static tmpl_expr *parse_math2(parser *p)
 {
     tmpl_expr *l = parse_pow(p);
-    while (l && (at_op(p, OP_MUL) || at_op(p, OP_DIV) || at_op(p, OP_FLOORDIV) || at_op(p, OP_MOD))) {
+    int links = 0;
+    while (l && (at_op(p, OP_MUL) || at_op(p, OP_DIV) || at_op(p, OP_FLOORDIV) || at_op(p, OP_MOD)) && link(p, &links)) {
         int op = cur(p)->op, line = cur(p)->line;
         next(p);
         l = binop(p, E_BINOP, op, l, parse_pow(p), line);
     }
-    return l;
+    p->depth -= links;
+    return p->failed ? NULL : l;
 }
 
 static tmpl_expr *parse_concat(parser *p)
@@ -673,12 +722,14 @@ static tmpl_expr *parse_concat(parser *p)
 static tmpl_expr *parse_math1(parser *p)
 {
     tmpl_expr *l = parse_concat(p);
-    while (l && (at_op(p, OP_ADD) || at_op(p, OP_SUB))) {
+    int links = 0;
+    while (l && (at_op(p, OP_ADD) || at_op(p, OP_SUB)) && link(p, &links)) {
         int op = cur(p)->op, line = cur(p)->line;
         next(p);
         l = binop(p, E_BINOP, op, l, parse_concat(p), line);
     }
-    return l;
+    p->depth -= links;
+    return p->failed ? NULL : l;
 }
 
 static tmpl_expr *parse_compare(parser *p)
@@ -743,29 +794,34 @@ static tmpl_expr *parse_not(parser *p)
 static tmpl_expr *parse_and(parser *p)
 {
     tmpl_expr *l = parse_not(p);
-    while (l && at_name(p, "and")) {
+    int links = 0;
+    while (l && at_name(p, "and") && link(p, &links)) {
         int line = cur(p)->line;
         next(p);
         l = binop(p, E_AND, 0, l, parse_not(p), line);
     }
-    return l;
+    p->depth -= links;
+    return p->failed ? NULL : l;
 }
 
 static tmpl_expr *parse_or(parser *p)
 {
     tmpl_expr *l = parse_and(p);
-    while (l && at_name(p, "or")) {
+    int links = 0;
+    while (l && at_name(p, "or") && link(p, &links)) {
         int line = cur(p)->line;
         next(p);
         l = binop(p, E_OR, 0, l, parse_and(p), line);
     }
-    return l;
+    p->depth -= links;
+    return p->failed ? NULL : l;
 }
 
 static tmpl_expr *parse_condexpr(parser *p)
 {
     tmpl_expr *e1 = parse_or(p);
-    while (e1 && at_name(p, "if")) {
+    int links = 0;
+    while (e1 && at_name(p, "if") && link(p, &links)) {
         int line = cur(p)->line;
         next(p);
         tmpl_expr *cond = parse_or(p);
@@ -785,7 +841,8 @@ static tmpl_expr *parse_condexpr(parser *p)
         c->c = e3;
         e1 = c;
     }
-    return e1;
+    p->depth -= links;
+    return p->failed ? NULL : e1;
 }
 
 static tmpl_expr *parse_expression(parser *p, bool with_condexpr)
@@ -936,6 +993,7 @@ static bool parse_if(parser *p, tmpl_stmt *s)
     if (which == 0) { /* elif: a nested if in the else branch */
         tmpl_stmt *e = new_stmt(p, S_IF, cur(p)->line);
         if (!e) return false;
+        e->elif = true;
         s->else_body.v = palloc(p, sizeof *s->else_body.v);
         if (!s->else_body.v) return false;
         s->else_body.v[0] = e;
@@ -1268,6 +1326,26 @@ static bool parse_body(parser *p, tmpl_body *body, const char *const *ends, int 
     return true;
 }
 
+/* constant folding marks on every expression of the template */
+static void mark_body_folds(const tmpl_body *b)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        tmpl_stmt *s = b->v[i];
+        if (s->kind == S_PRINT) mark_output(s->expr);
+        else mark_folds(s->expr);
+        mark_folds(s->cond);
+        mark_folds(s->filter);
+        for (uint32_t k = 0; k < s->nwith; k++) mark_folds(s->with_values[k]);
+        if (s->macro) {
+            for (uint32_t k = 0; k < s->macro->nparams; k++)
+                if (s->macro->defaults) mark_folds(s->macro->defaults[k]);
+            mark_body_folds(&s->macro->body);
+        }
+        mark_body_folds(&s->body);
+        mark_body_folds(&s->else_body);
+    }
+}
+
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz)
 {
     parser p = {.t = t, .tok = toks->v, .n = toks->n, .err = err, .errsz = errsz};
@@ -1276,5 +1354,7 @@ bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *e
         "cycler", "joiner", "lipsum"};
     for (int i = 0; i < NAME_FIXED_COUNT; i++)
         if (intern(&p, fixed[i], strlen(fixed[i])) != i) return false;
-    return parse_body(&p, &t->body, NULL, NULL) && !p.failed;
+    if (!parse_body(&p, &t->body, NULL, NULL) || p.failed) return false;
+    mark_body_folds(&t->body);
+    return tmpl_analyze_frames(t, err, errsz);
 }

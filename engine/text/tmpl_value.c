@@ -653,8 +653,15 @@ static bool str_depth(trender *r, const tval *v, strbuf *sb, bool repr, int dept
     case TV_INT: sb_printf(sb, "%lld", (long long)v->i); return true;
     case TV_FLOAT: tmpl_float_repr(v->f, buf, sizeof buf); sb_puts(sb, buf); return true;
     case TV_STR:
-        if (repr) repr_str(sb, v->s.p, v->s.n);
-        else sb_append(sb, v->s.p, v->s.n);
+        if (!repr) {
+            sb_append(sb, v->s.p, v->s.n);
+        } else if (v->sub & STR_MARKUP) {
+            sb_puts(sb, "Markup(");
+            repr_str(sb, v->s.p, v->s.n);
+            sb_putc(sb, ')');
+        } else {
+            repr_str(sb, v->s.p, v->s.n);
+        }
         return true;
     case TV_LIST: {
         const tlist *l = v->list;
@@ -703,7 +710,7 @@ bool tmpl_str_new(trender *r, const char *p, size_t n, tval *out)
     if (n) memcpy(d, p, n);
     d[n] = '\0';
     *out = tv_str(d, n);
-    out->sub = 1; /* owns its allocation: may grow in place (see str_append) */
+    out->sub = STR_OWNED; /* may grow in place (see str_append in tmpl_eval.c) */
     return true;
 }
 
@@ -978,6 +985,7 @@ bool tmpl_length(trender *r, const tval *v, int64_t *out)
         *out = (int64_t)v->list->n;
         return true;
     case TV_DICT: *out = (int64_t)v->dict->n; return true;
+    case TV_LOOP: *out = (int64_t)v->loop->items->n; return true; /* LoopContext.__len__ */
     default: break;
     }
     return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: object of type '%s' has no len()", r->line, tmpl_type_name(v));
