@@ -88,13 +88,15 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # test tools: small programs the integration tests drive (tests/tools/)
-TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/tok_tool
+TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/tok_tool $(BUILD)/tests/template_tool
 $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
-# test_kserve also links the protocol layer of the server
-$(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o
+# test_kserve also links the protocol layer of the server (and the text layer it encodes text_input with)
+$(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o $(BUILD)/obj/server/text.o
+# test_text: the text layer (server/text.c) on the demo tokenizer
+$(BUILD)/tests/test_text: $(BUILD)/obj/server/text.o
 # test_budget: the request-memory budget of the front ends
 $(BUILD)/tests/test_budget: $(BUILD)/obj/server/budget.o
 
@@ -112,14 +114,20 @@ deps:
 	  echo "pip installing into $(VENV): $(PIP_PKGS)"; \
 	  $(VENV_PY) -m pip install -q --disable-pip-version-check $(PIP_PKGS); }
 
-$(DEMO_MODEL)/config.json: | $(BUILD)/ferry
-	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1
+# the demo model: random weights with the repository's demo tokenizer
+# (config/demo-tokenizer, from scripts/make_demo_tokenizer.py), so that it
+# takes and answers text - random text: the weights are random
+DEMO_TOKENIZER := config/demo-tokenizer
+$(DEMO_MODEL)/tokenizer.json: $(DEMO_TOKENIZER)/tokenizer.json $(DEMO_TOKENIZER)/tokenizer_config.json | $(BUILD)/ferry
+	rm -rf $(DEMO_MODEL) $(BUILD)/demo-offload
+	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1 --tokenizer $(DEMO_TOKENIZER)
 
-# serve the demo model (13 MiB of weights) with about half of them resident
-# (layers 0-1) and the rest streamed from the offload dir, on port $(HTTP_PORT)
+# serve the demo model (16 MiB of weights) with part of them resident
+# and the rest streamed from the offload dir, on port $(HTTP_PORT)
 HTTP_PORT ?= 8000
-run: deps all $(DEMO_MODEL)/config.json
-	@echo "try:  curl -s localhost:$(HTTP_PORT)/v2/models/demo-model/generate -d '{\"input_ids\":[1,2,3],\"parameters\":{\"max_new_tokens\":8}}'"
+run: deps all $(DEMO_MODEL)/tokenizer.json
+	@echo "try:  curl -s localhost:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}'"
+	@echo "      (the weights are random: the answer is random text)"
 	exec $(BUILD)/ferry serve --model $(DEMO_MODEL) --max-memory device=6MiB,host=0 \
 	  --offload-dir $(BUILD)/demo-offload --http-port $(HTTP_PORT)
 
@@ -175,7 +183,7 @@ FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
 # code generated for it (no gRPC: it reads and writes bytes)
-FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/budget.c server/grpc/grpc_messages.c $(PROTO_C)
+FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/text.c server/budget.c server/grpc/grpc_messages.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)

@@ -1,6 +1,8 @@
 /*
  * http.c - routes, request bodies and the request life cycle on
- * libmicrohttpd (MHD). See http.h; the protocol itself is in kserve.c.
+ * libmicrohttpd (MHD). See http.h; the protocols themselves are in
+ * kserve.c (KServe v2, Triton's generate) and openai.c (/v1), the text
+ * they share in text.c.
  *
  * Threads. MHD runs a small pool of worker threads (epoll); each connection
  * is handled by one of them at a time, so the access handler, the stream
@@ -28,6 +30,13 @@
  * cancels the rows; a streamed one is also noticed when the next write
  * fails. Either way MHD's completion callback cancels what still runs.
  *
+ * Text answers (OpenAI, generate with text_input): each row has a
+ * text_stream, fed in on_token and ended in on_done under rq->mu; a row
+ * whose stop string matched is cancelled from on_token, and its on_done
+ * (cancelled) counts as a normal end, not as a client that left. Streamed
+ * rows append their deltas to rq->out as events; the others collect their
+ * text until the answer is written whole.
+ *
  * Lifetime: a request is reference counted - one reference for MHD (dropped
  * in the completion callback), one per row submitted to the scheduler
  * (dropped after its on_done), one for a stream response's reader (dropped
@@ -50,6 +59,8 @@
 #include "../engine/base/util.h"
 #include "kserve.h"
 #include "mhd_common.h"
+#include "openai.h"
+#include "text.h"
 
 static int hexval(char c)
 {
@@ -77,6 +88,11 @@ typedef enum {
     EP_METRICS,
     EP_MODEL_CONFIG,
     EP_STATS,            /* /v2/models/stats and /v2/models/{m}/stats */
+    EP_OAI_MODELS,       /* GET /v1/models */
+    EP_OAI_COMPLETIONS,  /* POST /v1/completions */
+    EP_OAI_CHAT,         /* POST /v1/chat/completions */
+    EP_TOKENIZE,         /* POST /tokenize (llama.cpp's server) */
+    EP_DETOKENIZE,       /* POST /detokenize */
     EP_OTHER,
 } endpoint;
 
@@ -84,7 +100,9 @@ typedef enum {
 static const char *const k_ep_name[] = {"health_live",     "health_ready", "server_metadata",
                                         "model_metadata",  "model_ready",  "infer",
                                         "generate",        "generate_stream", "metrics",
-                                        "model_config",    "model_stats",  "other"};
+                                        "model_config",    "model_stats",  "openai_models",
+                                        "completions",     "chat_completions", "tokenize",
+                                        "detokenize",      "other"};
 
 struct http_server {
     struct MHD_Daemon *d;
@@ -106,6 +124,8 @@ struct http_server {
     engine *e;
     sched *s;
     engine_limits lim;
+    const text_model *tm;    /* the model's text files (a text_model is immutable) */
+    int64_t attached_unix;   /* when the model became ready: /v1/models' created */
     int draining;            /* atomic: stopping; new requests get 503, ready says not */
     MHD_socket listen_fd;    /* after http_server_drain: the socket MHD no longer accepts on */
 };
@@ -119,6 +139,15 @@ typedef struct {
     int row;
 } row_ref;
 
+/* One row of a text answer. */
+typedef struct {
+    text_stream *ts;
+    strbuf text;                 /* not streamed: the text so far */
+    text_finish finish;
+    int n_tokens;
+    bool stopped;                /* a stop string ended it: its cancel is not the client's */
+} row_text;
+
 struct request {
     http_server *srv;
     struct request *prev, *next; /* srv->live, under srv->reg_mu */
@@ -128,6 +157,7 @@ struct request {
     int early_code;
     const char *early_msg, *allow;
     char early_buf[160];
+    bool openai_errors;          /* a /v1 path: errors in OpenAI's format */
     /* body */
     char *body;
     size_t len, cap;
@@ -136,6 +166,10 @@ struct request {
     uint64_t mem;                /* bytes of the budget this request holds (MHD thread; last unref) */
     /* work: fixed once submitted */
     kserve_request kr;
+    oai_request *oai;            /* the OpenAI endpoints' parse, else NULL */
+    int n_rows;
+    bool streaming;              /* answered as server-sent events */
+    const text_model *tm;        /* a text answer: the server's text model, else NULL */
     sched *s;                    /* the scheduler the rows went to */
     uint64_t *sid;               /* [n_rows] scheduler ids, valid below n_submitted */
     row_ref *refs_of;            /* [n_rows] callback user pointers */
@@ -155,6 +189,8 @@ struct request {
     strbuf out;                  /* stream: events not yet handed to MHD; infer: the current piece */
     size_t out_sent;
     int n_events;
+    row_text *texts;             /* [n_rows] when the answer is text */
+    strbuf delta;                /* a streamed row's text from one callback */
     kserve_infer_writer writer;  /* infer: the answer, piece by piece */
 };
 
@@ -222,10 +258,18 @@ static void request_unref(request *rq)
     pthread_mutex_unlock(&srv->reg_mu);
     body_release(rq);
     if (rq->rows)
-        for (int i = 0; i < rq->kr.n_rows; i++) {
+        for (int i = 0; i < rq->n_rows; i++) {
             free(rq->rows[i].tokens);
             free(rq->rows[i].logits);
         }
+    if (rq->texts)
+        for (int i = 0; i < rq->n_rows; i++) {
+            text_stream_free(rq->texts[i].ts);
+            sb_free(&rq->texts[i].text);
+        }
+    free(rq->texts);
+    sb_free(&rq->delta);
+    oai_request_free(rq->oai);
     free(rq->rows);
     free(rq->sid);
     free(rq->refs_of);
@@ -271,13 +315,55 @@ static void cancel_rows(request *rq)
     for (int i = 0; i < n; i++) sched_cancel(rq->s, rq->sid[i]);
 }
 
+/* The error event that ends a stream which already sent events. rq->mu held. */
+static void stream_error(request *rq)
+{
+    if (rq->oai) oai_stream_error(&rq->out, kserve_http_status(rq->st), rq->msg);
+    else kserve_stream_error(&rq->out, rq->msg);
+}
+
+/* A streamed text row's delta (with its finish reason at the end) as an
+ * event. rq->mu held. */
+static void text_event(request *rq, int row, text_finish finish)
+{
+    if (!rq->conn || rq->client_gone || rq->st != FERRY_OK) return;
+    if (rq->oai) oai_stream_delta(&rq->out, rq->oai, rq->srv->name, row, rq->delta.data, rq->delta.len, finish);
+    else kserve_text_event(&rq->out, rq->srv->name, rq->delta.data, rq->delta.len, finish);
+    rq->n_events++;
+    conn_wake(rq);
+}
+
+/* A text row's token; true when a stop string ended the row. rq->mu held. */
+static bool text_token(request *rq, int row, int32_t token)
+{
+    row_text *t = &rq->texts[row];
+    rq->delta.len = 0;
+    bool stop = text_stream_push(t->ts, token, rq->streaming ? &rq->delta : &t->text);
+    if (rq->streaming && rq->delta.len) text_event(rq, row, TEXT_FINISH_NONE);
+    t->stopped |= stop;
+    return stop;
+}
+
+/* A text row ended: what its stream held back, and why it ended. rq->mu held. */
+static void text_end(request *rq, int row)
+{
+    row_text *t = &rq->texts[row];
+    rq->delta.len = 0;
+    t->finish = text_stream_end(t->ts, rq->streaming ? &rq->delta : &t->text);
+    t->n_tokens = text_stream_tokens(t->ts);
+    if (rq->streaming) text_event(rq, row, t->finish);
+}
+
 static void on_token(void *user, int32_t token, int index)
 {
-    request *rq = ((row_ref *)user)->rq;
-    bool cancel = false;
+    row_ref *ref = user;
+    request *rq = ref->rq;
+    bool cancel = false, stop = false;
     pthread_mutex_lock(&rq->mu);
     if (rq->suspended && !rq->client_gone && peer_gone(rq)) cancel = rq->client_gone = true;
-    if (rq->ep == EP_STREAM && rq->conn && !rq->client_gone) {
+    if (rq->texts) {
+        stop = text_token(rq, ref->row, token);
+    } else if (rq->streaming && rq->conn && !rq->client_gone) {
         kserve_stream_event(&rq->out, rq->srv->name, token, index);
         rq->n_events++;
         conn_wake(rq);
@@ -286,6 +372,7 @@ static void on_token(void *user, int32_t token, int index)
     /* the engine thread is alive, so the scheduler is: no server lock needed
      * (and taking it here could deadlock against sched_free) */
     if (cancel) cancel_rows(rq);
+    else if (stop) sched_cancel(rq->s, rq->sid[ref->row]); /* sid[row] was set before the row could run */
 }
 
 static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
@@ -297,14 +384,21 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     pthread_mutex_lock(&rq->mu);
     if (st == FERRY_OK && kserve_row_keep(row, res) != FERRY_OK)
         st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+    if (st == FERRY_OK && rq->texts) text_end(rq, ref->row);
     if (st != FERRY_OK && rq->st == FERRY_OK) {
         rq->st = st;
         snprintf(rq->msg, sizeof rq->msg, "%s", msg && *msg ? msg : ferry_status_name(st));
-        if (rq->ep == EP_STREAM && rq->n_events > 0) kserve_stream_error(&rq->out, rq->msg);
+        if (rq->streaming && rq->n_events > 0) stream_error(rq);
     }
-    if (res->cancelled) rq->cancelled = true;
+    if (res->cancelled && !(rq->texts && rq->texts[ref->row].stopped)) rq->cancelled = true;
     if (--rq->rows_left == 0) {
         rq->done = true;
+        if (rq->oai && rq->streaming && rq->conn && !rq->client_gone && (rq->st == FERRY_OK || rq->n_events > 0)) {
+            int tokens = 0;
+            for (int i = 0; i < rq->n_rows; i++) tokens += rq->texts[i].n_tokens;
+            oai_stream_end(&rq->out, rq->oai, rq->srv->name, rq->st == FERRY_OK, tokens);
+            rq->n_events++;
+        }
         conn_wake(rq);
     }
     pthread_mutex_unlock(&rq->mu);
@@ -343,26 +437,45 @@ static enum MHD_Result respond_sb(request *rq, int code, strbuf *sb, const char 
     return respond(rq, code, "application/json", sb->data, len, h1, v1);
 }
 
-static enum MHD_Result respond_error(request *rq, int code, const char *msg, const char *h1, const char *v1)
+/* An error in the format of the request's protocol: OpenAI's error object
+ * on /v1 (param and code only there), {"error": msg} elsewhere. */
+static enum MHD_Result respond_fail(request *rq, int code, const char *msg, const char *param, const char *errcode,
+                                    const char *h1, const char *v1)
 {
     strbuf sb;
     sb_init(&sb);
-    kserve_error(&sb, msg);
+    if (rq->openai_errors) oai_error_body(&sb, code, msg, param, errcode);
+    else kserve_error(&sb, msg);
     return respond_sb(rq, code, &sb, h1, v1);
+}
+
+static enum MHD_Result respond_error(request *rq, int code, const char *msg, const char *h1, const char *v1)
+{
+    return respond_fail(rq, code, msg, NULL, NULL, h1, v1);
 }
 
 /* ---- routing -------------------------------------------------------------------- */
 
 static bool is_get(const char *m) { return !strcmp(m, MHD_HTTP_METHOD_GET) || !strcmp(m, MHD_HTTP_METHOD_HEAD); }
 
-static bool is_post_endpoint(endpoint ep) { return ep == EP_INFER || ep == EP_GENERATE || ep == EP_STREAM; }
+static bool is_post_endpoint(endpoint ep)
+{
+    return ep == EP_INFER || ep == EP_GENERATE || ep == EP_STREAM || ep == EP_OAI_COMPLETIONS || ep == EP_OAI_CHAT ||
+           ep == EP_TOKENIZE || ep == EP_DETOKENIZE;
+}
 
 /* Sets rq->ep, and rq->early_code/msg/allow for 404 and 405. */
 static void route(request *rq, const char *url, const char *method)
 {
     const char *tail = NULL;
     rq->ep = EP_OTHER;
+    rq->openai_errors = !strncmp(url, "/v1/", 4) || !strcmp(url, "/v1");
     if (!strcmp(url, "/v2/health/live")) rq->ep = EP_LIVE;
+    else if (!strcmp(url, "/v1/models")) rq->ep = EP_OAI_MODELS;
+    else if (!strcmp(url, "/v1/completions")) rq->ep = EP_OAI_COMPLETIONS;
+    else if (!strcmp(url, "/v1/chat/completions")) rq->ep = EP_OAI_CHAT;
+    else if (!strcmp(url, "/tokenize")) rq->ep = EP_TOKENIZE;
+    else if (!strcmp(url, "/detokenize")) rq->ep = EP_DETOKENIZE;
     else if (!strcmp(url, "/v2/health/ready")) rq->ep = EP_READY;
     else if (!strcmp(url, "/v2") || !strcmp(url, "/v2/")) rq->ep = EP_SERVER_META;
     else if (!strcmp(url, "/metrics")) rq->ep = EP_METRICS;
@@ -425,6 +538,7 @@ static enum MHD_Result answer_get(request *rq)
     bool loaded = srv->s != NULL;
     engine_limits lim = srv->lim;
     int vocab = lim.vocab;
+    int64_t attached = srv->attached_unix;
     metrics_engine_view view;
     memset(&view, 0, sizeof view);
     if (loaded) view.sched = sched_get_stats(srv->s);
@@ -478,6 +592,11 @@ static enum MHD_Result answer_get(request *rq)
         sb_puts(&sb, ready ? ", \"ready\": true}" : ", \"ready\": false, \"error\": \"model not ready\"}");
         code = ready ? 200 : 503;
         break;
+    case EP_OAI_MODELS:
+        sb_free(&sb);
+        if (!loaded) return respond_error(rq, 503, "model not ready", NULL, NULL);
+        oai_models(&sb, srv->name, attached, lim.max_ctx);
+        break;
     case EP_METRICS: {
         metrics_render(srv->counters, &view, &sb);
         if (sb.oom) return respond_sb(rq, 503, &sb, NULL, NULL);
@@ -503,13 +622,28 @@ static enum MHD_Result respond_busy(request *rq)
  * (one row of one output) at a time, a generate answer is built whole, a
  * stream holds the events its client has not read yet. */
 #define EVENT_BYTES 160 /* one SSE token event, model name aside */
+#define TEXT_STREAM_BYTES 8192 /* a text_stream's own state (its window and the tokenizer's), stop strings aside */
 static uint64_t answer_bytes(const request *rq, int vocab)
 {
     const kserve_request *r = &rq->kr;
-    uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->max_new_tokens;
+    uint64_t rows = (uint64_t)rq->n_rows;
+    uint64_t token_bytes = rq->tm ? text_max_token_bytes(rq->tm) : 0;
+    if (rq->oai) {
+        uint64_t new_tokens = (uint64_t)oai_row_request(rq->oai, 0).max_new_tokens;
+        uint64_t per_row = new_tokens * sizeof(int32_t) + sizeof(kserve_row) + sizeof(row_text) + TEXT_STREAM_BYTES +
+                           text_stops_bytes(oai_stops(rq->oai)) + (rq->streaming ? 0 : new_tokens * token_bytes);
+        return oai_request_bytes(rq->oai) + rows * per_row + oai_answer_bytes(rq->oai, rq->srv->name, token_bytes) +
+               2 * (TEXT_MAX_STOP_BYTES + token_bytes); /* rq->delta */
+    }
+    uint64_t new_tokens = (uint64_t)r->max_new_tokens;
     uint64_t results = kserve_held_bytes(r, vocab);
     uint64_t answer;
-    if (rq->ep == EP_INFER) {
+    if (r->text_input) {
+        results += rows * (sizeof(row_text) + TEXT_STREAM_BYTES + text_stops_bytes(&r->stops)) +
+                   2 * (TEXT_MAX_STOP_BYTES + token_bytes);
+        if (rq->ep == EP_STREAM) answer = (new_tokens + 1) * (EVENT_BYTES + strlen(rq->srv->name) + 6 * token_bytes) + 4096;
+        else answer = rows * new_tokens * 7 * token_bytes + 4096; /* the text, and the answer holding it escaped */
+    } else if (rq->ep == EP_INFER) {
         uint64_t ids_row = new_tokens * 24, logits_row = r->want_logits ? (uint64_t)vocab * 24 : 0; /* JSON */
         answer = 2 * ((ids_row > logits_row ? ids_row : logits_row) + 4096); /* a piece, and its growth */
     } else if (rq->ep == EP_GENERATE) {
@@ -528,7 +662,7 @@ static enum MHD_Result infer_start(request *rq);
 static enum MHD_Result finish_or_wait(request *rq)
 {
     pthread_mutex_lock(&rq->mu);
-    bool ready = rq->done || (rq->ep == EP_STREAM && rq->n_events > 0);
+    bool ready = rq->done || (rq->streaming && rq->n_events > 0);
     if (!ready) {
         conn_sleep(rq);
         pthread_mutex_unlock(&rq->mu);
@@ -536,16 +670,32 @@ static enum MHD_Result finish_or_wait(request *rq)
     }
     bool events = rq->n_events > 0;
     pthread_mutex_unlock(&rq->mu);
-    if (rq->ep == EP_STREAM && events) return stream_start(rq);
+    if (rq->streaming && events) return stream_start(rq);
     /* done: rows, st, msg, cancelled are final */
     if (rq->st != FERRY_OK) return respond_error(rq, kserve_http_status(rq->st), rq->msg, NULL, NULL);
     /* cancelled: the client went away; 499 (nginx's "client closed request") only shows in the metrics */
     if (rq->cancelled) return respond_error(rq, 499, "request cancelled", NULL, NULL);
-    if (rq->ep == EP_STREAM) return respond_error(rq, 500, "internal error: a stream ended without tokens", NULL, NULL);
+    if (rq->streaming) return respond_error(rq, 500, "internal error: a stream ended without tokens", NULL, NULL);
     if (rq->ep == EP_INFER) return infer_start(rq);
     strbuf sb;
     sb_init(&sb);
-    kserve_generate_response(&sb, &rq->kr, rq->srv->name, rq->rows);
+    if (rq->oai) {
+        oai_choice *c = calloc((size_t)rq->n_rows, sizeof *c);
+        if (!c) return respond_error(rq, 503, "out of memory", NULL, NULL);
+        for (int i = 0; i < rq->n_rows; i++) {
+            const row_text *t = &rq->texts[i];
+            c[i] = (oai_choice){t->text.data ? t->text.data : "", t->text.len, t->finish, t->n_tokens};
+            sb.oom |= t->text.oom;
+        }
+        oai_response(&sb, rq->oai, rq->srv->name, c);
+        free(c);
+    } else if (rq->texts) {
+        const row_text *t = &rq->texts[0];
+        sb.oom |= t->text.oom;
+        kserve_text_response(&sb, &rq->kr, rq->srv->name, t->text.data ? t->text.data : "", t->text.len, t->finish);
+    } else {
+        kserve_generate_response(&sb, &rq->kr, rq->srv->name, rq->rows);
+    }
     return respond_sb(rq, 200, &sb, NULL, NULL);
 }
 
@@ -657,21 +807,91 @@ static int64_t header_length(struct MHD_Connection *c)
     return n;
 }
 
+/* Chat prompts: the rendered template may hold RENDER_RATIO x the body
+ * (plus a template's own text) before it is refused 413. */
+#define RENDER_RATIO 4
+#define RENDER_SLACK (256u << 10)
+
+static uint64_t render_bound(size_t len) { return (uint64_t)RENDER_RATIO * len + RENDER_SLACK; }
+
+/* What parsing a body may hold at once: its JSON tree; for the OpenAI
+ * endpoints also the prompts' encoding, and for chat the template's
+ * variables (a second tree) and the rendered prompt. */
+static uint64_t parse_hold(const request *rq, size_t len)
+{
+    uint64_t parse = kserve_parse_bound(len);
+    if (rq->ep == EP_OAI_CHAT) return 2 * parse + render_bound(len) + text_encode_bound(render_bound(len));
+    if (rq->ep == EP_OAI_COMPLETIONS) return parse + text_encode_bound(len);
+    return parse;
+}
+
+/* Parses the body into rq->kr or rq->oai (the budget for it is held by
+ * the caller); answers and returns false when it is refused. */
+static bool parse_body(request *rq, const engine_limits *lim, enum MHD_Result *ret)
+{
+    ferry_status st;
+    const char *body = rq->body ? rq->body : "";
+    if (rq->ep == EP_OAI_COMPLETIONS || rq->ep == EP_OAI_CHAT) {
+        oai_ctx ctx = {rq->srv->name, rq->tm, lim, kserve_parse_bound(rq->len), render_bound(rq->len)};
+        oai_error err;
+        st = oai_parse(rq->ep == EP_OAI_CHAT ? OAI_CHAT : OAI_COMPLETIONS, body, rq->len, &ctx, &rq->oai, &err);
+        if (st != FERRY_OK) *ret = respond_fail(rq, err.status, ferry_errmsg(), err.param, err.code, NULL, NULL);
+        return st == FERRY_OK;
+    }
+    int64_t hl = rq->ep == EP_INFER ? header_length(rq->conn) : -1;
+    if (rq->ep == EP_INFER) st = kserve_parse_infer(body, rq->len, hl, lim, &rq->kr);
+    else st = kserve_parse_generate(body, rq->len, lim, &rq->kr);
+    if (st != FERRY_OK) *ret = respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
+    return st == FERRY_OK;
+}
+
+/* A generate request with text_input: its prompt encoded, within the budget. */
+static bool encode_text(request *rq, const engine_limits *lim, enum MHD_Result *ret)
+{
+    uint64_t hold = text_encode_bound(rq->kr.text_len);
+    if (!mem_take(rq, hold)) {
+        *ret = respond_busy(rq);
+        return false;
+    }
+    ferry_status st = kserve_encode_text(&rq->kr, rq->tm, lim);
+    mem_give(rq, hold);
+    if (st != FERRY_OK) *ret = respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
+    return st == FERRY_OK;
+}
+
+/* Per-row text streams, and a stream's first events (chat's role chunks). */
+static ferry_status text_rows_start(request *rq)
+{
+    if (!(rq->texts = calloc((size_t)rq->n_rows, sizeof *rq->texts))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < rq->n_rows; i++) {
+        gen_request g = rq->oai ? oai_row_request(rq->oai, i) : kserve_row_request(&rq->kr, i);
+        FERRY_TRY(text_stream_new(rq->tm, &g, rq->oai ? oai_stops(rq->oai) : &rq->kr.stops, &rq->texts[i].ts));
+    }
+    if (rq->oai && rq->streaming) {
+        oai_stream_start(&rq->out, rq->oai, rq->srv->name);
+        if (rq->out.oom) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        rq->n_events = rq->out.len > 0;
+    }
+    return FERRY_OK;
+}
+
 static enum MHD_Result start_inference(request *rq)
 {
     http_server *srv = rq->srv;
     pthread_rwlock_rdlock(&srv->lock);
     bool ready = srv->s != NULL;
     engine_limits lim = srv->lim;
+    const text_model *tm = srv->tm;
     pthread_rwlock_unlock(&srv->lock);
     if (!ready) return respond_error(rq, 503, "model not ready", NULL, NULL);
     if (__atomic_load_n(&srv->draining, __ATOMIC_RELAXED)) return respond_error(rq, 503, "server shutting down", NULL, NULL);
+    rq->tm = tm; /* outlives the server's requests (http.h) */
 
     ferry_status st;
-    int64_t hl = rq->ep == EP_INFER ? header_length(rq->conn) : -1;
-    if (hl == -2) return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
-    /* the parse may hold up to kserve_parse_bound of the body's size */
-    uint64_t parse = kserve_parse_bound(rq->len);
+    if (rq->ep == EP_INFER && header_length(rq->conn) == -2)
+        return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
+    /* the parse may hold up to parse_hold of the body's size */
+    uint64_t parse = parse_hold(rq, rq->len);
     if (parse > srv->budget->limit) {
         char msg[160];
         snprintf(msg, sizeof msg, "a body of %zu bytes may need %llu bytes to parse, more than --request-memory (%llu)",
@@ -679,19 +899,31 @@ static enum MHD_Result start_inference(request *rq)
         return respond_error(rq, 413, msg, NULL, NULL);
     }
     if (!mem_take(rq, parse)) return respond_busy(rq);
-    if (rq->ep == EP_INFER) st = kserve_parse_infer(rq->body ? rq->body : "", rq->len, hl, &lim, &rq->kr);
-    else st = kserve_parse_generate(rq->body ? rq->body : "", rq->len, &lim, &rq->kr);
+    enum MHD_Result ret = MHD_NO;
+    bool parsed = parse_body(rq, &lim, &ret);
     mem_give(rq, parse);
     body_release(rq);
-    if (st != FERRY_OK) return respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
-    int n = rq->kr.n_rows;
+    if (!parsed) return ret;
+    if (rq->kr.text_input && !encode_text(rq, &lim, &ret)) return ret;
+    if (!rq->oai && !rq->kr.text_input) rq->tm = NULL; /* an answer of ids */
+    int n = rq->n_rows = rq->oai ? oai_rows(rq->oai) : rq->kr.n_rows;
+    rq->streaming = rq->ep == EP_STREAM || (rq->oai && oai_streaming(rq->oai));
     if (rq->ep == EP_STREAM && n != 1)
         return respond_error(rq, 400, "generate_stream takes one prompt (input_ids: a list of token ids)", NULL, NULL);
-    if (!mem_take(rq, answer_bytes(rq, lim.vocab))) return respond_busy(rq);
+    uint64_t answer = answer_bytes(rq, lim.vocab);
+    if (rq->tm && answer > srv->budget->limit) { /* could never be had: the client must ask for less */
+        char msg[200];
+        snprintf(msg, sizeof msg, "the answer may need %llu bytes (tokens x choices), more than --request-memory (%llu): "
+                 "ask for fewer tokens", (unsigned long long)answer, (unsigned long long)srv->budget->limit);
+        return respond_fail(rq, 413, msg, rq->oai ? "max_tokens" : NULL, NULL, NULL, NULL);
+    }
+    if (!mem_take(rq, answer)) return respond_busy(rq);
     rq->sid = calloc((size_t)n, sizeof *rq->sid);
     rq->refs_of = calloc((size_t)n, sizeof *rq->refs_of);
     rq->rows = calloc((size_t)n, sizeof *rq->rows);
     if (!rq->sid || !rq->refs_of || !rq->rows) return respond_error(rq, 503, "out of memory", NULL, NULL);
+    if (rq->tm && (st = text_rows_start(rq)) != FERRY_OK)
+        return respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
 
     sched_callbacks cb = {on_token, on_done};
     pthread_mutex_lock(&rq->mu);
@@ -710,7 +942,7 @@ static enum MHD_Result start_inference(request *rq)
     }
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         rq->refs_of[i] = (row_ref){rq, i};
-        gen_request p = kserve_row_request(&rq->kr, i);
+        gen_request p = rq->oai ? oai_row_request(rq->oai, i) : kserve_row_request(&rq->kr, i);
         pthread_mutex_lock(&rq->mu);
         rq->refs++; /* on_done may run before sched_submit returns */
         pthread_mutex_unlock(&rq->mu);
@@ -735,6 +967,102 @@ static enum MHD_Result start_inference(request *rq)
     return finish_or_wait(rq);
 }
 
+/* ---- /tokenize and /detokenize --------------------------------------------------- */
+
+/* {"content": "...", "add_special": false, "parse_special": true} -> {"tokens": [...]} */
+static ferry_status tokenize_body(const tokenizer *t, const json_value *root, strbuf *sb)
+{
+    bool bad = false, add_special = false, parse_special = true, pieces = false;
+    const json_value *content = json_get(root, "content");
+    json_get_bool(root, "add_special", &add_special, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "add_special must be true or false");
+    json_get_bool(root, "parse_special", &parse_special, &bad);
+    if (bad) return ferry_fail(FERRY_ERR_INVALID, "parse_special must be true or false");
+    json_get_bool(root, "with_pieces", &pieces, &bad);
+    if (bad || pieces) return ferry_fail(FERRY_ERR_INVALID, "with_pieces is not supported");
+    if (!content || content->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "content must be a string");
+    int32_t *ids = NULL;
+    int n = 0;
+    FERRY_TRY(tok_encode(t, content->str, content->len, add_special, parse_special, &ids, &n));
+    sb_puts(sb, "{\"tokens\": [");
+    for (int i = 0; i < n; i++) sb_printf(sb, "%s%d", i ? ", " : "", ids[i]);
+    sb_puts(sb, "]}");
+    free(ids);
+    return FERRY_OK;
+}
+
+/* {"tokens": [...]} -> {"content": "..."}, special tokens written out */
+static ferry_status detokenize_body(const tokenizer *t, const json_value *root, int vocab, strbuf *sb)
+{
+    const json_value *tokens = json_get(root, "tokens");
+    if (!tokens || tokens->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "tokens must be a list of token ids");
+    int32_t *ids = malloc((tokens->len + 1) * sizeof *ids);
+    if (!ids) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; st == FERRY_OK && i < tokens->len; i++) {
+        const json_value *v = &tokens->items[i];
+        if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 || v->integer >= vocab)
+            st = ferry_fail(FERRY_ERR_INVALID, "tokens[%zu] is not a token id of the model (0..%d)", i, vocab - 1);
+        else ids[i] = (int32_t)v->integer;
+    }
+    strbuf text;
+    sb_init(&text);
+    if (st == FERRY_OK) st = tok_decode(t, ids, (int)tokens->len, false, &text);
+    if (st == FERRY_OK) {
+        sb_puts(sb, "{\"content\": ");
+        text_put_json(sb, text.data ? text.data : "", text.len);
+        sb_putc(sb, '}');
+        sb->oom |= text.oom;
+    }
+    sb_free(&text);
+    free(ids);
+    return st;
+}
+
+/* Synchronous on the MHD thread: no engine, only the tokenizer. Their
+ * errors are KServe-style {"error": ...}, as the other paths outside /v1. */
+static enum MHD_Result answer_tokens(request *rq)
+{
+    http_server *srv = rq->srv;
+    pthread_rwlock_rdlock(&srv->lock);
+    const text_model *tm = srv->s ? srv->tm : NULL;
+    int vocab = srv->lim.vocab;
+    pthread_rwlock_unlock(&srv->lock);
+    if (!tm) return respond_error(rq, 503, "model not ready", NULL, NULL);
+    if (text_error(tm)) return respond_error(rq, 400, text_error(tm), NULL, NULL);
+    size_t len = rq->len;
+    /* the tree, and: the ids and their JSON (12 bytes each; a byte of text
+     * makes at most one id, BOS/EOS aside); or the text of at most len / 2
+     * ids ("1," each) and its JSON (6 bytes a byte at worst) */
+    uint64_t hold = kserve_parse_bound(len) + 4096 +
+                    (rq->ep == EP_TOKENIZE ? text_encode_bound(len) + ((uint64_t)len + 8) * 12
+                                           : ((uint64_t)len / 2 + 1) * text_max_token_bytes(tm) * 7);
+    if (hold > srv->budget->limit) return respond_error(rq, 413, "the request is too large for --request-memory", NULL, NULL);
+    if (!mem_take(rq, hold)) return respond_busy(rq);
+    json_doc *doc = NULL;
+    strbuf sb;
+    sb_init(&sb);
+    ferry_status st = json_parse_limited(rq->body ? rq->body : "", len, kserve_parse_bound(len), &doc);
+    if (st == FERRY_ERR_INVALID) ferry_fail_context(st, "malformed JSON");
+    const json_value *root = st == FERRY_OK ? json_doc_root(doc) : NULL;
+    if (st == FERRY_OK && root->type != JSON_OBJECT) st = ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
+    if (st == FERRY_OK)
+        st = rq->ep == EP_TOKENIZE ? tokenize_body(text_tokenizer(tm), root, &sb)
+                                   : detokenize_body(text_tokenizer(tm), root, vocab, &sb);
+    json_doc_free(doc);
+    body_release(rq);
+    if (st != FERRY_OK) {
+        sb_free(&sb);
+        enum MHD_Result ret = respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
+        mem_give(rq, hold);
+        return ret;
+    }
+    size_t keep = sb.cap < hold ? sb.cap : hold; /* the answer, until MHD has sent it (request_unref) */
+    enum MHD_Result ret = respond_sb(rq, 200, &sb, NULL, NULL);
+    mem_give(rq, hold - keep);
+    return ret;
+}
+
 /* ---- MHD callbacks -------------------------------------------------------------- */
 
 static enum MHD_Result dispatch(request *rq)
@@ -746,6 +1074,7 @@ static enum MHD_Result dispatch(request *rq)
         return respond_error(rq, 413, msg, NULL, NULL);
     }
     if (rq->over_budget) return respond_error(rq, 503, "server busy: too many request bytes in flight", NULL, NULL);
+    if (rq->ep == EP_TOKENIZE || rq->ep == EP_DETOKENIZE) return answer_tokens(rq);
     if (is_post_endpoint(rq->ep)) return start_inference(rq);
     return answer_get(rq);
 }
@@ -1097,11 +1426,13 @@ void http_server_drain(http_server *s, double deadline)
     while (util_now() < deadline && inferences_running(s) > 0) usleep(10000);
 }
 
-void http_server_attach(http_server *s, engine *e, sched *sc)
+void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm)
 {
     pthread_rwlock_wrlock(&s->lock);
     s->e = e;
     s->s = sc;
+    s->tm = tm;
+    s->attached_unix = (int64_t)util_wall_now();
     s->lim = engine_get_limits(e);
     pthread_rwlock_unlock(&s->lock);
 }
@@ -1133,7 +1464,7 @@ void http_server_stop(http_server *s)
                 if (rq->st == FERRY_OK) {
                     rq->st = FERRY_ERR_INTERNAL;
                     snprintf(rq->msg, sizeof rq->msg, "server stopped before the request ended");
-                    if (rq->ep == EP_STREAM && rq->n_events > 0) kserve_stream_error(&rq->out, rq->msg);
+                    if (rq->streaming && rq->n_events > 0) stream_error(rq);
                 }
                 rq->done = true;
                 conn_wake(rq);

@@ -1,6 +1,7 @@
 /*
  * http.h - the HTTP front end: KServe v2 REST, Triton's generate extension
- * and /metrics on libmicrohttpd.
+ * (token ids or text), the OpenAI-compatible API (/v1), /tokenize and
+ * /detokenize, and /metrics on libmicrohttpd.
  *
  * The server listens before the model is loaded (health/live answers at
  * once; ready and inference endpoints answer 503 "model not ready") and
@@ -23,6 +24,7 @@
 #include "../engine/scheduler.h"
 #include "budget.h"
 #include "metrics.h"
+#include "text.h"
 
 typedef struct {
     const char *host;        /* address to bind: "0.0.0.0", "127.0.0.1", "::", a host name */
@@ -43,8 +45,10 @@ typedef struct http_server http_server;
 ferry_status http_server_start(const http_opts *o, http_server **out);
 int http_server_port(const http_server *s);
 
-/* The model is ready: inference endpoints submit to sc, ready answers 200. */
-void http_server_attach(http_server *s, engine *e, sched *sc);
+/* The model is ready: inference endpoints submit to sc, ready answers 200;
+ * the text endpoints use tm (its text_error answers them when the model
+ * has no tokenizer). tm must outlive the server (http_server_stop). */
+void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm);
 /* Stops accepting connections at once (new requests on open ones get 503
  * "server shutting down", ready says not ready), then waits until the
  * inference requests in flight have ended or the monotonic clock

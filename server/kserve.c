@@ -28,7 +28,7 @@ size_t kserve_parse_bound(size_t body_len)
 size_t kserve_request_bytes(const kserve_request *r)
 {
     return sizeof *r + (size_t)r->n_rows * 2 * sizeof(int) + (r->n_rows ? (size_t)(r->row_off[r->n_rows - 1] + r->row_len[r->n_rows - 1]) * sizeof(int32_t) : 0) +
-           (r->id ? strlen(r->id) + 1 : 0);
+           (r->id ? strlen(r->id) + 1 : 0) + (r->text_input ? r->text_len + 1 : 0) + text_stops_bytes(&r->stops);
 }
 
 uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
@@ -56,6 +56,8 @@ void kserve_request_free(kserve_request *r)
     free(r->row_off);
     free(r->row_len);
     free(r->id);
+    free(r->text_input);
+    text_stops_free(&r->stops);
     memset(r, 0, sizeof *r);
 }
 
@@ -74,7 +76,8 @@ static ferry_status alloc_rows(kserve_request *r, int n, size_t total)
 
 static bool is_int(const json_value *v) { return v->type == JSON_NUMBER && v->is_int; }
 
-static ferry_status parse_params(const json_value *params, bool infer, kserve_request *r,
+/* text: the prompt is text_input, so stop strings are allowed */
+static ferry_status parse_params(const json_value *params, bool infer, bool text, kserve_request *r,
                                  bool *binary_output)
 {
     if (!params || params->type == JSON_NULL) return FERRY_OK;
@@ -91,14 +94,17 @@ static ferry_status parse_params(const json_value *params, bool infer, kserve_re
             if (v->type != JSON_NUMBER || !(v->number >= 0) || !isfinite(v->number) || v->number > 1e30)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.temperature must be a number >= 0");
             r->sampling.temperature = (float)v->number;
+            r->given.temperature = true;
         } else if (!strcmp(k, "top_k")) {
             if (!is_int(v) || v->integer < 0)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.top_k must be an integer >= 0");
             r->sampling.top_k = v->integer > INT32_MAX ? INT32_MAX : (int)v->integer; /* >= vocabulary: all */
+            r->given.top_k = true;
         } else if (!strcmp(k, "top_p")) {
             if (v->type != JSON_NUMBER || !(v->number > 0 && v->number <= 1))
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.top_p must be a number in (0, 1]");
             r->sampling.top_p = (float)v->number;
+            r->given.top_p = true;
             if (!(r->sampling.top_p > 0)) r->sampling.top_p = 1e-30f; /* a denormal double: keep it positive */
         } else if (!strcmp(k, "seed")) {
             if (!is_int(v) || v->integer < 0)
@@ -120,6 +126,12 @@ static ferry_status parse_params(const json_value *params, bool infer, kserve_re
                 r->stop_ids[j] = (int32_t)t->integer;
             }
             r->n_stop = (int)v->len;
+        } else if (!strcmp(k, "stop")) {
+            if (!text)
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop (stop strings) needs the prompt as text_input; "
+                                  "token ids stop with parameters.stop_token_ids");
+            text_stops_free(&r->stops);
+            FERRY_TRY(text_stops_parse(v, "parameters.stop", &r->stops));
         } else if (infer && !strcmp(k, "binary_data_output")) {
             if (v->type != JSON_BOOL)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.binary_data_output must be true or false");
@@ -127,8 +139,8 @@ static ferry_status parse_params(const json_value *params, bool infer, kserve_re
         } else {
             return ferry_fail(FERRY_ERR_INVALID,
                               "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
-                              "stop_token_ids%s)",
-                              k, infer ? ", binary_data_output" : "");
+                              "stop_token_ids%s%s)",
+                              k, infer ? ", binary_data_output" : "", text ? ", stop" : "");
         }
     }
     return FERRY_OK;
@@ -354,7 +366,7 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
         }
     }
     bool binary_output = false;
-    FERRY_TRY(parse_params(params, true, r, &binary_output));
+    FERRY_TRY(parse_params(params, true, false, r, &binary_output));
     if (!inputs || inputs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "inputs must be an array");
     size_t bin_used = 0;
     bool seen = false;
@@ -388,7 +400,8 @@ static ferry_status check_rows(const kserve_request *r, const engine_limits *lim
 {
     char what[48];
     for (int i = 0; i < r->n_rows; i++) {
-        if (r->n_rows == 1 && !r->nested) snprintf(what, sizeof what, "input_ids");
+        if (r->text_input) snprintf(what, sizeof what, "text_input");
+        else if (r->n_rows == 1 && !r->nested) snprintf(what, sizeof what, "input_ids");
         else snprintf(what, sizeof what, "input_ids[%d]", i);
         gen_request g = kserve_row_request(r, i);
         FERRY_TRY(request_check(&g, lim, what));
@@ -442,23 +455,32 @@ static ferry_status parse_prompt(const json_value *v, int row, kserve_request *r
 static ferry_status parse_generate(const json_value *root, kserve_request *r)
 {
     if (root->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
-    const json_value *ids = NULL, *params = NULL;
+    const json_value *ids = NULL, *params = NULL, *text = NULL;
     for (size_t i = 0; i < root->len; i++) {
         const char *k = root->members[i].key;
         const json_value *v = &root->members[i].value;
         if (!strcmp(k, "input_ids")) ids = v;
+        else if (!strcmp(k, "text_input")) text = v;
         else if (!strcmp(k, "parameters")) params = v;
         else if (!strcmp(k, "id")) FERRY_TRY(parse_id(v, r));
         else {
             return ferry_fail(FERRY_ERR_INVALID,
-                              "unknown field '%s' (a generate request has input_ids and parameters; generation "
-                              "parameters go inside \"parameters\")",
+                              "unknown field '%s' (a generate request has input_ids or text_input, and parameters; "
+                              "generation parameters go inside \"parameters\")",
                               k);
         }
     }
     bool unused = false;
-    FERRY_TRY(parse_params(params, false, r, &unused));
-    if (!ids) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing");
+    FERRY_TRY(parse_params(params, false, text != NULL, r, &unused));
+    if (text) {
+        if (ids) return ferry_fail(FERRY_ERR_INVALID, "give input_ids or text_input, not both");
+        if (text->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "text_input must be a string");
+        if (!(r->text_input = malloc(text->len + 1))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        memcpy(r->text_input, text->str, text->len + 1);
+        r->text_len = text->len;
+        return FERRY_OK;
+    }
+    if (!ids) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing (or give the prompt as text_input)");
     if (ids->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "input_ids must be an array of token ids");
     if (ids->len == 0) return ferry_fail(FERRY_ERR_INVALID, "input_ids is empty");
     r->nested = ids->items[0].type == JSON_ARRAY;
@@ -493,9 +515,30 @@ ferry_status kserve_parse_generate(const char *body, size_t len, const engine_li
     if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;
     ferry_status st = parse_generate(json_doc_root(doc), out);
     json_doc_free(doc);
-    if (st == FERRY_OK) st = check_rows(out, lim);
+    if (st == FERRY_OK && !out->text_input) st = check_rows(out, lim);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
+}
+
+ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim)
+{
+    if (!r->text_input) return ferry_fail(FERRY_ERR_INTERNAL, "kserve_encode_text: the request has no text_input");
+    if (text_error(tm)) return ferry_fail(FERRY_ERR_UNSUPPORTED, "text_input: %s", text_error(tm));
+    int32_t *ids = NULL;
+    int n = 0;
+    ferry_status st = text_encode(tm, r->text_input, r->text_len, true, &ids, &n);
+    if (st != FERRY_OK) return ferry_fail_context(st, "text_input");
+    free(r->ids);
+    free(r->row_off);
+    free(r->row_len);
+    r->ids = ids;
+    r->row_off = calloc(1, sizeof *r->row_off);
+    r->row_len = calloc(1, sizeof *r->row_len);
+    if (!r->row_off || !r->row_len) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    r->n_rows = 1;
+    r->row_len[0] = n;
+    FERRY_TRY(text_request_defaults(tm, &r->given, false, &r->sampling, r->stop_ids, &r->n_stop));
+    return check_rows(r, lim);
 }
 
 ferry_status kserve_row_keep(kserve_row *row, const gen_result *res)
@@ -701,6 +744,34 @@ void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *m
         sb_putc(sb, ']');
     }
     sb_puts(sb, "}");
+}
+
+static void put_finish(strbuf *sb, text_finish finish)
+{
+    const char *name = text_finish_name(finish);
+    sb_puts(sb, ", \"finish_reason\": ");
+    if (name) sb_printf(sb, "\"%s\"", name);
+    else sb_puts(sb, "null");
+}
+
+void kserve_text_response(strbuf *sb, const kserve_request *r, const char *model, const char *text, size_t len,
+                          text_finish finish)
+{
+    put_response_head(sb, r, model);
+    sb_puts(sb, ", \"text_output\": ");
+    text_put_json(sb, text, len);
+    put_finish(sb, finish);
+    sb_putc(sb, '}');
+}
+
+void kserve_text_event(strbuf *sb, const char *model, const char *text, size_t len, text_finish finish)
+{
+    sb_puts(sb, "data: {\"model_name\": ");
+    sb_json_str(sb, model);
+    sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\", \"text_output\": ");
+    text_put_json(sb, text, len);
+    if (finish != TEXT_FINISH_NONE) put_finish(sb, finish);
+    sb_puts(sb, "}\n\n");
 }
 
 void kserve_stream_event(strbuf *sb, const char *model, int32_t token, int index)

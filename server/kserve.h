@@ -10,7 +10,9 @@
  * nested, or as little-endian bytes after the JSON (the binary tensor data
  * extension: the transport passes the JSON length, from the
  * Inference-Header-Content-Length header). `generate` (Triton's generate
- * extension) takes {"input_ids": [...] or [[...], ...], "parameters": {...}}.
+ * extension) takes {"input_ids": [...] or [[...], ...], "parameters": {...}},
+ * or the prompt as text: {"text_input": "...", "parameters": {...}} (then
+ * parameters.stop takes stop strings), answered with text_output.
  * Every row becomes one gen_request with the same parameters.
  *
  * Parsing checks the protocol (fields, types, shapes), then every row with
@@ -28,6 +30,7 @@
 #include "../engine/base/json.h"
 #include "../engine/request.h"
 #include "../engine/stats.h"
+#include "text.h"
 
 #define FERRY_VERSION "0.1.0"
 #define KSERVE_MODEL_VERSION "1"
@@ -55,6 +58,11 @@ typedef struct {
     bool binary[2];          /* per entry of outputs[]: binary tensor data */
     bool want_logits;
     char *id;                /* echoed when given */
+    /* generate with text_input: rows are empty until kserve_encode_text */
+    char *text_input;        /* NULL: the prompt came as ids */
+    size_t text_len;
+    text_stops stops;        /* parameters.stop */
+    text_given given;        /* sampling parameters the request set (the rest default from generation_config.json) */
 } kserve_request;
 
 enum { KSERVE_OUT_IDS, KSERVE_OUT_LOGITS };
@@ -75,8 +83,15 @@ ferry_status kserve_row_keep(kserve_row *row, const gen_result *res);
  * when the header is absent (the whole body is JSON). */
 ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, const engine_limits *lim,
                                 kserve_request *out);
-/* Parses a generate / generate_stream body. */
+/* Parses a generate / generate_stream body. With text_input the rows are
+ * left empty (and unchecked) for kserve_encode_text. */
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
+/* A text_input request's prompt encoded (with the tokenizer's special
+ * tokens, as a completion prompt) into its one row, the model's
+ * generation defaults applied (text_request_defaults), and the row checked
+ * against lim. FERRY_ERR_UNSUPPORTED with text_error when the model has no
+ * tokenizer. */
+ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim);
 void kserve_request_free(kserve_request *r);
 /* An empty request with the settings' defaults (settings.def): what every
  * transport starts from before it reads a request's parameters. */
@@ -128,9 +143,16 @@ size_t kserve_infer_json_len(const kserve_request *r, const char *model, const k
 /* {"model_name", "model_version", "output_ids"}: a flat list for one
  * prompt, a list of lists when input_ids was nested. */
 void kserve_generate_response(strbuf *sb, const kserve_request *r, const char *model, const kserve_row *rows);
+/* {"model_name", "model_version", "text_output", "finish_reason"}: the
+ * answer of a text_input request. */
+void kserve_text_response(strbuf *sb, const kserve_request *r, const char *model, const char *text, size_t len,
+                          text_finish finish);
 /* One server-sent event for a streamed token, and the error event that
  * ends a stream which already sent tokens. */
 void kserve_stream_event(strbuf *sb, const char *model, int32_t token, int index);
+/* A text_input stream's event: the text that became final (text_output),
+ * with "finish_reason" on the last one. */
+void kserve_text_event(strbuf *sb, const char *model, const char *text, size_t len, text_finish finish);
 void kserve_stream_error(strbuf *sb, const char *msg);
 
 /* {"error": msg} */

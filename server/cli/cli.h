@@ -20,6 +20,7 @@ int cli_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int cli_fail(ferry_status st);
 
 int cmd_generate(const ferry_config *cfg);
+int cmd_chat(const ferry_config *cfg);
 int cmd_inspect(const ferry_config *cfg);
 int cmd_mkmodel(const ferry_config *cfg);
 int cmd_bench(const ferry_config *cfg);

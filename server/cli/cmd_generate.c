@@ -2,6 +2,13 @@
  * cmd_generate.c - `ferry generate`: prompts in, generated ids out (text or
  * --json), optionally the last prompt position's logits to a file. Several
  * prompts separated by ';' run as one batch.
+ *
+ * --prompt TEXT takes the prompt as text instead (server/text.h: encoded
+ * with the tokenizer's special tokens, as a completion prompt; the model's
+ * generation_config.json gives the sampling defaults the flags leave unset
+ * and the end-of-sequence ids that stop it) and prints the answer as text.
+ * --json adds "text" (the generated ids decoded, special tokens skipped)
+ * whenever the model has a tokenizer.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -14,6 +21,7 @@
 #include "../../engine/weights/model.h"
 #include "../../engine/base/json.h"
 #include "../../engine/base/util.h"
+#include "../text.h"
 #include "cli.h"
 
 typedef struct {
@@ -73,10 +81,25 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
     return FERRY_OK;
 }
 
+/* --prompt: the text encoded as one prompt; the model's generation
+ * defaults where the flags left them, and its end-of-sequence ids. */
+static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, prompt_set *ps, gen_request *proto)
+{
+    text_given given = {cfg->given[SETTING_temperature], cfg->given[SETTING_top_p], cfg->given[SETTING_top_k]};
+    memset(ps, 0, sizeof *ps);
+    ps->ids = calloc(1, sizeof *ps->ids);
+    ps->lens = calloc(1, sizeof *ps->lens);
+    if (!ps->ids || !ps->lens) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ps->n = 1;
+    FERRY_TRY(text_encode(tm, cfg->prompt, strlen(cfg->prompt), true, &ps->ids[0], &ps->lens[0]));
+    if (ps->lens[0] == 0) return ferry_fail(FERRY_ERR_INVALID, "--prompt encodes to no tokens");
+    return text_request_defaults(tm, &given, false, &proto->sampling, proto->stop_ids, &proto->n_stop);
+}
+
 /* Every prompt against the model's config with request_check, before any
  * weight is loaded: a bad id or a prompt past max_position_embeddings costs
  * no load. */
-static ferry_status engine_check_requests(const engine_opts *eo, const prompt_set *ps, const gen_request *proto)
+static ferry_status engine_check_requests(const engine_opts *eo, const prompt_set *ps, const gen_request *proto, bool text)
 {
     model_config mc;
     FERRY_TRY(model_config_load(eo->model_dir, &mc));
@@ -86,7 +109,8 @@ static ferry_status engine_check_requests(const engine_opts *eo, const prompt_se
         gen_request r = *proto;
         r.prompt = ps->ids[i];
         r.prompt_len = ps->lens[i];
-        snprintf(what, sizeof what, "--prompt-ids: prompt %d", i);
+        if (text) snprintf(what, sizeof what, "--prompt");
+        else snprintf(what, sizeof what, "--prompt-ids: prompt %d", i);
         FERRY_TRY(request_check(&r, &lim, what));
     }
     return FERRY_OK;
@@ -176,7 +200,23 @@ static ferry_status dump_logits(const char *path, const gen_out *outs, int n, in
     return st;
 }
 
-static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *outs, int n)
+/* Each prompt's text through a text_stream, as the server decodes it. */
+static ferry_status decode_outputs(const text_model *tm, const gen_request *proto, gen_out *outs, int n, strbuf *texts,
+                                   text_finish *finish)
+{
+    for (int i = 0; i < n; i++) {
+        text_stream *ts;
+        FERRY_TRY(text_stream_new(tm, proto, NULL, &ts));
+        for (int k = 0; k < outs[i].n_ids; k++) text_stream_push(ts, outs[i].ids[k], &texts[i]);
+        finish[i] = text_stream_end(ts, &texts[i]);
+        text_stream_free(ts);
+        if (texts[i].oom) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    return FERRY_OK;
+}
+
+static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *outs, int n, const strbuf *texts,
+                          const text_finish *finish)
 {
     if (cfg->json) {
         sb_puts(sb, "{\"output_ids\": ");
@@ -186,7 +226,21 @@ static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *ou
             print_ids(sb, outs[i].ids, outs[i].n_ids);
         }
         if (n > 1) sb_putc(sb, ']');
+        if (texts) {
+            sb_puts(sb, n > 1 ? ", \"text\": [" : ", \"text\": ");
+            for (int i = 0; i < n; i++) {
+                if (i) sb_puts(sb, ", ");
+                text_put_json(sb, texts[i].data ? texts[i].data : "", texts[i].len);
+            }
+            if (n > 1) sb_putc(sb, ']');
+        }
+        if (texts && cfg->prompt) sb_printf(sb, ", \"finish_reason\": \"%s\"", text_finish_name(finish[0]) ? text_finish_name(finish[0]) : "none");
         sb_puts(sb, "}\n");
+        return;
+    }
+    if (cfg->prompt) {
+        sb_append(sb, texts[0].data, texts[0].len);
+        sb_putc(sb, '\n');
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -200,13 +254,24 @@ int cmd_generate(const ferry_config *cfg)
     if (cfg->max_new_tokens < 1 || cfg->max_new_tokens > (1 << 24))
         return cli_error(EXIT_USAGE, "--max-new-tokens must be in 1..16777216 (got %lld)",
                          (long long)cfg->max_new_tokens);
+    if (!cfg->prompt_ids == !cfg->prompt) return cli_error(EXIT_USAGE, "give the prompt as --prompt-ids or as --prompt (one of them)");
     gen_request proto = {.max_new_tokens = (int)cfg->max_new_tokens,
                          .sampling = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed},
                          .want_logits = cfg->dump_logits != NULL};
     if (sampling_params_check(&proto.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    /* the text files: needed for --prompt, and for --json's "text" when there */
+    text_model *tm = NULL;
+    if ((cfg->prompt || cfg->json) && text_model_load(cfg->model, &tm) != FERRY_OK) return cli_fail(FERRY_ERR_NOMEM);
+    if (cfg->prompt && text_error(tm)) {
+        int rc = cli_error(EXIT_RUNTIME, "--prompt: %s", text_error(tm));
+        text_model_free(tm);
+        return rc;
+    }
     prompt_set ps;
-    if (prompts_parse(cfg->prompt_ids, &ps) != FERRY_OK) {
+    ferry_status pst = cfg->prompt ? text_prompt(cfg, tm, &ps, &proto) : prompts_parse(cfg->prompt_ids, &ps);
+    if (pst != FERRY_OK) {
         prompts_free(&ps);
+        text_model_free(tm);
         return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     }
     int longest = 0;
@@ -223,7 +288,7 @@ int cmd_generate(const ferry_config *cfg)
     eo.max_ctx = longest + proto.max_new_tokens;
     if (eo.max_step_tokens < ps.n) eo.max_step_tokens = ps.n;
     /* what the config alone can refute, before any weight is loaded */
-    ferry_status st = outs ? engine_check_requests(&eo, &ps, &proto) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = outs ? engine_check_requests(&eo, &ps, &proto, cfg->prompt != NULL) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     if (st == FERRY_OK) st = engine_open(&eo, &e);
     engine_limits lim = e ? engine_get_limits(e) : (engine_limits){0};
     for (int i = 0; st == FERRY_OK && i < ps.n; i++) {
@@ -237,12 +302,21 @@ int cmd_generate(const ferry_config *cfg)
         rc = cli_fail(st);
         goto done;
     }
-    strbuf sb;
-    sb_init(&sb);
-    print_outputs(&sb, cfg, outs, ps.n);
-    if (sb.oom) rc = cli_error(EXIT_RUNTIME, "out of memory");
-    else fwrite(sb.data, 1, sb.len, stdout);
-    sb_free(&sb);
+    strbuf *texts = tm && !text_error(tm) ? calloc((size_t)ps.n, sizeof *texts) : NULL;
+    text_finish *finish = texts ? calloc((size_t)ps.n, sizeof *finish) : NULL;
+    if (texts && (!finish || decode_outputs(tm, &proto, outs, ps.n, texts, finish) != FERRY_OK)) {
+        rc = cli_error(EXIT_RUNTIME, "out of memory");
+    } else {
+        strbuf sb;
+        sb_init(&sb);
+        print_outputs(&sb, cfg, outs, ps.n, texts, finish);
+        if (sb.oom) rc = cli_error(EXIT_RUNTIME, "out of memory");
+        else fwrite(sb.data, 1, sb.len, stdout);
+        sb_free(&sb);
+    }
+    for (int i = 0; texts && i < ps.n; i++) sb_free(&texts[i]);
+    free(texts);
+    free(finish);
 done:
     for (int i = 0; outs && i < ps.n; i++) {
         free(outs[i].ids);
@@ -251,5 +325,6 @@ done:
     free(outs);
     engine_close(e);
     prompts_free(&ps);
+    text_model_free(tm);
     return rc;
 }

@@ -9,6 +9,12 @@
  * so the data does not depend on how it is sharded. Data is generated and
  * written chunk by chunk; the whole checkpoint appears at --out by one
  * rename only when complete.
+ *
+ * --tokenizer DIR copies a tokenizer in (tokenizer.json, and
+ * tokenizer_config.json, special_tokens_map.json, chat_template.jinja when
+ * DIR has them): the vocabulary is then the tokenizer's, config.json's
+ * bos/eos ids are its tokens', and generation_config.json names them, so
+ * the random model serves text and stops at the tokenizer's eos token.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,6 +30,7 @@
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/st_writer.h"
 #include "../../engine/base/util.h"
+#include "../../engine/text/tokenizer.h"
 #include "cli.h"
 
 typedef struct {
@@ -136,7 +143,19 @@ static ferry_status write_shard(const char *path, const tensor_entry *slots, int
     return st;
 }
 
-static void config_json(strbuf *sb, const model_config *c, const char *model_type, ferry_dtype dt)
+/* The special tokens a tokenizer brings (-1: none). */
+typedef struct {
+    const char *dir;         /* NULL: no --tokenizer */
+    int32_t bos, eos;
+} tok_info;
+
+static void put_id(strbuf *sb, const char *key, int32_t id)
+{
+    if (id >= 0) sb_printf(sb, "  \"%s\": %d,\n", key, id);
+    else sb_printf(sb, "  \"%s\": null,\n", key);
+}
+
+static void config_json(strbuf *sb, const model_config *c, const char *model_type, ferry_dtype dt, const tok_info *ti)
 {
     static const char *torch_dtype[] = {[DT_F32] = "float32", [DT_F16] = "float16", [DT_BF16] = "bfloat16"};
     sb_printf(sb, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", c->arch_name, model_type);
@@ -156,7 +175,9 @@ static void config_json(strbuf *sb, const model_config *c, const char *model_typ
         else sb_puts(sb, "  \"sliding_window\": null,\n");
     }
     if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) sb_puts(sb, "  \"use_sliding_window\": false,\n");
-    sb_printf(sb, "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n", torch_dtype[dt]);
+    put_id(sb, "bos_token_id", ti->dir ? ti->bos : 1);
+    put_id(sb, "eos_token_id", ti->dir ? ti->eos : 2);
+    sb_printf(sb, "  \"torch_dtype\": \"%s\"\n}\n", torch_dtype[dt]);
 }
 
 static ferry_status build_config(const ferry_config *cfg, model_config *c, const char **model_type, ferry_dtype *dt)
@@ -234,19 +255,56 @@ static void remove_tree(const char *path)
     rmdir(path);
 }
 
+/* Writes sb to dir/name. */
+static ferry_status write_in(const char *dir, const char *name, const strbuf *sb)
+{
+    char *path = util_path_join(dir, name);
+    ferry_status st = path && !sb->oom ? util_write_file_atomic(path, sb->data, sb->len)
+                                       : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    free(path);
+    return st;
+}
+
+/* Copies the tokenizer's files into tmp, and writes generation_config.json. */
+static ferry_status copy_tokenizer(const char *tmp, const tok_info *ti)
+{
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char *src = util_path_join(ti->dir, files[i]), *data = NULL;
+        size_t len = 0;
+        ferry_status st = src ? util_read_file(src, &data, &len) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        free(src);
+        if (st == FERRY_ERR_NOT_FOUND && i > 0) continue; /* tokenizer.json is checked by tok_load already */
+        if (st != FERRY_OK) return st;
+        strbuf sb = {data, len, len + 1, false};
+        st = write_in(tmp, files[i], &sb);
+        free(data);
+        FERRY_TRY(st);
+    }
+    strbuf sb;
+    sb_init(&sb);
+    sb_puts(&sb, "{\n");
+    put_id(&sb, "bos_token_id", ti->bos);
+    put_id(&sb, "eos_token_id", ti->eos);
+    sb_puts(&sb, "  \"transformers_version\": \"4.46.0\"\n}\n");
+    ferry_status st = write_in(tmp, "generation_config.json", &sb);
+    sb_free(&sb);
+    return st;
+}
+
 /* Writes everything into tmp (an empty directory). */
 static ferry_status write_checkpoint(const char *tmp, const model_config *c, const char *model_type, ferry_dtype dt,
-                                     uint64_t seed, uint64_t shard_size)
+                                     uint64_t seed, uint64_t shard_size, const tok_info *ti)
 {
     strbuf sb;
     sb_init(&sb);
-    config_json(&sb, c, model_type, dt);
-    char *path = util_path_join(tmp, "config.json");
-    ferry_status st = path && !sb.oom ? util_write_file_atomic(path, sb.data, sb.len)
-                                      : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    free(path);
+    config_json(&sb, c, model_type, dt, ti);
+    ferry_status st = write_in(tmp, "config.json", &sb);
     sb_free(&sb);
+    if (st == FERRY_OK && ti->dir) st = copy_tokenizer(tmp, ti);
     if (st != FERRY_OK) return st;
+    char *path = NULL;
 
     model_weights w = {0};
     w.layers = calloc((size_t)c->n_layers, sizeof *w.layers);
@@ -317,6 +375,16 @@ int cmd_mkmodel(const ferry_config *cfg)
     ferry_dtype dt = DT_F32;
     if (build_config(cfg, &c, &model_type, &dt) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     if (cfg->shard_size == 0) return cli_error(EXIT_USAGE, "--shard-size must be > 0");
+    tok_info ti = {cfg->tokenizer, -1, -1};
+    if (ti.dir) { /* the vocabulary and the special tokens come from the tokenizer */
+        tokenizer *t = NULL;
+        if (tok_load(ti.dir, &t) != FERRY_OK) return cli_error(EXIT_RUNTIME, "--tokenizer %s: %s", ti.dir, ferry_errmsg());
+        c.vocab = tok_vocab_size(t);
+        const char *bos = tok_bos_token(t), *eos = tok_eos_token(t);
+        ti.bos = bos && *bos ? tok_token_id(t, bos) : -1;
+        ti.eos = eos && *eos ? tok_token_id(t, eos) : -1;
+        tok_free(t);
+    }
 
     struct stat sb;
     bool exists = stat(cfg->out, &sb) == 0;
@@ -332,7 +400,7 @@ int cmd_mkmodel(const ferry_config *cfg)
         free(tmp);
         return rc;
     }
-    ferry_status st = write_checkpoint(tmp, &c, model_type, dt, cfg->seed, cfg->shard_size);
+    ferry_status st = write_checkpoint(tmp, &c, model_type, dt, cfg->seed, cfg->shard_size, &ti);
     if (st == FERRY_OK && exists && rmdir(cfg->out) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: %s", cfg->out, strerror(errno));
     if (st == FERRY_OK && rename(tmp, cfg->out) != 0)

@@ -6,6 +6,10 @@
  * loader when loading ended, SIGINT/SIGTERM/SIGHUP to stop (SIGHUP is a
  * graceful stop too: a closed terminal must not cut answers off).
  *
+ * The loader also reads the model's text files (server/text.h): a
+ * checkpoint without a tokenizer serves token ids, and the text endpoints
+ * answer why not (said once on stderr when the model is ready).
+ *
  * The gRPC front end (server/grpc, unless --grpc-port -1) listens right
  * after HTTP and is attached to the same engine and scheduler; so does the
  * admin API (server/admin, 127.0.0.1:8003 by default) when it has a token.
@@ -46,6 +50,7 @@
 #include "../admin.h"
 #include "../http.h"
 #include "../metrics.h"
+#include "../text.h"
 
 
 enum { LOAD_RUNNING, LOAD_READY, LOAD_FAILED };
@@ -57,13 +62,15 @@ typedef struct {
     int state;          /* atomic: LOAD_* */
     engine *e;          /* valid once state is LOAD_READY */
     sched *s;
+    text_model *tm;
     char *err;          /* the loading error, whole (NULL: out of memory) */
 } loader;
 
 static void *load_main(void *arg)
 {
     loader *l = arg;
-    ferry_status st = engine_open(&l->eo, &l->e);
+    ferry_status st = text_model_load(l->eo.model_dir, &l->tm);
+    if (st == FERRY_OK) st = engine_open(&l->eo, &l->e);
     if (st == FERRY_OK) {
         sched_opts so = {.max_queued = l->max_queued, .serving = true};
         st = sched_create(l->e, &so, &l->s);
@@ -72,6 +79,8 @@ static void *load_main(void *arg)
         l->err = ferry_errmsg_dup();
         engine_close(l->e);
         l->e = NULL;
+        text_model_free(l->tm);
+        l->tm = NULL;
     }
     __atomic_store_n(&l->state, st == FERRY_OK ? LOAD_READY : LOAD_FAILED, __ATOMIC_RELEASE);
     pthread_kill(l->main_thread, SIGUSR1);
@@ -289,9 +298,11 @@ int cmd_serve(const ferry_config *cfg)
             free(ld.err);
             return rc;
         }
-        http_server_attach(srv, ld.e, ld.s);
+        http_server_attach(srv, ld.e, ld.s, ld.tm);
         if (gf) grpc_front_attach(gf, ld.e, ld.s);
         if (adm) admin_server_attach(adm, ld.e, ld.s);
+        if (text_error(ld.tm)) fprintf(stderr, "ferry: text endpoints off: %s\n", text_error(ld.tm));
+        else if (text_chat_error(ld.tm)) fprintf(stderr, "ferry: chat off: %s\n", text_chat_error(ld.tm));
         fprintf(stderr, "ferry: model %s ready\n", name);
     }
 
@@ -317,6 +328,7 @@ int cmd_serve(const ferry_config *cfg)
     sched_free(ld.s);
     http_server_stop(srv);
     engine_close(ld.e);
+    text_model_free(ld.tm);
     metrics_free(&m);
     fprintf(stderr, "ferry: stopped\n");
     return 0;

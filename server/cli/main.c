@@ -26,16 +26,20 @@ typedef struct {
 } command;
 
 static const command k_commands[] = {
-    {"generate", cmd_generate, "generate tokens from prompt token ids",
-     {S(model), S(prompt_ids), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device),
+    {"generate", cmd_generate, "generate tokens from prompt token ids (--prompt-ids) or text (--prompt)",
+     {S(model), S(prompt_ids), S(prompt), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device),
       S(threads), S(json), S(dump_logits), PLACEMENT, END},
-     {S(model), S(prompt_ids), END}},
+     {S(model), END}},
+    {"chat", cmd_chat, "chat with the model in the terminal (its chat template; answers stream as they are generated)",
+     {S(model), S(system), S(max_new_tokens), S(temperature), S(top_k), S(top_p), S(seed), S(device), S(threads),
+      S(context), S(kv_memory), S(json), PLACEMENT, END},
+     {S(model), END}},
     {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype, and after a conversion",
      {S(model), S(json), S(weights_dtype), S(quantize), END},
      {S(model), END}},
     {"mkmodel", cmd_mkmodel, "write a random Hugging Face-layout checkpoint (demos, tests, benchmarks)",
      {S(out), S(arch), S(preset), S(dtype), S(seed), S(shard_size), S(layers), S(kv_heads), S(tied),
-      S(sliding_window), END},
+      S(sliding_window), S(tokenizer), END},
      {S(out), END}},
     {"plan", cmd_plan, "show where each group of layers would live (device, host, disk) and the memory needed",
      {S(model), S(device), S(batch), S(context), S(kv_memory), S(json), PLACEMENT, END},
@@ -52,7 +56,7 @@ static const command k_commands[] = {
     {"detokenize", cmd_detokenize, "token ids -> text with the checkpoint's tokenizer.json (special tokens kept)",
      {S(model), S(ids), S(json), END},
      {S(model), S(ids), END}},
-    {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, Prometheus metrics) and gRPC (KServe v2)",
+    {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, OpenAI /v1, Prometheus metrics) and gRPC (KServe v2)",
      {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(http_port), S(grpc_port), S(drain_timeout), S(host), S(name), S(max_body),
       S(max_queued), S(request_memory), S(request_timeout), S(max_connections), S(max_connections_per_ip),
       S(admin_port), S(admin_host), S(admin_token_file), S(export_dir), PLACEMENT, END},
@@ -64,7 +68,7 @@ static const command k_commands[] = {
  * naming it: "" would otherwise become paths like "/config.json", or an
  * error about whatever was derived from it (serve's --name from --model). */
 static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace), S(admin_token_file),
-                                      S(export_dir), S(file)};
+                                      S(export_dir), S(tokenizer), S(file)};
 
 int cli_error(int code, const char *fmt, ...)
 {
@@ -156,6 +160,7 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         case S(trace): v = cfg->trace; break;
         case S(admin_token_file): v = cfg->admin_token_file; break;
         case S(export_dir): v = cfg->export_dir; break;
+        case S(tokenizer): v = cfg->tokenizer; break;
         case S(file): v = cfg->file; break;
         }
         if (cfg->given[id] && v && !*v)

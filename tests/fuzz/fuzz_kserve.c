@@ -15,7 +15,9 @@
  * that tile the id array in order, every id (and stop id) inside the
  * vocabulary, every prompt and its new tokens inside the context, the ids
  * equal to what the JSON data (or the little-endian binary data) said,
- * parameters in their ranges, valid infer outputs. The
+ * parameters in their ranges, valid infer outputs; a generate body with
+ * text_input instead keeps the text exactly, holds no rows yet (the
+ * tokenizer's, later) and at most TEXT_MAX_STOPS stop strings. The
  * response writers are then run on the request with made-up results and
  * their output must parse back as JSON of the right shape. A hook on the
  * sanitizer allocator also aborts when one allocation made by the parser is
@@ -356,6 +358,33 @@ static void fuzz_infer(const char *body, size_t len, int64_t json_len)
     if (r.ids || r.row_off || r.row_len || r.id) abort();
 }
 
+/* A text_input request: no rows until the tokenizer encodes it; the text
+ * as the JSON string said; stop strings within their limits; the text
+ * answer parses back to the same text. */
+static void check_text_request(const kserve_request *r, const char *body, size_t len)
+{
+    if (r->n_rows != 0 || r->ids || r->row_off || r->row_len) abort();
+    if (r->max_new_tokens < 1 || r->max_new_tokens > MAX_TOKENS) abort();
+    if (r->stops.n < 0 || r->stops.n > TEXT_MAX_STOPS) abort();
+    for (int i = 0; i < r->stops.n; i++)
+        if (r->stops.len[i] < 1 || r->stops.len[i] > TEXT_MAX_STOP_BYTES || !r->stops.s[i]) abort();
+    json_doc *doc;
+    if (json_parse(body, len, &doc) != FERRY_OK) abort();
+    const json_value *t = json_get(json_doc_root(doc), "text_input");
+    if (!t || t->type != JSON_STRING || t->len != r->text_len || memcmp(t->str, r->text_input, t->len)) abort();
+    json_doc_free(doc);
+    strbuf sb;
+    sb_init(&sb);
+    kserve_text_response(&sb, r, "m\"\\", r->text_input, r->text_len, TEXT_FINISH_LENGTH);
+    if (sb.oom) abort();
+    doc = reparse(sb.data, sb.len);
+    const json_value *out = json_get(json_doc_root(doc), "text_output");
+    if (!out || out->type != JSON_STRING || out->len != r->text_len || memcmp(out->str, r->text_input, out->len))
+        abort();
+    json_doc_free(doc);
+    sb_free(&sb);
+}
+
 static void fuzz_generate(const char *body, size_t len)
 {
     kserve_request r;
@@ -366,6 +395,12 @@ static void fuzz_generate(const char *body, size_t len)
     g_alloc_limit = 0;
     if (st != FERRY_OK) {
         check_refused(st, &r);
+        return;
+    }
+    if (r.text_input) {
+        check_text_request(&r, body, len);
+        kserve_request_free(&r);
+        if (r.text_input || r.stops.n) abort();
         return;
     }
     size_t total = check_request(&r);

@@ -22,6 +22,9 @@ static void test_defaults(void)
     CHECK_EQ_STR(cfg.device, "cpu");
     CHECK_EQ_INT(cfg.threads, 0);
     CHECK(cfg.prompt_ids == NULL);
+    CHECK(cfg.prompt == NULL);
+    CHECK(cfg.system == NULL);
+    CHECK(cfg.tokenizer == NULL);
     CHECK_EQ_INT(cfg.max_new_tokens, 16);
     CHECK(cfg.temperature == 0.0);
     CHECK_EQ_INT(cfg.top_k, 0);
@@ -78,7 +81,7 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 56); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 59); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -14,7 +14,9 @@
  * left allocated. The writers' output is read back with
  * the project's JSON reader and compared value by value (the -1 padding of
  * shorter rows, binary outputs after the JSON, flat and nested generate
- * answers, stream events, error bodies, metadata).
+ * answers, stream events, error bodies, metadata). Generate with
+ * text_input: parsed without rows (kserve_encode_text fills them), stop
+ * strings taken only with text, and the text answer and events.
  *
  * Only the parse/response API and kserve_request's fields are used (the
  * engine's limits are made up here), so the test does not depend on which
@@ -525,6 +527,46 @@ static void test_generate(void)
     sb_free(&sb);
 }
 
+/* text_input: the rows wait for kserve_encode_text (the tokenizer's); the
+ * parse keeps the text whole (control bytes too) and the stop strings. */
+static void test_generate_text(void)
+{
+    CHECK_STATUS(generate("{\"text_input\": \"Hello \\u0001world\", \"parameters\": {\"stop\": [\"a\", \"bc\"], "
+                          "\"temperature\": 0.5, \"max_new_tokens\": 7}}"),
+                 FERRY_OK);
+    CHECK_EQ_INT(g_r.n_rows, 0);
+    CHECK(g_r.text_input != NULL);
+    CHECK_EQ_INT((int)g_r.text_len, 12);
+    CHECK(g_r.text_input && !memcmp(g_r.text_input, "Hello \001world", 12));
+    CHECK_EQ_INT(g_r.stops.n, 2);
+    CHECK_EQ_STR(g_r.stops.s[1], "bc");
+    CHECK(g_r.given.temperature && !g_r.given.top_p && !g_r.given.top_k);
+    CHECK_EQ_INT(g_r.max_new_tokens, 7);
+    CHECK_STATUS(generate("{\"text_input\": \"x\", \"parameters\": {\"stop\": \"\\n\"}}"), FERRY_OK);
+    CHECK_EQ_INT(g_r.stops.n, 1);
+    CHECK_EQ_STR(g_r.stops.s[0], "\n");
+
+    REFUSE_GENERATE("{\"text_input\": 5}", "text_input must be a string");
+    REFUSE_GENERATE("{\"text_input\": \"x\", \"input_ids\": [1]}", "not both");
+    REFUSE_GENERATE("{\"input_ids\": [1], \"parameters\": {\"stop\": \"x\"}}", "needs the prompt as text_input");
+    REFUSE_GENERATE("{\"text_input\": \"x\", \"parameters\": {\"stop\": [\"\"]}}", "parameters.stop[0] is an empty string");
+    REFUSE_GENERATE("{\"text_input\": \"x\", \"parameters\": {\"stop\": 3}}", "parameters.stop must be a string");
+
+    strbuf sb;
+    sb_init(&sb);
+    kserve_text_response(&sb, &g_r, "m", "a\"b\001", 4, TEXT_FINISH_STOP);
+    const json_value *v = reparse(sb.data, sb.len);
+    CHECK(v && json_get(v, "text_output") && json_get(v, "text_output")->len == 4);
+    CHECK(v && !memcmp(json_get(v, "text_output")->str, "a\"b\001", 4));
+    CHECK(v && json_get_str(v, "finish_reason", &(bool){false}) && !strcmp(json_get(v, "finish_reason")->str, "stop"));
+    sb.len = 0;
+    kserve_text_event(&sb, "m", "hi", 2, TEXT_FINISH_NONE);
+    CHECK(sb.len > 8 && !strncmp(sb.data, "data: ", 6) && !memcmp(sb.data + sb.len - 2, "\n\n", 2));
+    v = reparse(sb.data + 6, sb.len - 8);
+    CHECK(v && !strcmp(json_get(v, "text_output")->str, "hi") && !json_get(v, "finish_reason"));
+    sb_free(&sb);
+}
+
 /* ---- responses -------------------------------------------------------------- */
 
 static const json_value *member(const json_value *obj, const char *key, json_type type)
@@ -947,6 +989,7 @@ int main(void)
     test_infer_binary();
     test_infer_refusals();
     test_generate();
+    test_generate_text();
     test_infer_response();
     test_generate_response();
     test_stream_error_metadata();

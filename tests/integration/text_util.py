@@ -1,0 +1,144 @@
+"""Helpers shared by the text tests (test_openai.py, test_text_http.py):
+the reference tokenizers and chat templates, and the checkpoints with a
+tokenizer they serve.
+
+References: HF `tokenizers` (the Rust library transformers uses) for
+encoding and decoding, Python jinja2 with transformers' environment for
+chat templates. The tokenizers come from ../shared/tokenizers (beside the
+repository, as CI checks it out) and config/demo-tokenizer (in the
+repository).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+import pytest
+from tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+TOKENIZERS = SHARED / "tokenizers"
+DEMO_TOKENIZER = REPO / "config" / "demo-tokenizer"
+
+
+def shared_dir(*parts):
+    p = TOKENIZERS.joinpath(*parts)
+    if not p.exists():
+        pytest.fail("reference data missing: %s (../shared must be checked out beside the repository)" % p)
+    return p
+
+
+_HF = {}
+
+
+def hf_tokenizer(model_dir):
+    """HF tokenizers on model_dir/tokenizer.json. Llama 2's file has three
+    merges holding a literal space ("a b" is then ambiguous) that
+    tokenizers 0.23 refuses to read; they involve unreachable tokens (the
+    normalizer turns every space into U+2581, ../shared/tokenizers/llama2/
+    README.txt), so they are left out here."""
+    path = str(Path(model_dir) / "tokenizer.json")
+    if path not in _HF:
+        try:
+            _HF[path] = Tokenizer.from_file(path)
+        except Exception:
+            obj = json.loads(Path(path).read_text())
+            merges = obj["model"]["merges"]
+            obj["model"]["merges"] = [m for m in merges if not isinstance(m, str) or m.count(" ") == 1]
+            _HF[path] = Tokenizer.from_str(json.dumps(obj))
+    return _HF[path]
+
+
+def tokenizer_config(model_dir):
+    return json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+
+
+def _token_str(v):
+    if isinstance(v, dict):
+        return v.get("content", "")
+    return v or ""
+
+
+def hf_render(model_dir, messages, add_generation_prompt=True):
+    """The chat prompt as transformers' apply_chat_template(tokenize=False) renders it."""
+    cfg = tokenizer_config(model_dir)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(cfg["chat_template"]).render(
+        messages=messages, add_generation_prompt=add_generation_prompt,
+        bos_token=_token_str(cfg.get("bos_token")), eos_token=_token_str(cfg.get("eos_token")))
+
+
+def hf_chat_ids(model_dir, messages):
+    """apply_chat_template(tokenize=True): rendered, then encoded without
+    adding special tokens (the template wrote them)."""
+    return hf_tokenizer(model_dir).encode(hf_render(model_dir, messages), add_special_tokens=False).ids
+
+
+def stop_ids(model_dir):
+    """The ids the text endpoints stop at: generation_config's eos and the tokenizer's eos."""
+    ids = set()
+    gc = Path(model_dir) / "generation_config.json"
+    if gc.exists():
+        e = json.loads(gc.read_text()).get("eos_token_id")
+        if isinstance(e, list):
+            ids |= set(e)
+        elif e is not None:
+            ids.add(e)
+    eos = _token_str(tokenizer_config(model_dir).get("eos_token"))
+    if eos:
+        t = hf_tokenizer(model_dir).token_to_id(eos)
+        if t is not None:
+            ids.add(t)
+    return ids
+
+
+def until_stop(ids, stops):
+    """The ids a text endpoint generates where `ferry generate --prompt-ids`
+    (which has no stop ids) went on: up to and including the first stop id."""
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[:i + 1]
+    return list(ids)
+
+
+def chat_tokenizer_dir(dst):
+    """Llama 2's tokenizer with ChatML's control tokens added (special, as
+    Qwen's) and the Qwen2.5 chat template: a chat model whose template's
+    control tokens are real ids."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    src = shared_dir("llama2")
+    tj = json.loads((src / "tokenizer.json").read_text())
+    for i, content in enumerate(["<|im_start|>", "<|im_end|>"]):
+        tj["added_tokens"].append({"id": 32000 + i, "content": content, "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": True})
+    (dst / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = shared_dir("templates", "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    cfg["eos_token"] = "<|im_end|>"
+    cfg["add_bos_token"] = False
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def text_model(ferry, out, tokenizer_dir, arch="llama", preset="tiny", seed=5, extra=()):
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    ferry.check("mkmodel", "--out", out, "--arch", arch, "--preset", preset, "--seed", seed,
+                "--tokenizer", tokenizer_dir, *extra)
+    return out

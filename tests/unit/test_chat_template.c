@@ -1,0 +1,361 @@
+/*
+ * test_chat_template.c - the chat-template interpreter (engine/text/
+ * chat_template.h) on its own: what it renders, which errors it gives and
+ * when, and that hostile templates end with an error instead of a crash or
+ * a hang. (Byte-for-byte agreement with Python jinja2 on real templates is
+ * tests/integration/test_chat_template.py.)
+ *
+ * Covers: rendering with whitespace control and loops; parse errors that
+ * name the construct and its line (unsupported filters, tests, statements,
+ * methods, recursive loops, unclosed blocks, break outside a loop, invalid
+ * UTF-8); render errors (raise_exception with the template's own message,
+ * type errors, attribute of undefined); jinja's undefined (prints "",
+ * iterates empty, is falsy, equals undefined, fails on use); the limits
+ * (loop iterations, macro recursion, nesting, output size, memory); the
+ * variables argument; and concurrent renders of one parsed template.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../../engine/base/json.h"
+#include "../../engine/text/chat_template.h"
+#include "check.h"
+
+#define MAX_OUT ((size_t)1 << 20)
+
+/* Renders src with the variables in vars_json ("{}" if NULL). Returns the
+ * status of the first step that failed; *out (malloc'd) holds the text on
+ * success. */
+static ferry_status render(const char *src, const char *vars_json, size_t max_out, char **out)
+{
+    *out = NULL;
+    chat_template *t = NULL;
+    ferry_status st = tmpl_parse(src, strlen(src), "chat template", &t);
+    if (st != FERRY_OK) return st;
+    json_doc *doc = NULL;
+    if (!vars_json) vars_json = "{}";
+    if (json_parse(vars_json, strlen(vars_json), &doc) != FERRY_OK) {
+        fprintf(stderr, "bad test JSON: %s\n", vars_json);
+        abort();
+    }
+    strbuf sb;
+    sb_init(&sb);
+    st = tmpl_render(t, json_doc_root(doc), max_out, &sb);
+    if (st == FERRY_OK) *out = strdup(sb.data ? sb.data : "");
+    sb_free(&sb);
+    json_doc_free(doc);
+    tmpl_free(t);
+    return st;
+}
+
+/* renders and compares; on a failure names the template */
+static void check_render(const char *src, const char *vars, const char *want, int line)
+{
+    char *got;
+    ferry_status st = render(src, vars, MAX_OUT, &got);
+    check_count++;
+    if (st != FERRY_OK) {
+        fprintf(stderr, "%s:%d: %s: failed (%s): %s\n", __FILE__, line, src, ferry_status_name(st), ferry_errmsg());
+        check_failures++;
+    } else if (strcmp(got, want) != 0) {
+        fprintf(stderr, "%s:%d: %s: expected \"%s\", got \"%s\"\n", __FILE__, line, src, want, got);
+        check_failures++;
+    }
+    free(got);
+}
+
+/* expects status `want` and a message containing `msg` */
+static void check_fails(const char *src, const char *vars, ferry_status want, const char *msg, int line)
+{
+    char *got;
+    ferry_status st = render(src, vars, MAX_OUT, &got);
+    check_count++;
+    if (st != want || !strstr(ferry_errmsg(), msg)) {
+        fprintf(stderr, "%s:%d: %.120s: expected %s with \"%s\", got %s: \"%s\" (output \"%.80s\")\n", __FILE__, line,
+                src, ferry_status_name(want), msg, ferry_status_name(st), st == FERRY_OK ? "" : ferry_errmsg(),
+                got ? got : "");
+        check_failures++;
+    }
+    free(got);
+}
+
+/* expects tmpl_parse itself to fail with INVALID and msg */
+static void check_parse_error(const char *src, const char *msg, int line)
+{
+    chat_template *t = NULL;
+    ferry_status st = tmpl_parse(src, strlen(src), "chat template", &t);
+    check_count++;
+    if (st != FERRY_ERR_INVALID || t || !strstr(ferry_errmsg(), msg)) {
+        fprintf(stderr, "%s:%d: %s: expected a parse error with \"%s\", got %s: \"%s\"\n", __FILE__, line, src, msg,
+                ferry_status_name(st), st == FERRY_OK ? "" : ferry_errmsg());
+        check_failures++;
+    }
+    tmpl_free(t);
+}
+
+#define RENDERS(src, vars, want) check_render((src), (vars), (want), __LINE__)
+#define FAILS(src, vars, st, msg) check_fails((src), (vars), (st), (msg), __LINE__)
+#define PARSE_ERROR(src, msg) check_parse_error((src), (msg), __LINE__)
+
+/* ---- rendering ---------------------------------------------------------- */
+
+static void test_render(void)
+{
+    RENDERS("Hello {{ name }}!", "{\"name\": \"W\\u00f6rld\"}", "Hello Wörld!");
+    RENDERS("{% for m in messages %}<{{ m.role }}>{{ m['content'] }}{% endfor %}",
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}",
+            "<user>hi<assistant>yo");
+    /* trim_blocks and lstrip_blocks are on, as in transformers */
+    RENDERS("a\n  {% if true %}\n  b\n  {% endif %}\nc", NULL, "a\n  b\nc");
+    RENDERS("a  {%- if true -%}  b  {%- endif -%}  c", NULL, "abc");
+    RENDERS("{{ 'x' }}\n{{ 'y' }}\n", NULL, "x\ny"); /* one final newline is dropped */
+    RENDERS("{% raw %}{{ not evaluated }}{% endraw %}", NULL, "{{ not evaluated }}");
+    RENDERS("{# comment #}x{#- c -#}  y", NULL, "xy");
+    /* the message text is never evaluated */
+    RENDERS("{{ c }}", "{\"c\": \"{{ 1 + 1 }} {% if %}\"}", "{{ 1 + 1 }} {% if %}");
+    /* Python's str() of values */
+    RENDERS("{{ [1, 'a', none, true, 1.0, {'k': \"it's\"}] }}", NULL, "[1, 'a', None, True, 1.0, {'k': \"it's\"}]");
+    RENDERS("{{ 1e-5 }} {{ 1e16 }} {{ 0.1 + 0.2 }} {{ 7 // -2 }} {{ -7 % 3 }}", NULL,
+            "1e-05 1e+16 0.30000000000000004 -4 2");
+    RENDERS("{{ v|tojson }}", "{\"v\": {\"a\": [1, 2.5, \"\\u00e9\", null]}}", "{\"a\": [1, 2.5, \"é\", null]}");
+    RENDERS("{{ v|tojson(indent=2) }}", "{\"v\": {\"a\": [1]}}", "{\n  \"a\": [\n    1\n  ]\n}");
+    /* loop variables, namespace, slicing, filters, tests */
+    RENDERS("{% for x in 'abc' %}{{ loop.index }}{{ x }}{{ '|' if not loop.last }}{% endfor %}", NULL, "1a|2b|3c");
+    RENDERS("{% set ns = namespace(n=0) %}{% for x in [1, 2, 3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}",
+            NULL, "6");
+    RENDERS("{{ 'héllo'[::-1] }}|{{ [1, 2, 3][1:] }}|{{ 'abc'[-1] }}", NULL, "olléh|[2, 3]|c");
+    RENDERS("{{ '  x  '|trim }}|{{ [3, 1, 2]|sort|join(',') }}|{{ none|default('d') }}|{{ 'a' is string }}", NULL,
+            "x|1,2,3|None|True");
+    RENDERS("{{ m.content.split('</think>')[-1].lstrip('\\n') }}", "{\"m\": {\"content\": \"<think>a</think>\\n\\nb\"}}",
+            "b");
+    RENDERS("{% macro greet(n, p='!') %}Hi {{ n }}{{ p }}{% endmacro %}{{ greet('a') }}{{ greet('b', p='?') }}", NULL,
+            "Hi a!Hi b?");
+    RENDERS("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}"
+            "{{ x }}{% endfor %}",
+            NULL, "13");
+    RENDERS("{% generation %}gen{% endgeneration %}", NULL, "gen");
+    /* a set inside a loop is gone after the iteration (jinja's scoping) */
+    RENDERS("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", NULL, "1");
+    /* a name the template assigns later is undefined in a loop before that */
+    RENDERS("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'late' %}{{ s }}", "{\"s\": \"caller\"}", "[]late");
+    /* caller keywords and the globals */
+    RENDERS("{{ enable_thinking }}{{ range(3)|list }}", "{\"enable_thinking\": false}", "False[0, 1, 2]");
+    RENDERS("", NULL, "");
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static void test_parse_errors(void)
+{
+    PARSE_ERROR("line1\n{{ x | wordwrap(5) }}", "chat template line 2: filter 'wordwrap' is not supported");
+    PARSE_ERROR("{{ x | nosuchfilter }}", "line 1: filter 'nosuchfilter' does not exist");
+    PARSE_ERROR("\n\n{% if x is nosuchtest %}{% endif %}", "line 3: test 'nosuchtest' does not exist");
+    PARSE_ERROR("{% include 'other' %}", "line 1: statement 'include' is not supported");
+    PARSE_ERROR("{% frobnicate %}", "line 1: unknown statement 'frobnicate'");
+    PARSE_ERROR("a\nb\n{% for x in y recursive %}{% endfor %}", "line 3: recursive for loops are not supported");
+    PARSE_ERROR("{{ s.encode('utf-8') }}", "method 'encode' is not supported");
+    PARSE_ERROR("{{ f(*args) }}", "argument unpacking");
+    PARSE_ERROR("{% if x %}\nno end", "unexpected end of template, expected 'elif' or 'else' or 'endif'");
+    PARSE_ERROR("{% for x in y %}{% endif %}", "unexpected 'endif'");
+    PARSE_ERROR("{{ x ", "line 1: unexpected end of template inside a tag");
+    PARSE_ERROR("{{ 1 + }}", "unexpected 'end of print statement'");
+    PARSE_ERROR("{% break %}", "'break' outside loop");
+    PARSE_ERROR("{% for x in y %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", "'continue' outside loop");
+    PARSE_ERROR("{# open", "missing end of comment tag");
+    PARSE_ERROR("{% raw %} open", "missing end of raw directive");
+    PARSE_ERROR("{{ 'unterminated }}", "unterminated string");
+    PARSE_ERROR("{{ x['a' }}", "unexpected '}'");
+    PARSE_ERROR("{{ x | map('nosuch') }}", "filter 'nosuch' does not exist");
+    PARSE_ERROR("{{ 99999999999999999999 }}", "too large");
+    PARSE_ERROR("{% set 1 = 2 %}", "can't assign");
+    PARSE_ERROR("ok\xff", "not valid UTF-8 (byte 2)");
+
+    /* nesting past the limit is an error at parse time, not a stack overflow */
+    char *deep = malloc(20000);
+    strcpy(deep, "{{ ");
+    for (int i = 0; i < 5000; i++) strcat(deep + 3 + i, "(");
+    size_t n = strlen(deep);
+    deep[n] = '1';
+    for (int i = 0; i < 5000; i++) deep[n + 1 + i] = ')';
+    strcpy(deep + n + 5001, " }}");
+    PARSE_ERROR(deep, "nested too deeply");
+    free(deep);
+    char *chain = malloc(60000);
+    strcpy(chain, "{{ 1");
+    for (int i = 0; i < 10000; i++) strcat(chain + 4 + 4 * i, " + 1");
+    strcat(chain, " }}");
+    PARSE_ERROR(chain, "nested too deeply");
+    free(chain);
+
+    /* a source past the limit is refused before anything else */
+    size_t big = (1u << 20) + 1;
+    char *src = malloc(big);
+    memset(src, 'a', big);
+    chat_template *t = NULL;
+    CHECK_STATUS(tmpl_parse(src, big, "chat template", &t), FERRY_ERR_TOO_LARGE);
+    CHECK(t == NULL);
+    free(src);
+}
+
+static void test_render_errors(void)
+{
+    /* raise_exception carries the template's own words */
+    FAILS("{% if messages|length > 1 %}{{ raise_exception('Roles must alternate!') }}{% endif %}",
+          "{\"messages\": [1, 2]}", FERRY_ERR_INVALID, "Roles must alternate!");
+    char *out;
+    CHECK_STATUS(render("{{ raise_exception('exact') }}", NULL, MAX_OUT, &out), FERRY_ERR_INVALID);
+    CHECK_EQ_STR(ferry_errmsg(), "exact");
+    FAILS("\n{{ 'a' + 1 }}", NULL, FERRY_ERR_INVALID, "chat template line 2: unsupported operand type(s) for +: 'str' and 'int'");
+    FAILS("{{ 1 / 0 }}", NULL, FERRY_ERR_INVALID, "division by zero");
+    FAILS("{{ 1 < 'a' }}", NULL, FERRY_ERR_INVALID, "'<' not supported between instances of 'int' and 'str'");
+    FAILS("{% for a, b in [[1, 2, 3]] %}{% endfor %}", NULL, FERRY_ERR_INVALID, "too many values to unpack (expected 2, got 3)");
+    FAILS("{{ [1].append(2) }}", NULL, FERRY_ERR_INVALID, "'append' is unsafe");
+    FAILS("{% set d.x = 1 %}", "{\"d\": {}}", FERRY_ERR_INVALID, "cannot assign attribute on non-namespace object");
+    FAILS("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", NULL, FERRY_ERR_INVALID, "macro 'm' takes not more than 1 argument(s)");
+    FAILS("{{ x|select('odd') }}", "{\"x\": [1]}", FERRY_ERR_UNSUPPORTED, "printing a generator");
+    FAILS("{{ cycler(1) }}", NULL, FERRY_ERR_UNSUPPORTED, "function 'cycler' is not supported");
+    FAILS("{{ 9223372036854775807 + 1 }}", NULL, FERRY_ERR_UNSUPPORTED, "integer overflow");
+}
+
+/* jinja2's default Undefined: printable and iterable, fails on any other use */
+static void test_undefined(void)
+{
+    RENDERS("[{{ missing }}]", NULL, "[]");
+    RENDERS("{% for x in missing %}x{% else %}empty{% endfor %}", NULL, "empty");
+    RENDERS("{{ missing is defined }}{{ missing is undefined }}{{ not missing }}{{ missing|length }}", NULL,
+            "FalseTrueTrue0");
+    RENDERS("{{ missing|default('d') }}{{ missing == other }}{{ missing ~ 'x' }}{{ 'a' in missing }}", NULL,
+            "dTruexFalse");
+    RENDERS("{{ d.nokey }}|{{ d['nokey'] }}|{{ l[10] }}|{{ n.attr }}", "{\"d\": {}, \"l\": [], \"n\": null}", "|||");
+    RENDERS("{{ (d.nokey) is defined }}", "{\"d\": {}}", "False");
+    FAILS("{{ missing.attr }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
+    FAILS("{{ d.nokey.deeper }}", "{\"d\": {}}", FERRY_ERR_INVALID, "nokey");
+    FAILS("{{ missing + 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
+    FAILS("{{ missing() }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
+    FAILS("{{ missing < 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
+    FAILS("{{ missing|tojson }}", NULL, FERRY_ERR_INVALID, "not JSON serializable");
+}
+
+/* ---- limits --------------------------------------------------------------- */
+
+static void test_limits(void)
+{
+    /* 10^10 iterations end at the iteration cap */
+    FAILS("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL,
+          FERRY_ERR_TOO_LARGE, "loop iterations");
+    /* unbounded recursion ends at the macro depth limit */
+    FAILS("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", NULL, FERRY_ERR_INVALID, "nested too deeply");
+    /* a string doubling 60 times passes the memory budget */
+    FAILS("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", NULL,
+          FERRY_ERR_TOO_LARGE, "");
+    FAILS("{{ 'x' * 100000000000 }}", NULL, FERRY_ERR_TOO_LARGE, "too large");
+    FAILS("{{ range(1000000)|list }}", NULL, FERRY_ERR_TOO_LARGE, "range too big");
+    /* values nested deeper than the printers allow */
+    FAILS("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+          NULL, FERRY_ERR_INVALID, "nested too deeply");
+    /* the output limit */
+    char *out;
+    CHECK_STATUS(render("{% for i in range(100) %}0123456789{% endfor %}", NULL, 999, &out), FERRY_ERR_TOO_LARGE);
+    CHECK_MSG_HAS("exceeds 999 bytes");
+    CHECK_STATUS(render("{% for i in range(100) %}0123456789{% endfor %}", NULL, 1000, &out), FERRY_OK);
+    CHECK(out && strlen(out) == 1000);
+    free(out);
+    CHECK_STATUS(render("{{ 'x' * 5000 }}", NULL, 4999, &out), FERRY_ERR_TOO_LARGE);
+    /* a long but legitimate conversation renders well within the limits */
+    strbuf vars;
+    sb_init(&vars);
+    sb_puts(&vars, "{\"messages\": [");
+    for (int i = 0; i < 2000; i++) sb_printf(&vars, "%s{\"role\": \"%s\", \"content\": \"message %d\"}", i ? ", " : "", i % 2 ? "assistant" : "user", i);
+    sb_puts(&vars, "]}");
+    CHECK_STATUS(render("{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s ~ m.role ~ ':' ~ m.content ~ '\\n' %}"
+                        "{% endfor %}{{ ns.s|length }}",
+                        vars.data, MAX_OUT, &out),
+                 FERRY_OK);
+    CHECK(out && atoi(out) > 30000);
+    free(out);
+    sb_free(&vars);
+}
+
+static void test_api(void)
+{
+    chat_template *t = NULL;
+    CHECK_STATUS(tmpl_parse("{{ x }}", 7, "my template", &t), FERRY_OK);
+    json_doc *doc = NULL;
+    CHECK_STATUS(json_parse("[1]", 3, &doc), FERRY_OK);
+    strbuf sb;
+    sb_init(&sb);
+    CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("must be a JSON object");
+    json_doc_free(doc);
+    CHECK_STATUS(tmpl_parse("{{ x.y.z }}", 11, "my template", &t), FERRY_OK);
+    CHECK_STATUS(json_parse("{}", 2, &doc), FERRY_OK);
+    CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("my template line 1:");
+    /* output is appended to what the buffer holds */
+    sb_puts(&sb, "prefix:");
+    tmpl_free(t);
+    CHECK_STATUS(tmpl_parse("{{ 1 }}", 7, NULL, &t), FERRY_OK);
+    CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_OK);
+    CHECK_EQ_STR(sb.data, "prefix:1");
+    sb_free(&sb);
+    json_doc_free(doc);
+    tmpl_free(t);
+    tmpl_free(NULL);
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+typedef struct {
+    const chat_template *t;
+    const json_value *vars;
+    const char *want;
+    int bad;
+} job;
+
+static void *render_many(void *arg)
+{
+    job *j = arg;
+    for (int i = 0; i < 200; i++) {
+        strbuf sb;
+        sb_init(&sb);
+        if (tmpl_render(j->t, j->vars, MAX_OUT, &sb) != FERRY_OK || strcmp(sb.data, j->want) != 0) j->bad++;
+        sb_free(&sb);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    const char *src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+                      "{{ m.role|upper }}:{{ m.content }};{% endfor %}{{ ns.n }}";
+    const char *vars = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}";
+    chat_template *t = NULL;
+    json_doc *doc = NULL;
+    CHECK_STATUS(tmpl_parse(src, strlen(src), "chat template", &t), FERRY_OK);
+    CHECK_STATUS(json_parse(vars, strlen(vars), &doc), FERRY_OK);
+    if (!t || !doc) return;
+    job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (job){t, json_doc_root(doc), "USER:a;ASSISTANT:b;2", 0};
+        pthread_create(&th[i], NULL, render_many, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ_INT(jobs[i].bad, 0);
+    }
+    json_doc_free(doc);
+    tmpl_free(t);
+}
+
+int main(void)
+{
+    test_render();
+    test_parse_errors();
+    test_render_errors();
+    test_undefined();
+    test_limits();
+    test_api();
+    test_threads();
+    return check_report();
+}
