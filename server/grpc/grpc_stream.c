@@ -299,6 +299,10 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         snprintf(err, sizeof err, "model '%.200s' not found (this server serves '%s')", model, g->model_name);
     }
     free(model);
+    if (!*err && q->kr.text_out) /* streamed text: HTTP's generate_stream and /v1 (text deltas) */
+        code = GRPC_STATUS_UNIMPLEMENTED,
+        snprintf(err, sizeof err, "ModelStreamInfer streams token ids; text_input and text_output are served by "
+                 "ModelInfer, and streamed as text by HTTP generate_stream and /v1");
     if (!*err && q->kr.n_rows != 1)
         snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T]; got %d)", q->kr.n_rows);
     if (!*err && q->kr.want_logits) snprintf(err, sizeof err, "ModelStreamInfer streams output_ids only (no logits)");
