@@ -506,7 +506,7 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
         seen = text ? "text_input" : "input_ids";
         FERRY_TRY(text ? parse_text_input(in, bin, bin_len, &bin_used, r) : parse_input(in, bin, bin_len, &bin_used, r));
     }
-    if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids (or text_input) is missing from inputs");
+    if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing from inputs (or give text_input)");
     if (bin_used != bin_len)
         return ferry_fail(FERRY_ERR_INVALID, "%zu bytes of binary data follow the JSON, the inputs take %zu", bin_len,
                           bin_used);
@@ -827,6 +827,9 @@ bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb)
             }
             sb_printf(sb, ", \"parameters\": {\"binary_data_size\": %zu}}", size);
             w->o++;
+        } else if (b == 0) { /* no rows (a text request not yet encoded): nothing to walk */
+            sb_puts(sb, ", \"data\": []}");
+            w->o++;
         } else {
             sb_puts(sb, ", \"data\": [");
             w->stage = W_ROWS;
@@ -843,7 +846,7 @@ bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb)
         }
         return true;
     case W_BINARY:
-        while (w->o < r->n_outputs && !r->binary[w->o]) w->o++;
+        while (w->o < r->n_outputs && (!r->binary[w->o] || b == 0)) w->o++;
         if (w->o == r->n_outputs) {
             w->stage = W_DONE;
             return false;
