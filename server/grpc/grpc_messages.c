@@ -613,8 +613,11 @@ ferry_status grpc_model_stats_response(const char *model, const kserve_stats *k,
 
 /* ---- ModelStreamInfer ----------------------------------------------------------- */
 
-ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
-                                        uint8_t **out, size_t *out_len)
+/* One ModelStreamInferResponse: the output t with its raw contents (t NULL:
+ * none, the empty final response) and the final flag. */
+static ferry_status stream_response(const char *model, const char *id, bool final,
+                                    Inference__ModelInferResponse__InferOutputTensor *t, ProtobufCBinaryData *raw,
+                                    uint8_t **out, size_t *out_len)
 {
     Inference__InferParameter fin = INFERENCE__INFER_PARAMETER__INIT;
     fin.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
@@ -623,31 +626,56 @@ ferry_status grpc_stream_token_response(const char *model, const char *id, const
                                                    *entries[] = {&entry};
     entry.key = (char *)"triton_final_response";
     entry.value = &fin;
-    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT,
-                                                     *tp[] = {&t};
-    int64_t shape[2] = {1, 1};
-    uint8_t le[8];
-    ProtobufCBinaryData raw = {8, le};
+    Inference__ModelInferResponse__InferOutputTensor *tp[] = {t};
     Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
     m.model_name = (char *)model;
     m.model_version = (char *)KSERVE_MODEL_VERSION;
     m.id = (char *)(id ? id : "");
     m.parameters = entries;
     m.n_parameters = 1;
-    if (token) { /* else the empty final response */
-        put_le64(le, (uint64_t)(int64_t)*token);
-        t.name = (char *)"output_ids";
-        t.datatype = (char *)"INT64";
-        t.shape = shape;
-        t.n_shape = 2;
+    if (t) {
         m.outputs = tp;
         m.n_outputs = 1;
-        m.raw_output_contents = &raw;
+        m.raw_output_contents = raw;
         m.n_raw_output_contents = 1;
     }
     Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
     s.infer_response = &m;
     return pack(&s.base, out, out_len);
+}
+
+ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
+                                        uint8_t **out, size_t *out_len)
+{
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT;
+    int64_t shape[2] = {1, 1};
+    uint8_t le[8];
+    ProtobufCBinaryData raw = {8, le};
+    if (!token) return stream_response(model, id, final, NULL, NULL, out, out_len); /* the empty final response */
+    put_le64(le, (uint64_t)(int64_t)*token);
+    t.name = (char *)"output_ids";
+    t.datatype = (char *)"INT64";
+    t.shape = shape;
+    t.n_shape = 2;
+    return stream_response(model, id, final, &t, &raw, out, out_len);
+}
+
+ferry_status grpc_stream_text_response(const char *model, const char *id, const char *text, size_t len, bool final,
+                                       uint8_t **out, size_t *out_len)
+{
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT;
+    int64_t shape[1] = {1};
+    ProtobufCBinaryData raw = {4 + len, malloc(4 + len)};
+    if (!raw.data) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < 4; k++) raw.data[k] = (uint8_t)(len >> (8 * k));
+    if (len) memcpy(raw.data + 4, text, len);
+    t.name = (char *)"text_output";
+    t.datatype = (char *)"BYTES";
+    t.shape = shape;
+    t.n_shape = 1;
+    ferry_status st = stream_response(model, id, final, &t, &raw, out, out_len);
+    free(raw.data);
+    return st;
 }
 
 ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,

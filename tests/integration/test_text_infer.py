@@ -163,13 +163,51 @@ def test_grpc_bytes_contents(srv, pb, ferry, tmodel):
             texts.append(raw[4:4 + n].decode())
             raw = raw[4 + n:]
         assert texts == [reference(ferry, tmodel, p)[0] for p in PROMPTS[:2]]
-        # streamed text is HTTP's: ModelStreamInfer says so rather than answering ids
+    finally:
+        ch.close()
+
+
+def test_grpc_stream_text(srv, pb, ferry, tmodel):
+    """ModelStreamInfer with text_input: text_output deltas per request,
+    interleaved across requests; each request's deltas concatenated are
+    the reference text, its last response is final; a stop string ends
+    one early without an error."""
+    msgs = pb[0]
+    full, _ = reference(ferry, tmodel, PROMPTS[0], 16)
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    reqs = []
+    for i, p in enumerate(PROMPTS):
+        r = msgs.ModelInferRequest(model_name=srv.name, id="r%d" % i)
+        r.parameters["max_new_tokens"].int64_param = N_NEW
+        r.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(p.encode())
+        reqs.append(r)
+    rs = msgs.ModelInferRequest(model_name=srv.name, id="stop")
+    rs.parameters["max_new_tokens"].int64_param = 16
+    rs.parameters["stop"].string_param = stop
+    rs.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(PROMPTS[0].encode())
+    reqs.append(rs)
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+    try:
         call = ch.stream_stream(STREAM_METHOD, request_serializer=msgs.ModelInferRequest.SerializeToString,
                                 response_deserializer=pb[2].FromString)
-        r1 = msgs.ModelInferRequest(model_name=srv.name)
-        r1.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"hi")
-        resps = list(call(iter([r1]), timeout=TIMEOUT))
-        assert len(resps) == 1 and "text_input and text_output are served by ModelInfer" in resps[0].error_message
+        got, finals = {}, {}
+        for resp in call(iter(reqs), timeout=TIMEOUT):
+            assert not resp.error_message, resp.error_message
+            m = resp.infer_response
+            assert m.id not in finals, "a response after the final one"
+            if m.outputs:
+                assert m.outputs[0].name == "text_output" and m.outputs[0].datatype == "BYTES"
+                raw = m.raw_output_contents[0]
+                (n,) = struct.unpack("<I", raw[:4])
+                assert len(raw) == 4 + n
+                got[m.id] = got.get(m.id, b"") + raw[4:]
+            if m.parameters["triton_final_response"].bool_param:
+                finals[m.id] = True
+        assert set(finals) == {"r0", "r1", "r2", "stop"}
+        for i, p in enumerate(PROMPTS):
+            assert got.get("r%d" % i, b"").decode() == reference(ferry, tmodel, p)[0]
+        if len(stop.strip()) >= 2:
+            assert got.get("stop", b"").decode() == full[:full.index(stop)]
     finally:
         ch.close()
 
