@@ -67,6 +67,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# RoPE's frequencies round as transformers' torch ops do, one rounding per
+# operation: no fused multiply-adds there (engine/weights/rope.c)
+$(BUILD)/obj/engine/weights/rope.o: CFLAGS += -ffp-contract=off
+
 $(GEN)/%.pb-c.c $(GEN)/%.pb-c.h: server/proto/%.proto
 	@mkdir -p $(GEN)
 	protoc-c --proto_path=server/proto --c_out=$(GEN) $<

@@ -138,8 +138,11 @@ struct backend_ops {
                     const weight *w /* [1, dim] */, int n, int dim, float eps);
     void (*matmul)(backend *be, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,
                    const weight *w /* [rows, cols] */, const weight *bias /* [1, rows] or NULL */, int n);
+    /* rotate_half RoPE in place at the batch's positions: the pair (i, i + head_dim/2) of each head turns
+     * by the float32 angle pos * inv_freq[i], with cos and sin times attn_scale (YaRN; 1 otherwise).
+     * The table comes from the config once (weights/rope.h), so every backend rotates alike. */
     void (*rope)(backend *be, float *x /* [n_tokens, heads * head_dim] */, int heads, int head_dim,
-                 float theta);
+                 const float *inv_freq /* [head_dim / 2] */, float attn_scale);
     void (*kv_store)(backend *be, const kv_layer *kv, const float *k /* [n_tokens, kv_dim] */,
                      const float *v /* [n_tokens, kv_dim] */);
     void (*attention)(backend *be, float *out /* [n_tokens, heads * head_dim] */,

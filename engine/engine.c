@@ -11,6 +11,7 @@
 
 #include "../config/config.h"
 #include "base/util.h"
+#include "weights/model_dir.h"
 
 void engine_opts_init(engine_opts *o)
 {
@@ -113,11 +114,9 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
     char conv[256];
     conversion_id(&o->convert, conv, sizeof conv);
     uint64_t h = fnv1a(0xcbf29ce484222325ull, conv, strlen(conv) + 1);
-    char *path = util_path_join(dir, "config.json"), *text;
+    char *text;
     size_t len;
-    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    ferry_status st = util_read_file(path, &text, &len);
-    free(path);
+    ferry_status st = model_dir_read(dir, "config.json", &text, &len);
     if (st != FERRY_OK) return st;
     h = fnv1a(h, text, len);
     free(text);
@@ -166,6 +165,21 @@ static ferry_status alloc_activations(engine *e)
     return FERRY_OK;
 }
 
+/* RoPE's inverse frequencies, from the config once (rope.h), in backend
+ * memory where the rope op reads them. */
+static ferry_status alloc_rope(engine *e)
+{
+    int half = e->cfg.head_dim / 2;
+    float *host = malloc((size_t)half * sizeof *host);
+    if (!host) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    rope_inv_freq(&e->cfg.rope, e->cfg.head_dim, host);
+    e->rope_scale = rope_attn_scale(&e->cfg.rope);
+    e->rope_freq = e->be->ops->alloc(e->be, (size_t)half * sizeof *host);
+    if (e->rope_freq) e->be->ops->upload(e->be, e->rope_freq, host, (size_t)half * sizeof *host);
+    free(host);
+    return e->rope_freq ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "out of memory for the RoPE table");
+}
+
 /* The KV pool: its size is the plan's (kv_blocks), every page touched
  * here, at startup, rather than by the first steps that reach it. */
 static ferry_status alloc_kv(engine *e)
@@ -211,6 +225,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     pipeline_set_verify(e->pipe, opts->verify_reads);
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
+    if ((st = alloc_rope(e)) != FERRY_OK) goto fail;
     *out = e;
     return FERRY_OK;
 fail:
@@ -223,7 +238,8 @@ void engine_close(engine *e)
     if (!e) return;
     pipeline_free(e->pipe); /* stops the fetcher before the buffers go */
     if (e->be) {
-        float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up, &e->last, &e->logits};
+        float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up, &e->last, &e->logits,
+                          &e->rope_freq};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) e->be->ops->release(e->be, *bufs[i]);
         kv_pool_free(e->kvp);
         if (e->rows_host)

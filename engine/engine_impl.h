@@ -40,6 +40,8 @@ struct engine {
     float *up;           /* [max, hidden] */
     float *last;         /* [max_seqs, dim] */
     float *logits;       /* [max_seqs, vocab] */
+    float *rope_freq;    /* [head_dim / 2] RoPE inverse frequencies (weights/rope.h), from the config at open */
+    float rope_scale;    /* what RoPE's cos and sin are multiplied by */
     void *rows_host;     /* [max, dim] embedding rows gathered on the host (table not on device) */
     void *rows_dev;      /* [max, dim] the same rows in backend memory */
     bool rows_pinned;

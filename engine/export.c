@@ -57,6 +57,7 @@
 #include "base/util.h"
 #include "io/crc32c.h"
 #include "store.h"
+#include "weights/model_dir.h"
 #include "weights/st_writer.h"
 
 #define EXPORT_WRITE_BUF (4u << 20)       /* converted bytes staged per write */
@@ -540,17 +541,15 @@ static bool is_export(int rootfd, const char *name)
     return ok;
 }
 
-/* Copies model_dir/name when it exists, through the write buffer. */
+/* Copies model_dir/name when it exists, through the write buffer; read
+ * under model_dir.h's rule (a link to nothing or out of the model is an
+ * error, not an absent file). */
 static ferry_status copy_model_file(export_job *j, const char *name)
 {
-    char *path = util_path_join(j->model_dir, name);
-    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    int in = open(path, O_RDONLY | O_CLOEXEC);
-    if (in < 0) {
-        ferry_status st = errno == ENOENT ? FERRY_OK : ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
-        free(path);
-        return st;
-    }
+    if (!model_dir_has(j->model_dir, name)) return FERRY_OK;
+    int in;
+    char *path;
+    FERRY_TRY(model_dir_open(j->model_dir, name, &in, &path));
     int out = openat(j->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     ferry_status st = out < 0 ? ferry_fail(FERRY_ERR_IO, "%s: %s", name, strerror(errno)) : FERRY_OK;
     while (st == FERRY_OK) {
@@ -638,7 +637,7 @@ static ferry_status write_config(export_job *j)
     if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     size_t len;
     json_doc *doc = NULL;
-    ferry_status st = util_read_file(path, &text, &len);
+    ferry_status st = model_dir_read(j->model_dir, "config.json", &text, &len);
     if (st == FERRY_OK) st = json_parse(text, len, &doc);
     if (st != FERRY_OK) st = ferry_fail_context(st, "%s", path);
     strbuf qc, sb;

@@ -34,8 +34,8 @@ void forward_layer(engine *e, const layer_weights *lw, int layer, const batch *b
         op->rmsnorm(be, e->q, e->q, &lw->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, e->k, e->k, &lw->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    op->rope(be, e->q, c->n_heads, c->head_dim, c->rope_theta);
-    op->rope(be, e->k, c->n_kv_heads, c->head_dim, c->rope_theta);
+    op->rope(be, e->q, c->n_heads, c->head_dim, e->rope_freq, e->rope_scale);
+    op->rope(be, e->k, c->n_kv_heads, c->head_dim, e->rope_freq, e->rope_scale);
     op->kv_store(be, kv, e->k, e->v);
     op->attention(be, e->att, e->q, kv, &shape);
     op->matmul(be, e->xn, e->att, &lw->wo, &lw->bo, n);

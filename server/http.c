@@ -827,7 +827,7 @@ static int64_t header_length(struct MHD_Connection *c)
 /* Chat prompts: the rendered template may hold RENDER_RATIO x the body
  * (plus a template's own text) before it is refused 413. */
 #define RENDER_RATIO 4
-#define RENDER_SLACK (1u << 20)
+#define RENDER_SLACK (256u << 10)
 
 static uint64_t render_bound(size_t len) { return (uint64_t)RENDER_RATIO * len + RENDER_SLACK; }
 
@@ -927,7 +927,14 @@ static enum MHD_Result start_inference(request *rq)
     rq->streaming = rq->ep == EP_STREAM || (rq->oai && oai_streaming(rq->oai));
     if (rq->ep == EP_STREAM && n != 1)
         return respond_error(rq, 400, "generate_stream takes one prompt (input_ids: a list of token ids)", NULL, NULL);
-    if (!mem_take(rq, answer_bytes(rq, lim.vocab))) return respond_busy(rq);
+    uint64_t answer = answer_bytes(rq, lim.vocab);
+    if (rq->tm && answer > srv->budget->limit) { /* could never be had: the client must ask for less */
+        char msg[200];
+        snprintf(msg, sizeof msg, "the answer may need %llu bytes (tokens x choices), more than --request-memory (%llu): "
+                 "ask for fewer tokens", (unsigned long long)answer, (unsigned long long)srv->budget->limit);
+        return respond_fail(rq, 413, msg, rq->oai ? "max_tokens" : NULL, NULL, NULL, NULL);
+    }
+    if (!mem_take(rq, answer)) return respond_busy(rq);
     rq->sid = calloc((size_t)n, sizeof *rq->sid);
     rq->refs_of = calloc((size_t)n, sizeof *rq->refs_of);
     rq->rows = calloc((size_t)n, sizeof *rq->rows);

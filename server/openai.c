@@ -364,7 +364,7 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
     double t = 1, p = 1;
     r->sampling = (sampling_params){1.0f, 0, 1.0f, 0};
     FERRY_TRY(get_num(root, "temperature", &t, &g.temperature, e));
-    if (t < 0) return fail(e, 400, "temperature", NULL, FERRY_ERR_INVALID, "temperature must be >= 0");
+    if (!(t >= 0 && t <= 1e30)) return fail(e, 400, "temperature", NULL, FERRY_ERR_INVALID, "temperature must be >= 0");
     FERRY_TRY(get_num(root, "top_p", &p, &g.top_p, e));
     if (!(p > 0 && p <= 1)) return fail(e, 400, "top_p", NULL, FERRY_ERR_INVALID, "top_p must be in (0, 1]");
     FERRY_TRY(get_int(root, "top_k", -1, INT32_MAX, &top_k, &g.top_k, e));

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/base/util.h"
 #include "../engine/text/chat_template.h"
+#include "../engine/weights/model_dir.h"
 
 struct text_model {
     tokenizer *tok;
@@ -52,15 +52,12 @@ static ferry_status set_msg(char **slot, const char *fmt, ...)
     return FERRY_OK;
 }
 
-/* Reads dir/name into *text: FERRY_ERR_NOT_FOUND when there is none. */
+/* Reads dir/name into *text: FERRY_ERR_NOT_FOUND when there is none. Through
+ * model_dir's confinement rule (a Hugging Face cache snapshot's symlinks
+ * may lead into its repository's blobs, nowhere else). */
 static ferry_status read_in(const char *dir, const char *name, char **text, size_t *len)
 {
-    /* TODO(rope): read through the HF-cache confinement helper once it lands */
-    char *path = util_path_join(dir, name);
-    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    ferry_status st = util_read_file(path, text, len);
-    free(path);
-    return st;
+    return model_dir_read(dir, name, text, len);
 }
 
 static void add_eos(text_model *m, int64_t id)
@@ -240,7 +237,9 @@ int text_eos_ids(const text_model *m, const int32_t **ids)
 
 size_t text_max_token_bytes(const text_model *m) { return m->max_token_bytes; }
 
-size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 64 ? SIZE_MAX : 48 * len + (64u << 10); }
+/* ids (4 bytes for at most a token a byte) and the tokenizer's pieces and
+ * matches, a few times the text */
+size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 32 ? SIZE_MAX : 16 * len + (64u << 10); }
 
 /* ---- prompts ------------------------------------------------------------------------ */
 

@@ -23,16 +23,19 @@ ferry_status util_read_file(const char *path, char **out, size_t *len)
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    ferry_status st = util_read_fd(fd, path, out, len);
+    close(fd);
+    return st;
+}
+
+ferry_status util_read_fd(int fd, const char *path, char **out, size_t *len)
+{
+    *out = NULL;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > 100000000) {
-        close(fd);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > 100000000)
         return ferry_fail(FERRY_ERR_INVALID, "%s: not a regular file of at most 100 MB", path);
-    }
     char *buf = malloc((size_t)sb.st_size + 1);
-    if (!buf) {
-        close(fd);
-        return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
-    }
+    if (!buf) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
     size_t got = 0;
     while (got < (size_t)sb.st_size) {
         ssize_t r = read(fd, buf + got, (size_t)sb.st_size - got);
@@ -40,12 +43,10 @@ ferry_status util_read_file(const char *path, char **out, size_t *len)
         if (r <= 0) {
             ferry_status st = ferry_fail(FERRY_ERR_IO, "%s: read: %s", path, r < 0 ? strerror(errno) : "file shrank");
             free(buf);
-            close(fd);
             return st;
         }
         got += (size_t)r;
     }
-    close(fd);
     buf[got] = '\0';
     *out = buf;
     *len = got;

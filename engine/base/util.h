@@ -13,6 +13,9 @@
 /* Reads a whole small file (<= 100 MB: configs, indexes) into a NUL-terminated
  * malloc'd buffer. */
 ferry_status util_read_file(const char *path, char **out, size_t *len);
+/* The same for a file already open (read from its position; fd stays open);
+ * errors name path. */
+ferry_status util_read_fd(int fd, const char *path, char **out, size_t *len);
 
 /* Writes all of buf to fd at its position, retrying short writes and EINTR;
  * errors name path. Honours the write_enospc fault (fault.h). */

@@ -163,24 +163,24 @@ static void cpu_rmsnorm(backend *be, float *out, const float *x, const weight *w
     pool_run(cb->pool, (n + per - 1) / per, norm_task, &c);
 }
 
-/* Hugging Face rotate_half: pairs (i, i + head_dim/2) rotate by pos * theta^(-2i/head_dim). */
-static void cpu_rope(backend *be, float *x, int heads, int head_dim, float theta)
+/* Hugging Face rotate_half: pairs (i, i + head_dim/2) rotate by pos * inv_freq[i]. */
+static void cpu_rope(backend *be, float *x, int heads, int head_dim, const float *inv_freq, float attn_scale)
 {
     cpu_backend *cb = (cpu_backend *)be;
     const batch *b = cb->b;
     int half = head_dim / 2;
-    float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim + (size_t)half);
+    float *cs = cpu_scratch_get(cb, 0, (size_t)head_dim);
     FERRY_ASSERT(cs);
-    /* the frequencies and angles in float32, as transformers computes them,
-     * so long contexts match it rather than exact angles */
-    float *inv_freq = cs + head_dim;
-    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    /* the angles in float32, as transformers computes them, so that long
+     * contexts match it rather than exact angles; cos and sin of those are
+     * taken in double and rounded, then scaled in float32 as transformers
+     * scales its float32 cos and sin */
     for (int t = 0; t < b->n_tokens; t++) {
         float p = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
             float ang = p * inv_freq[i];
-            cs[i] = (float)cos((double)ang);
-            cs[half + i] = (float)sin((double)ang);
+            cs[i] = (float)cos((double)ang) * attn_scale;
+            cs[half + i] = (float)sin((double)ang) * attn_scale;
         }
         for (int h = 0; h < heads; h++) {
             float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)head_dim;

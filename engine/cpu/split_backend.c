@@ -278,11 +278,12 @@ static void split_matmul(backend *be, float *out, const float *x, const weight *
     submit(sb, &c);
 }
 
-static void split_rope(backend *be, float *x, int heads, int head_dim, float theta)
+static void split_rope(backend *be, float *x, int heads, int head_dim, const float *inv_freq, float attn_scale)
 {
     split_backend *sb = split_of(be);
     dev(sb, x, F32((size_t)sb->b.n_tokens * heads * head_dim), "rope", "x");
-    submit(sb, &(split_cmd){.op = SPLIT_ROPE, .out = x, .n = heads, .dim = head_dim, .f = theta});
+    dev(sb, inv_freq, F32((size_t)(head_dim / 2)), "rope", "inv_freq");
+    submit(sb, &(split_cmd){.op = SPLIT_ROPE, .out = x, .y = inv_freq, .n = heads, .dim = head_dim, .f = attn_scale});
 }
 
 static void check_kv(split_backend *sb, const kv_layer *kv, const char *who)
@@ -359,7 +360,7 @@ static void exec_op(void *ctx, const split_cmd *c)
     case SPLIT_CONVERT: op->convert(cpu, c->out, &c->w); break;
     case SPLIT_RMSNORM: op->rmsnorm(cpu, c->out, c->x, &c->w, c->n, c->dim, c->f); break;
     case SPLIT_MATMUL: op->matmul(cpu, c->out, c->x, &c->w, c->has_bias ? &c->bias : NULL, c->n); break;
-    case SPLIT_ROPE: op->rope(cpu, c->out, c->n, c->dim, c->f); break;
+    case SPLIT_ROPE: op->rope(cpu, c->out, c->n, c->dim, c->y, c->f); break;
     case SPLIT_KV_STORE: op->kv_store(cpu, &c->kv, c->x, c->y); break;
     case SPLIT_ATTENTION: op->attention(cpu, c->out, c->x, &c->kv, &c->shape); break;
     case SPLIT_SILU_MUL: op->silu_mul(cpu, c->out, c->x, c->count); break;

@@ -65,14 +65,7 @@ typedef struct {
 /* A cached cuBLASLt plan (cuda_matmul.cu owns its contents). */
 typedef struct cuda_mm_plan cuda_mm_plan;
 
-#define CUDA_ROPE_TABLES 8
 #define CUDA_MM_PLANS 64
-
-typedef struct {
-    float theta;
-    int head_dim;
-    float *inv_freq; /* [head_dim / 2] device */
-} cuda_rope_table;
 
 typedef struct {
     int device;
@@ -98,11 +91,6 @@ typedef struct {
     size_t mm_y_bytes;
     cuda_mm_plan *plans; /* [CUDA_MM_PLANS] */
     int n_plans, plan_evict;
-
-    /* RoPE inverse frequencies per (theta, head_dim), computed on the host
-     * with the CPU backend's float32 expression so both round alike */
-    cuda_rope_table rope[CUDA_ROPE_TABLES];
-    int n_rope;
 } cuda_ctx;
 
 /* ---- error checks ----------------------------------------------------------- */
@@ -146,8 +134,10 @@ void cuda_convert(cuda_ctx *cx, float *out /* [rows, cols] */, const cuda_tensor
 void cuda_rmsnorm(cuda_ctx *cx, float *out /* [n, dim] */, const float *x /* [n, dim] */,
                   const cuda_tensor *w /* [1, dim] */, int n, int dim, float eps);
 
-/* cuda_rope.cu: rotate_half RoPE in place at the batch's positions */
-void cuda_rope(cuda_ctx *cx, float *x /* [n_tokens, heads * head_dim] */, int heads, int head_dim, float theta);
+/* cuda_rope.cu: rotate_half RoPE in place at the batch's positions, by the
+ * angles pos * inv_freq[i], cos and sin times attn_scale */
+void cuda_rope(cuda_ctx *cx, float *x /* [n_tokens, heads * head_dim] */, int heads, int head_dim,
+               const float *inv_freq /* [head_dim / 2] device */, float attn_scale);
 
 /* cuda_attention.cu: causal (optionally sliding-window) GQA attention of the
  * batch's query rows against the KV cache */

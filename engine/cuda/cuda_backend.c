@@ -336,9 +336,9 @@ static void op_matmul(backend *be, float *out, const float *x, const weight *w, 
     cuda_matmul(&cuda_of(be)->cx, out, x, matmul_tensor_of(w, &tw), tensor_of(bias, &tb), n);
 }
 
-static void op_rope(backend *be, float *x, int heads, int head_dim, float theta)
+static void op_rope(backend *be, float *x, int heads, int head_dim, const float *inv_freq, float attn_scale)
 {
-    cuda_rope(&cuda_of(be)->cx, x, heads, head_dim, theta);
+    cuda_rope(&cuda_of(be)->cx, x, heads, head_dim, inv_freq, attn_scale);
 }
 
 static cuda_kv kv_of(const kv_layer *kv)
@@ -388,7 +388,6 @@ static void cuda_free(backend *be)
     if (cx->compute) (void)cudaStreamSynchronize(cx->compute);
     if (cx->copy) (void)cudaStreamSynchronize(cx->copy);
     cuda_matmul_free(cx);
-    for (int i = 0; i < cx->n_rope; i++) (void)cudaFree(cx->rope[i].inv_freq);
     if (cx->lt) (void)cublasLtDestroy(cx->lt);
     (void)cudaFree(cx->lt_ws);
     (void)cudaFree(cx->mm_x);

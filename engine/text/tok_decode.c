@@ -87,6 +87,7 @@ static void hold_clear(stage *g)
 /* Drops the first n bytes of the held text. */
 static void hold_consume(stage *g, size_t n)
 {
+    if (n == 0) return;
     memmove(g->hold.data, g->hold.data + n, g->hold.len - n);
     g->hold.len -= n;
     g->hold.data[g->hold.len] = '\0';
@@ -120,11 +121,11 @@ static void replace_literal(const tok_decoder *d, const char *p, size_t n, strbu
         const char *m = memmem(p + i, n - i, d->lit, d->lit_len);
         if (!m) break;
         size_t at = (size_t)(m - p);
-        sb_append(out, p + last, at - last);
-        sb_append(out, d->content, d->content_len);
+        tok_put(out, p + last, at - last);
+        tok_put(out, d->content, d->content_len);
         i = last = at + d->lit_len;
     }
-    sb_append(out, p + last, n - last);
+    tok_put(out, p + last, n - last);
 }
 
 static ferry_status replace_regex(tok_stream *s, const tok_decoder *d, const char *p, size_t n, strbuf *out)
@@ -135,11 +136,11 @@ static ferry_status replace_regex(tok_stream *s, const tok_decoder *d, const cha
     if (st == FERRY_OK) {
         size_t last = 0;
         for (size_t i = 0; i < sp.n; i++) {
-            sb_append(out, p + last, sp.v[i].start - last);
-            sb_append(out, d->content, d->content_len);
+            tok_put(out, p + last, sp.v[i].start - last);
+            tok_put(out, d->content, d->content_len);
             last = sp.v[i].end;
         }
-        sb_append(out, p + last, n - last);
+        tok_put(out, p + last, n - last);
     }
     free(sp.v);
     return st;
@@ -160,7 +161,7 @@ static void metaspace_map(const tok_decoder *d, const char *p, size_t n, bool fi
         if (cp == d->ch) {
             if (!(first && d->meta_prepend)) sb_putc(out, ' ');
         } else {
-            sb_append(out, p + i, k);
+            tok_put(out, p + i, k);
         }
         i += k;
     }
@@ -185,7 +186,7 @@ static void strip_whole(const tok_decoder *d, const char *p, size_t n, strbuf *o
         if (cp != d->ch) break;
         b -= k;
     }
-    sb_append(out, p + a, b - a);
+    tok_put(out, p + a, b - a);
 }
 
 /* ByteLevel: a token whose characters all stand for bytes becomes those
@@ -199,11 +200,11 @@ static void byte_level_bytes(const char *p, size_t n, strbuf *out)
         int b = tok_char_byte(cp);
         if (b < 0) {
             out->len = start;
-            sb_append(out, p, n);
+            tok_put(out, p, n);
             return;
         }
         char c = (char)b;
-        sb_append(out, &c, 1);
+        tok_put(out, &c, 1);
         i += k;
     }
 }
@@ -260,7 +261,7 @@ static void stage_closed(tok_stream *s, size_t k, const char *p, size_t n, strbu
     case TOK_DEC_BYTE_FALLBACK: {
         unsigned char b;
         if (byte_token(p, n, &b)) {
-            sb_append(&g->hold, &b, 1);
+            tok_put(&g->hold, &b, 1);
         } else {
             flush_byte_run(s, k, g, out);
             deliver(s, k + 1, p, n, true, out);
@@ -298,18 +299,18 @@ static void strip_fragment(tok_stream *s, size_t k, const char *p, size_t n, str
             g->lead_done = true;
         }
         if (d->stop > 0 && cp == d->ch) {
-            sb_append(&g->hold, p + i, c);
+            tok_put(&g->hold, p + i, c);
             if (++g->trail > d->stop) { /* the oldest held one is no longer in the last `stop` */
                 size_t first = tok_utf8_len((unsigned char)g->hold.data[0]);
-                sb_append(&tmp, g->hold.data, first);
+                tok_put(&tmp, g->hold.data, first);
                 hold_consume(g, first);
                 g->trail--;
             }
         } else {
-            sb_append(&tmp, g->hold.data, g->hold.len);
+            tok_put(&tmp, g->hold.data, g->hold.len);
             hold_clear(g);
             g->trail = 0;
-            sb_append(&tmp, p + i, c);
+            tok_put(&tmp, p + i, c);
         }
         i += c;
     }
@@ -323,7 +324,7 @@ static void replace_fragment(tok_stream *s, size_t k, const char *p, size_t n, s
 {
     const tok_decoder *d = &s->t->dec[k];
     stage *g = &s->st[k];
-    sb_append(&g->hold, p, n);
+    tok_put(&g->hold, p, n);
     strbuf tmp;
     sb_init(&tmp);
     const char *h = g->hold.data;
@@ -332,14 +333,14 @@ static void replace_fragment(tok_stream *s, size_t k, const char *p, size_t n, s
         const char *m = memmem(h + i, len - i, d->lit, d->lit_len);
         if (!m) break;
         size_t at = (size_t)(m - h);
-        sb_append(&tmp, h + last, at - last);
-        sb_append(&tmp, d->content, d->content_len);
+        tok_put(&tmp, h + last, at - last);
+        tok_put(&tmp, d->content, d->content_len);
         i = last = at + d->lit_len;
     }
     size_t safe = len >= d->lit_len - 1 ? len - (d->lit_len - 1) : 0;
     if (safe < last) safe = last;
     while (safe > last && safe < len && ((unsigned char)h[safe] & 0xC0) == 0x80) safe--;
-    sb_append(&tmp, h + last, safe - last);
+    tok_put(&tmp, h + last, safe - last);
     hold_consume(g, safe);
     if (tmp.len) deliver(s, k + 1, tmp.data, tmp.len, false, out);
     sb_free(&tmp);
@@ -352,7 +353,7 @@ static void stage_fragment(tok_stream *s, size_t k, const char *p, size_t n, str
     switch (d->kind) {
     case TOK_DEC_REPLACE:
         if (d->lit) replace_fragment(s, k, p, n, out);
-        else sb_append(&g->hold, p, n);
+        else tok_put(&g->hold, p, n);
         break;
     case TOK_DEC_STRIP:
         strip_fragment(s, k, p, n, out);
@@ -370,7 +371,7 @@ static void stage_fragment(tok_stream *s, size_t k, const char *p, size_t n, str
         break;
     case TOK_DEC_BYTE_FALLBACK:
     case TOK_DEC_BYTE_LEVEL:
-        sb_append(&g->hold, p, n); /* decided on the whole token, at the end */
+        tok_put(&g->hold, p, n); /* decided on the whole token, at the end */
         break;
     }
     if (g->hold.oom) set_err(s, ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"));
@@ -381,7 +382,7 @@ static void deliver(tok_stream *s, size_t k, const char *p, size_t n, bool close
     if (k == s->t->n_dec) {
         /* no decoder at all: HF joins the tokens with spaces */
         if (!s->t->has_decoder && closed && s->n_sink++ > 0) sb_putc(out, ' ');
-        sb_append(out, p, n);
+        tok_put(out, p, n);
         return;
     }
     if (s->frag[k]) stage_fragment(s, k, p, n, out);
@@ -404,15 +405,15 @@ static void stage_flush(tok_stream *s, size_t k, strbuf *out)
         unsigned char b;
         switch (d->kind) {
         case TOK_DEC_REPLACE:
-            if (d->lit) sb_append(&tmp, h, g->hold.len);
+            if (d->lit) tok_put(&tmp, h, g->hold.len);
             else replace_whole(s, d, h, g->hold.len, &tmp);
             break;
         case TOK_DEC_BYTE_FALLBACK:
             if (byte_token(h, g->hold.len, &b)) {
-                if (b < 0x80) sb_append(&tmp, &b, 1);
-                else sb_append(&tmp, "\xEF\xBF\xBD", 3);
+                if (b < 0x80) tok_put(&tmp, &b, 1);
+                else tok_put(&tmp, "\xEF\xBF\xBD", 3);
             } else {
-                sb_append(&tmp, h, g->hold.len);
+                tok_put(&tmp, h, g->hold.len);
             }
             break;
         case TOK_DEC_BYTE_LEVEL: {

@@ -4,8 +4,9 @@
  *   1. added tokens whose `normalized` is false are split out of the raw
  *      text (added_vocabulary.rs find_matches: leftmost-longest, then the
  *      special / single_word / lstrip / rstrip rules);
- *   2. each remaining piece is normalized on its own, and added tokens whose
- *      `normalized` is true are split out of the normalized text;
+ *   2. each remaining piece is normalized on its own (tok_normalize.c), and
+ *      added tokens whose `normalized` is true are split out of the
+ *      normalized text;
  *   3. the pre-tokenizers cut each piece into words;
  *   4. the BPE model turns each word into ids;
  *   5. the post-processor adds BOS/EOS-style tokens.
@@ -14,7 +15,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "tok_internal.h"
 
@@ -42,7 +42,7 @@ typedef struct {
 typedef struct {
     const char *p;
     size_t n;
-    bool orig0; /* starts at offset 0 of the original text (Metaspace's "first") */
+    size_t zero; /* leading bytes from the original text's first character (Metaspace's "first") */
 } piece;
 
 typedef struct {
@@ -65,7 +65,7 @@ static bool seg_push(segments *s, size_t start, size_t end, int32_t id)
     return true;
 }
 
-static bool piece_push(pieces *l, const char *p, size_t n, bool orig0)
+static bool piece_push(pieces *l, const char *p, size_t n, size_t zero)
 {
     if (n == 0) return true; /* HF drops empty splits */
     if (l->n == l->cap) {
@@ -75,7 +75,7 @@ static bool piece_push(pieces *l, const char *p, size_t n, bool orig0)
         l->v = v;
         l->cap = cap;
     }
-    l->v[l->n++] = (piece){p, n, orig0};
+    l->v[l->n++] = (piece){p, n, zero < n ? zero : n};
     return true;
 }
 
@@ -96,151 +96,6 @@ static ferry_status need_mc(work *w)
 {
     if (!w->mc && !(w->mc = tok_match_ctx_new())) return oom();
     return FERRY_OK;
-}
-
-/* ---- normalizers --------------------------------------------------------------- */
-
-static ferry_status norm_unicode(tok_norm_kind kind, const char *s, size_t n, strbuf *out)
-{
-    int opt = UTF8PROC_STABLE;
-    switch (kind) {
-    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-    }
-    if (n == 0) return FERRY_OK;
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
-    if (r < 0) {
-        free(dst);
-        return r == UTF8PROC_ERROR_NOMEM ? oom()
-                                         : ferry_fail(FERRY_ERR_INTERNAL, "tokenizer: normalization failed: %s",
-                                                      utf8proc_errmsg(r));
-    }
-    sb_append(out, dst, (size_t)r);
-    free(dst);
-    return FERRY_OK;
-}
-
-/* Rust's char::to_lowercase: the simple mapping, except U+0130, whose full
- * lowercase is two characters. */
-static void norm_lowercase(const char *s, size_t n, strbuf *out)
-{
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = tok_utf8_next(s + i, n - i, &cp);
-        if (cp < 0x80) {
-            sb_putc(out, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
-        } else if (cp == 0x130) {
-            sb_append(out, "i\xCC\x87", 3);
-        } else {
-            char buf[4];
-            sb_append(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
-        }
-        i += k;
-    }
-}
-
-/* HF replace(): every match of the pattern becomes the content. */
-static ferry_status norm_replace(const tokenizer *t, tok_match_ctx *mc, const tok_normalizer *nz, const char *s,
-                                 size_t n, strbuf *out, bool *first_kept)
-{
-    (void)t;
-    tok_spans sp = {0};
-    ferry_status st = tok_regex_find_all(nz->re, mc, s, n, &sp);
-    if (st != FERRY_OK) goto done;
-    size_t last = 0;
-    for (size_t i = 0; i < sp.n; i++) {
-        size_t a = sp.v[i].start, b = sp.v[i].end;
-        if (a == 0 && b > 0) {
-            /* the new first character is aligned with the last one replaced:
-             * still the original's first only if one character was replaced */
-            uint32_t cp;
-            if (nz->str_len == 0 || tok_utf8_next(s, n, &cp) != b) *first_kept = false;
-        }
-        sb_append(out, s + last, a - last);
-        sb_append(out, nz->str, nz->str_len);
-        last = b;
-    }
-    sb_append(out, s + last, n - last);
-done:
-    free(sp.v);
-    return st;
-}
-
-static void norm_strip(const tok_normalizer *nz, const char *s, size_t n, strbuf *out, bool *first_kept)
-{
-    size_t a = 0, b = n;
-    if (nz->left)
-        while (a < b) {
-            uint32_t cp;
-            size_t k = tok_utf8_next(s + a, b - a, &cp);
-            if (!tok_is_white_space(cp)) break;
-            a += k;
-        }
-    if (nz->right)
-        while (b > a) {
-            size_t k = 1;
-            while (k < b - a && ((unsigned char)s[b - k] & 0xC0) == 0x80) k++;
-            uint32_t cp;
-            tok_utf8_next(s + b - k, k, &cp);
-            if (!tok_is_white_space(cp)) break;
-            b -= k;
-        }
-    if (a > 0) *first_kept = false;
-    sb_append(out, s + a, b - a);
-}
-
-ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
-                           bool *first_kept)
-{
-    strbuf a, b;
-    sb_init(&a);
-    sb_init(&b);
-    ferry_status st = FERRY_OK;
-    const char *cur = s;
-    size_t cur_n = n;
-    for (size_t i = 0; i < t->n_norm; i++) {
-        const tok_normalizer *nz = &t->norm[i];
-        strbuf *dst = (i % 2) ? &b : &a;
-        dst->len = 0;
-        if (dst->data) dst->data[0] = '\0';
-        switch (nz->kind) {
-        case TOK_NORM_NFC:
-        case TOK_NORM_NFD:
-        case TOK_NORM_NFKC:
-        case TOK_NORM_NFKD:
-            st = norm_unicode(nz->kind, cur, cur_n, dst);
-            break;
-        case TOK_NORM_LOWERCASE:
-            norm_lowercase(cur, cur_n, dst);
-            break;
-        case TOK_NORM_PREPEND:
-            if (cur_n) sb_append(dst, nz->str, nz->str_len);
-            sb_append(dst, cur, cur_n);
-            break;
-        case TOK_NORM_REPLACE:
-            st = norm_replace(t, mc, nz, cur, cur_n, dst, first_kept);
-            break;
-        case TOK_NORM_STRIP:
-            norm_strip(nz, cur, cur_n, dst, first_kept);
-            break;
-        }
-        if (st != FERRY_OK) goto done;
-        if (dst->oom) {
-            st = oom();
-            goto done;
-        }
-        cur = dst->data ? dst->data : "";
-        cur_n = dst->len;
-    }
-    sb_append(out, cur, cur_n);
-    if (out->oom) st = oom();
-done:
-    sb_free(&a);
-    sb_free(&b);
-    return st;
 }
 
 /* ---- added tokens ---------------------------------------------------------------- */
@@ -405,8 +260,8 @@ static ferry_status split_by(const split_parts *in, tok_split_behavior behavior,
     }
     for (size_t i = 0; i < tmp->n; i++) {
         if (tmp->v[i].is_match) continue; /* removed */
-        if (!piece_push(out, pc->p + tmp->v[i].start, tmp->v[i].end - tmp->v[i].start,
-                        pc->orig0 && tmp->v[i].start == 0))
+        size_t at = tmp->v[i].start;
+        if (!piece_push(out, pc->p + at, tmp->v[i].end - at, pc->zero > at ? pc->zero - at : 0))
             return oom();
     }
     return FERRY_OK;
@@ -430,14 +285,18 @@ static ferry_status regex_parts(work *w, const tok_regex *re, bool invert, const
     return FERRY_OK;
 }
 
-/* GPT-2's byte-to-character mapping of a piece. */
-static const char *byte_level_map(work *w, const char *s, size_t n, size_t *out_n)
+/* GPT-2's byte-to-character mapping of a piece; *zero is mapped along. */
+static const char *byte_level_map(work *w, const char *s, size_t n, size_t *out_n, size_t *zero)
 {
     char *d = tok_arena_alloc(&w->arena, n * 2 + 1);
     if (!d) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += tok_utf8_put(d + k, tok_byte_char[(unsigned char)s[i]]);
+    size_t k = 0, z = 0;
+    for (size_t i = 0; i < n; i++) {
+        k += tok_utf8_put(d + k, tok_byte_char[(unsigned char)s[i]]);
+        if (i < *zero) z = k;
+    }
     *out_n = k;
+    *zero = z;
     return d;
 }
 
@@ -452,17 +311,18 @@ static ferry_status pre_byte_level(work *w, const tok_pretok *pt, const piece *p
         memcpy(d + 1, pc->p, pc->n);
         src.p = d;
         src.n = pc->n + 1;
+        if (src.zero) src.zero++; /* aligned with the first character */
     }
     size_t first = out->n;
     if (pt->re) {
         FERRY_TRY(regex_parts(w, pt->re, false, src.p, src.n, parts));
         FERRY_TRY(split_by(parts, TOK_SPLIT_ISOLATED, &src, out, tmp));
-    } else if (!piece_push(out, src.p, src.n, src.orig0)) {
+    } else if (!piece_push(out, src.p, src.n, src.zero)) {
         return oom();
     }
     for (size_t i = first; i < out->n; i++) {
         size_t m;
-        const char *mapped = byte_level_map(w, out->v[i].p, out->v[i].n, &m);
+        const char *mapped = byte_level_map(w, out->v[i].p, out->v[i].n, &m, &out->v[i].zero);
         if (!mapped) return oom();
         out->v[i].p = mapped;
         out->v[i].n = m;
@@ -477,12 +337,15 @@ static ferry_status pre_metaspace(work *w, const tok_pretok *pt, const piece *pc
     for (size_t i = 0; i < pc->n; i++) spaces += pc->p[i] == ' ';
     char *d = tok_arena_alloc(&w->arena, pc->n + spaces * pt->rep_len + pt->rep_len + 1);
     if (!d) return oom();
-    size_t k = 0;
+    size_t k = 0, zero = 0;
     bool starts = pc->n >= pt->rep_len && memcmp(pc->p, pt->rep, pt->rep_len) == 0;
     starts = starts || (pc->p[0] == ' '); /* a leading space becomes the replacement */
-    if ((pt->prepend == TOK_PREPEND_ALWAYS || (pt->prepend == TOK_PREPEND_FIRST && pc->orig0)) && !starts) {
+    /* "first": HF prepends when the piece's original offset is 0, i.e. its
+     * first byte comes from the text's first character */
+    if ((pt->prepend == TOK_PREPEND_ALWAYS || (pt->prepend == TOK_PREPEND_FIRST && pc->zero)) && !starts) {
         memcpy(d, pt->rep, pt->rep_len);
         k = pt->rep_len;
+        if (pc->zero) zero = k;
     }
     for (size_t i = 0; i < pc->n; i++) {
         if (pc->p[i] == ' ') {
@@ -491,9 +354,10 @@ static ferry_status pre_metaspace(work *w, const tok_pretok *pt, const piece *pc
         } else {
             d[k++] = pc->p[i];
         }
+        if (i < pc->zero) zero = k;
     }
-    piece src = {d, k, pc->orig0};
-    if (!pt->split) return piece_push(out, d, k, pc->orig0) ? FERRY_OK : oom();
+    piece src = {d, k, zero};
+    if (!pt->split) return piece_push(out, d, k, zero) ? FERRY_OK : oom();
     /* every replacement character is a match, merged with what follows */
     parts->n = 0;
     size_t prev = 0;
@@ -542,11 +406,11 @@ typedef struct {
     strbuf norm;
 } buffers;
 
-static ferry_status encode_piece(work *w, buffers *bf, const char *p, size_t n, bool orig0)
+static ferry_status encode_piece(work *w, buffers *bf, const char *p, size_t n, size_t zero)
 {
     const tokenizer *t = w->t;
     bf->a.n = 0;
-    if (!piece_push(&bf->a, p, n, orig0)) return oom();
+    if (!piece_push(&bf->a, p, n, zero)) return oom();
     pieces *cur = &bf->a, *next = &bf->b;
     for (size_t k = 0; k < t->n_pretok; k++) {
         FERRY_TRY(pre_tokenize(w, &t->pretok[k], cur, next, &bf->parts, &bf->tmp));
@@ -566,13 +430,13 @@ static ferry_status encode_text(work *w, buffers *bf, const char *s, size_t n, b
 {
     const tokenizer *t = w->t;
     if (n == 0) return FERRY_OK;
-    bool first_kept = true;
+    size_t zero = at_start ? tok_utf8_len((unsigned char)s[0]) : 0;
     const char *ns = s;
     size_t nn = n;
     if (t->n_norm) {
         bf->norm.len = 0;
         FERRY_TRY(need_mc(w));
-        FERRY_TRY(tok_normalize(t, w->mc, s, n, &bf->norm, &first_kept));
+        FERRY_TRY(tok_normalize(t, w->mc, s, n, &bf->norm, &zero));
         ns = bf->norm.data ? bf->norm.data : "";
         nn = bf->norm.len;
     }
@@ -585,7 +449,7 @@ static ferry_status encode_text(work *w, buffers *bf, const char *s, size_t n, b
             if (!ids_push(w, g->id)) st = oom();
         } else {
             tok_arena_reset(&w->arena);
-            st = encode_piece(w, bf, ns + g->start, g->end - g->start, at_start && g->start == 0 && first_kept);
+            st = encode_piece(w, bf, ns + g->start, g->end - g->start, zero > g->start ? zero - g->start : 0);
         }
     }
     free(segs.v);
@@ -608,7 +472,7 @@ static ferry_status post_process(work *w, bool add_special)
         size_t m = 0;
         for (size_t i = 0; i < tp->n; i++) {
             if (tp->items[i] < 0) {
-                memcpy(v + m, w->ids, w->n_ids * sizeof *v);
+                if (w->n_ids) memcpy(v + m, w->ids, w->n_ids * sizeof *v);
                 m += w->n_ids;
             } else if (add_special) {
                 v[m++] = tp->items[i];

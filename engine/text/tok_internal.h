@@ -1,9 +1,9 @@
 /*
  * tok_internal.h - the tokenizer's private structures, shared by
- * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_encode.c,
- * tok_decode.c, tok_regex.c (PCRE2 with Oniguruma's semantics) and
- * tok_util.c (tables, UTF-8, Unicode classes). Nothing here is visible
- * outside engine/text/.
+ * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_normalize.c,
+ * tok_encode.c (added tokens, pre-tokenizers, the pipeline), tok_decode.c,
+ * tok_regex.c (PCRE2 with Oniguruma's semantics) and tok_util.c (tables,
+ * UTF-8, Unicode classes). Nothing here is visible outside engine/text/.
  *
  * The pipeline mirrors HF tokenizers 0.23 stage for stage, so that each
  * piece can be checked against its Rust counterpart:
@@ -42,6 +42,12 @@ char *tok_arena_strdup(tok_arena *a, const char *s, size_t n);
 /* Forgets every allocation but keeps one block for reuse. */
 void tok_arena_reset(tok_arena *a);
 void tok_arena_free(tok_arena *a);
+
+/* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
+static inline void tok_put(strbuf *sb, const void *p, size_t n)
+{
+    if (n) sb_append(sb, p, n);
+}
 
 /* ---- string -> int32 map (open addressing; keys are not copied) ------- */
 
@@ -277,7 +283,6 @@ struct tokenizer {
 
     tok_normalizer *norm;
     size_t n_norm;
-    bool has_normalizer;
 
     tok_pretok *pretok;
     size_t n_pretok;
@@ -303,11 +308,15 @@ struct tokenizer {
     const char *bos, *eos, *chat_template;
 };
 
-/* Runs the normalizers on s[0..n), appending the result to out. *first_kept
- * is cleared when the first character was removed (Strip), which decides
- * the Metaspace "first" prepend scheme. */
+/* Runs the normalizers on s[0..n), appending the result to out.
+ *
+ * *zero tracks what HF's alignments decide for the Metaspace "first"
+ * prepend scheme: on entry the number of leading bytes of s that come from
+ * the original text's first character (0 when s does not start the text),
+ * on return the number of leading bytes of the result that do (NFKC turns
+ * a leading "\uFB01" into "fi", both from it; Strip may drop it). */
 ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
-                           bool *first_kept);
+                           size_t *zero);
 
 /* The text decode writes for id (an added token's form or the vocab's
  * token), or NULL when id is not in the vocabulary. */

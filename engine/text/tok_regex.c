@@ -313,13 +313,13 @@ tok_match_ctx *tok_match_ctx_new(void)
     if (!mc) return NULL;
     mc->md = pcre2_match_data_create(1, NULL);
     mc->mctx = pcre2_match_context_create(NULL);
-    /* deep backtracking over long inputs needs more than JIT's default 32 KiB */
-    mc->stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
     if (!mc->md || !mc->mctx) {
         tok_match_ctx_free(mc);
         return NULL;
     }
-    if (mc->stack) pcre2_jit_stack_assign(mc->mctx, NULL, mc->stack);
+    /* the interpreter's backtracking frames: bounded, so that an odd pattern
+     * over a long text fails with an error instead of taking gigabytes */
+    pcre2_set_heap_limit(mc->mctx, 64 * 1024); /* KiB */
     return mc;
 }
 
@@ -355,6 +355,19 @@ ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const ch
     size_t last_match_end = 0;
     while (last_end <= n) {
         int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK, mc->md, mc->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !mc->stack) {
+            /* deep backtracking over a long input: JIT's default 32 KiB
+             * stack is too small, so give it one that grows to 16 MiB */
+            mc->stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
+            if (mc->stack) {
+                pcre2_jit_stack_assign(mc->mctx, NULL, mc->stack);
+                continue;
+            }
+        }
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            /* still too deep: the interpreter keeps its backtracking on the heap */
+            rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, mc->md,
+                             mc->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[160];

@@ -326,16 +326,16 @@ size_t tok_utf8_lossy(const char *s, size_t n, strbuf *out, size_t *hold)
         }
         if (k > 0 && i + k == n && hold) {
             /* a sequence that may still be completed by bytes to come */
-            sb_append(out, s + run, i - run);
+            tok_put(out, s + run, i - run);
             *hold = k;
             return i;
         }
-        sb_append(out, s + run, i - run);
-        sb_append(out, "\xEF\xBF\xBD", 3);
+        tok_put(out, s + run, i - run);
+        tok_put(out, "\xEF\xBF\xBD", 3);
         i += k ? k : 1;
         run = i;
     }
-    sb_append(out, s + run, i - run);
+    tok_put(out, s + run, i - run);
     return i;
 }
 

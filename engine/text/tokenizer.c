@@ -5,9 +5,11 @@
  * accessors of tokenizer.h.
  *
  * tokenizer.json is untrusted input: every field is checked for its type
- * and an error names the file and the field ("tokenizer.json: pre_tokenizer
- * .pretokenizers[1] type 'Digits' is not supported"). Anything the encoder
- * does not implement is FERRY_ERR_UNSUPPORTED rather than approximated.
+ * and an error names the file and the field
+ * ("tokenizer.json: pre_tokenizer.pretokenizers[1] type 'Digits' is not
+ * supported"). Anything the encoder does not implement is
+ * FERRY_ERR_UNSUPPORTED rather than approximated. Both files are read
+ * through model_dir.h, inside the model directory.
  *
  * Added tokens get their ids as HF tokenizers 0.23 gives them
  * (added_vocabulary.rs add_tokens), not from the "id" field: a token whose
@@ -20,6 +22,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "../weights/model_dir.h"
 #include "tok_internal.h"
 
 #define TOK_GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -559,8 +562,10 @@ static ferry_status load_added(loader *L, const json_value *list)
         !tok_pairmap_init(&by_id, 16))
         goto oom;
     size_t n = list && list->type == JSON_ARRAY ? list->len : 0;
-    if (list && list->type != JSON_ARRAY && list->type != JSON_NULL)
-        return ferry_fail(FERRY_ERR_INVALID, "%s: added_tokens must be an array", L->file);
+    if (list && list->type != JSON_ARRAY && list->type != JSON_NULL) {
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: added_tokens must be an array", L->file);
+        goto done;
+    }
     t->added = calloc(n ? n : 1, sizeof *t->added);
     if (!t->added) goto oom;
     int64_t next_id = (int64_t)t->bpe.n_entries;
@@ -603,10 +608,10 @@ static ferry_status load_added(loader *L, const json_value *list)
         a->single_word = s.single_word;
         /* the normalized form is cached by id and never dropped, as in HF */
         if (s.normalized && t->n_norm) {
-            bool kept = true;
+            size_t zero = 0;
             norm.len = 0;
             if (!mc && !(mc = tok_match_ctx_new())) goto oom;
-            if ((st = tok_normalize(t, mc, content, s.len, &norm, &kept)) != FERRY_OK) goto done;
+            if ((st = tok_normalize(t, mc, content, s.len, &norm, &zero)) != FERRY_OK) goto done;
             if (norm.len != s.len || memcmp(norm.data, content, s.len) != 0) {
                 char *f = tok_arena_strdup(&t->arena, norm.data ? norm.data : "", norm.len);
                 if (!f) goto oom;
@@ -688,8 +693,9 @@ static ferry_status load_config(tokenizer *t, const char *dir)
     char *buf = NULL;
     size_t len;
     json_doc *doc = NULL;
-    ferry_status st = util_read_file(path, &buf, &len);
-    if (st == FERRY_ERR_NOT_FOUND) {
+    /* read as every model file is, inside the model directory (model_dir.h) */
+    ferry_status st = model_dir_read(dir, "tokenizer_config.json", &buf, &len);
+    if (st == FERRY_ERR_NOT_FOUND && !model_dir_has(dir, "tokenizer_config.json")) {
         st = FERRY_OK;
         goto done;
     }
@@ -771,7 +777,7 @@ ferry_status tok_load(const char *dir, tokenizer **out)
         st = ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
         goto fail;
     }
-    if ((st = util_read_file(t->path, &buf, &len)) != FERRY_OK) goto fail;
+    if ((st = model_dir_read(dir, "tokenizer.json", &buf, &len)) != FERRY_OK) goto fail;
     if ((st = json_parse(buf, len, &doc)) != FERRY_OK) {
         st = ferry_fail_context(st, "%s", t->path);
         goto fail;

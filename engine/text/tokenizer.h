@@ -12,7 +12,34 @@
  * naming it, never an approximation.
  *
  * A loaded tokenizer is immutable: any number of threads may encode and
- * decode with it at once.
+ * decode with it at once (a tok_stream belongs to one thread at a time).
+ *
+ * The reference is HF tokenizers 0.23's Tokenizer.from_file(...).encode()
+ * and .decode(); the choices it leaves open, and where ferry departs:
+ *  - BOS/EOS come from tokenizer.json's post_processor only. HF tokenizers
+ *    does not read tokenizer_config.json's add_bos_token / add_eos_token
+ *    (transformers' LlamaTokenizerFast rewrites the post-processor from
+ *    them); neither does ferry.
+ *  - Added tokens get the ids HF gives them: the vocabulary's id for a
+ *    content in it, else the next id after the vocabulary, in file order.
+ *    The "id" field is not what decides (real files agree with it).
+ *  - decode(skip_special) drops a token whose text, as decode finds it, is
+ *    a special token's content. An added token with "normalized": true is
+ *    decoded as its normalized form, so HF 0.23 keeps Llama 2's <s> and </s>
+ *    (seen as "▁<s>") even with skip_special. ferry does the same;
+ *    tok_is_special answers by id.
+ *  - A string merge that does not split at exactly one space is skipped,
+ *    where HF refuses the file: Llama 2's tokenizer.json holds three ("▁  ")
+ *    that only tokens with a literal space could use, which a normalizer
+ *    that turns spaces into ▁ never produces.
+ *  - truncation and padding are ignored (transformers sets them per call).
+ *  - Regexes run in PCRE2 10.42 (Unicode 14) where HF runs Oniguruma
+ *    (Unicode 15.1): characters assigned since Unicode 14 are no letters
+ *    here, and case-insensitive matching does not fold "ß" into "SS".
+ *  - A vocabulary string holding U+0000 is refused (json.h has no NUL in
+ *    strings); token ids must be below 2^24.
+ *  - An id outside the vocabulary is an error (HF drops it silently); a file
+ *    HF would panic on gives an error or a plain result instead.
  */
 #ifndef FERRY_TOKENIZER_H
 #define FERRY_TOKENIZER_H
@@ -34,7 +61,9 @@ void tok_free(tokenizer *t);
 /* Highest token id + 1 (added tokens included). */
 int tok_vocab_size(const tokenizer *t);
 
-/* Encodes text[0..len) (any bytes; invalid UTF-8 is encoded as HF does).
+/* Encodes text[0..len) (any bytes; invalid UTF-8 is encoded as HF does:
+ * each ill-formed sequence as U+FFFD, what Python's
+ * bytes.decode('utf-8', 'replace') hands HF).
  * add_special: the post-processor's tokens (BOS/EOS) are added.
  * parse_special: the text of a special added token becomes its id; when
  * false it is encoded as ordinary text (user text must not smuggle control
@@ -60,7 +89,9 @@ const char *tok_chat_template(const tokenizer *t);  /* the "chat_template" strin
 /* Streaming decode: feed generated ids one at a time; each push appends the
  * text that has become final. Bytes of an incomplete UTF-8 sequence are held
  * back until complete. The concatenation of everything pushed and flushed is
- * exactly tok_decode of all the ids (leading-space rules included). */
+ * exactly tok_decode of all the ids (leading-space rules included).
+ * (With byte fallback a run of <0xNN> tokens becomes final when a token that
+ * is not one follows: HF turns a whole run with one bad byte into U+FFFD.) */
 typedef struct tok_stream tok_stream;
 tok_stream *tok_stream_new(const tokenizer *t, bool skip_special);
 void tok_stream_free(tok_stream *s);

@@ -11,6 +11,7 @@
 
 #include "../base/json.h"
 #include "../base/util.h"
+#include "model_dir.h"
 
 /* ---- config.json ------------------------------------------------------ */
 
@@ -83,13 +84,6 @@ static ferry_status get_flag(const json_value *root, const char *label, const ch
 static ferry_status reject_unsupported(const json_value *root, const char *label, const model_config *cfg)
 {
     const json_value *v;
-    if ((v = json_get(root, "rope_scaling")) && v->type != JSON_NULL)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'rope_scaling' is not supported (only plain RoPE)", label);
-    if ((v = json_get(root, "rope_parameters")) && v->type == JSON_OBJECT) {
-        const json_value *t = json_get(v, "rope_type");
-        if (t && !(t->type == JSON_STRING && strcmp(t->str, "default") == 0))
-            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'rope_parameters.rope_type' is not supported (only 'default')", label);
-    }
     bool bad = false;
     const char *act = json_get_str(root, "hidden_act", &bad);
     if (bad || (act && strcmp(act, "silu") != 0))
@@ -257,9 +251,7 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         goto out;
     }
 
-    const json_value *rope_params = json_get(root, "rope_parameters");
-    const json_value *rope_src = json_get(root, "rope_theta") || !rope_params ? root : rope_params;
-    if ((st = get_float(rope_src, label, "rope_theta", 10000.0, &cfg->rope_theta)) ||
+    if ((st = rope_config_parse(root, label, cfg->max_pos, &cfg->rope)) ||
         (st = get_float(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps)) ||
         (st = get_flag(root, label, "tie_word_embeddings", false, &cfg->tied)) ||
         (st = reject_unsupported(root, label, cfg)))
@@ -303,7 +295,7 @@ ferry_status model_config_load(const char *dir, model_config *cfg)
     if (!path) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     char *text;
     size_t len;
-    ferry_status st = util_read_file(path, &text, &len);
+    ferry_status st = model_dir_read(dir, "config.json", &text, &len);
     if (st == FERRY_OK) {
         st = model_config_parse(text, len, path, cfg);
         free(text);

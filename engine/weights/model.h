@@ -4,9 +4,10 @@
  *
  * Supported: LlamaForCausalLM, MistralForCausalLM (sliding window),
  * Qwen2ForCausalLM (q/k/v bias) and Qwen3ForCausalLM (per-head q_norm and
- * k_norm). A field that would change the maths and is not implemented
- * (rope_scaling, another activation, ...) is an error naming the field, never
- * a silently wrong answer.
+ * k_norm), with plain or scaled RoPE (rope.h: linear, llama3, yarn). A field
+ * that would change the maths and is not implemented (another rope_scaling
+ * type, another activation, ...) is an error naming the field, never a
+ * silently wrong answer.
  *
  * The mapping is one table (model.c, k_specs): each entry names a checkpoint
  * tensor, the unit it belongs to (embedding, layer, head), its expected shape
@@ -19,6 +20,7 @@
 #include <stdint.h>
 
 #include "../backend.h"
+#include "rope.h"
 #include "safetensors.h"
 
 typedef enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
@@ -35,7 +37,7 @@ typedef struct {
     int head_dim;
     int max_pos;           /* max_position_embeddings */
     int sliding_window;    /* 0: none */
-    float rope_theta;
+    rope_config rope;      /* rope_theta and rope_scaling (rope.h) */
     float norm_eps;
     bool tied;             /* tie_word_embeddings */
     bool qkv_bias;         /* q/k/v projections have a bias */
@@ -50,7 +52,7 @@ typedef struct {
 
 /* Parses config.json text; `label` names the file in errors. */
 ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg);
-/* Reads dir/config.json. */
+/* Reads dir/config.json (under model_dir.h's rule). */
 ferry_status model_config_load(const char *dir, model_config *cfg);
 
 typedef struct {

@@ -16,6 +16,7 @@
 
 #include "../base/json.h"
 #include "../base/util.h"
+#include "model_dir.h"
 
 struct st_header {
     json_doc *doc; /* owns the tensor names */
@@ -224,16 +225,14 @@ uint64_t st_tensor_numel(const st_tensor *t)
 
 /* ---- files and checkpoints -------------------------------------------- */
 
+/* Through model_dir_open: where the file may resolve to (model_dir.h). */
 static ferry_status file_open(const char *dir, const char *name, st_file *f)
 {
     memset(f, 0, sizeof *f);
     f->fd = -1;
-    f->path = util_path_join(dir, name);
     f->name = strdup(name);
-    if (!f->path || !f->name) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not hang us */
-    if (f->fd < 0)
-        return ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", f->path, strerror(errno));
+    if (!f->name) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    FERRY_TRY(model_dir_open(dir, name, &f->fd, &f->path));
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", f->path, strerror(errno));
     if (!S_ISREG(sb.st_mode)) return ferry_fail(FERRY_ERR_INVALID, "%s: not a regular file", f->path);
@@ -256,34 +255,19 @@ static void file_close(st_file *f)
     free(f->name);
 }
 
-/* A weight_map entry must name a file directly inside the model directory,
- * also after symlinks are resolved. */
-static ferry_status check_shard_name(const char *dir_real, const char *dir, const char *name)
+/* A weight_map entry must be a bare file name; where it resolves to is
+ * model_dir_open's rule, checked as each shard opens. */
+static ferry_status check_shard_name(const char *dir, const char *name)
 {
     if (!*name || strchr(name, '/') || strchr(name, '\\') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
         return ferry_fail(FERRY_ERR_INVALID,
                           "%s/model.safetensors.index.json: weight_map file '%s' is not a bare file name", dir, name);
-    char *p = util_path_join(dir, name);
-    if (!p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    char real[PATH_MAX];
-    if (!realpath(p, real)) {
-        ferry_status st = ferry_fail(errno == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO,
-                                     "%s: shard listed in model.safetensors.index.json: %s", p, strerror(errno));
-        free(p);
-        return st;
-    }
-    free(p);
-    size_t n = strlen(dir_real);
-    if (strncmp(real, dir_real, n) != 0 || real[n] != '/' || strchr(real + n + 1, '/'))
-        return ferry_fail(FERRY_ERR_INVALID,
-                          "%s/model.safetensors.index.json: weight_map file '%s' resolves outside the model directory (%s)",
-                          dir, name, real);
     return FERRY_OK;
 }
 
 
 /* Collects the distinct shard names of the index, in order of first use. */
-static ferry_status index_shards(const char *dir, const char *dir_real, const json_value *wm, char ***names, int *n)
+static ferry_status index_shards(const char *dir, const json_value *wm, char ***names, int *n)
 {
     *names = NULL;
     *n = 0;
@@ -299,7 +283,7 @@ static ferry_status index_shards(const char *dir, const char *dir_real, const js
         int k = 0;
         while (k < *n && strcmp(v[k], f->str) != 0) k++;
         if (k < *n) continue;
-        ferry_status st = check_shard_name(dir_real, dir, f->str);
+        ferry_status st = check_shard_name(dir, f->str);
         if (st != FERRY_OK) {
             free(v);
             return st;
@@ -340,7 +324,7 @@ static ferry_status open_sharded(st_checkpoint *ck, const char *index_path)
     size_t len;
     json_doc *doc = NULL;
     char **names = NULL;
-    ferry_status st = util_read_file(index_path, &text, &len);
+    ferry_status st = model_dir_read(ck->dir, "model.safetensors.index.json", &text, &len);
     if (st != FERRY_OK) return st;
     if ((st = json_parse(text, len, &doc)) != FERRY_OK) {
         st = ferry_fail_context(st, "%s", index_path);
@@ -351,13 +335,8 @@ static ferry_status open_sharded(st_checkpoint *ck, const char *index_path)
         st = ferry_fail(FERRY_ERR_INVALID, "%s: missing or non-object weight_map", index_path);
         goto out;
     }
-    char dir_real[PATH_MAX];
-    if (!realpath(ck->dir, dir_real)) {
-        st = ferry_fail(FERRY_ERR_IO, "%s: %s", ck->dir, strerror(errno));
-        goto out;
-    }
     int n;
-    if ((st = index_shards(ck->dir, dir_real, wm, &names, &n)) != FERRY_OK) goto out;
+    if ((st = index_shards(ck->dir, wm, &names, &n)) != FERRY_OK) goto out;
     ck->files = calloc(n ? (size_t)n : 1, sizeof *ck->files);
     if (!ck->files) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -394,11 +373,12 @@ ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out)
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
     ferry_status st;
-    char *single = util_path_join(dir, "model.safetensors");
     char *index = util_path_join(dir, "model.safetensors.index.json");
-    if (!single || !index) {
+    /* present even as a link to nothing: opening it says so (an
+     * interrupted download in the Hugging Face cache) */
+    if (!index) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    } else if (access(single, F_OK) == 0) {
+    } else if (model_dir_has(dir, "model.safetensors")) {
         ck->files = calloc(1, sizeof *ck->files);
         if (!ck->files) {
             st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -407,12 +387,11 @@ ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out)
             st = file_open(dir, "model.safetensors", &ck->files[0]);
             if (st == FERRY_OK) st = gather_tensors(ck);
         }
-    } else if (access(index, F_OK) == 0) {
+    } else if (model_dir_has(dir, "model.safetensors.index.json")) {
         st = open_sharded(ck, index);
     } else {
         st = ferry_fail(FERRY_ERR_NOT_FOUND, "%s: no model.safetensors or model.safetensors.index.json", dir);
     }
-    free(single);
     free(index);
     if (st != FERRY_OK) {
         st_checkpoint_close(ck);

@@ -10,8 +10,9 @@
  *
  * A checkpoint is a directory holding model.safetensors, or shards listed by
  * model.safetensors.index.json whose weight_map entries must be bare file
- * names inside the directory. Files are mapped read-only; the data is never
- * copied here.
+ * names; every file is opened under model_dir.h's rule (inside the
+ * directory, or a Hugging Face cache snapshot's repository folder). Files
+ * are mapped read-only; the data is never copied here.
  */
 #ifndef FERRY_SAFETENSORS_H
 #define FERRY_SAFETENSORS_H

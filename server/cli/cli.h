@@ -30,6 +30,14 @@ int cmd_export(const ferry_config *cfg);
 int cmd_tokenize(const ferry_config *cfg);
 int cmd_detokenize(const ferry_config *cfg);
 
+/* Resolves --model once for every command that takes it (model_dir.h): a
+ * directory stays itself; a Hugging Face repo id org/name[@revision] becomes
+ * its snapshot in the local cache, and gives a command with --name (serve)
+ * its default name, the repo's name. cfg then points into *dir and *name
+ * (malloc'd, or NULL; the caller frees them after the run). Returns 0, or
+ * the exit status of the error it printed. */
+int cli_model_resolve(ferry_config *cfg, bool sets_name, char **dir, char **name);
+
 /* Fills the engine options from the settings every model-running command
  * shares (device, threads, placement, batch, context; budgets parsed);
  * returns 0, or the exit status of a usage error it printed. */

@@ -1,10 +1,23 @@
 /*
- * cli_opts.c - the engine options every model-running command builds from
- * the same settings (device, threads, placement).
+ * cli_opts.c - what every model-running command builds from the same
+ * settings: the model directory --model names, and the engine options
+ * (device, threads, placement).
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "../../engine/weights/model_dir.h"
 #include "cli.h"
+
+int cli_model_resolve(ferry_config *cfg, bool sets_name, char **dir, char **name)
+{
+    *dir = *name = NULL;
+    if (!cfg->model) return 0;
+    if (model_dir_resolve(cfg->model, dir, name) != FERRY_OK) return cli_error(EXIT_RUNTIME, "%s", ferry_errmsg());
+    cfg->model = *dir;
+    if (sets_name && *name && !cfg->given[SETTING_name]) cfg->name = *name;
+    return 0;
+}
 
 int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
 {

@@ -1,8 +1,10 @@
 /*
  * cmd_inspect.c - `ferry inspect`: what a checkpoint holds and whether ferry
  * can run it: architecture and config, files, tensor count, bytes by dtype,
- * a compressed-tensors checkpoint's scheme, and the bytes the engine holds
- * after the conversion --weights-dtype / --quantize ask for.
+ * a compressed-tensors checkpoint's scheme, the RoPE scaling (type, factor;
+ * in JSON also the inverse frequencies the engine rotates by), and the bytes
+ * the engine holds after the conversion --weights-dtype / --quantize ask
+ * for.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,46 @@
 #include "../../engine/weights/quant.h"
 #include "../../engine/base/util.h"
 #include "cli.h"
+
+/* The rope scaling's parameters beyond its type, as config.json names them. */
+static void rope_params(strbuf *sb, const rope_config *r, bool json)
+{
+    const char *sep = ", ", *eq = json ? "\": " : " ", *q = json ? "\"" : "";
+    if (r->type == ROPE_DEFAULT) return;
+    sb_printf(sb, "%s%sfactor%s%.15g", sep, q, eq, r->factor);
+    if (r->type == ROPE_LLAMA3)
+        sb_printf(sb, "%s%slow_freq_factor%s%.15g%s%shigh_freq_factor%s%.15g", sep, q, eq, r->low_freq_factor, sep, q,
+                  eq, r->high_freq_factor);
+    if (r->type == ROPE_YARN)
+        sb_printf(sb, "%s%sbeta_fast%s%.15g%s%sbeta_slow%s%.15g%s%struncate%s%s%s%sattention_factor%s%.15g", sep, q,
+                  eq, r->beta_fast, sep, q, eq, r->beta_slow, sep, q, eq, r->truncate ? "true" : "false", sep, q, eq,
+                  r->attention_factor);
+    if (r->original_max_pos)
+        sb_printf(sb, "%s%soriginal_max_position_embeddings%s%d", sep, q, eq, r->original_max_pos);
+}
+
+/* "rope": the type, its parameters and the table the engine uses. */
+static void rope_json(strbuf *sb, const model_config *mc)
+{
+    sb_puts(sb, ", \"rope\": {\"rope_type\": ");
+    sb_json_str(sb, rope_type_name(mc->rope.type));
+    rope_params(sb, &mc->rope, true);
+    sb_puts(sb, ", \"attention_scaling\": ");
+    sb_json_f32(sb, rope_attn_scale(&mc->rope));
+    sb_puts(sb, ", \"inv_freq\": [");
+    float *inv = malloc((size_t)(mc->head_dim / 2) * sizeof *inv);
+    if (!inv) {
+        sb->oom = true;
+        return;
+    }
+    rope_inv_freq(&mc->rope, mc->head_dim, inv);
+    for (int i = 0; i < mc->head_dim / 2; i++) {
+        if (i) sb_puts(sb, ", ");
+        sb_json_f32(sb, inv[i]);
+    }
+    free(inv);
+    sb_puts(sb, "]}");
+}
 
 int cmd_inspect(const ferry_config *cfg)
 {
@@ -63,7 +105,7 @@ int cmd_inspect(const ferry_config *cfg)
                   "\"tie_word_embeddings\": %s, \"sliding_window\": %d, \"files\": %d, \"tensors\": %zu, "
                   "\"bytes\": %llu, \"bytes_by_dtype\": {",
                   mc.vocab, mc.dim, mc.hidden, mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.max_pos,
-                  (double)mc.rope_theta, (double)mc.norm_eps, mc.tied ? "true" : "false", mc.sliding_window,
+                  mc.rope.theta, (double)mc.norm_eps, mc.tied ? "true" : "false", mc.sliding_window,
                   ck->n_files, ck->n_tensors, (unsigned long long)total);
         int first = 1;
         for (int d = 0; d < DT_COUNT; d++)
@@ -72,7 +114,9 @@ int cmd_inspect(const ferry_config *cfg)
                           (unsigned long long)by_dtype[d]);
                 first = 0;
             }
-        sb_puts(&sb, "}, \"checkpoint_quantization\": ");
+        sb_puts(&sb, "}");
+        rope_json(&sb, &mc);
+        sb_puts(&sb, ", \"checkpoint_quantization\": ");
         sb_json_str(&sb, ckq);
         sb_puts(&sb, ", \"conversion\": ");
         sb_json_str(&sb, conv_s);
@@ -86,8 +130,11 @@ int cmd_inspect(const ferry_config *cfg)
                   mc.head_dim, mc.qkv_bias ? ", qkv bias" : "", mc.qk_norm ? ", q/k norm" : "");
         if (mc.sliding_window) sb_printf(&sb, "sliding window %d\n", mc.sliding_window);
         sb_printf(&sb, "vocab          %d%s\n", mc.vocab, mc.tied ? " (tied embeddings)" : "");
-        sb_printf(&sb, "rope_theta     %g, rms_norm_eps %g, max positions %d\n", (double)mc.rope_theta,
-                  (double)mc.norm_eps, mc.max_pos);
+        sb_printf(&sb, "rope_theta     %g, rms_norm_eps %g, max positions %d\n", mc.rope.theta, (double)mc.norm_eps,
+                  mc.max_pos);
+        sb_printf(&sb, "rope scaling   %s", mc.rope.type == ROPE_DEFAULT ? "none (default)" : rope_type_name(mc.rope.type));
+        rope_params(&sb, &mc.rope, false);
+        sb_puts(&sb, "\n");
         sb_printf(&sb, "files          %d\n", ck->n_files);
         sb_printf(&sb, "tensors        %zu\n", ck->n_tensors);
         for (int d = 0; d < DT_COUNT; d++)

@@ -166,7 +166,7 @@ static void config_json(strbuf *sb, const model_config *c, const char *model_typ
     sb_printf(sb, "  \"head_dim\": %d,\n  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %d,\n",
               c->head_dim, c->max_pos);
     sb_printf(sb, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n", (double)c->norm_eps,
-              (double)c->rope_theta);
+              c->rope.theta);
     sb_printf(sb, "  \"tie_word_embeddings\": %s,\n", c->tied ? "true" : "false");
     if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3)
         sb_printf(sb, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
@@ -211,7 +211,8 @@ static ferry_status build_config(const ferry_config *cfg, model_config *c, const
     c->max_pos = p->max_pos;
     c->tied = cfg->given[SETTING_tied] ? cfg->tied : p->tied;
     bool qwen = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3;
-    c->rope_theta = qwen ? 1000000.0f : (!strcmp(p->name, "1b") ? 500000.0f : 10000.0f);
+    c->rope = (rope_config){.type = ROPE_DEFAULT, .theta = qwen ? 1000000.0 : (!strcmp(p->name, "1b") ? 500000.0 : 10000.0),
+                            .factor = 1, .attention_factor = 1};
     c->norm_eps = qwen ? 1e-6f : 1e-5f;
     c->qkv_bias = c->arch == ARCH_QWEN2;
     c->qk_norm = c->arch == ARCH_QWEN3;

@@ -1,11 +1,13 @@
 /*
  * main.c - the `ferry` command line: picks the subcommand, parses its flags
  * (every flag is a setting from config/settings.def; a command accepts only
- * the settings listed for it here) and runs it.
+ * the settings listed for it here), resolves --model once for every command
+ * that takes it (a directory or a Hugging Face repo id) and runs it.
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -199,7 +201,13 @@ int main(int argc, char **argv)
         ferry_config cfg;
         int rc = parse_args(c, argc - 2, argv + 2, &cfg);
         if (rc) return rc;
-        return finish_stdout(c->run(&cfg));
+        char *model_dir = NULL, *model_name = NULL;
+        if (accepts(c, S(model)) && (rc = cli_model_resolve(&cfg, accepts(c, S(name)), &model_dir, &model_name)))
+            return rc;
+        rc = finish_stdout(c->run(&cfg));
+        free(model_dir);
+        free(model_name);
+        return rc;
     }
     return cli_error(EXIT_USAGE, "unknown command '%s' (try 'ferry --help')", argv[1]);
 }

@@ -356,9 +356,11 @@ def test_config_unsupported_architecture(ferry, broken):
 
 
 def test_config_rope_scaling(ferry, broken):
+    """A scaling type ferry does not implement (test_rope_scaling.py has the
+    ones it does)."""
     d, st = broken
-    _with_config(d, rope_scaling={"type": "linear", "factor": 2.0})
-    assert_ferry_error(gen(ferry, d), ["rope_scaling"])
+    _with_config(d, rope_scaling={"type": "dynamic", "factor": 2.0})
+    assert_ferry_error(gen(ferry, d), ["rope_scaling type 'dynamic'"])
 
 
 def test_config_rope_scaling_null_is_fine(ferry, broken):

@@ -4,7 +4,7 @@ Servers (the real binary, one per module fixture): `l2` - a random tiny
 model with Llama 2's tokenizer (SentencePiece BPE, BOS added); `qchat` -
 the same tokenizer with ChatML's control tokens added and Qwen2.5's chat
 template; `demo` - the repository's demo tokenizer (byte-level BPE, a
-ChatML template), --max-body 64KiB; `bare` - no tokenizer at all; `slow` -
+ChatML template), --max-body 64KiB, --request-memory 16MiB; `bare` - no tokenizer at all; `slow` -
 a model streamed from disk at --batch 1 --max-queued 1, for requests that
 must still run while the test acts.
 
@@ -71,7 +71,7 @@ def srv_qchat(ferry_bin, m_qchat):
 
 @pytest.fixture(scope="module")
 def srv_demo(ferry_bin, m_demo):
-    yield from serve(ferry_bin, m_demo, "--batch", 4, "--max-body", "64KiB", name="demo")
+    yield from serve(ferry_bin, m_demo, "--batch", 4, "--max-body", "64KiB", "--request-memory", "16MiB", name="demo")
 
 
 @pytest.fixture(scope="module")
@@ -395,6 +395,8 @@ BAD = [
     ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "top_p": 1.5}, "top_p"),
     ({"prompt": "x", "n": "two"}, "n"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
@@ -470,6 +472,17 @@ def test_body_too_large_413(srv_demo):
     st, obj = raw(srv_demo, "/v1/completions", {"model": "demo", "prompt": "x" * (80 << 10)})
     assert st == 413, (st, obj)
     check_error(obj, 413)
+
+
+def test_answer_past_the_budget_is_413(srv_demo):
+    """An answer that could never fit --request-memory (64 choices of 400
+    tokens) is the client's to shrink: 413 naming max_tokens, not a 503 to retry."""
+    st, obj = raw(srv_demo, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 64, "max_tokens": 400,
+                                                "stream": True})
+    assert st == 413, (st, obj)
+    check_error(obj, 413, param="max_tokens", needle="request-memory")
+    st, obj = raw(srv_demo, "/v1/completions", {"model": "demo", "prompt": "hi", "n": 2, "max_tokens": 4})
+    assert st == 200 and len(obj["choices"]) == 2
 
 
 def test_unknown_fields_ignored(srv_demo):

@@ -7,7 +7,10 @@ checkpoint (config.json + model.safetensors, or a sharded
 model.safetensors.index.json), without `transformers` or `safetensors`:
 
   * RMSNorm: x * rsqrt(mean(x^2) + eps) * weight
-  * RoPE in the rotate_half convention, positions from 0
+  * RoPE in the rotate_half convention, positions from 0; rope_scaling (or
+    v5's rope_parameters) of type default, linear, llama3 or yarn, its
+    inverse frequencies and attention factor computed as transformers'
+    modeling_rope_utils.py does (float32 tensors, Python floats)
   * GQA: query head h uses kv head h // (n_heads / n_kv_heads)
   * causal softmax attention scaled by 1/sqrt(head_dim); Mistral sliding window
   * SwiGLU MLP: down(silu(gate(x)) * up(x))
@@ -28,7 +31,9 @@ writes the prompts' last-position logits one after the other.
 
 Importable API: load_model(dir), forward(model, ids), last_logits(model, ids),
 greedy(model, ids, n), forward_naive(model, ids) (a slow, loop-based second
-formulation used to self-check this file).
+formulation used to self-check this file), rope_parameters(cfg, head_dim)
+(the inverse frequencies and attention factor; a model's are m.inv_freq and
+m.attention_factor, which a test may swap for plain RoPE's).
 """
 
 import argparse
@@ -141,8 +146,6 @@ def load_model(model_dir):
     arch = archs[0] if archs else None
     if arch not in SUPPORTED_ARCHS:
         raise NotImplementedError("unsupported architecture %r" % (arch,))
-    if cfg.get("rope_scaling") is not None:
-        raise NotImplementedError("rope_scaling is not implemented by the reference")
     act = _cfg_get(cfg, "hidden_act", "silu")
     if act != "silu":
         raise NotImplementedError("hidden_act %r" % (act,))
@@ -165,7 +168,8 @@ def load_model(model_dir):
     if m.n_heads % m.n_kv != 0:
         raise ValueError("num_attention_heads not a multiple of num_key_value_heads")
     m.eps = float(_cfg_get(cfg, "rms_norm_eps", 1e-6))
-    m.theta = float(_cfg_get(cfg, "rope_theta", 10000.0))
+    m.theta = rope_theta(cfg)
+    m.inv_freq, m.attention_factor = rope_parameters(cfg, m.head_dim)
     m.vocab = int(cfg["vocab_size"])
     m.tied = bool(_cfg_get(cfg, "tie_word_embeddings", False))
     sw = cfg.get("sliding_window")
@@ -226,15 +230,119 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(positions, head_dim, theta):
-    """As transformers' default rotary embedding computes them: inv_freq and
-    the angles in float32 (what users of transformers get, which differs from
+# --------------------------------------------------------------------------
+# RoPE: transformers' modeling_rope_utils.py (ROPE_INIT_FUNCTIONS), written
+# from its source. Tensors are float32 as there; Python numbers stay Python
+# floats (doubles) until torch meets them.
+# --------------------------------------------------------------------------
+
+def rope_theta(cfg):
+    """Top-level rope_theta, else v5's rope_parameters["rope_theta"], else 1e4."""
+    if cfg.get("rope_theta") is not None:
+        return float(cfg["rope_theta"])
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
+        return float(rp["rope_theta"])
+    return 10000.0
+
+
+def rope_scaling_dict(cfg):
+    """transformers v5: `rope_scaling or rope_parameters`; v4 reads rope_scaling."""
+    rs = cfg.get("rope_scaling")
+    if rs:
+        return rs
+    rp = cfg.get("rope_parameters")
+    return rp if isinstance(rp, dict) else None
+
+
+def _default_inv_freq(base, dim):
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3(rs, base, dim):
+    inv_freq = _default_inv_freq(base, dim)
+    factor = rs["factor"]
+    low_freq_factor = rs["low_freq_factor"]
+    high_freq_factor = rs["high_freq_factor"]
+    old_context_len = rs["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama), 1.0
+
+
+def _yarn(rs, base, dim, max_position_embeddings):
+    factor = rs["factor"]
+    attention_factor = rs.get("attention_factor")
+    mscale = rs.get("mscale")
+    mscale_all_dim = rs.get("mscale_all_dim")
+    original_max = rs.get("original_max_position_embeddings") or max_position_embeddings
+
+    def get_mscale(scale, mscale=1):
+        if scale <= 1:
+            return 1.0
+        return 0.1 * mscale * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = rs.get("beta_fast") or 32
+    beta_slow = rs.get("beta_slow") or 1
+
+    def correction_dim(num_rotations):
+        return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    extrapolation_factor = 1 - ramp
+    inv_freq = (inv_freq_interpolation * (1 - extrapolation_factor)
+                + inv_freq_extrapolation * extrapolation_factor)
+    return inv_freq, attention_factor
+
+
+def rope_parameters(cfg, head_dim):
+    """(inv_freq float32 [head_dim/2], attention_factor) for a config.json dict."""
+    base = rope_theta(cfg)
+    rs = rope_scaling_dict(cfg)
+    rope_type = "default" if rs is None else rs.get("rope_type", rs.get("type"))
+    if rope_type is None and rs is cfg.get("rope_parameters"):
+        rope_type = "default"
+    if rope_type == "default":
+        return _default_inv_freq(base, head_dim), 1.0
+    if rope_type == "linear":
+        return _default_inv_freq(base, head_dim) / rs["factor"], 1.0
+    if rope_type == "llama3":
+        return _llama3(rs, base, head_dim)
+    if rope_type == "yarn":
+        return _yarn(rs, base, head_dim, cfg.get("max_position_embeddings"))
+    raise NotImplementedError("rope type %r is not implemented by the reference" % (rope_type,))
+
+
+def rope_cos_sin(positions, head_dim, theta, inv_freq=None, attention_factor=1.0):
+    """As transformers' rotary embedding computes them: inv_freq and the
+    angles in float32 (what users of transformers get, which differs from
     exact angles by up to ~1e-3 at 100k positions); cos/sin are then taken in
-    float64 of those float32 angles."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    float64 of those float32 angles, times the attention factor. inv_freq
+    defaults to plain RoPE's for theta."""
+    if inv_freq is None:
+        inv_freq = _default_inv_freq(theta, head_dim)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1).to(torch.float64)
-    return emb.cos(), emb.sin()
+    return emb.cos() * attention_factor, emb.sin() * attention_factor
 
 
 def apply_rope(x, cos, sin):
@@ -261,7 +369,7 @@ def forward(m, ids):
     T = ids.shape[0]
     nh, nkv, hd = m.n_heads, m.n_kv, m.head_dim
     group = nh // nkv
-    cos, sin = rope_cos_sin(torch.arange(T), hd, m.theta)
+    cos, sin = rope_cos_sin(torch.arange(T), hd, m.theta, m.inv_freq, m.attention_factor)
     allowed = attention_mask(T, m.sliding_window)
     scale = 1.0 / math.sqrt(hd)
 
@@ -333,9 +441,8 @@ def forward_naive(m, ids):
         outv = np.empty_like(vec)
         for j in range(half):
             # float32 frequency and angle, as transformers computes them
-            inv = np.float32(1.0) / np.power(np.float32(m.theta), np.float32(2 * j) / np.float32(hd))
-            ang = float(np.float32(pos) * np.float32(inv))
-            c, s = math.cos(ang), math.sin(ang)
+            ang = float(np.float32(pos) * np.float32(m.inv_freq[j].item()))
+            c, s = m.attention_factor * math.cos(ang), m.attention_factor * math.sin(ang)
             a, b = vec[j], vec[j + half]
             outv[j] = a * c - b * s
             outv[j + half] = b * c + a * s

@@ -63,8 +63,10 @@ static void test_exhaustion(void)
     CHECK_STATUS(kv_reserve(p, 0, 3 * KV_BLOCK_POSITIONS + 1), FERRY_OK);
     kv_release(p, 0);
     CHECK_EQ_INT(kv_free_blocks(p), 5);
-    CHECK_STATUS(kv_pool_create(&p, 0, 1, 1), FERRY_ERR_INVALID);
     kv_pool_free(p);
+    kv_pool *none = NULL;
+    CHECK_STATUS(kv_pool_create(&none, 0, 1, 1), FERRY_ERR_INVALID);
+    kv_pool_free(none);
 }
 
 /* Random grow/release over many rounds: the free count always equals the

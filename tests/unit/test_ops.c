@@ -2,19 +2,22 @@
  * test_ops.c - every backend op against a plain double-precision reference,
  * on random inputs: matmul in each weight dtype and quantized (int8, int4,
  * scales in each dtype, odd groups) for token counts that take each kernel
- * path (decode chunks, prefill blocks, odd tails) with and without bias, RMSNorm, RoPE (rotate_half), embedding, SiLU x up, add,
+ * path (decode chunks, prefill blocks, odd tails) with and without bias, RMSNorm, RoPE (rotate_half; the
+ * tables of plain, linear, llama3 and YaRN scaling, YaRN's attention factor), embedding, SiLU x up, add,
  * gather_last, and KV store + attention (GQA, sliding window, a batch of
  * sequences at different positions). Outputs are poisoned with NaN first so
  * an unwritten element fails. All data goes through the backend's
  * alloc/upload/download, so the same test runs on any backend:
- * `test_ops [cpu|cuda]` (default cpu); exit status 77 when the cuda backend
- * cannot be created (no GPU, no CUDA build).
+ * `test_ops [cpu|cpu-split|cuda]` (default cpu); exit status 77 when the
+ * cuda backend cannot be created (no GPU, no CUDA build). On the CPU, RoPE
+ * is also run on cpu-split and must give the same bits.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../engine/backend.h"
+#include "../../engine/weights/rope.h"
 #include "check.h"
 
 static backend *g_be;
@@ -373,38 +376,95 @@ static void test_rmsnorm(int dim)
     g_be->ops->release(g_be, out);
 }
 
-static void test_rope(int hd)
+/* The RoPE tables configs give (weights/rope.h): plain, linear, Llama 3.1's
+ * bands and YaRN's ramp with its attention factor, which scales cos and sin. */
+static const rope_config k_ropes[] = {
+    {.type = ROPE_DEFAULT, .theta = 10000.0, .factor = 1, .attention_factor = 1},
+    {.type = ROPE_LINEAR, .theta = 10000.0, .factor = 4, .attention_factor = 1},
+    {.type = ROPE_LLAMA3, .theta = 500000.0, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+     .original_max_pos = 64, .attention_factor = 1},
+    {.type = ROPE_YARN, .theta = 10000.0, .factor = 4, .original_max_pos = 32, .beta_fast = 32, .beta_slow = 1,
+     .truncate = true, .attention_factor = 1.1386294361119891},
+};
+
+/* RoPE by rc's table on the backend under test, on the same random heads
+ * every time (the generator restarts); *want (malloc'd) is the rotation in
+ * double of the float32 angles pos * inv_freq, times the attention factor.
+ * Returns the output (host, malloc'd). */
+static float *rope_run(int hd, const rope_config *rc, double **want)
 {
     static const int spec[3][3] = {{0, 0, 5}, {1, 37, 1}, {2, 30000, 3}};
     test_batch tb;
     batch_make(&tb, 3, spec, 100);
     FERRY_ASSERT(g_be->ops->set_batch(g_be, &tb.b) == FERRY_OK);
-    int heads = 3, n = tb.b.n_tokens;
-    double theta = 10000.0, *xref;
+    int heads = 3, n = tb.b.n_tokens, half = hd / 2;
+    uint64_t saved = g_rng;
+    g_rng = 0x5eedu + (uint64_t)hd;
+    double *xref;
     float *x = rand_vec((size_t)n * (size_t)heads * (size_t)hd, &xref);
-    g_be->ops->rope(g_be, x, heads, hd, (float)theta);
-    double *want = malloc((size_t)n * (size_t)heads * (size_t)hd * sizeof *want);
+    g_rng = saved;
+    float *inv = malloc((size_t)half * sizeof *inv);
+    rope_inv_freq(rc, hd, inv);
+    float scale = rope_attn_scale(rc);
+    float *inv_dev = dev_copy(inv, (size_t)half * sizeof *inv);
+    g_be->ops->rope(g_be, x, heads, hd, inv_dev, scale);
+    *want = malloc((size_t)n * (size_t)heads * (size_t)hd * sizeof **want);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < heads; h++) {
             const double *v = xref + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
-            double *o = want + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
+            double *o = *want + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)hd;
             for (int i = 0; i < hd; i++) {
-                /* emb = cat(freqs, freqs); out = x cos + rotate_half(x) sin */
-                int j = i % (hd / 2);
-                /* float32 frequencies and angles, as transformers computes them */
-                float inv_freq = 1.0f / powf((float)theta, (float)(2 * j) / (float)hd);
-                double ang = (double)((float)tb.b.pos[t] * inv_freq);
-                double rot = i < hd / 2 ? -v[i + hd / 2] : v[i - hd / 2];
-                o[i] = v[i] * cos(ang) + rot * sin(ang);
+                /* emb = cat(freqs, freqs); out = x cos + rotate_half(x) sin, float32 angles as transformers' */
+                double ang = (double)((float)tb.b.pos[t] * inv[i % half]);
+                double rot = i < half ? -v[i + half] : v[i - half];
+                o[i] = scale * (v[i] * cos(ang) + rot * sin(ang));
             }
         }
     float *got = host_of(x, (size_t)n * (size_t)heads * (size_t)hd);
-    CHECK_CLOSE("rope", got, want, (size_t)n * (size_t)heads * (size_t)hd, 1e-5);
-    free(got);
-    free(want);
+    free(inv);
     free(xref);
+    g_be->ops->release(g_be, inv_dev);
     g_be->ops->release(g_be, x);
     batch_builder_free(&tb.bb);
+    return got;
+}
+
+static void test_rope(int hd)
+{
+    for (size_t r = 0; r < sizeof k_ropes / sizeof k_ropes[0]; r++) {
+        double *want;
+        float *got = rope_run(hd, &k_ropes[r], &want);
+        char what[64];
+        snprintf(what, sizeof what, "rope %s hd=%d", rope_type_name(k_ropes[r].type), hd);
+        CHECK_CLOSE(what, got, want, (size_t)(5 + 1 + 3) * 3 * (size_t)hd, 1e-5);
+        free(got);
+        free(want);
+    }
+}
+
+/* cpu-split runs the CPU's kernel behind its device memory: the same table
+ * handed through it must give the same bits. */
+static void test_rope_split_same_bits(int hd)
+{
+    backend *cpu = g_be, *split;
+    backend_opts bo = {3};
+    FERRY_ASSERT(backend_create("cpu-split", &bo, &split) == FERRY_OK);
+    for (size_t r = 0; r < sizeof k_ropes / sizeof k_ropes[0]; r++) {
+        double *want_cpu, *want_split;
+        float *a = rope_run(hd, &k_ropes[r], &want_cpu);
+        g_be = split;
+        float *b = rope_run(hd, &k_ropes[r], &want_split);
+        g_be = cpu;
+        size_t n = (size_t)(5 + 1 + 3) * 3 * (size_t)hd;
+        check_count++;
+        if (memcmp(a, b, n * sizeof *a) != 0)
+            CHECK_FAIL_("rope %s hd=%d: cpu-split differs from cpu", rope_type_name(k_ropes[r].type), hd);
+        free(a);
+        free(b);
+        free(want_cpu);
+        free(want_split);
+    }
+    backend_free(split);
 }
 
 static void test_embed_gather(void)
@@ -582,6 +642,10 @@ int main(int argc, char **argv)
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);
     test_rope(128);
+    if (strcmp(name, "cpu") == 0) {
+        test_rope_split_same_bits(16);
+        test_rope_split_same_bits(128);
+    }
     test_embed_gather();
     test_elementwise();
     attention_case(4, 4, 16, 0);  /* MHA */

@@ -1,0 +1,193 @@
+/*
+ * tok_normalize.c - the normalizers of tokenizer.json (NFC, NFD, NFKC,
+ * NFKD through utf8proc; Lowercase, Prepend, Replace, Strip), run as HF
+ * tokenizers runs them on each stretch of text between added tokens, and on
+ * each added token's content when the tokenizer loads.
+ *
+ * Beside the text, each step carries forward how many leading bytes come
+ * from the original text's first character: HF's alignments reduced to the
+ * one question they answer for the ids, Metaspace's "first" prepend scheme
+ * (see tok_normalize in tok_internal.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "tok_internal.h"
+
+static ferry_status oom(void) { return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"); }
+
+static ferry_status norm_unicode(tok_norm_kind kind, const char *s, size_t n, strbuf *out)
+{
+    int opt = UTF8PROC_STABLE;
+    switch (kind) {
+    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    if (n == 0) return FERRY_OK;
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
+    if (r < 0) {
+        free(dst);
+        return r == UTF8PROC_ERROR_NOMEM ? oom()
+                                         : ferry_fail(FERRY_ERR_INTERNAL, "tokenizer: normalization failed: %s",
+                                                      utf8proc_errmsg(r));
+    }
+    tok_put(out, dst, (size_t)r);
+    free(dst);
+    return FERRY_OK;
+}
+
+/* Rust's char::to_lowercase: the simple mapping, except U+0130, whose full
+ * lowercase is two characters. */
+static void norm_lowercase(const char *s, size_t n, strbuf *out)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = tok_utf8_next(s + i, n - i, &cp);
+        if (cp < 0x80) {
+            sb_putc(out, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
+        } else if (cp == 0x130) {
+            tok_put(out, "i\xCC\x87", 3);
+        } else {
+            char buf[4];
+            tok_put(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
+        }
+        i += k;
+    }
+}
+
+/* HF replace(): every match of the pattern becomes the content, aligned
+ * with the last character it replaces (with the text's start when the
+ * match is empty and at 0). */
+static ferry_status norm_replace(tok_match_ctx *mc, const tok_normalizer *nz, const char *s, size_t n, strbuf *out,
+                                 size_t *zero)
+{
+    tok_spans sp = {0};
+    ferry_status st = tok_regex_find_all(nz->re, mc, s, n, &sp);
+    if (st != FERRY_OK) goto done;
+    size_t last = 0, z = 0, base = out->len;
+    bool zeroing = *zero > 0;
+    for (size_t i = 0; i < sp.n; i++) {
+        size_t a = sp.v[i].start, b = sp.v[i].end;
+        tok_put(out, s + last, a - last);
+        if (zeroing) {
+            if (a > *zero) {
+                z += *zero > last ? *zero - last : 0;
+                zeroing = false;
+            } else {
+                z += a - last;
+            }
+        }
+        tok_put(out, nz->str, nz->str_len);
+        if (zeroing) {
+            if (b == 0 || b - 1 < *zero) z += nz->str_len;
+            else zeroing = false;
+        }
+        last = b;
+    }
+    tok_put(out, s + last, n - last);
+    if (zeroing) z += *zero > last ? *zero - last : 0;
+    *zero = z > out->len - base ? out->len - base : z;
+done:
+    free(sp.v);
+    return st;
+}
+
+static void norm_strip(const tok_normalizer *nz, const char *s, size_t n, strbuf *out, size_t *zero)
+{
+    size_t a = 0, b = n;
+    if (nz->left)
+        while (a < b) {
+            uint32_t cp;
+            size_t k = tok_utf8_next(s + a, b - a, &cp);
+            if (!tok_is_white_space(cp)) break;
+            a += k;
+        }
+    if (nz->right)
+        while (b > a) {
+            size_t k = 1;
+            while (k < b - a && ((unsigned char)s[b - k] & 0xC0) == 0x80) k++;
+            uint32_t cp;
+            tok_utf8_next(s + b - k, k, &cp);
+            if (!tok_is_white_space(cp)) break;
+            b -= k;
+        }
+    *zero = *zero > a ? *zero - a : 0;
+    if (*zero > b - a) *zero = b - a;
+    tok_put(out, s + a, b - a);
+}
+
+/* The length of the normalized form of s[0..z): the bytes the first
+ * character becomes (unicode forms and lowercase map it on its own). */
+static ferry_status zero_after(const tok_normalizer *nz, const char *s, size_t z, size_t *out)
+{
+    strbuf tmp;
+    sb_init(&tmp);
+    ferry_status st = FERRY_OK;
+    if (nz->kind == TOK_NORM_LOWERCASE) norm_lowercase(s, z, &tmp);
+    else st = norm_unicode(nz->kind, s, z, &tmp);
+    *out = tmp.len;
+    if (tmp.oom) st = oom();
+    sb_free(&tmp);
+    return st;
+}
+
+ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
+                           size_t *zero)
+{
+    strbuf a, b;
+    sb_init(&a);
+    sb_init(&b);
+    ferry_status st = FERRY_OK;
+    const char *cur = s;
+    size_t cur_n = n;
+    for (size_t i = 0; i < t->n_norm; i++) {
+        const tok_normalizer *nz = &t->norm[i];
+        strbuf *dst = (i % 2) ? &b : &a;
+        dst->len = 0;
+        if (dst->data) dst->data[0] = '\0';
+        switch (nz->kind) {
+        case TOK_NORM_NFC:
+        case TOK_NORM_NFD:
+        case TOK_NORM_NFKC:
+        case TOK_NORM_NFKD:
+            st = norm_unicode(nz->kind, cur, cur_n, dst);
+            if (st == FERRY_OK && *zero) st = zero_after(nz, cur, *zero, zero);
+            break;
+        case TOK_NORM_LOWERCASE:
+            norm_lowercase(cur, cur_n, dst);
+            if (*zero) st = zero_after(nz, cur, *zero, zero);
+            break;
+        case TOK_NORM_PREPEND:
+            if (cur_n) {
+                tok_put(dst, nz->str, nz->str_len);
+                if (*zero) *zero += nz->str_len; /* aligned with the first character */
+            }
+            tok_put(dst, cur, cur_n);
+            break;
+        case TOK_NORM_REPLACE:
+            st = norm_replace(mc, nz, cur, cur_n, dst, zero);
+            break;
+        case TOK_NORM_STRIP:
+            norm_strip(nz, cur, cur_n, dst, zero);
+            break;
+        }
+        if (st != FERRY_OK) goto done;
+        if (dst->oom) {
+            st = oom();
+            goto done;
+        }
+        cur = dst->data ? dst->data : "";
+        cur_n = dst->len;
+        if (*zero > cur_n) *zero = cur_n;
+    }
+    tok_put(out, cur, cur_n);
+    if (out->oom) st = oom();
+done:
+    sb_free(&a);
+    sb_free(&b);
+    return st;
+}

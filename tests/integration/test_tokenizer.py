@@ -1,0 +1,388 @@
+"""The tokenizer (engine/text/) against HF tokenizers, bit for bit.
+
+Reference tokenizers: the real Llama 2 tokenizer.json from ../shared/tokenizers,
+and Llama 3 and Qwen2 tokenizer.json files BUILT here with the `tokenizers`
+library from the vocabularies, merges, regexes and special tokens in
+../shared/tokenizers (laid out as the HF files are: Llama 3 with pair merges,
+ignore_merges and a BOS template; Qwen2 with NFC, string merges and the added
+tokens of tokenizer_config.json). Plus small tokenizers trained here and
+varied over the options tokenizer.json can hold (normalizers, pre-tokenizers,
+decoders, added-token flags, byte fallback), to reach the paths the real
+files do not.
+
+Cases run in batches through build/tests/tok_tool (one process per
+tokenizer); the CLI (`ferry tokenize` / `detokenize`) is checked separately.
+Every comparison is exact: ids, decoded text, and the stream decode (ids
+pushed one at a time) against the whole decode.
+"""
+
+import json
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_ferry_error, ferry_path
+
+tokenizers = pytest.importorskip("tokenizers")
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
+
+from tok_ref import (BUILDERS, CORPUS, LLAMA3_REGEX, MIXED_PARTS, SHARED, SPECIALS,  # noqa: E402
+                     mixed_text)
+
+
+# ---- running ferry's tokenizer --------------------------------------------------
+
+def tool_path():
+    return Path(ferry_path()).resolve().parent / "tests" / "tok_tool"
+
+
+class Ferry:
+    """Cases for one tokenizer directory, answered by one tok_tool process."""
+
+    def __init__(self, d):
+        self.dir = Path(d)
+
+    def run(self, cases):
+        tool = tool_path()
+        if not os.access(str(tool), os.X_OK):
+            pytest.fail("%s not built (make unit or make integration builds it)" % tool)
+        buf = bytearray()
+        for c in cases:
+            if c[0] == "E":
+                text = c[3].encode() if isinstance(c[3], str) else c[3]
+                buf += b"E %d %d %d\n" % (c[1], c[2], len(text)) + text + b"\n"
+            else:
+                buf += ("%s %d %d %s\n" % (c[0], c[1], len(c[2]), " ".join(map(str, c[2])))).encode()
+        path = self.dir / "cases.bin"
+        path.write_bytes(bytes(buf))
+        p = subprocess.run([str(tool), str(self.dir), "--cases", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=300)
+        out = p.stdout.decode().splitlines()
+        assert p.returncode == 0 and len(out) == len(cases), \
+            "tok_tool rc=%d, %d answers for %d cases: %s %s" % (p.returncode, len(out), len(cases), out[:3],
+                                                               p.stderr.decode()[-2000:])
+        return out
+
+    def encode(self, items):
+        """items: (text, add_special, parse_special) -> list of id lists (or 'ERR ...')."""
+        res = []
+        for line in self.run([("E", int(a), int(p), t) for t, a, p in items]):
+            res.append([int(x) for x in line.split()[1:]] if line.startswith("OK") else line)
+        return res
+
+    def decode(self, items, stream=True):
+        """items: (ids, skip_special) -> list of (stream text, whole text) as bytes (or 'ERR ...')."""
+        res = []
+        for line in self.run([("S" if stream else "D", int(s), ids) for ids, s in items]):
+            if not line.startswith("OK"):
+                res.append(line)
+                continue
+            f = [b"" if x == "-" else bytes.fromhex(x) for x in line.split()[1:]]
+            res.append((f[0], f[1]) if stream else (f[0], f[0]))
+        return res
+
+
+def hf_encode(tok, text, add_special, parse_special):
+    tok.encode_special_tokens = not parse_special
+    try:
+        return tok.encode(text, add_special_tokens=add_special).ids
+    finally:
+        tok.encode_special_tokens = False
+
+
+def check_encode(hf, fe, texts, label):
+    items = [(t, a, p) for t in texts for a in (False, True) for p in (False, True)]
+    got = fe.encode(items)
+    bad = []
+    for (t, a, p), g in zip(items, got):
+        want = hf_encode(hf, t.decode("utf-8", "replace") if isinstance(t, bytes) else t, a, p)
+        if g != want:
+            bad.append("%s: encode(%r, add_special=%s, parse_special=%s)\n  ferry %s\n  hf    %s" % (
+                label, t[:80], a, p, str(g)[:300], str(want)[:300]))
+    assert not bad, "%d of %d encodes differ:\n%s" % (len(bad), len(items), "\n".join(bad[:8]))
+
+
+def check_decode(hf, fe, id_lists, label):
+    items = [(ids, s) for ids in id_lists for s in (False, True)]
+    got = fe.decode(items)
+    bad = []
+    for (ids, s), g in zip(items, got):
+        want = hf.decode(ids, skip_special_tokens=s).encode()
+        if isinstance(g, str) or g[1] != want or g[0] != g[1]:
+            bad.append("%s: decode(%s, skip_special=%s)\n  ferry  %r\n  stream %r\n  hf     %r" % (
+                label, ids[:20], s, g if isinstance(g, str) else g[1][:200], "" if isinstance(g, str) else g[0][:200],
+                want[:200]))
+    assert not bad, "%d of %d decodes differ:\n%s" % (len(bad), len(items), "\n".join(bad[:8]))
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory):
+    if not SHARED.is_dir():
+        pytest.skip("reference tokenizers not found at %s" % SHARED)
+    root = tmp_path_factory.mktemp("tokenizers")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            t0 = time.time()
+            hf = BUILDERS[name](root / name)
+            cache[name] = (hf, Ferry(root / name))
+            print("built %s in %.2f s" % (name, time.time() - t0))
+        return cache[name]
+    return get
+
+
+def corpus_for(name):
+    sp = SPECIALS[name]
+    return CORPUS + ["user text with %s in it" % s for s in sp] + ["".join(sp), " ".join(sp) + " "]
+
+
+@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+def test_encode_matches_hf(real, name):
+    hf, fe = real(name)
+    check_encode(hf, fe, corpus_for(name), name)
+
+
+@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+def test_encode_invalid_utf8_as_replacement(real, name):
+    """Raw bytes that are not UTF-8: ferry encodes what HF encodes for
+    bytes.decode('utf-8', 'replace') (what a caller must pass HF)."""
+    hf, fe = real(name)
+    raw = [b"abc\xff\xfedef", b"\xe4\xb8 half", b"end\xf0\x9f\x98", b"\xc0\xaf overlong", b"\xed\xa0\x80 surrogate",
+           b"\x80\x80\x80", b"ok \xe4\xb8\xad ok", b"\xf4\x90\x80\x80 beyond", b"\xe0\x80\x80"]
+    check_encode(hf, fe, raw, name)
+
+
+def byte_token_ids(hf, name):
+    """Ids that decode to single bytes, for invalid UTF-8 in the output."""
+    if name == "llama2":
+        return {b: hf.token_to_id("<0x%02X>" % b) for b in range(256)}
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: hf.token_to_id(chr(c)) for b, c in zip(bs, cs)}
+
+
+@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+def test_decode_and_stream_match_hf(real, name):
+    hf, fe = real(name)
+    lists = [hf_encode(hf, t, True, True) for t in corpus_for(name)]
+    byte = byte_token_ids(hf, name)
+    word = hf_encode(hf, " hello", False, False)
+    # split UTF-8, invalid bytes, byte runs next to words and specials
+    for seq in ([0xE4, 0xB8, 0xAD], [0xE4, 0xB8], [0xFF], [0x80, 0x41], [0xF0, 0x9F, 0x98, 0x80], [0xF0, 0x9F],
+                [0xE4, 0xB8, 0x41, 0xAD], [0xC3], [0xED, 0xA0, 0x80], [0x20, 0x20]):
+        ids = [byte[b] for b in seq]
+        lists += [ids, word + ids, ids + word, ids + word + ids]
+    specials = [hf.token_to_id(s) for s in SPECIALS[name]]
+    lists += [specials, specials + word + specials, word + specials[:1] + [byte[0xE4]] + word]
+    rnd = random.Random(1234)
+    v = hf.get_vocab_size(with_added_tokens=True)
+    lists += [[rnd.randrange(v) for _ in range(rnd.randrange(1, 16))] for _ in range(400)]
+    lists += [[rnd.choice(specials + list(byte.values())) for _ in range(rnd.randrange(1, 12))] for _ in range(100)]
+    check_decode(hf, fe, lists, name)
+
+
+@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+def test_one_megabyte(real, name):
+    """1 MB of mixed text: the same ids, and their decode; times printed."""
+    hf, fe = real(name)
+    text = mixed_text(1 << 20, SPECIALS[name])
+    t0 = time.time()
+    want = hf_encode(hf, text, True, True)
+    t_hf = time.time() - t0
+    t0 = time.time()
+    got = fe.encode([(text, True, True)])[0]
+    t_fe = time.time() - t0
+    print("%s: 1 MB encode: HF %.3f s, ferry %.3f s (tok_tool, load included)" % (name, t_hf, t_fe))
+    assert got == want, "1 MB encode differs at token %d" % next(
+        (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    (stream, whole), = fe.decode([(want, False)])
+    assert whole == stream == hf.decode(want, skip_special_tokens=False).encode()
+
+
+def test_tokenizer_loads_fast(real):
+    """Loading the 128k-token Llama 3 file: the time is printed, not asserted."""
+    hf, fe = real("llama3")
+    t0 = time.time()
+    fe.encode([("x", False, False)])
+    print("llama3 tokenizer.json (%.1f MB): tok_tool load + one encode %.3f s" % (
+        (fe.dir / "tokenizer.json").stat().st_size / 1e6, time.time() - t0))
+
+
+def test_wrong_merge_order_is_caught(real, tmp_path):
+    """The comparison can fail: the same file with two merges swapped encodes
+    differently somewhere in the corpus."""
+    hf, fe = real("qwen2")
+    j = json.loads((fe.dir / "tokenizer.json").read_text(encoding="utf-8"))
+    m = j["model"]["merges"]
+    i = m.index("Ġ t")
+    k = m.index("h e")
+    m[i], m[k] = m[k], m[i]
+    d = tmp_path / "swapped"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(AssertionError):
+        check_encode(hf, Ferry(d), ["the other then", " the theme"], "swapped")
+
+
+# ---- small tokenizers over every option ---------------------------------------------------------
+
+# no NUL: json.h refuses \u0000 in a string, so a vocabulary holding it cannot load
+TRAIN = [t.replace("\x00", "") for t in CORPUS if t] + MIXED_PARTS + ["hello world hello there", "Hi HELLO hello hi", "mask MASK"]
+WORDS = ["hello", "Hello", "world", " the", "fox", "日本", "мир", "123", "4567", "  ", " ", "\n", "\t", "é", "e\u0301",
+         "👍🏽", "'s", "IT'S", ".", "!?", "ß", "ﬁ", "<tag>", "[MASK]", "hi", "x\u00a0y", "\u3000"]
+ADDED = ["<tag>", "[MASK]", "hello", " sp", "Hi", "<|x|>", "ab", "▁tok"]
+
+
+def train(byte_level):
+    if byte_level:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tr = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                 show_progress=False)
+    else:
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tr = trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>"], show_progress=False)
+    tok.train_from_iterator(TRAIN, tr)
+    j = json.loads(tok.to_str())
+    if not byte_level:
+        vocab = j["model"]["vocab"]
+        for b in range(256):
+            vocab.setdefault("<0x%02X>" % b, len(vocab))
+    j["added_tokens"] = []
+    return j
+
+
+def variant(base, byte_level, rnd):
+    j = json.loads(json.dumps(base))
+    m = j["model"]
+    split = {"type": "Split", "pattern": rnd.choice([{"Regex": LLAMA3_REGEX}, {"Regex": r"\s+|\d"},
+                                                     {"String": " "}, {"Regex": r"[\S]+"}, {"Regex": "x*"}]),
+             "behavior": rnd.choice(["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]),
+             "invert": rnd.random() < 0.3}
+    norm = rnd.choice([None, {"type": "NFC"}, {"type": "NFKC"}, {"type": "NFD"}, {"type": "NFKD"},
+                       {"type": "Lowercase"}, {"type": "Strip", "strip_left": True, "strip_right": True},
+                       {"type": "Replace", "pattern": {"Regex": r"\d"}, "content": "#"},
+                       {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}])
+    if byte_level:
+        bl = {"type": "ByteLevel", "add_prefix_space": rnd.random() < 0.3, "trim_offsets": True,
+              "use_regex": rnd.random() < 0.5}
+        pre = rnd.choice([bl, {"type": "Sequence", "pretokenizers": [split, dict(bl, use_regex=False)]}])
+        dec = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        m["ignore_merges"] = rnd.random() < 0.5
+    else:
+        scheme = rnd.choice(["first", "always", "never"])
+        meta = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": rnd.random() < 0.6}
+        spm_norm = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                          {"type": "Replace", "pattern": {"String": " "},
+                                                           "content": "▁"}]}
+        pre = rnd.choice([meta, None, {"type": "Sequence", "pretokenizers": [split, meta]}])
+        if pre is None:
+            norm = spm_norm
+        dec = rnd.choice([
+            {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": True},
+            {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                                              {"type": "ByteFallback"}, {"type": "Fuse"},
+                                              {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"},
+                                              {"type": "Replace", "pattern": {"String": "▁▁"}, "content": "_"},
+                                              {"type": "Strip", "content": "▁", "start": 2, "stop": 1}]},
+            {"type": "Sequence", "decoders": [{"type": "ByteFallback"},
+                                              {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}]},
+            {"type": "Sequence", "decoders": [{"type": "Fuse"},
+                                              {"type": "Replace", "pattern": {"Regex": "▁+"}, "content": " "}]},
+            None])
+        m["byte_fallback"] = rnd.random() < 0.7
+        m["fuse_unk"] = rnd.random() < 0.5
+        m["unk_token"] = rnd.choice(["<unk>", "<unk>", None])
+    j["normalizer"] = norm
+    j["pre_tokenizer"] = pre
+    j["decoder"] = dec
+    bos = {"type": "TemplateProcessing",
+           "single": [{"SpecialToken": {"id": "<tag>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+           "special_tokens": {"<tag>": {"id": "<tag>", "ids": [1], "tokens": ["<tag>"]}}}
+    j["post_processor"] = rnd.choice([None, bos, {"type": "RobertaProcessing", "sep": ["</s>", 2],
+                                                  "cls": ["<s>", 0], "trim_offsets": True,
+                                                  "add_prefix_space": True},
+                                      {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space":
+                                                                           True, "trim_offsets": False,
+                                                                           "use_regex": True}, bos]}])
+    j["added_tokens"] = [{"id": 0, "content": c, "single_word": rnd.random() < 0.3, "lstrip": rnd.random() < 0.3,
+                          "rstrip": rnd.random() < 0.3, "normalized": rnd.random() < 0.5,
+                          "special": rnd.random() < 0.5} for c in rnd.sample(ADDED, rnd.randrange(0, 5))]
+    return j
+
+
+@pytest.mark.parametrize("byte_level", [True, False], ids=["byte-level", "sentencepiece"])
+def test_options_match_hf(tmp_path, byte_level):
+    base = train(byte_level)
+    rnd = random.Random(99 if byte_level else 77)
+    for n in range(24):
+        j = variant(base, byte_level, rnd)
+        d = tmp_path / ("v%d" % n)
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
+        hf = Tokenizer.from_str(json.dumps(j))
+        fe = Ferry(d)
+        texts = ["".join(rnd.choice(WORDS + ADDED) for _ in range(rnd.randrange(1, 12))) for _ in range(30)]
+        texts += ["", " ", "hello", " hello", "<tag>", " <tag> ", "hello<tag>hello", "Hi  [MASK]  x"]
+        label = "variant %d %s" % (n, json.dumps({k: j[k] for k in ("normalizer", "pre_tokenizer", "decoder")})[:600])
+        check_encode(hf, fe, texts, label)
+        ids = [hf_encode(hf, t, True, True) for t in texts]
+        v = hf.get_vocab_size(with_added_tokens=True)
+        ids += [[rnd.randrange(v) for _ in range(rnd.randrange(1, 10))] for _ in range(40)]
+        check_decode(hf, fe, ids, label)
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+def test_cli_tokenize_detokenize(ferry, real, work):
+    hf, fe = real("llama3")
+    d = str(fe.dir)
+    text = "Hello <|eot_id|> world, 123456 🦀"
+    p = ferry.check("tokenize", "--model", d, "--text", text, "--json")
+    assert json.loads(p.stdout) == {"ids": hf_encode(hf, text, False, True)}
+    p = ferry.check("tokenize", "--model", d, "--text", text, "--add-special")
+    assert [int(x) for x in p.stdout.split()] == hf_encode(hf, text, True, True)
+    f = work / "in.txt"
+    f.write_bytes("two lines\nof text\n".encode())
+    p = ferry.check("tokenize", "--model", d, "--file", f, "--json")
+    assert json.loads(p.stdout)["ids"] == hf_encode(hf, "two lines\nof text\n", False, True)
+    ids = hf_encode(hf, text, True, True)
+    p = ferry.check("detokenize", "--model", d, "--ids", ",".join(map(str, ids)), "--json")
+    assert json.loads(p.stdout) == {"text": hf.decode(ids, skip_special_tokens=False)}
+    p = ferry.check("detokenize", "--model", d, "--ids", ",".join(map(str, ids)))
+    assert p.stdout.decode() == hf.decode(ids, skip_special_tokens=False) + "\n"
+    p = ferry.check("tokenize", "--model", d, "--text", "")
+    assert p.stdout == b"\n"
+
+
+def test_cli_errors(ferry, real, work):
+    hf, fe = real("qwen2")
+    d = str(fe.dir)
+    assert_ferry_error(ferry.run("tokenize", "--model", d), ["--text or --file"], rcs=(2,))
+    assert_ferry_error(ferry.run("tokenize", "--model", d, "--text", "a", "--file", "x"), ["--text or --file"],
+                       rcs=(2,))
+    assert_ferry_error(ferry.run("detokenize", "--model", d, "--ids", "1,,2"), ["--ids"], rcs=(2,))
+    assert_ferry_error(ferry.run("detokenize", "--model", d, "--ids", "1,999999999"), ["outside the vocabulary"],
+                       rcs=(1,))
+    assert_ferry_error(ferry.run("tokenize", "--model", str(work), "--text", "a"), ["tokenizer.json"], rcs=(1,))
+    j = json.loads((fe.dir / "tokenizer.json").read_text(encoding="utf-8"))
+    j["pre_tokenizer"] = {"type": "Digits", "individual_digits": True}
+    (work / "tokenizer.json").write_text(json.dumps(j), encoding="utf-8")
+    assert_ferry_error(ferry.run("tokenize", "--model", str(work), "--text", "a"),
+                       ["pre_tokenizer type 'Digits' is not supported"], rcs=(1,))
+    (work / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [', encoding="utf-8")
+    assert_ferry_error(ferry.run("tokenize", "--model", str(work), "--text", "a"), ["tokenizer.json", "JSON"],
+                       rcs=(1,))
