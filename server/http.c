@@ -384,7 +384,12 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     pthread_mutex_lock(&rq->mu);
     if (st == FERRY_OK && kserve_row_keep(row, res) != FERRY_OK)
         st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
-    if (st == FERRY_OK && rq->texts) text_end(rq, ref->row);
+    if (st == FERRY_OK && rq->texts) {
+        text_end(rq, ref->row);
+        /* output_ids beside the text: the tokens up to the stop string, not
+         * those generated before the cancel took effect */
+        if (row->n_tokens > rq->texts[ref->row].n_tokens) row->n_tokens = rq->texts[ref->row].n_tokens;
+    }
     if (st != FERRY_OK && rq->st == FERRY_OK) {
         rq->st = st;
         snprintf(rq->msg, sizeof rq->msg, "%s", msg && *msg ? msg : ferry_status_name(st));

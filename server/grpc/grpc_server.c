@@ -233,6 +233,8 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
         if (t->text.oom) st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
         row->text = t->text.data;
         row->text_len = t->text.len;
+        /* output_ids beside the text: up to the stop string, not what ran on before the cancel */
+        if (row->n_tokens > text_stream_tokens(t->ts)) row->n_tokens = text_stream_tokens(t->ts);
         stopped = t->stopped;
     }
     if (st != FERRY_OK && r->st == FERRY_OK) {

@@ -237,8 +237,13 @@ def test_stop_string(clients, srv, ferry, tmodel, proto):
                      params={"max_new_tokens": 16, "stop": stop})
     text = texts(res)[0]
     assert text == full[:full.index(stop)]
-    n_ids = len([t for t in res.as_numpy("output_ids").reshape(-1).tolist() if t >= 0])
-    assert n_ids < 16, "the stop string ended the generation"
+    ids = [t for t in res.as_numpy("output_ids").reshape(-1).tolist() if t >= 0]
+    assert len(ids) < 16, "the stop string ended the generation"
+    # output_ids end with the token that completed the stop string: their
+    # text holds it, the text without their last token does not
+    tok = hf_tokenizer(tmodel)
+    assert stop in tok.decode(ids, skip_special_tokens=True)
+    assert stop not in tok.decode(ids[:-1], skip_special_tokens=True)
 
 
 # --------------------------------------------------------------------------
