@@ -384,7 +384,12 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     pthread_mutex_lock(&rq->mu);
     if (st == FERRY_OK && kserve_row_keep(row, res) != FERRY_OK)
         st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
-    if (st == FERRY_OK && rq->texts) text_end(rq, ref->row);
+    if (st == FERRY_OK && rq->texts) {
+        text_end(rq, ref->row);
+        /* output_ids beside the text: the tokens up to the stop string, not
+         * those generated before the cancel took effect */
+        if (row->n_tokens > rq->texts[ref->row].n_tokens) row->n_tokens = rq->texts[ref->row].n_tokens;
+    }
     if (st != FERRY_OK && rq->st == FERRY_OK) {
         rq->st = st;
         snprintf(rq->msg, sizeof rq->msg, "%s", msg && *msg ? msg : ferry_status_name(st));
@@ -638,7 +643,17 @@ static uint64_t answer_bytes(const request *rq, int vocab)
     uint64_t new_tokens = (uint64_t)r->max_new_tokens;
     uint64_t results = kserve_held_bytes(r, vocab);
     uint64_t answer;
-    if (r->text_input) {
+    if (r->text_out && rq->ep == EP_INFER) {
+        /* each row's text is held whole; the writer's largest piece is a
+         * row of one output (text escaped: at most 6 bytes per byte) */
+        uint64_t text_row = new_tokens * token_bytes;
+        results += rows * (sizeof(row_text) + TEXT_STREAM_BYTES + text_stops_bytes(&r->stops) + text_row) +
+                   2 * (TEXT_MAX_STOP_BYTES + token_bytes);
+        uint64_t ids_row = new_tokens * 24, logits_row = r->want_logits ? (uint64_t)vocab * 24 : 0, piece = 6 * text_row;
+        if (ids_row > piece) piece = ids_row;
+        if (logits_row > piece) piece = logits_row;
+        answer = 2 * (piece + 4096);
+    } else if (r->text_out) {
         results += rows * (sizeof(row_text) + TEXT_STREAM_BYTES + text_stops_bytes(&r->stops)) +
                    2 * (TEXT_MAX_STOP_BYTES + token_bytes);
         if (rq->ep == EP_STREAM) answer = (new_tokens + 1) * (EVENT_BYTES + strlen(rq->srv->name) + 6 * token_bytes) + 4096;
@@ -676,7 +691,14 @@ static enum MHD_Result finish_or_wait(request *rq)
     /* cancelled: the client went away; 499 (nginx's "client closed request") only shows in the metrics */
     if (rq->cancelled) return respond_error(rq, 499, "request cancelled", NULL, NULL);
     if (rq->streaming) return respond_error(rq, 500, "internal error: a stream ended without tokens", NULL, NULL);
-    if (rq->ep == EP_INFER) return infer_start(rq);
+    if (rq->ep == EP_INFER) {
+        for (int i = 0; rq->texts && i < rq->n_rows; i++) { /* text_output: each row's text, held in its row_text */
+            if (rq->texts[i].text.oom) return respond_error(rq, 503, "out of memory for a response", NULL, NULL);
+            rq->rows[i].text = rq->texts[i].text.data;
+            rq->rows[i].text_len = rq->texts[i].text.len;
+        }
+        return infer_start(rq);
+    }
     strbuf sb;
     sb_init(&sb);
     if (rq->oai) {
@@ -904,8 +926,8 @@ static enum MHD_Result start_inference(request *rq)
     mem_give(rq, parse);
     body_release(rq);
     if (!parsed) return ret;
-    if (rq->kr.text_input && !encode_text(rq, &lim, &ret)) return ret;
-    if (!rq->oai && !rq->kr.text_input) rq->tm = NULL; /* an answer of ids */
+    if (!rq->oai && rq->kr.text_out && !encode_text(rq, &lim, &ret)) return ret;
+    if (!rq->oai && !rq->kr.text_out) rq->tm = NULL; /* an answer of ids */
     int n = rq->n_rows = rq->oai ? oai_rows(rq->oai) : rq->kr.n_rows;
     rq->streaming = rq->ep == EP_STREAM || (rq->oai && oai_streaming(rq->oai));
     if (rq->ep == EP_STREAM && n != 1)

@@ -28,7 +28,8 @@ size_t kserve_parse_bound(size_t body_len)
 size_t kserve_request_bytes(const kserve_request *r)
 {
     return sizeof *r + (size_t)r->n_rows * 2 * sizeof(int) + (r->n_rows ? (size_t)(r->row_off[r->n_rows - 1] + r->row_len[r->n_rows - 1]) * sizeof(int32_t) : 0) +
-           (r->id ? strlen(r->id) + 1 : 0) + (r->text_input ? r->text_len + 1 : 0) + text_stops_bytes(&r->stops);
+           (r->id ? strlen(r->id) + 1 : 0) + (r->text_input ? r->text_len + 1 + (size_t)(r->n_texts + 1) * sizeof(size_t) : 0) +
+           text_stops_bytes(&r->stops);
 }
 
 uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
@@ -57,6 +58,7 @@ void kserve_request_free(kserve_request *r)
     free(r->row_len);
     free(r->id);
     free(r->text_input);
+    free(r->text_off);
     text_stops_free(&r->stops);
     memset(r, 0, sizeof *r);
 }
@@ -128,8 +130,8 @@ static ferry_status parse_params(const json_value *params, bool infer, bool text
             r->n_stop = (int)v->len;
         } else if (!strcmp(k, "stop")) {
             if (!text)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop (stop strings) needs the prompt as text_input; "
-                                  "token ids stop with parameters.stop_token_ids");
+                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop (stop strings) needs text: the prompt as text_input%s; "
+                                  "token ids stop with parameters.stop_token_ids", infer ? " or text_output asked for" : "");
             text_stops_free(&r->stops);
             FERRY_TRY(text_stops_parse(v, "parameters.stop", &r->stops));
         } else if (infer && !strcmp(k, "binary_data_output")) {
@@ -292,6 +294,113 @@ static ferry_status parse_input(const json_value *in, const uint8_t *bin, size_t
     return copy_data(data, b, t, r->ids);
 }
 
+/* ---- text_input ------------------------------------------------------------------ */
+
+/* The text_input tensor of an infer request: BYTES [B] or [B, 1], one prompt
+ * per element, as JSON strings (flat, or one list per row) or as binary
+ * data (each element a 4-byte little-endian length, then its bytes). */
+static ferry_status parse_text_input(const json_value *in, const uint8_t *bin, size_t bin_len, size_t *bin_used,
+                                     kserve_request *r)
+{
+    const json_value *datatype = json_get(in, "datatype"), *shape = json_get(in, "shape"), *data = json_get(in, "data"),
+                     *params = json_get(in, "parameters");
+    if (data && data->type == JSON_NULL) data = NULL;
+    for (size_t i = 0; i < in->len; i++) {
+        const char *k = in->members[i].key;
+        if (strcmp(k, "name") && strcmp(k, "datatype") && strcmp(k, "shape") && strcmp(k, "data") && strcmp(k, "parameters"))
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: unknown field '%s'", k);
+    }
+    if (!datatype || datatype->type != JSON_STRING || strcmp(datatype->str, "BYTES") != 0)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: datatype must be BYTES");
+    if (!shape || shape->type != JSON_ARRAY || shape->len < 1 || shape->len > 2)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: shape must be [B] or [B, 1]");
+    for (size_t i = 0; i < shape->len; i++)
+        if (!is_int(&shape->items[i]) || shape->items[i].integer < 0)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: shape must hold non-negative integers");
+    int64_t b = shape->items[0].integer;
+    if (shape->len == 2 && shape->items[1].integer != 1)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: shape must be [B] or [B, 1] (one prompt per row)");
+    if (b == 0) return ferry_fail(FERRY_ERR_INVALID, "text_input is empty (shape has a 0)");
+    if (b > KSERVE_MAX_ROWS)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: %lld prompts in one request (at most %d)", (long long)b,
+                          KSERVE_MAX_ROWS);
+    int64_t binary_size = -1;
+    if (params && params->type != JSON_NULL) {
+        if (params->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "text_input: parameters must be an object");
+        for (size_t i = 0; i < params->len; i++) {
+            const json_value *v = &params->members[i].value;
+            if (strcmp(params->members[i].key, "binary_data_size") != 0)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: unknown parameter '%s'", params->members[i].key);
+            if (v->type == JSON_NULL) continue;
+            if (!is_int(v) || v->integer < 0)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size must be an integer >= 0");
+            binary_size = v->integer;
+        }
+    }
+    /* every element's bytes, found before anything is allocated */
+    const uint8_t *raw = NULL;
+    size_t total = 0;
+    if (binary_size >= 0) {
+        if (data) return ferry_fail(FERRY_ERR_INVALID, "text_input: both data and binary_data_size are given");
+        if ((uint64_t)binary_size > bin_len - *bin_used)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size is %lld but only %zu binary bytes follow",
+                              (long long)binary_size, bin_len - *bin_used);
+        raw = bin + *bin_used;
+        size_t at = 0;
+        for (int64_t i = 0; i < b; i++) {
+            if ((size_t)binary_size - at < 4)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: binary data ends inside element %lld's length", (long long)i);
+            uint32_t n = (uint32_t)raw[at] | (uint32_t)raw[at + 1] << 8 | (uint32_t)raw[at + 2] << 16 | (uint32_t)raw[at + 3] << 24;
+            at += 4;
+            if ((size_t)binary_size - at < n)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: element %lld says %u bytes, %zu are left", (long long)i, n,
+                                  (size_t)binary_size - at);
+            at += n;
+            total += n;
+        }
+        if (at != (size_t)binary_size)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size is %lld, its %lld elements take %zu",
+                              (long long)binary_size, (long long)b, at);
+    } else {
+        if (!data || data->type != JSON_ARRAY)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: data must be a list of strings");
+        if ((int64_t)data->len != b)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: shape says %lld prompts, data holds %zu", (long long)b, data->len);
+        for (size_t i = 0; i < data->len; i++) {
+            const json_value *v = &data->items[i];
+            if (v->type == JSON_ARRAY && v->len == 1) v = &v->items[0]; /* [B, 1] written nested */
+            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "text_input: data[%zu] is not a string", i);
+            total += v->len;
+        }
+    }
+    r->n_texts = (int)b;
+    if (!(r->text_input = malloc(total + 1)) || !(r->text_off = malloc((size_t)(b + 1) * sizeof *r->text_off)))
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    size_t at = 0, src = 0;
+    for (int64_t i = 0; i < b; i++) {
+        r->text_off[i] = at;
+        const void *p;
+        size_t n;
+        if (raw) {
+            n = (size_t)raw[src] | (size_t)raw[src + 1] << 8 | (size_t)raw[src + 2] << 16 | (size_t)raw[src + 3] << 24;
+            p = raw + src + 4;
+            src += 4 + n;
+        } else {
+            const json_value *v = &data->items[i];
+            if (v->type == JSON_ARRAY) v = &v->items[0];
+            p = v->str, n = v->len;
+        }
+        memcpy(r->text_input + at, p, n);
+        at += n;
+    }
+    r->text_off[b] = at;
+    r->text_input[at] = '\0';
+    r->text_len = at;
+    r->text_out = true;
+    if (raw) *bin_used += (size_t)binary_size;
+    return FERRY_OK;
+}
+
 /* ---- infer ---------------------------------------------------------------------- */
 
 /* The request's optional "id", echoed in the response. */
@@ -318,7 +427,10 @@ static ferry_status parse_outputs(const json_value *outs, bool binary_default, k
         int which;
         if (!strcmp(name, "output_ids")) which = KSERVE_OUT_IDS;
         else if (!strcmp(name, "logits")) which = KSERVE_OUT_LOGITS;
-        else return ferry_fail(FERRY_ERR_INVALID, "unknown output '%s' (the model has output_ids and logits)", name);
+        else if (!strcmp(name, "text_output")) which = KSERVE_OUT_TEXT;
+        else
+            return ferry_fail(FERRY_ERR_INVALID, "unknown output '%s' (the model has output_ids, logits and text_output)",
+                              name);
         bool binary = binary_default;
         for (size_t k = 0; k < o->len; k++) {
             const char *key = o->members[k].key;
@@ -346,8 +458,20 @@ static ferry_status parse_outputs(const json_value *outs, bool binary_default, k
         r->outputs[slot] = which;
         r->binary[slot] = binary;
         if (which == KSERVE_OUT_LOGITS) r->want_logits = true;
+        if (which == KSERVE_OUT_TEXT) r->text_out = true;
     }
     return FERRY_OK;
+}
+
+/* Whether an outputs list names text_output (stop strings need text). */
+static bool asks_text(const json_value *outs)
+{
+    for (size_t i = 0; outs && outs->type == JSON_ARRAY && i < outs->len; i++) {
+        bool bad = false;
+        const char *name = outs->items[i].type == JSON_OBJECT ? json_get_str(&outs->items[i], "name", &bad) : NULL;
+        if (name && !strcmp(name, "text_output")) return true;
+    }
+    return false;
 }
 
 static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size_t bin_len, kserve_request *r)
@@ -365,32 +489,35 @@ static ferry_status parse_infer(const json_value *root, const uint8_t *bin, size
             return ferry_fail(FERRY_ERR_INVALID, "unknown field '%s' (a request has id, parameters, inputs, outputs)", k);
         }
     }
-    bool binary_output = false;
-    FERRY_TRY(parse_params(params, true, false, r, &binary_output));
     if (!inputs || inputs->type != JSON_ARRAY) return ferry_fail(FERRY_ERR_INVALID, "inputs must be an array");
     size_t bin_used = 0;
-    bool seen = false;
+    const char *seen = NULL;
     for (size_t i = 0; i < inputs->len; i++) {
         const json_value *in = &inputs->items[i];
         if (in->type != JSON_OBJECT) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu] must be an object", i);
         bool bad = false;
         const char *name = json_get_str(in, "name", &bad);
         if (!name) return ferry_fail(FERRY_ERR_INVALID, "inputs[%zu]: name %s", i, bad ? "must be a string" : "is missing");
-        if (strcmp(name, "input_ids") != 0)
-            return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", name);
-        if (seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is given twice");
-        seen = true;
-        FERRY_TRY(parse_input(in, bin, bin_len, &bin_used, r));
+        bool text = !strcmp(name, "text_input");
+        if (!text && strcmp(name, "input_ids") != 0)
+            return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids or text_input)", name);
+        if (seen && !strcmp(seen, name)) return ferry_fail(FERRY_ERR_INVALID, "%s is given twice", name);
+        if (seen) return ferry_fail(FERRY_ERR_INVALID, "give input_ids or text_input, not both");
+        seen = text ? "text_input" : "input_ids";
+        FERRY_TRY(text ? parse_text_input(in, bin, bin_len, &bin_used, r) : parse_input(in, bin, bin_len, &bin_used, r));
     }
-    if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing from inputs");
+    if (!seen) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing from inputs (or give text_input)");
     if (bin_used != bin_len)
         return ferry_fail(FERRY_ERR_INVALID, "%zu bytes of binary data follow the JSON, the inputs take %zu", bin_len,
                           bin_used);
+    bool binary_output = false;
+    FERRY_TRY(parse_params(params, true, r->text_input || asks_text(outputs), r, &binary_output));
     if (outputs) FERRY_TRY(parse_outputs(outputs, binary_output, r));
-    if (r->n_outputs == 0) { /* no `outputs`, or an empty list: output_ids */
+    if (r->n_outputs == 0) { /* no `outputs`, or an empty list: output_ids, or text_output for text */
         r->n_outputs = 1;
-        r->outputs[0] = KSERVE_OUT_IDS;
+        r->outputs[0] = r->text_input ? KSERVE_OUT_TEXT : KSERVE_OUT_IDS;
         r->binary[0] = binary_output;
+        r->text_out = r->text_input != NULL;
     }
     return FERRY_OK;
 }
@@ -400,7 +527,8 @@ static ferry_status check_rows(const kserve_request *r, const engine_limits *lim
 {
     char what[48];
     for (int i = 0; i < r->n_rows; i++) {
-        if (r->text_input) snprintf(what, sizeof what, "text_input");
+        if (r->text_input && r->n_rows == 1) snprintf(what, sizeof what, "text_input");
+        else if (r->text_input) snprintf(what, sizeof what, "text_input[%d]", i);
         else if (r->n_rows == 1 && !r->nested) snprintf(what, sizeof what, "input_ids");
         else snprintf(what, sizeof what, "input_ids[%d]", i);
         gen_request g = kserve_row_request(r, i);
@@ -422,7 +550,7 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
     if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;
     ferry_status st = parse_infer(json_doc_root(doc), (const uint8_t *)body + jlen, len - jlen, out);
     json_doc_free(doc);
-    if (st == FERRY_OK) st = check_rows(out, lim);
+    if (st == FERRY_OK && !out->text_out) st = check_rows(out, lim);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
 }
@@ -475,9 +603,13 @@ static ferry_status parse_generate(const json_value *root, kserve_request *r)
     if (text) {
         if (ids) return ferry_fail(FERRY_ERR_INVALID, "give input_ids or text_input, not both");
         if (text->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "text_input must be a string");
-        if (!(r->text_input = malloc(text->len + 1))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        if (!(r->text_input = malloc(text->len + 1)) || !(r->text_off = malloc(2 * sizeof *r->text_off)))
+            return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         memcpy(r->text_input, text->str, text->len + 1);
         r->text_len = text->len;
+        r->n_texts = 1;
+        r->text_off[0] = 0, r->text_off[1] = text->len;
+        r->text_out = true;
         return FERRY_OK;
     }
     if (!ids) return ferry_fail(FERRY_ERR_INVALID, "input_ids is missing (or give the prompt as text_input)");
@@ -515,28 +647,44 @@ ferry_status kserve_parse_generate(const char *body, size_t len, const engine_li
     if (pst != FERRY_OK) return pst == FERRY_ERR_INVALID ? ferry_fail_context(pst, "malformed JSON") : pst;
     ferry_status st = parse_generate(json_doc_root(doc), out);
     json_doc_free(doc);
-    if (st == FERRY_OK && !out->text_input) st = check_rows(out, lim);
+    if (st == FERRY_OK && !out->text_out) st = check_rows(out, lim);
     if (st != FERRY_OK) kserve_request_free(out);
     return st;
 }
 
 ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim)
 {
-    if (!r->text_input) return ferry_fail(FERRY_ERR_INTERNAL, "kserve_encode_text: the request has no text_input");
-    if (text_error(tm)) return ferry_fail(FERRY_ERR_UNSUPPORTED, "text_input: %s", text_error(tm));
-    int32_t *ids = NULL;
-    int n = 0;
-    ferry_status st = text_encode(tm, r->text_input, r->text_len, true, &ids, &n);
-    if (st != FERRY_OK) return ferry_fail_context(st, "text_input");
-    free(r->ids);
-    free(r->row_off);
-    free(r->row_len);
-    r->ids = ids;
-    r->row_off = calloc(1, sizeof *r->row_off);
-    r->row_len = calloc(1, sizeof *r->row_len);
-    if (!r->row_off || !r->row_len) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    r->n_rows = 1;
-    r->row_len[0] = n;
+    if (!r->text_out) return ferry_fail(FERRY_ERR_INTERNAL, "kserve_encode_text: the request is not answered with text");
+    const char *field = r->text_input ? "text_input" : "text_output";
+    if (text_error(tm)) return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s", field, text_error(tm));
+    if (r->text_input) {
+        int32_t **ids = calloc((size_t)r->n_texts, sizeof *ids);
+        int *n = calloc((size_t)r->n_texts, sizeof *n);
+        size_t total = 0;
+        ferry_status st = ids && n ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < r->n_texts && st == FERRY_OK; i++) {
+            st = text_encode(tm, r->text_input + r->text_off[i], r->text_off[i + 1] - r->text_off[i], true, &ids[i], &n[i]);
+            if (st != FERRY_OK) {
+                if (r->n_texts == 1) st = ferry_fail_context(st, "text_input");
+                else st = ferry_fail_context(st, "text_input[%d]", i);
+            }
+            total += (size_t)n[i];
+        }
+        if (st == FERRY_OK) {
+            free(r->ids), free(r->row_off), free(r->row_len);
+            r->ids = NULL, r->row_off = r->row_len = NULL;
+            st = alloc_rows(r, r->n_texts, total);
+        }
+        for (int i = 0, at = 0; i < r->n_texts && st == FERRY_OK; at += n[i], i++) {
+            memcpy(r->ids + at, ids[i], (size_t)n[i] * sizeof *r->ids);
+            r->row_off[i] = at;
+            r->row_len[i] = n[i];
+        }
+        for (int i = 0; ids && i < r->n_texts; i++) free(ids[i]);
+        free(ids);
+        free(n);
+        FERRY_TRY(st);
+    }
     FERRY_TRY(text_request_defaults(tm, &r->given, false, &r->sampling, r->stop_ids, &r->n_stop));
     return check_rows(r, lim);
 }
@@ -611,6 +759,11 @@ void kserve_infer_writer_init(kserve_infer_writer *w, const kserve_request *r, c
 static void put_row_json(kserve_infer_writer *w, strbuf *sb, int o, int i)
 {
     const kserve_row *row = &w->rows[i];
+    if (w->r->outputs[o] == KSERVE_OUT_TEXT) {
+        if (i) sb_puts(sb, ", ");
+        text_put_json(sb, row->text ? row->text : "", row->text_len);
+        return;
+    }
     if (w->r->outputs[o] == KSERVE_OUT_IDS) {
         for (int k = 0; k < w->n; k++) sb_printf(sb, "%s%d", i || k ? ", " : "", k < row->n_tokens ? row->tokens[k] : -1);
         return;
@@ -625,6 +778,11 @@ static void put_row_json(kserve_infer_writer *w, strbuf *sb, int o, int i)
 static void put_row_binary(kserve_infer_writer *w, strbuf *sb, int o, int i)
 {
     const kserve_row *row = &w->rows[i];
+    if (w->r->outputs[o] == KSERVE_OUT_TEXT) { /* BYTES: a 4-byte length, then the bytes */
+        put_le(sb, (uint64_t)row->text_len, 4);
+        sb_append(sb, row->text ? row->text : "", row->text_len);
+        return;
+    }
     if (w->r->outputs[o] == KSERVE_OUT_IDS) {
         for (int k = 0; k < w->n; k++) put_le(sb, (uint64_t)(int64_t)(k < row->n_tokens ? row->tokens[k] : -1), 8);
         return;
@@ -655,12 +813,22 @@ bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb)
             w->o = w->i = 0;
             return true;
         }
-        bool ids = r->outputs[o] == KSERVE_OUT_IDS;
+        bool ids = r->outputs[o] == KSERVE_OUT_IDS, text = r->outputs[o] == KSERVE_OUT_TEXT;
         int cols = ids ? w->n : w->vocab;
-        sb_printf(sb, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": [%d, %d]", o ? ", " : "",
-                  ids ? "output_ids" : "logits", ids ? "INT64" : "FP32", b, cols);
+        if (text) sb_printf(sb, "%s{\"name\": \"text_output\", \"datatype\": \"BYTES\", \"shape\": [%d]", o ? ", " : "", b);
+        else
+            sb_printf(sb, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": [%d, %d]", o ? ", " : "",
+                      ids ? "output_ids" : "logits", ids ? "INT64" : "FP32", b, cols);
         if (r->binary[o]) {
-            sb_printf(sb, ", \"parameters\": {\"binary_data_size\": %zu}}", (size_t)b * (size_t)cols * (ids ? 8 : 4));
+            size_t size = (size_t)b * (size_t)cols * (ids ? 8 : 4);
+            if (text) {
+                size = 0;
+                for (int i = 0; i < b; i++) size += 4 + w->rows[i].text_len;
+            }
+            sb_printf(sb, ", \"parameters\": {\"binary_data_size\": %zu}}", size);
+            w->o++;
+        } else if (b == 0) { /* no rows (a text request not yet encoded): nothing to walk */
+            sb_puts(sb, ", \"data\": []}");
             w->o++;
         } else {
             sb_puts(sb, ", \"data\": [");
@@ -678,7 +846,7 @@ bool kserve_infer_writer_next(kserve_infer_writer *w, strbuf *sb)
         }
         return true;
     case W_BINARY:
-        while (w->o < r->n_outputs && !r->binary[w->o]) w->o++;
+        while (w->o < r->n_outputs && (!r->binary[w->o] || b == 0)) w->o++;
         if (w->o == r->n_outputs) {
             w->stage = W_DONE;
             return false;

@@ -9,7 +9,12 @@
  * input_ids INT64 [B,T] (or [T], read as [1,T]) as JSON data, flat or
  * nested, or as little-endian bytes after the JSON (the binary tensor data
  * extension: the transport passes the JSON length, from the
- * Inference-Header-Content-Length header). `generate` (Triton's generate
+ * Inference-Header-Content-Length header), or prompts as text: the tensor
+ * text_input BYTES [B] (or [B,1]; JSON strings, or in binary each element
+ * a 4-byte little-endian length and its bytes, as Triton writes BYTES),
+ * answered by default with text_output BYTES [B] (output_ids and logits may
+ * be asked for beside it; a request of ids may ask for text_output too).
+ * With text, parameters.stop takes stop strings. `generate` (Triton's generate
  * extension) takes {"input_ids": [...] or [[...], ...], "parameters": {...}},
  * or the prompt as text: {"text_input": "...", "parameters": {...}} (then
  * parameters.stop takes stop strings), answered with text_output.
@@ -54,24 +59,31 @@ typedef struct {
     int n_stop;
     /* infer outputs, in the order to report them */
     int n_outputs;
-    int outputs[2];          /* KSERVE_OUT_* */
-    bool binary[2];          /* per entry of outputs[]: binary tensor data */
+    int outputs[3];          /* KSERVE_OUT_* */
+    bool binary[3];          /* per entry of outputs[]: binary tensor data */
     bool want_logits;
     char *id;                /* echoed when given */
-    /* generate with text_input: rows are empty until kserve_encode_text */
-    char *text_input;        /* NULL: the prompt came as ids */
-    size_t text_len;
+    /* prompts as text (generate's text_input, infer's BYTES text_input [B]):
+     * row i's text is text_input[text_off[i] .. text_off[i + 1]); the rows
+     * of ids are empty until kserve_encode_text */
+    char *text_input;        /* NULL: the prompts came as ids */
+    size_t text_len;         /* all rows' text, back to back */
+    int n_texts;
+    size_t *text_off;        /* [n_texts + 1] */
+    bool text_out;           /* the answer is text: text_input was given, or infer asked for text_output */
     text_stops stops;        /* parameters.stop */
     text_given given;        /* sampling parameters the request set (the rest default from generation_config.json) */
 } kserve_request;
 
-enum { KSERVE_OUT_IDS, KSERVE_OUT_LOGITS };
+enum { KSERVE_OUT_IDS, KSERVE_OUT_LOGITS, KSERVE_OUT_TEXT };
 
 /* One row's outcome, as the transport collected it from the scheduler. */
 typedef struct {
     int32_t *tokens;         /* generated ids, stop token included */
     int n_tokens;
     float *logits;           /* [vocab] for the last prompt position, or NULL */
+    const char *text;        /* text_output: the row's text, held by the transport (not owned here) */
+    size_t text_len;
 } kserve_row;
 
 /* Keeps a row's outcome (its tokens, and logits when it has them) past the
@@ -86,11 +98,11 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
 /* Parses a generate / generate_stream body. With text_input the rows are
  * left empty (and unchecked) for kserve_encode_text. */
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
-/* A text_input request's prompt encoded (with the tokenizer's special
- * tokens, as a completion prompt) into its one row, the model's
- * generation defaults applied (text_request_defaults), and the row checked
- * against lim. FERRY_ERR_UNSUPPORTED with text_error when the model has no
- * tokenizer. */
+/* A request answered with text (text_out): its text_input prompts (if
+ * any) encoded with the tokenizer's special tokens, as completion prompts,
+ * one row each; the model's generation defaults applied
+ * (text_request_defaults); every row checked against lim.
+ * FERRY_ERR_UNSUPPORTED with text_error when the model has no tokenizer. */
 ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim);
 void kserve_request_free(kserve_request *r);
 /* An empty request with the settings' defaults (settings.def): what every

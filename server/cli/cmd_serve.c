@@ -299,7 +299,7 @@ int cmd_serve(const ferry_config *cfg)
             return rc;
         }
         http_server_attach(srv, ld.e, ld.s, ld.tm);
-        if (gf) grpc_front_attach(gf, ld.e, ld.s);
+        if (gf) grpc_front_attach(gf, ld.e, ld.s, ld.tm);
         if (adm) admin_server_attach(adm, ld.e, ld.s);
         if (text_error(ld.tm)) fprintf(stderr, "ferry: text endpoints off: %s\n", text_error(ld.tm));
         else if (text_chat_error(ld.tm)) fprintf(stderr, "ferry: chat off: %s\n", text_chat_error(ld.tm));

@@ -44,6 +44,7 @@ struct grpc_front {
     engine *e;               /* NULL until attached */
     sched *s;
     engine_limits lim;
+    const text_model *tm;    /* the model's text files (text_input, text_output); outlives the front */
     bool shutdown_done;      /* the shutdown tag came */
     int live_rpcs;           /* R3 */
 };
@@ -74,6 +75,14 @@ struct rpc {
     } *refs_of;              /* [n_rows] each row's callback argument */
     int n_submitted, rows_left; /* R2 */
     bool client_gone;
+    /* an answer of text (kr.text_out): each row's text as it is generated,
+     * fed in on_token and ended in on_done, under mu */
+    struct rpc_text {
+        text_stream *ts;
+        strbuf text;
+        bool stopped;        /* a stop string ended the row (its cancel is not the client's) */
+    } *texts;                /* [n_rows], or NULL */
+    sched *s;                /* the scheduler the rows went to (alive while they run) */
     ferry_status st;         /* the first failure of a row */
     char msg[FERRY_MSG_MAX];
     /* ModelStreamInfer (grpc_stream.c); NULL for the unary RPCs */

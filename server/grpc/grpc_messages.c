@@ -93,13 +93,23 @@ static ferry_status parse_param(const char *key, const infer_param *p, kserve_re
     } else if (!strcmp(key, "top_k")) {
         FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
         r->sampling.top_k = v > INT32_MAX ? INT32_MAX : (int)v; /* >= vocabulary: all */
+        r->given.top_k = true;
     } else if (!strcmp(key, "seed")) {
         FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
         r->sampling.seed = (uint64_t)v;
     } else if (!strcmp(key, "temperature")) {
         FERRY_TRY(param_real(key, p, &r->sampling.temperature));
+        r->given.temperature = true;
     } else if (!strcmp(key, "top_p")) {
         FERRY_TRY(param_real(key, p, &r->sampling.top_p));
+        r->given.top_p = true;
+    } else if (!strcmp(key, "stop")) {
+        /* one stop string (InferParameter holds no list); text only, checked once the input is known */
+        if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop must be a string_param (one stop string)");
+        json_value sv = {.type = JSON_STRING, .len = strlen(p->string_param), .str = p->string_param};
+        text_stops_free(&r->stops);
+        FERRY_TRY(text_stops_parse(&sv, "parameters.stop", &r->stops));
     } else if (!strcmp(key, "stop_token_ids")) {
         FERRY_TRY(param_stop_ids(p, r));
     } else if (!strcmp(key, "binary_data_output") || !strcmp(key, "triton_enable_empty_final_response")) {
@@ -108,7 +118,7 @@ static ferry_status parse_param(const char *key, const infer_param *p, kserve_re
     } else {
         return ferry_fail(FERRY_ERR_INVALID,
                           "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
-                          "stop_token_ids, binary_data_output, triton_enable_empty_final_response)",
+                          "stop_token_ids, stop, binary_data_output, triton_enable_empty_final_response)",
                           key);
     }
     return FERRY_OK;
@@ -116,13 +126,83 @@ static ferry_status parse_param(const char *key, const infer_param *p, kserve_re
 
 /* ---- input_ids and outputs ------------------------------------------------------ */
 
+/* text_input BYTES [B] or [B, 1]: contents.bytes_contents, one element per
+ * prompt, or raw_input_contents[0] holding each element as a 4-byte
+ * little-endian length and its bytes (Triton's serialization). */
+static ferry_status parse_text_input(const infer_req *m, const infer_input *in, kserve_request *r)
+{
+    if (strcmp(in->datatype, "BYTES"))
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: datatype must be BYTES (got '%s')", in->datatype);
+    if (in->n_parameters) return ferry_fail(FERRY_ERR_INVALID, "text_input: unsupported parameter '%s'", in->parameters[0]->key);
+    if (in->n_shape < 1 || in->n_shape > 2 || (in->n_shape == 2 && in->shape[1] != 1))
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: shape must be [B] or [B, 1]");
+    int64_t b = in->shape[0];
+    if (b < 1 || b > KSERVE_MAX_ROWS)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: %lld prompts (1..%d)", (long long)b, KSERVE_MAX_ROWS);
+    const uint8_t *raw = NULL;
+    size_t raw_len = 0, total = 0;
+    const ProtobufCBinaryData *el = NULL;
+    if (m->n_raw_input_contents) {
+        if (m->n_raw_input_contents != 1)
+            return ferry_fail(FERRY_ERR_INVALID, "raw_input_contents: one entry per input expected (got %zu)",
+                              m->n_raw_input_contents);
+        if (in->contents) return ferry_fail(FERRY_ERR_INVALID, "text_input: contents and raw_input_contents are both given");
+        raw = m->raw_input_contents[0].data, raw_len = m->raw_input_contents[0].len;
+        size_t at = 0;
+        for (int64_t i = 0; i < b; i++) {
+            if (raw_len - at < 4)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: raw contents end inside element %lld's length", (long long)i);
+            size_t n = (size_t)raw[at] | (size_t)raw[at + 1] << 8 | (size_t)raw[at + 2] << 16 | (size_t)raw[at + 3] << 24;
+            at += 4;
+            if (raw_len - at < n)
+                return ferry_fail(FERRY_ERR_INVALID, "text_input: element %lld says %zu bytes, %zu are left", (long long)i, n,
+                                  raw_len - at);
+            at += n, total += n;
+        }
+        if (at != raw_len)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: %zu bytes of raw contents, its %lld elements take %zu", raw_len,
+                              (long long)b, at);
+    } else {
+        const Inference__InferTensorContents *c = in->contents;
+        if (!c || c->n_bytes_contents != (size_t)b)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: shape [%lld] needs %lld bytes_contents, got %zu", (long long)b,
+                              (long long)b, c ? c->n_bytes_contents : 0);
+        el = c->bytes_contents;
+        for (int64_t i = 0; i < b; i++) total += el[i].len;
+    }
+    r->n_texts = (int)b;
+    if (!(r->text_input = malloc(total + 1)) || !(r->text_off = malloc((size_t)(b + 1) * sizeof *r->text_off)))
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    size_t at = 0, src = 0;
+    for (int64_t i = 0; i < b; i++) {
+        const uint8_t *p;
+        size_t n;
+        if (raw) {
+            n = (size_t)raw[src] | (size_t)raw[src + 1] << 8 | (size_t)raw[src + 2] << 16 | (size_t)raw[src + 3] << 24;
+            p = raw + src + 4;
+            src += 4 + n;
+        } else {
+            p = el[i].data, n = el[i].len;
+        }
+        r->text_off[i] = at;
+        if (n) memcpy(r->text_input + at, p, n);
+        at += n;
+    }
+    r->text_off[b] = at;
+    r->text_input[at] = '\0';
+    r->text_len = at;
+    r->text_out = true;
+    return FERRY_OK;
+}
+
 static ferry_status parse_input_ids(const infer_req *m, kserve_request *r)
 {
     if (m->n_inputs != 1)
-        return ferry_fail(FERRY_ERR_INVALID, "expected one input, input_ids (got %zu)", m->n_inputs);
+        return ferry_fail(FERRY_ERR_INVALID, "expected one input, input_ids or text_input (got %zu)", m->n_inputs);
     const infer_input *in = m->inputs[0];
+    if (!strcmp(in->name, "text_input")) return parse_text_input(m, in, r);
     if (strcmp(in->name, "input_ids"))
-        return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids)", in->name);
+        return ferry_fail(FERRY_ERR_INVALID, "unknown input '%s' (the model takes input_ids or text_input)", in->name);
     if (strcmp(in->datatype, "INT64"))
         return ferry_fail(FERRY_ERR_INVALID, "input_ids: datatype must be INT64 (got '%s')", in->datatype);
     if (in->n_parameters) return ferry_fail(FERRY_ERR_INVALID, "input_ids: unsupported parameter '%s'", in->parameters[0]->key);
@@ -180,8 +260,12 @@ static ferry_status parse_outputs(const infer_req *m, kserve_request *r)
 {
     for (size_t i = 0; i < m->n_outputs; i++) {
         const char *name = m->outputs[i]->name;
-        int which = !strcmp(name, "output_ids") ? KSERVE_OUT_IDS : !strcmp(name, "logits") ? KSERVE_OUT_LOGITS : -1;
-        if (which < 0) return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unknown output '%s' (output_ids, logits)", i, name);
+        int which = !strcmp(name, "output_ids")    ? KSERVE_OUT_IDS
+                    : !strcmp(name, "logits")      ? KSERVE_OUT_LOGITS
+                    : !strcmp(name, "text_output") ? KSERVE_OUT_TEXT
+                                                   : -1;
+        if (which < 0)
+            return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unknown output '%s' (output_ids, logits, text_output)", i, name);
         for (size_t k = 0; k < m->outputs[i]->n_parameters; k++)
             if (strcmp(m->outputs[i]->parameters[k]->key, "binary_data"))
                 return ferry_fail(FERRY_ERR_INVALID, "outputs[%zu]: unsupported parameter '%s'", i,
@@ -193,10 +277,11 @@ static ferry_status parse_outputs(const infer_req *m, kserve_request *r)
         r->outputs[slot] = which;
         r->binary[slot] = true;
         if (which == KSERVE_OUT_LOGITS) r->want_logits = true;
+        if (which == KSERVE_OUT_TEXT) r->text_out = true;
     }
-    if (r->n_outputs == 0) {
+    if (r->n_outputs == 0) { /* output_ids, or text_output for text */
         r->n_outputs = 1;
-        r->outputs[0] = KSERVE_OUT_IDS;
+        r->outputs[0] = r->text_input ? KSERVE_OUT_TEXT : KSERVE_OUT_IDS;
         r->binary[0] = true;
     }
     return FERRY_OK;
@@ -211,6 +296,10 @@ static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, ks
     for (size_t i = 0; i < m->n_parameters; i++) FERRY_TRY(parse_param(m->parameters[i]->key, m->parameters[i]->value, r));
     FERRY_TRY(parse_input_ids(m, r));
     FERRY_TRY(parse_outputs(m, r));
+    if (r->stops.n && !r->text_out)
+        return ferry_fail(FERRY_ERR_INVALID, "parameters.stop (a stop string) needs text: the prompt as text_input or "
+                          "text_output asked for; token ids stop with parameters.stop_token_ids");
+    if (r->text_out) return FERRY_OK; /* encoded and checked by the transport (kserve_encode_text) */
     for (int i = 0; i < r->n_rows; i++) {
         char what[32];
         snprintf(what, sizeof what, r->n_rows > 1 ? "input_ids[%d]" : "input_ids", i);
@@ -307,9 +396,9 @@ ferry_status grpc_infer_response(const kserve_request *r, const char *model, con
     for (int i = 0; i < r->n_rows; i++)
         if (rows[i].n_tokens > n) n = rows[i].n_tokens;
     Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
-    Inference__ModelInferResponse__InferOutputTensor t[2], *tp[2];
-    int64_t shape[2][2];
-    ProtobufCBinaryData raw[2] = {{0, NULL}, {0, NULL}};
+    Inference__ModelInferResponse__InferOutputTensor t[3], *tp[3];
+    int64_t shape[3][2];
+    ProtobufCBinaryData raw[3] = {{0, NULL}, {0, NULL}, {0, NULL}};
     ferry_status st = FERRY_OK;
     m.model_name = (char *)model;
     m.model_version = (char *)KSERVE_MODEL_VERSION;
@@ -318,6 +407,25 @@ ferry_status grpc_infer_response(const kserve_request *r, const char *model, con
         bool ids = r->outputs[o] == KSERVE_OUT_IDS;
         inference__model_infer_response__infer_output_tensor__init(&t[o]);
         tp[o] = &t[o];
+        if (r->outputs[o] == KSERVE_OUT_TEXT) { /* BYTES [B]: each row a 4-byte length and its text */
+            t[o].name = (char *)"text_output";
+            t[o].datatype = (char *)"BYTES";
+            shape[o][0] = r->n_rows;
+            t[o].shape = shape[o];
+            t[o].n_shape = 1;
+            for (int i = 0; i < r->n_rows; i++) raw[o].len += 4 + rows[i].text_len;
+            if (!(raw[o].data = malloc(raw[o].len ? raw[o].len : 1))) {
+                st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            uint8_t *p = raw[o].data;
+            for (int i = 0; i < r->n_rows; i++) {
+                for (int k = 0; k < 4; k++) p[k] = (uint8_t)(rows[i].text_len >> (8 * k));
+                if (rows[i].text_len) memcpy(p + 4, rows[i].text, rows[i].text_len);
+                p += 4 + rows[i].text_len;
+            }
+            continue;
+        }
         t[o].name = (char *)(ids ? "output_ids" : "logits");
         t[o].datatype = (char *)(ids ? "INT64" : "FP32");
         shape[o][0] = r->n_rows;
@@ -351,7 +459,7 @@ ferry_status grpc_infer_response(const kserve_request *r, const char *model, con
     m.n_raw_output_contents = (size_t)r->n_outputs;
     st = pack(&m.base, out, out_len);
 done:
-    for (int o = 0; o < 2; o++) free(raw[o].data);
+    for (int o = 0; o < 3; o++) free(raw[o].data);
     return st;
 }
 
@@ -505,8 +613,11 @@ ferry_status grpc_model_stats_response(const char *model, const kserve_stats *k,
 
 /* ---- ModelStreamInfer ----------------------------------------------------------- */
 
-ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
-                                        uint8_t **out, size_t *out_len)
+/* One ModelStreamInferResponse: the output t with its raw contents (t NULL:
+ * none, the empty final response) and the final flag. */
+static ferry_status stream_response(const char *model, const char *id, bool final,
+                                    Inference__ModelInferResponse__InferOutputTensor *t, ProtobufCBinaryData *raw,
+                                    uint8_t **out, size_t *out_len)
 {
     Inference__InferParameter fin = INFERENCE__INFER_PARAMETER__INIT;
     fin.parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
@@ -515,31 +626,56 @@ ferry_status grpc_stream_token_response(const char *model, const char *id, const
                                                    *entries[] = {&entry};
     entry.key = (char *)"triton_final_response";
     entry.value = &fin;
-    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT,
-                                                     *tp[] = {&t};
-    int64_t shape[2] = {1, 1};
-    uint8_t le[8];
-    ProtobufCBinaryData raw = {8, le};
+    Inference__ModelInferResponse__InferOutputTensor *tp[] = {t};
     Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;
     m.model_name = (char *)model;
     m.model_version = (char *)KSERVE_MODEL_VERSION;
     m.id = (char *)(id ? id : "");
     m.parameters = entries;
     m.n_parameters = 1;
-    if (token) { /* else the empty final response */
-        put_le64(le, (uint64_t)(int64_t)*token);
-        t.name = (char *)"output_ids";
-        t.datatype = (char *)"INT64";
-        t.shape = shape;
-        t.n_shape = 2;
+    if (t) {
         m.outputs = tp;
         m.n_outputs = 1;
-        m.raw_output_contents = &raw;
+        m.raw_output_contents = raw;
         m.n_raw_output_contents = 1;
     }
     Inference__ModelStreamInferResponse s = INFERENCE__MODEL_STREAM_INFER_RESPONSE__INIT;
     s.infer_response = &m;
     return pack(&s.base, out, out_len);
+}
+
+ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
+                                        uint8_t **out, size_t *out_len)
+{
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT;
+    int64_t shape[2] = {1, 1};
+    uint8_t le[8];
+    ProtobufCBinaryData raw = {8, le};
+    if (!token) return stream_response(model, id, final, NULL, NULL, out, out_len); /* the empty final response */
+    put_le64(le, (uint64_t)(int64_t)*token);
+    t.name = (char *)"output_ids";
+    t.datatype = (char *)"INT64";
+    t.shape = shape;
+    t.n_shape = 2;
+    return stream_response(model, id, final, &t, &raw, out, out_len);
+}
+
+ferry_status grpc_stream_text_response(const char *model, const char *id, const char *text, size_t len, bool final,
+                                       uint8_t **out, size_t *out_len)
+{
+    Inference__ModelInferResponse__InferOutputTensor t = INFERENCE__MODEL_INFER_RESPONSE__INFER_OUTPUT_TENSOR__INIT;
+    int64_t shape[1] = {1};
+    ProtobufCBinaryData raw = {4 + len, malloc(4 + len)};
+    if (!raw.data) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < 4; k++) raw.data[k] = (uint8_t)(len >> (8 * k));
+    if (len) memcpy(raw.data + 4, text, len);
+    t.name = (char *)"text_output";
+    t.datatype = (char *)"BYTES";
+    t.shape = shape;
+    t.n_shape = 1;
+    ferry_status st = stream_response(model, id, final, &t, &raw, out, out_len);
+    free(raw.data);
+    return st;
 }
 
 ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,

@@ -8,17 +8,22 @@
  *
  * ModelInfer takes one input, input_ids INT64 [B,T] (or [T], read as
  * [1,T]), as contents.int64_contents or as raw_input_contents[0] (B*T
- * little-endian int64). Request parameters, by InferParameter kind:
+ * little-endian int64); or text_input BYTES [B] (or [B,1]) as
+ * contents.bytes_contents or raw_input_contents[0] (each element a 4-byte
+ * little-endian length and its bytes), answered by default with
+ * text_output BYTES [B] in the same raw form (the transport encodes the
+ * prompts: kserve_encode_text). Request parameters, by InferParameter kind:
  *   max_new_tokens, top_k, seed: int64_param or uint64_param
  *   temperature, top_p:          double_param (Triton) or int64_param
  *   stop_token_ids:              string_param, ids separated by ','
  *                                (KServe's InferParameter has no list)
+ *   stop:                        string_param, one stop string (text only)
  *   binary_data_output:          bool_param, accepted and ignored (gRPC
  *                                outputs are always raw_output_contents)
  *   triton_enable_empty_final_response: bool_param, accepted and ignored
  *                                (the last token's response is the final one)
  * Outputs: output_ids INT64 [B,N] (rows shorter than the longest padded
- * with -1) and, when asked for, logits FP32 [B,vocab], in the order asked,
+ * with -1) and, when asked for, logits FP32 [B,vocab] and text_output, in the order asked,
  * as raw_output_contents (what tritonclient reads). Every row is checked
  * with request_check (through kserve_row_request) before any is submitted.
  */
@@ -68,6 +73,11 @@ enum { GRPC_MSG_LIVE, GRPC_MSG_READY, GRPC_MSG_MODEL_READY };
  * with the request's id; the stream goes on). */
 ferry_status grpc_stream_token_response(const char *model, const char *id, const int32_t *token, bool final,
                                         uint8_t **out, size_t *out_len);
+/* A streamed text request's response: text_output BYTES [1] holding the
+ * text that became final (a 4-byte length, then the bytes; final: the
+ * request's last response, its text possibly empty). */
+ferry_status grpc_stream_text_response(const char *model, const char *id, const char *text, size_t len, bool final,
+                                       uint8_t **out, size_t *out_len);
 ferry_status grpc_stream_error_response(const char *msg, const char *model, const char *id, uint8_t **out,
                                         size_t *out_len);
 /* The id of ModelInferRequest bytes that failed to parse whole (malloc'd;

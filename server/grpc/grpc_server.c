@@ -86,6 +86,9 @@ static void rpc_free(rpc *r)
     if (r->has_details) grpc_slice_unref(r->status_details);
     if (r->rows)
         for (int i = 0; i < r->kr.n_rows; i++) free(r->rows[i].tokens), free(r->rows[i].logits);
+    if (r->texts)
+        for (int i = 0; i < r->kr.n_rows; i++) text_stream_free(r->texts[i].ts), sb_free(&r->texts[i].text);
+    free(r->texts);
     free(r->rows);
     free(r->sid);
     free(r->refs_of);
@@ -201,7 +204,17 @@ static void infer_finish(rpc *r)
 
 static void on_token(void *user, int32_t token, int index)
 {
-    (void)user, (void)token, (void)index; /* unary: the answer waits for on_done */
+    (void)index; /* unary: the answer waits for on_done; a text row's stream is fed here */
+    struct row_ref *ref = user;
+    rpc *r = ref->r;
+    if (!r->texts) return;
+    pthread_mutex_lock(&r->mu);
+    struct rpc_text *t = &r->texts[ref->row];
+    bool stop = !t->stopped && text_stream_push(t->ts, token, &t->text);
+    if (stop) t->stopped = true;
+    pthread_mutex_unlock(&r->mu);
+    /* the engine thread is alive, so the scheduler is; sid[row] was set before the row could run */
+    if (stop) sched_cancel(r->s, r->sid[ref->row]);
 }
 
 static void on_done(void *user, ferry_status st, const char *msg, const gen_result *res)
@@ -213,11 +226,22 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     pthread_mutex_lock(&r->mu);
     if (st == FERRY_OK && kserve_row_keep(row, res) != FERRY_OK)
         st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+    bool stopped = false;
+    if (st == FERRY_OK && r->texts) {
+        struct rpc_text *t = &r->texts[ref->row];
+        text_stream_end(t->ts, &t->text);
+        if (t->text.oom) st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+        row->text = t->text.data;
+        row->text_len = t->text.len;
+        /* output_ids beside the text: up to the stop string, not what ran on before the cancel */
+        if (row->n_tokens > text_stream_tokens(t->ts)) row->n_tokens = text_stream_tokens(t->ts);
+        stopped = t->stopped;
+    }
     if (st != FERRY_OK && r->st == FERRY_OK) {
         r->st = st;
         snprintf(r->msg, sizeof r->msg, "%s", msg && *msg ? msg : ferry_status_name(st));
     }
-    if (st == FERRY_OK && res->cancelled) r->client_gone = true;
+    if (st == FERRY_OK && res->cancelled && !stopped) r->client_gone = true;
     bool last = --r->rows_left == 0;
     pthread_mutex_unlock(&r->mu);
     if (last) infer_finish(r);
@@ -241,12 +265,31 @@ static void cancel_rows(rpc *r)
  * submitted so that nothing after can fail for memory: the request, its
  * results, and the answer, built whole (raw contents plus the message's
  * own fields). */
-static uint64_t infer_held_bytes(const kserve_request *kr, int vocab)
+#define TEXT_STREAM_BYTES 8192 /* a text_stream's own state, stop strings aside (as http.c counts it) */
+static uint64_t infer_held_bytes(const kserve_request *kr, int vocab, const text_model *tm)
 {
     uint64_t rows = (uint64_t)kr->n_rows;
     uint64_t answer = rows * ((uint64_t)kr->max_new_tokens * sizeof(int64_t) +
                               (kr->want_logits ? (uint64_t)vocab * sizeof(float) : 0)) + 4096;
+    if (kr->text_out) { /* each row's text, held, and again in the answer */
+        uint64_t text_row = (uint64_t)kr->max_new_tokens * text_max_token_bytes(tm);
+        answer += rows * (sizeof(struct rpc_text) + TEXT_STREAM_BYTES + text_stops_bytes(&kr->stops) + 2 * text_row + 4);
+    }
     return kserve_held_bytes(kr, vocab) + answer;
+}
+
+/* A text answer: the prompts encoded (within the budget), each row's stream. */
+static ferry_status text_start(rpc *r, const text_model *tm, const engine_limits *lim, char *busy, size_t cap)
+{
+    uint64_t hold = text_encode_bound(r->kr.text_len);
+    if (!rpc_mem_take(r, hold, busy, cap)) return FERRY_ERR_BUSY;
+    ferry_status st = tm ? kserve_encode_text(&r->kr, tm, lim) : ferry_fail(FERRY_ERR_UNSUPPORTED, "text: no text model");
+    if (r->g->budget) req_budget_give(r->g->budget, &r->mem, hold);
+    if (st != FERRY_OK) {
+        snprintf(busy, cap, "%s", ferry_errmsg());
+        return st;
+    }
+    return FERRY_OK;
 }
 
 static void model_infer(rpc *r, const uint8_t *buf, size_t len)
@@ -255,6 +298,7 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
     pthread_mutex_lock(&g->mu);
     sched *s = g->s;
     engine_limits lim = g->lim;
+    const text_model *tm = g->tm;
     pthread_mutex_unlock(&g->mu);
     if (!s) {
         rpc_finish(r, GRPC_STATUS_UNAVAILABLE, "model not ready", NULL, 0);
@@ -278,7 +322,12 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
         rpc_fail(r, st, ferry_errmsg());
         return;
     }
-    if (!rpc_mem_take(r, infer_held_bytes(&r->kr, lim.vocab), busy, sizeof busy)) {
+    if (r->kr.text_out && (st = text_start(r, tm, &lim, busy, sizeof busy)) != FERRY_OK) {
+        if (st == FERRY_ERR_BUSY) rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, busy, NULL, 0);
+        else rpc_fail(r, st, busy);
+        return;
+    }
+    if (!rpc_mem_take(r, infer_held_bytes(&r->kr, lim.vocab, tm), busy, sizeof busy)) {
         rpc_finish(r, GRPC_STATUS_RESOURCE_EXHAUSTED, busy, NULL, 0);
         return;
     }
@@ -286,15 +335,23 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
     r->rows = calloc((size_t)n, sizeof *r->rows);
     r->sid = calloc((size_t)n, sizeof *r->sid);
     r->refs_of = calloc((size_t)n, sizeof *r->refs_of);
-    if (!r->rows || !r->sid || !r->refs_of) {
+    if (!r->rows || !r->sid || !r->refs_of || (r->kr.text_out && !(r->texts = calloc((size_t)n, sizeof *r->texts)))) {
         rpc_fail(r, FERRY_ERR_NOMEM, "out of memory");
         return;
+    }
+    for (int i = 0; r->texts && i < n; i++) {
+        gen_request p = kserve_row_request(&r->kr, i);
+        if ((st = text_stream_new(tm, &p, &r->kr.stops, &r->texts[i].ts)) != FERRY_OK) {
+            rpc_fail(r, st, ferry_errmsg());
+            return;
+        }
     }
     char msg[FERRY_MSG_MAX] = "";
     pthread_mutex_lock(&r->mu);
     r->rows_left = n + 1; /* R2: the submitter's share */
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&g->mu); /* held while submitting: the scheduler outlives it */
+    r->s = g->s;
     if (n > sched_max_queued(g->s)) {
         /* could never be queued whole: a client error, not a retryable one */
         st = FERRY_ERR_INVALID;
@@ -591,11 +648,12 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
 
 int grpc_front_port(const grpc_front *g) { return g->port; }
 
-void grpc_front_attach(grpc_front *g, engine *e, sched *sc)
+void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm)
 {
     pthread_mutex_lock(&g->mu);
     g->e = e;
     g->s = sc;
+    g->tm = tm;
     g->lim = engine_get_limits(e);
     pthread_mutex_unlock(&g->mu);
 }

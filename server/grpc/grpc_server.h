@@ -23,6 +23,7 @@
 #include "../../engine/scheduler.h"
 #include "../budget.h"
 #include "../metrics.h"
+#include "../text.h"
 
 typedef struct {
     const char *host;        /* address to bind, as http_opts.host */
@@ -41,8 +42,10 @@ typedef struct grpc_front grpc_front;
 ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out);
 int grpc_front_port(const grpc_front *g);
 
-/* The model is ready: ModelInfer submits to sc. */
-void grpc_front_attach(grpc_front *g, engine *e, sched *sc);
+/* The model is ready: ModelInfer submits to sc; text_input and
+ * text_output use tm (its text_error answers them when the model has no
+ * tokenizer). tm must outlive the front (grpc_front_stop). */
+void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm);
 /* Stops accepting calls, waits up to grace_s seconds for the calls in
  * flight, cancels the rest (their rows through sched_cancel: the scheduler
  * must still run), waits for every call to end and frees everything. */

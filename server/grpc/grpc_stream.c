@@ -1,7 +1,7 @@
 /*
  * grpc_stream.c - ModelStreamInfer, Triton's decoupled bidirectional
  * stream: the client sends ModelInferRequests (one prompt each, input_ids
- * [1,T]) whenever it likes; each is submitted to the scheduler at once, so
+ * [1,T] or text_input [1]) whenever it likes; each is submitted to the scheduler at once, so
  * several requests of one stream run and interleave; every generated token
  * is one ModelStreamInferResponse with the request's id, output_ids
  * INT64 [1,1], and parameter triton_final_response, true on the request's
@@ -9,6 +9,14 @@
  * gets one response with error_message; the stream stays open for the
  * others. The call ends with status OK once the client has half-closed,
  * every request has ended and every response is written.
+ *
+ * A request of text (text_input, or text_output asked for) is answered
+ * with text instead: each response is text_output BYTES [1] holding the
+ * text that became final since the last one (the tokenizer's streaming
+ * decoder, then the stop strings: text that may begin one is held back),
+ * sent once there is some; the final response carries what was held back
+ * (possibly nothing). A stop string ends the request early, and that
+ * cancel is not the client's: the final response follows, no error.
  *
  * The final flag needs to know a token is the last before sending it, and
  * the scheduler says so only in on_done: each request holds back its latest
@@ -47,6 +55,7 @@
 #include "grpc_messages.h"
 
 #define STREAM_MSG_BYTES 320 /* one token response in memory, id and model name aside */
+#define STREAM_TEXT_BYTES 8192 /* a text_stream's own state, stop strings aside (as http.c counts it) */
 
 typedef struct out_msg {
     struct out_msg *next;
@@ -61,6 +70,9 @@ typedef struct stream_req {
     uint64_t sid;
     int32_t held;            /* the latest token, not sent yet */
     bool has_held;
+    text_stream *ts;         /* a request of text: its text so far (NULL: ids) */
+    bool stopped;            /* a stop string ended it */
+    sched *s;                /* where it was submitted (alive while it runs) */
     uint64_t mem;            /* reserved for the request and its responses (S3) */
 } stream_req;
 
@@ -209,6 +221,16 @@ static void push_token(rpc *r, stream_req *q, const int32_t *token, bool final)
     push(r, q, st, body, len);
 }
 
+static void push_text(rpc *r, stream_req *q, const strbuf *text, bool final)
+{
+    uint8_t *body = NULL;
+    size_t len = 0;
+    ferry_status st = text->oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory")
+                                : grpc_stream_text_response(r->g->model_name, q->kr.id, text->data ? text->data : "",
+                                                            text->len, final, &body, &len);
+    push(r, q, st, body, len);
+}
+
 /* ---- the scheduler's callbacks (engine thread) ---------------------------------- */
 
 static void stream_on_token(void *user, int32_t token, int index)
@@ -216,12 +238,24 @@ static void stream_on_token(void *user, int32_t token, int index)
     (void)index;
     stream_req *q = user;
     rpc *r = q->r;
+    bool stop = false;
     pthread_mutex_lock(&r->mu);
-    if (q->has_held) push_token(r, q, &q->held, false);
-    q->held = token;
-    q->has_held = true;
+    if (q->ts) {
+        strbuf delta;
+        sb_init(&delta);
+        stop = !q->stopped && text_stream_push(q->ts, token, &delta);
+        q->stopped |= stop;
+        if (delta.len || delta.oom) push_text(r, q, &delta, false);
+        sb_free(&delta);
+    } else {
+        if (q->has_held) push_token(r, q, &q->held, false);
+        q->held = token;
+        q->has_held = true;
+    }
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
+    /* the engine thread is alive, so the scheduler is; q->sid was set before the request could run */
+    if (stop) sched_cancel(q->s, q->sid);
     if (drop) rpc_unref(r);
 }
 
@@ -236,8 +270,14 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
     if (st != FERRY_OK) {
         if (q->has_held) push_token(r, q, &q->held, false);
         push_error(r, q, msg && *msg ? msg : ferry_status_name(st), q->kr.id);
-    } else if (res->cancelled) {
+    } else if (res->cancelled && !q->stopped) {
         push_error(r, q, "cancelled", q->kr.id);
+    } else if (q->ts) {
+        strbuf rest;
+        sb_init(&rest);
+        text_stream_end(q->ts, &rest);
+        push_text(r, q, &rest, true);
+        sb_free(&rest);
     } else {
         push_token(r, q, q->has_held ? &q->held : NULL, true);
     }
@@ -250,6 +290,7 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
     req_done(r, q);
     bool drop = settle(r);
     pthread_mutex_unlock(&r->mu);
+    text_stream_free(q->ts);
     kserve_request_free(&q->kr);
     free(q);
     if (drop) rpc_unref(r);
@@ -278,6 +319,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     pthread_mutex_lock(&g->mu);
     engine_limits lim = g->lim;
     bool ready = g->s != NULL;
+    const text_model *tm = g->tm;
     pthread_mutex_unlock(&g->mu);
     ferry_status st = FERRY_OK;
     if (!q) code = GRPC_STATUS_RESOURCE_EXHAUSTED, snprintf(err, sizeof err, "out of memory");
@@ -299,12 +341,31 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         snprintf(err, sizeof err, "model '%.200s' not found (this server serves '%s')", model, g->model_name);
     }
     free(model);
+    if (!*err && q->kr.text_out) { /* the prompt encoded (within the budget), and the request's text stream */
+        uint64_t hold = text_encode_bound(q->kr.text_len);
+        if (g->budget && !req_budget_take(g->budget, &q->mem, hold)) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            req_budget_busy_msg(g->budget, err, sizeof err);
+        } else {
+            st = tm ? kserve_encode_text(&q->kr, tm, &lim) : ferry_fail(FERRY_ERR_UNSUPPORTED, "text: no text model");
+            if (st == FERRY_OK && q->kr.n_rows == 1) {
+                gen_request p = kserve_row_request(&q->kr, 0);
+                st = text_stream_new(tm, &p, &q->kr.stops, &q->ts);
+            }
+            if (st != FERRY_OK) code = grpc_status_of(st), snprintf(err, sizeof err, "%s", ferry_errmsg());
+            if (g->budget) req_budget_give(g->budget, &q->mem, hold);
+        }
+    }
     if (!*err && q->kr.n_rows != 1)
-        snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T]; got %d)", q->kr.n_rows);
+        snprintf(err, sizeof err, "ModelStreamInfer takes one prompt per request (input_ids [1, T] or text_input [1]; "
+                 "got %d)", q->kr.n_rows);
     if (!*err && q->kr.want_logits) snprintf(err, sizeof err, "ModelStreamInfer streams output_ids only (no logits)");
     if (!*err && g->budget) { /* S3 */
         uint64_t per_msg = STREAM_MSG_BYTES + strlen(g->model_name) + (q->kr.id ? strlen(q->kr.id) : 0);
         uint64_t want = kserve_held_bytes(&q->kr, lim.vocab) + ((uint64_t)q->kr.max_new_tokens + 1) * per_msg;
+        if (q->ts) /* the stream's state, and the text its responses carry */
+            want += STREAM_TEXT_BYTES + text_stops_bytes(&q->kr.stops) +
+                    (uint64_t)q->kr.max_new_tokens * text_max_token_bytes(tm) + TEXT_MAX_STOP_BYTES;
         if (!req_budget_take(g->budget, &q->mem, want)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             req_budget_busy_msg(g->budget, err, sizeof err);
@@ -320,6 +381,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         sched_callbacks cb = {stream_on_token, stream_on_done};
         gen_request p = kserve_row_request(&q->kr, 0);
         pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (grpc_front_stop first) */
+        q->s = g->s;
         st = sched_submit(g->s, &p, &cb, q, &q->sid);
         pthread_mutex_unlock(&g->mu);
         if (st == FERRY_OK) return;
@@ -332,7 +394,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     }
     rpc_count(r, code);
     char *id = q && q->kr.id ? strdup(q->kr.id) : grpc_infer_peek_id(buf, len);
-    if (q) kserve_request_free(&q->kr);
+    if (q) text_stream_free(q->ts), kserve_request_free(&q->kr);
     pthread_mutex_lock(&r->mu);
     if (q) req_done(r, q);
     free(q);

@@ -548,7 +548,7 @@ static void test_generate_text(void)
 
     REFUSE_GENERATE("{\"text_input\": 5}", "text_input must be a string");
     REFUSE_GENERATE("{\"text_input\": \"x\", \"input_ids\": [1]}", "not both");
-    REFUSE_GENERATE("{\"input_ids\": [1], \"parameters\": {\"stop\": \"x\"}}", "needs the prompt as text_input");
+    REFUSE_GENERATE("{\"input_ids\": [1], \"parameters\": {\"stop\": \"x\"}}", "needs text: the prompt as text_input");
     REFUSE_GENERATE("{\"text_input\": \"x\", \"parameters\": {\"stop\": [\"\"]}}", "parameters.stop[0] is an empty string");
     REFUSE_GENERATE("{\"text_input\": \"x\", \"parameters\": {\"stop\": 3}}", "parameters.stop must be a string");
 
@@ -564,6 +564,77 @@ static void test_generate_text(void)
     CHECK(sb.len > 8 && !strncmp(sb.data, "data: ", 6) && !memcmp(sb.data + sb.len - 2, "\n\n", 2));
     v = reparse(sb.data + 6, sb.len - 8);
     CHECK(v && !strcmp(json_get(v, "text_output")->str, "hi") && !json_get(v, "finish_reason"));
+    sb_free(&sb);
+}
+
+/* infer with the BYTES tensor text_input: JSON (flat and [B, 1]) and
+ * binary (4-byte little-endian lengths), the rows left for
+ * kserve_encode_text; text_output asked for with ids; the text writer. */
+static void test_infer_text(void)
+{
+    CHECK_STATUS(infer("{\"inputs\": [{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [2, 1], "
+                       "\"data\": [[\"ab\"], [\"\"]]}], \"parameters\": {\"stop\": \"q\"}}", -1),
+                 FERRY_OK);
+    CHECK(g_r.text_out && g_r.n_rows == 0 && g_r.n_texts == 2);
+    CHECK(g_r.text_off && g_r.text_off[0] == 0 && g_r.text_off[1] == 2 && g_r.text_off[2] == 2);
+    CHECK(g_r.text_input && !memcmp(g_r.text_input, "ab", 2));
+    CHECK_EQ_INT(g_r.n_outputs, 1);
+    CHECK_EQ_INT(g_r.outputs[0], KSERVE_OUT_TEXT);
+    CHECK_EQ_INT(g_r.stops.n, 1);
+
+    /* binary: "hi" and "" after the JSON */
+    const char *head = "{\"inputs\": [{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [2], "
+                       "\"parameters\": {\"binary_data_size\": 10}}]}";
+    char body[256];
+    size_t hl = strlen(head);
+    memcpy(body, head, hl);
+    memcpy(body + hl, "\x02\x00\x00\x00hi\x00\x00\x00\x00", 10);
+    CHECK_STATUS(parse_infer(body, hl + 10, (int64_t)hl), FERRY_OK);
+    CHECK(g_r.n_texts == 2 && g_r.text_len == 2 && g_r.text_off[1] == 2 && g_r.text_off[2] == 2);
+    memcpy(body + hl, "\x03\x00\x00\x00hi\x00\x00\x00\x00", 10);
+    CHECK_STATUS(parse_infer(body, hl + 10, (int64_t)hl), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("ends inside element 1's length");
+
+    /* ids in, text out: the rows are kept, their check waits for the text layer */
+    CHECK_STATUS(infer("{\"inputs\": [{\"name\": \"input_ids\", \"datatype\": \"INT64\", \"shape\": [1, 2], "
+                       "\"data\": [1, 2]}], \"outputs\": [{\"name\": \"output_ids\"}, {\"name\": \"text_output\", "
+                       "\"parameters\": {\"binary_data\": true}}], \"parameters\": {\"stop\": [\"x\"]}}", -1),
+                 FERRY_OK);
+    CHECK(g_r.text_out && !g_r.text_input && g_r.n_rows == 1 && g_r.n_outputs == 2);
+    CHECK(g_r.outputs[1] == KSERVE_OUT_TEXT && g_r.binary[1] && !g_r.binary[0]);
+
+    REFUSE_INFER("{\"inputs\": [{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [1], \"data\": [1]}]}",
+                 "data[0] is not a string");
+    REFUSE_INFER("{\"inputs\": [{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [1, 2], \"data\": [\"a\", \"b\"]}]}",
+                 "shape must be [B] or [B, 1]");
+    REFUSE_INFER("{\"inputs\": [{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [1], \"data\": [\"a\"]}, "
+                 "{\"name\": \"text_input\", \"datatype\": \"BYTES\", \"shape\": [1], \"data\": [\"a\"]}]}",
+                 "text_input is given twice");
+    REFUSE_INFER(INFER_P("{\"stop\": \"x\"}"), "needs text");
+
+    /* the writer: text_output as JSON strings, then as binary elements */
+    CHECK_STATUS(infer("{\"inputs\": [{\"name\": \"input_ids\", \"datatype\": \"INT64\", \"shape\": [2, 1], "
+                       "\"data\": [1, 2]}], \"outputs\": [{\"name\": \"text_output\"}]}", -1),
+                 FERRY_OK);
+    CHECK_EQ_INT(g_r.n_rows, 2);
+    kserve_row rows[2] = {{.text = "x\"y", .text_len = 3}, {.text = "", .text_len = 0}};
+    strbuf sb;
+    sb_init(&sb);
+    size_t jl;
+    kserve_infer_response(&sb, &g_r, "m", rows, 4, &jl);
+    CHECK_EQ_INT((int)jl, 0);
+    const json_value *v = reparse(sb.data, sb.len);
+    const json_value *o = v ? &json_get(v, "outputs")->items[0] : NULL;
+    CHECK(o && !strcmp(json_get(o, "name")->str, "text_output") && !strcmp(json_get(o, "datatype")->str, "BYTES"));
+    CHECK(o && json_get(o, "data")->len == 2 && !strcmp(json_get(o, "data")->items[0].str, "x\"y"));
+    g_r.binary[0] = true;
+    sb.len = 0;
+    kserve_infer_response(&sb, &g_r, "m", rows, 4, &jl);
+    CHECK(jl > 0 && sb.len == jl + 4 + 3 + 4);
+    CHECK(sb.len == jl + 11 && !memcmp(sb.data + jl, "\x03\x00\x00\x00x\"y\x00\x00\x00\x00", 11));
+    v = reparse(sb.data, jl);
+    o = v ? &json_get(v, "outputs")->items[0] : NULL;
+    CHECK(o && json_get(json_get(o, "parameters"), "binary_data_size")->integer == 11);
     sb_free(&sb);
 }
 
@@ -643,7 +714,7 @@ static void test_infer_response(void)
         for (int k = 0; k < VOCAB; k++) g_logits[i][k] = (float)(k - 100) / 7.0f + (float)i;
     g_logits[1][3] = NAN;
     static const int32_t row0[3] = {5, 6, 7}, row1[1] = {8};
-    kserve_row rows[2] = {{(int32_t *)row0, 3, g_logits[0]}, {(int32_t *)row1, 1, g_logits[1]}};
+    kserve_row rows[2] = {{.tokens = (int32_t *)row0, .n_tokens = 3, .logits = g_logits[0]}, {.tokens = (int32_t *)row1, .n_tokens = 1, .logits = g_logits[1]}};
     const char *model = "tiny \"m\"";
     const char *in = "\"inputs\": [{\"name\": \"input_ids\", \"datatype\": \"INT64\", \"shape\": [2, 1], \"data\": [1, 2]}]";
     char body[512];
@@ -749,7 +820,7 @@ static void test_infer_response(void)
     /* logits asked for but a row has none: nulls, not garbage */
     snprintf(body, sizeof body, "{%s, \"outputs\": [{\"name\": \"logits\"}]}", in);
     CHECK_STATUS(infer(body, -1), FERRY_OK);
-    kserve_row no_logits[2] = {{(int32_t *)row0, 3, NULL}, {(int32_t *)row1, 1, g_logits[1]}};
+    kserve_row no_logits[2] = {{.tokens = (int32_t *)row0, .n_tokens = 3, .logits = NULL}, {.tokens = (int32_t *)row1, .n_tokens = 1, .logits = g_logits[1]}};
     sb_init(&sb);
     kserve_infer_response(&sb, &g_r, model, no_logits, VOCAB, &json_len);
     root = reparse(sb.data, sb.len);
@@ -769,7 +840,7 @@ static void test_infer_response(void)
 static void test_generate_response(void)
 {
     static const int32_t a[4] = {10, 11, 12, 2}, b[1] = {2}, c[2] = {254, 255};
-    kserve_row rows[3] = {{(int32_t *)a, 4, NULL}, {(int32_t *)b, 1, NULL}, {(int32_t *)c, 2, NULL}};
+    kserve_row rows[3] = {{.tokens = (int32_t *)a, .n_tokens = 4, .logits = NULL}, {.tokens = (int32_t *)b, .n_tokens = 1, .logits = NULL}, {.tokens = (int32_t *)c, .n_tokens = 2, .logits = NULL}};
     strbuf sb;
 
     /* flat prompt: a flat list */
@@ -801,7 +872,7 @@ static void test_generate_response(void)
 
     /* a row with no tokens */
     CHECK_STATUS(generate("{\"input_ids\": [[1]]}"), FERRY_OK);
-    kserve_row empty = {NULL, 0, NULL};
+    kserve_row empty = {0};
     sb_init(&sb);
     kserve_generate_response(&sb, &g_r, "m", &empty);
     root = reparse(sb.data, sb.len);
@@ -990,6 +1061,7 @@ int main(void)
     test_infer_refusals();
     test_generate();
     test_generate_text();
+    test_infer_text();
     test_infer_response();
     test_generate_response();
     test_stream_error_metadata();
