@@ -59,9 +59,20 @@ bool tmpl_fail_undef(trender *r, const tval *v)
     case UD_NAME:
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: '%.*s' is undefined", r->line, n, v->s.p ? v->s.p : "");
     case UD_ATTR:
-    case UD_ITEM:
-        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: use of an undefined value (no attribute or item '%.*s')",
-                         r->line, n, v->s.p ? v->s.p : "");
+    case UD_ITEM: {
+        /* jinja's wording: 'dict object' has no attribute 'x', list object has no element 3 */
+        tval owner = {0};
+        owner.kind = v->owner_kind;
+        tlist l = {0};
+        l.flavour = v->owner_flavour;
+        owner.list = &l;
+        const char *type = owner.kind == TV_NONE ? "None" : tmpl_type_name(&owner);
+        const char *obj = owner.kind == TV_NONE ? "" : " object";
+        if (!v->s.p)
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s%s has no element %lld", r->line, type, obj,
+                             (long long)(int64_t)v->s.n);
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: '%s%s' has no attribute '%.*s'", r->line, type, obj, n, v->s.p);
+    }
     case UD_UNSAFE:
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: access to attribute '%.*s' is unsafe", r->line, n,
                          v->s.p ? v->s.p : "");
@@ -98,9 +109,13 @@ void *tmpl_ralloc(trender *r, size_t n)
 
 void *tmpl_rgrow(trender *r, void *p, size_t old_n, size_t new_n)
 {
-    if (!tmpl_charge(r, new_n / 64)) return NULL;
     void *q = tmpl_grow(&r->arena, p, old_n, new_n);
-    if (!q) arena_fail(r);
+    if (!q) {
+        arena_fail(r);
+        return NULL;
+    }
+    /* growing in place costs nothing; a copy costs its size */
+    if (q != p && !tmpl_charge(r, new_n / 64)) return NULL;
     return q;
 }
 
@@ -293,7 +308,7 @@ static bool repeat(trender *r, const tval *seq, int64_t times, tval *out)
  * and so its text. */
 static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval *out)
 {
-    if (!tmpl_charge(r, (a->s.n + n) / 16)) return false;
+    if (!tmpl_charge(r, n / 16)) return false;
     if (n > SIZE_MAX / 2 - a->s.n) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
     char *d;
     if (a->sub & STR_OWNED) {
@@ -301,6 +316,7 @@ static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval 
         if (!d) return false;
         if (d != a->s.p) memcpy(d, a->s.p, a->s.n);
     } else {
+        if (!tmpl_charge(r, a->s.n / 16)) return false;
         d = tmpl_ralloc(r, a->s.n + n + 1);
         if (!d) return false;
         memcpy(d, a->s.p, a->s.n);

@@ -287,6 +287,7 @@ static void test_api(void)
     CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("must be a JSON object");
     json_doc_free(doc);
+    tmpl_free(t);
     CHECK_STATUS(tmpl_parse("{{ x.y.z }}", 11, "my template", &t), FERRY_OK);
     CHECK_STATUS(json_parse("{}", 2, &doc), FERRY_OK);
     CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
