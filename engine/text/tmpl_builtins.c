@@ -643,6 +643,7 @@ static bool round_value(trender *r, const tval *v, int64_t prec, const tval *met
     }
     double scale = pow(10.0, (double)prec);
     double y = kind == 1 ? ceil(x * scale) : floor(x * scale);
+    if (y == 0) y = 0; /* math.ceil/floor return an int: there is no -0 */
     *out = tv_float(y / scale);
     return true;
 }

@@ -296,7 +296,8 @@ static bool repeat(trender *r, const tval *seq, int64_t times, tval *out)
         return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: list repetition too large", r->line);
     tlist *o = tmpl_list_new(r, l->n * (size_t)times, l->flavour);
     if (!o) return false;
-    for (int64_t i = 0; i < times; i++) memcpy(o->items + (size_t)i * l->n, l->items, l->n * sizeof(tval));
+    if (l->n)
+        for (int64_t i = 0; i < times; i++) memcpy(o->items + (size_t)i * l->n, l->items, l->n * sizeof(tval));
     o->n = l->n * (size_t)times;
     *out = (tval){.kind = TV_LIST, .list = o};
     return true;
@@ -429,8 +430,8 @@ static bool arith(trender *r, int op, const tval *a, const tval *b, tval *out)
         if (is_seq_list(a) && is_seq_list(b) && a->list->flavour == b->list->flavour) {
             tlist *l = tmpl_list_new(r, a->list->n + b->list->n, a->list->flavour);
             if (!l) return false;
-            memcpy(l->items, a->list->items, a->list->n * sizeof(tval));
-            memcpy(l->items + a->list->n, b->list->items, b->list->n * sizeof(tval));
+            if (a->list->n) memcpy(l->items, a->list->items, a->list->n * sizeof(tval));
+            if (b->list->n) memcpy(l->items + a->list->n, b->list->items, b->list->n * sizeof(tval));
             l->n = a->list->n + b->list->n;
             *out = (tval){.kind = TV_LIST, .list = l};
             return true;

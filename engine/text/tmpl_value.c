@@ -704,6 +704,9 @@ static bool str_depth(trender *r, const tval *v, strbuf *sb, bool repr, int dept
         repr_str(sb, v->macro->m->name, v->macro->m->name_n);
         sb_putc(sb, '>');
         return true;
+    case TV_LOOP:
+        sb_printf(sb, "<LoopContext %zu/%zu>", v->loop->i + 1, v->loop->items->n);
+        return true;
     default:
         return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: printing a %s is not supported", r->line, tmpl_type_name(v));
     }
@@ -961,7 +964,7 @@ bool tmpl_iterate(trender *r, const tval *v, tlist **out)
     case TV_DICT: {
         tlist *l = tmpl_list_new(r, v->dict->n, LF_LIST);
         if (!l) return false;
-        memcpy(l->items, v->dict->keys, v->dict->n * sizeof *l->items);
+        if (v->dict->n) memcpy(l->items, v->dict->keys, v->dict->n * sizeof *l->items);
         l->n = v->dict->n;
         *out = l;
         return tmpl_charge(r, l->n);
