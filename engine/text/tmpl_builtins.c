@@ -1448,8 +1448,10 @@ bool tmpl_call_func(trender *r, int fn, const tval *args, size_t nargs, const ch
         /* the template's own message, as transformers raises it */
         tval msg = nargs ? args[0] : (nkw ? kwv[0] : tv_str("", 0));
         if (!tmpl_to_str(r, &msg, &msg)) return false;
+        size_t n = strnlen(msg.s.p, msg.s.n); /* a message ends at a NUL */
+        if (n == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: raise_exception with an empty message", r->line);
         bool first = r->st == FERRY_OK;
-        tmpl_fail(r, FERRY_ERR_INVALID, "%.*s", (int)(msg.s.n > 900 ? 900 : msg.s.n), msg.s.p);
+        tmpl_fail(r, FERRY_ERR_INVALID, "%.*s", (int)(n > 900 ? 900 : n), msg.s.p);
         if (first) r->raised = true;
         return false;
     }

@@ -610,6 +610,8 @@ static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
         r->line = e->line;
         if (ea.nkw) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: keyword arguments to tests are not supported", e->line);
         bool res;
+        if (e->fn == TMPL_UNKNOWN)
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no test named '%.*s'", e->line, (int)e->name_n, e->name);
         if (!tmpl_call_test_id(r, e->fn, &a, ea.args, ea.nargs, &res)) return false;
         *out = tv_bool(res);
         return true;
@@ -736,6 +738,8 @@ static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const 
     evargs ea;
     if (!eval_args(r, sc, e, &ea, 0)) return false;
     r->line = e->line;
+    if (e->fn == TMPL_UNKNOWN)
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no filter named '%.*s'", e->line, (int)e->name_n, e->name);
     return tmpl_call_filter_id(r, e->fn, &in, ea.args, ea.nargs, ea.kwn, ea.kwnn, ea.kwv, ea.nkw, out);
 }
 
@@ -1017,6 +1021,7 @@ static xres exec_stmt(trender *r, tscope *sc, const tmpl_stmt *s)
     }
     case S_BREAK: return X_BREAK;
     case S_CONTINUE: return X_CONTINUE;
+    case S_GROUP: return exec_body(r, sc, &s->body);
     case S_SCOPE: {
         tscope *inner = scope_new(r, sc);
         if (!inner || !predeclare(r, inner, &s->body)) return X_ERR;

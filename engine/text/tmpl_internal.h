@@ -292,7 +292,9 @@ typedef struct {
 
 typedef enum {
     S_DATA, S_PRINT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_MACRO, S_CALLBLOCK,
-    S_FILTERBLOCK, S_BREAK, S_CONTINUE, S_SCOPE, /* generation, with */
+    S_FILTERBLOCK, S_BREAK, S_CONTINUE,
+    S_SCOPE, /* generation, with: a body in a frame of its own */
+    S_GROUP, /* print: statements in the current frame */
 } tmpl_stmt_kind;
 
 struct tmpl_macro {
@@ -379,6 +381,10 @@ enum {
     TM_UNSAFE,
     TM_COUNT_
 };
+
+/* the fn of an E_FILTER / E_TEST that names nothing jinja has: an error
+ * when it runs */
+#define TMPL_UNKNOWN 0xFFFF
 
 /* Filter and test ids by name; -1 when unknown. `known` (may be NULL) says
  * whether jinja itself has a filter/test of that name (for messages). */
