@@ -263,6 +263,27 @@ static bool make_method(trender *r, const tval *self, int id, const char *name, 
     return true;
 }
 
+tval tmpl_undef_lookup(const tval *obj, int sub, const tval *key)
+{
+    tval v = tv_undef();
+    v.sub = (uint8_t)sub;
+    v.owner_kind = obj->kind;
+    v.owner_flavour = obj->kind == TV_LIST ? obj->list->flavour : 0;
+    if (key->kind == TV_STR) {
+        v.s.p = key->s.p;
+        v.s.n = key->s.n;
+    } else if (tv_is_int(key)) {
+        v.sub = UD_ITEM;
+        v.s.p = NULL;
+        v.s.n = (size_t)tv_int_of(key);
+    } else {
+        v.sub = UD_OTHER;
+        v.s.p = "no such element";
+        v.s.n = 15;
+    }
+    return v;
+}
+
 tval tmpl_undef_named(int sub, const char *name, size_t n)
 {
     tval v = tv_undef();
@@ -335,7 +356,8 @@ bool tmpl_getattr(trender *r, const tval *v, const char *name, size_t n, tval *o
         if (!tmpl_dict_get_str(r, v->dict, name, n, out, &found)) return false;
         if (found) return true;
     }
-    *out = tmpl_undef_named(UD_ATTR, name, n);
+    tval key = tv_str(name, n);
+    *out = tmpl_undef_lookup(v, UD_ATTR, &key);
     return true;
 }
 
@@ -385,10 +407,10 @@ bool tmpl_getitem(trender *r, const tval *v, const tval *key, tval *out)
     if (key->kind == TV_STR) {
         if (!attribute(r, v, key->s.p, key->s.n, out, &found)) return false;
         if (found) return true;
-        *out = tmpl_undef_named(UD_ITEM, key->s.p, key->s.n);
+        *out = tmpl_undef_lookup(v, UD_ATTR, key);
         return true;
     }
-    *out = tmpl_undef_named(UD_ITEM, NULL, 0);
+    *out = tmpl_undef_lookup(v, UD_ITEM, key);
     return true;
 }
 
@@ -621,6 +643,7 @@ static bool round_value(trender *r, const tval *v, int64_t prec, const tval *met
     }
     double scale = pow(10.0, (double)prec);
     double y = kind == 1 ? ceil(x * scale) : floor(x * scale);
+    if (y == 0) y = 0; /* math.ceil/floor return an int: there is no -0 */
     *out = tv_float(y / scale);
     return true;
 }
@@ -796,7 +819,7 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
         bool found;
         if (!attribute(r, in, p[0].s.p, p[0].s.n, out, &found)) return false;
-        if (!found) *out = tmpl_undef_named(UD_ATTR, p[0].s.p, p[0].s.n);
+        if (!found) *out = tmpl_undef_lookup(in, UD_ATTR, &p[0]);
         return true;
     }
     case F_CAPITALIZE:
@@ -1425,8 +1448,10 @@ bool tmpl_call_func(trender *r, int fn, const tval *args, size_t nargs, const ch
         /* the template's own message, as transformers raises it */
         tval msg = nargs ? args[0] : (nkw ? kwv[0] : tv_str("", 0));
         if (!tmpl_to_str(r, &msg, &msg)) return false;
+        size_t n = strnlen(msg.s.p, msg.s.n); /* a message ends at a NUL */
+        if (n == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: raise_exception with an empty message", r->line);
         bool first = r->st == FERRY_OK;
-        tmpl_fail(r, FERRY_ERR_INVALID, "%.*s", (int)(msg.s.n > 900 ? 900 : msg.s.n), msg.s.p);
+        tmpl_fail(r, FERRY_ERR_INVALID, "%.*s", (int)(n > 900 ? 900 : n), msg.s.p);
         if (first) r->raised = true;
         return false;
     }

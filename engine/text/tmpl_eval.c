@@ -59,9 +59,20 @@ bool tmpl_fail_undef(trender *r, const tval *v)
     case UD_NAME:
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: '%.*s' is undefined", r->line, n, v->s.p ? v->s.p : "");
     case UD_ATTR:
-    case UD_ITEM:
-        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: use of an undefined value (no attribute or item '%.*s')",
-                         r->line, n, v->s.p ? v->s.p : "");
+    case UD_ITEM: {
+        /* jinja's wording: 'dict object' has no attribute 'x', list object has no element 3 */
+        tval owner = {0};
+        owner.kind = v->owner_kind;
+        tlist l = {0};
+        l.flavour = v->owner_flavour;
+        owner.list = &l;
+        const char *type = owner.kind == TV_NONE ? "None" : tmpl_type_name(&owner);
+        const char *obj = owner.kind == TV_NONE ? "" : " object";
+        if (!v->s.p)
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s%s has no element %lld", r->line, type, obj,
+                             (long long)(int64_t)v->s.n);
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: '%s%s' has no attribute '%.*s'", r->line, type, obj, n, v->s.p);
+    }
     case UD_UNSAFE:
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: access to attribute '%.*s' is unsafe", r->line, n,
                          v->s.p ? v->s.p : "");
@@ -98,9 +109,13 @@ void *tmpl_ralloc(trender *r, size_t n)
 
 void *tmpl_rgrow(trender *r, void *p, size_t old_n, size_t new_n)
 {
-    if (!tmpl_charge(r, new_n / 64)) return NULL;
     void *q = tmpl_grow(&r->arena, p, old_n, new_n);
-    if (!q) arena_fail(r);
+    if (!q) {
+        arena_fail(r);
+        return NULL;
+    }
+    /* growing in place costs nothing; a copy costs its size */
+    if (q != p && !tmpl_charge(r, new_n / 64)) return NULL;
     return q;
 }
 
@@ -281,7 +296,8 @@ static bool repeat(trender *r, const tval *seq, int64_t times, tval *out)
         return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: list repetition too large", r->line);
     tlist *o = tmpl_list_new(r, l->n * (size_t)times, l->flavour);
     if (!o) return false;
-    for (int64_t i = 0; i < times; i++) memcpy(o->items + (size_t)i * l->n, l->items, l->n * sizeof(tval));
+    if (l->n)
+        for (int64_t i = 0; i < times; i++) memcpy(o->items + (size_t)i * l->n, l->items, l->n * sizeof(tval));
     o->n = l->n * (size_t)times;
     *out = (tval){.kind = TV_LIST, .list = o};
     return true;
@@ -293,7 +309,7 @@ static bool repeat(trender *r, const tval *seq, int64_t times, tval *out)
  * and so its text. */
 static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval *out)
 {
-    if (!tmpl_charge(r, (a->s.n + n) / 16)) return false;
+    if (!tmpl_charge(r, n / 16)) return false;
     if (n > SIZE_MAX / 2 - a->s.n) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
     char *d;
     if (a->sub & STR_OWNED) {
@@ -301,6 +317,7 @@ static bool str_append(trender *r, const tval *a, const char *p, size_t n, tval 
         if (!d) return false;
         if (d != a->s.p) memcpy(d, a->s.p, a->s.n);
     } else {
+        if (!tmpl_charge(r, a->s.n / 16)) return false;
         d = tmpl_ralloc(r, a->s.n + n + 1);
         if (!d) return false;
         memcpy(d, a->s.p, a->s.n);
@@ -413,8 +430,8 @@ static bool arith(trender *r, int op, const tval *a, const tval *b, tval *out)
         if (is_seq_list(a) && is_seq_list(b) && a->list->flavour == b->list->flavour) {
             tlist *l = tmpl_list_new(r, a->list->n + b->list->n, a->list->flavour);
             if (!l) return false;
-            memcpy(l->items, a->list->items, a->list->n * sizeof(tval));
-            memcpy(l->items + a->list->n, b->list->items, b->list->n * sizeof(tval));
+            if (a->list->n) memcpy(l->items, a->list->items, a->list->n * sizeof(tval));
+            if (b->list->n) memcpy(l->items + a->list->n, b->list->items, b->list->n * sizeof(tval));
             l->n = a->list->n + b->list->n;
             *out = (tval){.kind = TV_LIST, .list = l};
             return true;
@@ -593,6 +610,8 @@ static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
         r->line = e->line;
         if (ea.nkw) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: keyword arguments to tests are not supported", e->line);
         bool res;
+        if (e->fn == TMPL_UNKNOWN)
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no test named '%.*s'", e->line, (int)e->name_n, e->name);
         if (!tmpl_call_test_id(r, e->fn, &a, ea.args, ea.nargs, &res)) return false;
         *out = tv_bool(res);
         return true;
@@ -719,6 +738,8 @@ static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const 
     evargs ea;
     if (!eval_args(r, sc, e, &ea, 0)) return false;
     r->line = e->line;
+    if (e->fn == TMPL_UNKNOWN)
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no filter named '%.*s'", e->line, (int)e->name_n, e->name);
     return tmpl_call_filter_id(r, e->fn, &in, ea.args, ea.nargs, ea.kwn, ea.kwnn, ea.kwv, ea.nkw, out);
 }
 
@@ -1000,6 +1021,7 @@ static xres exec_stmt(trender *r, tscope *sc, const tmpl_stmt *s)
     }
     case S_BREAK: return X_BREAK;
     case S_CONTINUE: return X_CONTINUE;
+    case S_GROUP: return exec_body(r, sc, &s->body);
     case S_SCOPE: {
         tscope *inner = scope_new(r, sc);
         if (!inner || !predeclare(r, inner, &s->body)) return X_ERR;

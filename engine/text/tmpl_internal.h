@@ -142,7 +142,9 @@ enum { LF_LIST, LF_TUPLE, LF_GEN, LF_KEYS, LF_VALUES, LF_ITEMS, LF_RANGE };
  * escapes what + joins to it) */
 enum { STR_OWNED = 1, STR_MARKUP = 2 };
 
-/* sub-kinds of TV_UNDEF, for messages */
+/* sub-kinds of TV_UNDEF, for messages: a missing name, attribute, item
+ * (s.p NULL: an integer index held in s.n), an attribute the sandbox
+ * hides, or another reason spelled out in s */
 enum { UD_NAME, UD_ATTR, UD_ITEM, UD_UNSAFE, UD_OTHER };
 
 typedef struct tlist tlist;
@@ -154,6 +156,9 @@ typedef struct tloop tloop;
 typedef struct tval {
     uint8_t kind;
     uint8_t sub; /* TV_UNDEF: UD_*; TV_STR: STR_* flags */
+    /* TV_UNDEF from a lookup (UD_ATTR, UD_ITEM): the kind and list flavour
+     * of the object that lacked it, for the message */
+    uint8_t owner_kind, owner_flavour;
     union {
         bool b;
         int64_t i;
@@ -287,7 +292,9 @@ typedef struct {
 
 typedef enum {
     S_DATA, S_PRINT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_MACRO, S_CALLBLOCK,
-    S_FILTERBLOCK, S_BREAK, S_CONTINUE, S_SCOPE, /* generation, with */
+    S_FILTERBLOCK, S_BREAK, S_CONTINUE,
+    S_SCOPE, /* generation, with: a body in a frame of its own */
+    S_GROUP, /* print: statements in the current frame */
 } tmpl_stmt_kind;
 
 struct tmpl_macro {
@@ -374,6 +381,10 @@ enum {
     TM_UNSAFE,
     TM_COUNT_
 };
+
+/* the fn of an E_FILTER / E_TEST that names nothing jinja has: an error
+ * when it runs */
+#define TMPL_UNKNOWN 0xFFFF
 
 /* Filter and test ids by name; -1 when unknown. `known` (may be NULL) says
  * whether jinja itself has a filter/test of that name (for messages). */
@@ -533,6 +544,8 @@ size_t tmpl_cp_to_byte(const char *s, size_t n, size_t i);
 int64_t tmpl_slice_adjust(int64_t len, int64_t *start, int64_t *stop, int64_t step);
 bool tmpl_slice_bound(trender *r, const tval *v, int64_t dflt, int64_t *out);
 tval tmpl_undef_named(int sub, const char *name, size_t n);
+/* undefined for obj.name / obj[key] that is missing */
+tval tmpl_undef_lookup(const tval *obj, int sub, const tval *key);
 
 /* strings (tmpl_str.c) */
 enum { TMPL_CASE_UPPER, TMPL_CASE_LOWER, TMPL_CASE_TITLE, TMPL_CASE_SWAP };

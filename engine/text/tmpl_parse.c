@@ -278,9 +278,10 @@ static bool check_named_builtin(parser *p, const tmpl_expr *e, int line)
         if (uses[k].is_test && n == 1 && (s[0] == '<' || s[0] == '>')) return true;
         bool known;
         int id = uses[k].is_test ? tmpl_test_id(s, n, &known) : tmpl_filter_id(s, n, &known);
-        if (id < 0)
-            return pfail_at(p, line, "%s '%.*s' %s", uses[k].is_test ? "test" : "filter", (int)(n > 60 ? 60 : n), s,
-                            known ? "is not supported" : "does not exist");
+        /* a name jinja lacks too fails when the filter runs, as in jinja */
+        if (id < 0 && known)
+            return pfail_at(p, line, "%s '%.*s' is not supported", uses[k].is_test ? "test" : "filter",
+                            (int)(n > 60 ? 60 : n), s);
     }
     return true;
 }
@@ -292,10 +293,15 @@ static bool parse_dotted_name(parser *p, const char **s, size_t *n)
         char buf[64];
         return pfail(p, "expected a name, got '%s'", describe(cur(p), buf, sizeof buf));
     }
+    /* jinja reads `x|a.b` as a filter named "a.b" (which no environment here has) */
     *s = cur(p)->s;
     *n = cur(p)->n;
     next(p);
-    if (at_op(p, OP_DOT)) return pfail(p, "dotted filter and test names are not supported");
+    while (at_op(p, OP_DOT) && peek(p, 1)->kind == TK_NAME) {
+        next(p);
+        *n = (size_t)(cur(p)->s + cur(p)->n - *s);
+        next(p);
+    }
     return true;
 }
 
@@ -311,12 +317,13 @@ static tmpl_expr *parse_filter(parser *p, tmpl_expr *node, bool start_inline)
         if (!e || !parse_dotted_name(p, &e->name, &e->name_n)) return NULL;
         bool known;
         int id = tmpl_filter_id(e->name, e->name_n, &known);
-        if (id < 0) {
-            pfail_at(p, line, "filter '%.*s' %s", (int)(e->name_n > 60 ? 60 : e->name_n), e->name,
-                     known ? "is not supported" : "does not exist");
+        if (id < 0 && known) {
+            pfail_at(p, line, "filter '%.*s' is not supported", (int)(e->name_n > 60 ? 60 : e->name_n), e->name);
             return NULL;
         }
-        e->fn = (uint16_t)id;
+        /* a filter no one has: an error at parse time or when it runs, as
+         * jinja decides (check_unknown) */
+        e->fn = (uint16_t)(id < 0 ? TMPL_UNKNOWN : id);
         e->a = node;
         if (at_op(p, OP_LPAREN)) {
             callargs ca;
@@ -342,12 +349,11 @@ static tmpl_expr *parse_test(parser *p, tmpl_expr *node)
     if (!e || !parse_dotted_name(p, &e->name, &e->name_n)) return NULL;
     bool known;
     int id = tmpl_test_id(e->name, e->name_n, &known);
-    if (id < 0) {
-        pfail_at(p, line, "test '%.*s' %s", (int)(e->name_n > 60 ? 60 : e->name_n), e->name,
-                 known ? "is not supported" : "does not exist");
+    if (id < 0 && known) {
+        pfail_at(p, line, "test '%.*s' is not supported", (int)(e->name_n > 60 ? 60 : e->name_n), e->name);
         return NULL;
     }
-    e->fn = (uint16_t)id;
+    e->fn = (uint16_t)(id < 0 ? TMPL_UNKNOWN : id);
     e->a = node;
     const tmpl_token *t = cur(p);
     if (at_op(p, OP_LPAREN)) {
@@ -1239,8 +1245,8 @@ static tmpl_stmt *parse_statement(parser *p)
     } else if (tok_is_name(t, "with")) {
         ok = (s = new_stmt(p, S_SCOPE, line)) && parse_with(p, s);
     } else if (tok_is_name(t, "print")) {
-        /* {% print a, b %}: each expression is output */
-        ok = (s = new_stmt(p, S_SCOPE, line)) != NULL;
+        /* {% print a, b %}: each expression is output, in the current frame */
+        ok = (s = new_stmt(p, S_GROUP, line)) != NULL;
         ptrvec items = {0};
         while (ok && cur(p)->kind != TK_BLOCK_END) {
             if (items.n && !expect_op(p, OP_COMMA, ",")) { ok = false; break; }
@@ -1248,14 +1254,9 @@ static tmpl_stmt *parse_statement(parser *p)
             ok = o && (o->expr = parse_expression(p, true)) && pv_push(p, &items, o);
         }
         if (ok) {
-            /* not a scope: the prints run in the current frame */
-            s->kind = S_IF;
-            s->expr = new_expr(p, E_CONST, line);
-            ok = s->expr != NULL;
-            if (ok) s->expr->cval = tv_bool(true);
             s->body.v = (tmpl_stmt **)items.v;
             s->body.n = items.n;
-            ok = ok && expect_block_end(p);
+            ok = expect_block_end(p);
         }
     } else if (jinja_statement(t)) {
         pfail_at(p, line, "statement '%.*s' is not supported", (int)t->n, t->s);
@@ -1326,6 +1327,68 @@ static bool parse_body(parser *p, tmpl_body *body, const char *const *ends, int 
     return true;
 }
 
+/* An unknown filter or test is an error when jinja compiles the template,
+ * except inside an if statement (its test and bodies, not a loop or macro
+ * opened there) or a conditional expression, where jinja makes it an error
+ * only if it runs (so that `{% if 'x' is filter %}{{ v|x }}{% endif %}`
+ * works). */
+static bool check_unknown(parser *p, const tmpl_expr *e, bool soft)
+{
+    if (!e) return true;
+    if ((e->kind == E_FILTER || e->kind == E_TEST) && e->fn == TMPL_UNKNOWN && !soft)
+        return pfail_at(p, e->line, "%s '%.*s' does not exist", e->kind == E_FILTER ? "filter" : "test",
+                        (int)(e->name_n > 60 ? 60 : e->name_n), e->name);
+    if (e->kind == E_COND) soft = true;
+    if (!check_unknown(p, e->a, soft) || !check_unknown(p, e->b, soft) || !check_unknown(p, e->c, soft) ||
+        !check_unknown(p, e->d, soft))
+        return false;
+    for (uint32_t i = 0; i < e->nargs; i++)
+        if (!check_unknown(p, e->args[i], soft)) return false;
+    for (uint32_t i = 0; i < e->nkw; i++)
+        if (!check_unknown(p, e->kwvals[i], soft)) return false;
+    return true;
+}
+
+static bool check_body_unknown(parser *p, const tmpl_body *b, bool soft)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        const tmpl_stmt *s = b->v[i];
+        bool ok = true;
+        switch (s->kind) {
+        case S_IF:
+            ok = check_unknown(p, s->expr, true) && check_body_unknown(p, &s->body, true) &&
+                 check_body_unknown(p, &s->else_body, true);
+            break;
+        case S_FOR:
+            /* the iterable in this frame; body, else and filter in a new one */
+            ok = check_unknown(p, s->expr, soft) && check_unknown(p, s->cond, false) &&
+                 check_body_unknown(p, &s->body, false) && check_body_unknown(p, &s->else_body, false);
+            break;
+        case S_MACRO:
+        case S_CALLBLOCK:
+            for (uint32_t k = 0; ok && k < s->macro->nparams; k++)
+                ok = !s->macro->defaults || check_unknown(p, s->macro->defaults[k], false);
+            ok = ok && check_unknown(p, s->expr, soft) && check_body_unknown(p, &s->macro->body, false);
+            break;
+        case S_SCOPE:
+            for (uint32_t k = 0; ok && k < s->nwith; k++) ok = check_unknown(p, s->with_values[k], soft);
+            ok = ok && check_body_unknown(p, &s->body, false);
+            break;
+        case S_SETBLOCK:
+        case S_FILTERBLOCK:
+            ok = check_unknown(p, s->filter, false) && check_body_unknown(p, &s->body, false);
+            break;
+        case S_GROUP:
+            ok = check_body_unknown(p, &s->body, soft);
+            break;
+        default:
+            ok = check_unknown(p, s->expr, soft);
+        }
+        if (!ok) return false;
+    }
+    return true;
+}
+
 /* constant folding marks on every expression of the template */
 static void mark_body_folds(const tmpl_body *b)
 {
@@ -1354,7 +1417,7 @@ bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *e
         "cycler", "joiner", "lipsum"};
     for (int i = 0; i < NAME_FIXED_COUNT; i++)
         if (intern(&p, fixed[i], strlen(fixed[i])) != i) return false;
-    if (!parse_body(&p, &t->body, NULL, NULL) || p.failed) return false;
+    if (!parse_body(&p, &t->body, NULL, NULL) || p.failed || !check_body_unknown(&p, &t->body, false)) return false;
     mark_body_folds(&t->body);
     return tmpl_analyze_frames(t, err, errsz);
 }

@@ -719,6 +719,7 @@ bool tmpl_percent_format(trender *r, const tval *fmt, const tval *args, tval *ou
 /* format(value, spec) of Python for str, int and float */
 static bool format_spec(trender *r, const tval *v, const char *s, size_t n, strbuf *sb)
 {
+    if (n == 0) return tmpl_str(r, v, sb); /* format(x, '') is str(x): True, not 1 */
     fspec f = {.width = -1, .prec = -1};
     size_t i = 0;
     if (n >= 2 && strchr("<>=^", s[1]) && (unsigned char)s[0] < 0x80) {

@@ -251,6 +251,7 @@ static bool visit_stmt(analyzer *a, symtab *s, const tmpl_stmt *st, stmtvec *chi
         for (uint32_t i = 0; i < st->nwith; i++)
             if (!expr_loads(a, s, st->with_values[i])) return false;
         return add_child(a, children, st);
+    case S_GROUP: return visit_body(a, s, &st->body, children);
     }
     return true;
 }

@@ -32,13 +32,15 @@ struct tmpl_block {
 
 static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-void *tmpl_alloc(tmpl_arena *a, size_t n)
+/* n bytes, in a block that keeps `room` more bytes free after them when it
+ * has to start a new block (so that a growing allocation can grow in place) */
+static void *alloc_room(tmpl_arena *a, size_t n, size_t room)
 {
-    if (n > SIZE_MAX / 2) return NULL;
+    if (n > SIZE_MAX / 4 || room > SIZE_MAX / 4) return NULL;
     n = align16(n ? n : 1);
     tmpl_block *b = a->head;
     if (!b || b->cap - b->used < n) {
-        size_t cap = n > BLOCK_MIN ? n : BLOCK_MIN;
+        size_t cap = n + room > BLOCK_MIN ? n + room : BLOCK_MIN;
         size_t want = sizeof *b + cap;
         if (want > a->limit - a->held || a->held > a->limit) {
             a->over = true;
@@ -57,6 +59,8 @@ void *tmpl_alloc(tmpl_arena *a, size_t n)
     return p;
 }
 
+void *tmpl_alloc(tmpl_arena *a, size_t n) { return alloc_room(a, n, 0); }
+
 void *tmpl_grow(tmpl_arena *a, void *p, size_t old_n, size_t new_n)
 {
     if (new_n <= old_n && p) return p;
@@ -66,7 +70,12 @@ void *tmpl_grow(tmpl_arena *a, void *p, size_t old_n, size_t new_n)
         b->used += align16(new_n) - align16(old_n);
         return p;
     }
-    void *q = tmpl_alloc(a, new_n);
+    /* moved: leave as much room again, so that repeated growth is amortized */
+    void *q = alloc_room(a, new_n, new_n);
+    if (!q && a->over) {
+        a->over = false; /* near the limit: without the room then */
+        q = alloc_room(a, new_n, 0);
+    }
     if (q && p && old_n) memcpy(q, p, old_n);
     return q;
 }
@@ -695,6 +704,9 @@ static bool str_depth(trender *r, const tval *v, strbuf *sb, bool repr, int dept
         repr_str(sb, v->macro->m->name, v->macro->m->name_n);
         sb_putc(sb, '>');
         return true;
+    case TV_LOOP:
+        sb_printf(sb, "<LoopContext %zu/%zu>", v->loop->i + 1, v->loop->items->n);
+        return true;
     default:
         return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: printing a %s is not supported", r->line, tmpl_type_name(v));
     }
@@ -952,7 +964,7 @@ bool tmpl_iterate(trender *r, const tval *v, tlist **out)
     case TV_DICT: {
         tlist *l = tmpl_list_new(r, v->dict->n, LF_LIST);
         if (!l) return false;
-        memcpy(l->items, v->dict->keys, v->dict->n * sizeof *l->items);
+        if (v->dict->n) memcpy(l->items, v->dict->keys, v->dict->n * sizeof *l->items);
         l->n = v->dict->n;
         *out = l;
         return tmpl_charge(r, l->n);

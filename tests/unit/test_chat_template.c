@@ -149,7 +149,7 @@ static void test_parse_errors(void)
 {
     PARSE_ERROR("line1\n{{ x | wordwrap(5) }}", "chat template line 2: filter 'wordwrap' is not supported");
     PARSE_ERROR("{{ x | nosuchfilter }}", "line 1: filter 'nosuchfilter' does not exist");
-    PARSE_ERROR("\n\n{% if x is nosuchtest %}{% endif %}", "line 3: test 'nosuchtest' does not exist");
+    PARSE_ERROR("\n\n{% set y = x is nosuchtest %}", "line 3: test 'nosuchtest' does not exist");
     PARSE_ERROR("{% include 'other' %}", "line 1: statement 'include' is not supported");
     PARSE_ERROR("{% frobnicate %}", "line 1: unknown statement 'frobnicate'");
     PARSE_ERROR("a\nb\n{% for x in y recursive %}{% endfor %}", "line 3: recursive for loops are not supported");
@@ -165,7 +165,7 @@ static void test_parse_errors(void)
     PARSE_ERROR("{% raw %} open", "missing end of raw directive");
     PARSE_ERROR("{{ 'unterminated }}", "unterminated string");
     PARSE_ERROR("{{ x['a' }}", "unexpected '}'");
-    PARSE_ERROR("{{ x | map('nosuch') }}", "filter 'nosuch' does not exist");
+    PARSE_ERROR("{{ x | map('wordwrap') }}", "filter 'wordwrap' is not supported");
     PARSE_ERROR("{{ 99999999999999999999 }}", "too large");
     PARSE_ERROR("{% set 1 = 2 %}", "can't assign");
     PARSE_ERROR("ok\xff", "not valid UTF-8 (byte 2)");
@@ -215,6 +215,10 @@ static void test_render_errors(void)
     FAILS("{{ x|select('odd') }}", "{\"x\": [1]}", FERRY_ERR_UNSUPPORTED, "printing a generator");
     FAILS("{{ cycler(1) }}", NULL, FERRY_ERR_UNSUPPORTED, "function 'cycler' is not supported");
     FAILS("{{ 9223372036854775807 + 1 }}", NULL, FERRY_ERR_UNSUPPORTED, "integer overflow");
+    /* inside an if (or a conditional expression) an unknown filter fails only when it runs, as in jinja */
+    RENDERS("{% if 'markdown' is filter %}{{ x|markdown }}{% else %}plain{% endif %}", NULL, "plain");
+    FAILS("{% if true %}\n{{ x|markdown }}{% endif %}", NULL, FERRY_ERR_INVALID, "line 2: no filter named 'markdown'");
+    RENDERS("{{ x|nosuch if false else 'ok' }}", NULL, "ok");
 }
 
 /* jinja2's default Undefined: printable and iterable, fails on any other use */
@@ -287,6 +291,7 @@ static void test_api(void)
     CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("must be a JSON object");
     json_doc_free(doc);
+    tmpl_free(t);
     CHECK_STATUS(tmpl_parse("{{ x.y.z }}", 11, "my template", &t), FERRY_OK);
     CHECK_STATUS(json_parse("{}", 2, &doc), FERRY_OK);
     CHECK_STATUS(tmpl_render(t, json_doc_root(doc), MAX_OUT, &sb), FERRY_ERR_INVALID);
