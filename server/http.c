@@ -1032,7 +1032,7 @@ static ferry_status detokenize_body(const tokenizer *t, const json_value *root, 
     if (st == FERRY_OK) st = tok_decode(t, ids, (int)tokens->len, false, &text);
     if (st == FERRY_OK) {
         sb_puts(sb, "{\"content\": ");
-        text_put_json(sb, text.data ? text.data : "", text.len);
+        sb_json_strn(sb, text.data ? text.data : "", text.len);
         sb_putc(sb, '}');
         sb->oom |= text.oom;
     }

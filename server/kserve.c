@@ -337,67 +337,71 @@ static ferry_status parse_text_input(const json_value *in, const uint8_t *bin, s
             binary_size = v->integer;
         }
     }
-    /* every element's bytes, found before anything is allocated */
-    const uint8_t *raw = NULL;
-    size_t total = 0;
+    /* every element found (and checked) before the text is copied */
+    kserve_bytes *el = malloc((size_t)b * sizeof *el);
+    if (!el) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = FERRY_OK;
     if (binary_size >= 0) {
-        if (data) return ferry_fail(FERRY_ERR_INVALID, "text_input: both data and binary_data_size are given");
-        if ((uint64_t)binary_size > bin_len - *bin_used)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size is %lld but only %zu binary bytes follow",
-                              (long long)binary_size, bin_len - *bin_used);
-        raw = bin + *bin_used;
-        size_t at = 0;
-        for (int64_t i = 0; i < b; i++) {
-            if ((size_t)binary_size - at < 4)
-                return ferry_fail(FERRY_ERR_INVALID, "text_input: binary data ends inside element %lld's length", (long long)i);
-            uint32_t n = (uint32_t)raw[at] | (uint32_t)raw[at + 1] << 8 | (uint32_t)raw[at + 2] << 16 | (uint32_t)raw[at + 3] << 24;
-            at += 4;
-            if ((size_t)binary_size - at < n)
-                return ferry_fail(FERRY_ERR_INVALID, "text_input: element %lld says %u bytes, %zu are left", (long long)i, n,
-                                  (size_t)binary_size - at);
-            at += n;
-            total += n;
-        }
-        if (at != (size_t)binary_size)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size is %lld, its %lld elements take %zu",
-                              (long long)binary_size, (long long)b, at);
+        if (data) st = ferry_fail(FERRY_ERR_INVALID, "text_input: both data and binary_data_size are given");
+        else if ((uint64_t)binary_size > bin_len - *bin_used)
+            st = ferry_fail(FERRY_ERR_INVALID, "text_input: binary_data_size is %lld but only %zu binary bytes follow",
+                            (long long)binary_size, bin_len - *bin_used);
+        else st = kserve_bytes_split(bin + *bin_used, (size_t)binary_size, b, "binary data (binary_data_size)", el);
+    } else if (!data || data->type != JSON_ARRAY) {
+        st = ferry_fail(FERRY_ERR_INVALID, "text_input: data must be a list of strings");
+    } else if ((int64_t)data->len != b) {
+        st = ferry_fail(FERRY_ERR_INVALID, "text_input: shape says %lld prompts, data holds %zu", (long long)b, data->len);
     } else {
-        if (!data || data->type != JSON_ARRAY)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: data must be a list of strings");
-        if ((int64_t)data->len != b)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: shape says %lld prompts, data holds %zu", (long long)b, data->len);
-        for (size_t i = 0; i < data->len; i++) {
+        for (size_t i = 0; i < data->len && st == FERRY_OK; i++) {
             const json_value *v = &data->items[i];
             if (v->type == JSON_ARRAY && v->len == 1) v = &v->items[0]; /* [B, 1] written nested */
-            if (v->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "text_input: data[%zu] is not a string", i);
-            total += v->len;
+            if (v->type != JSON_STRING) st = ferry_fail(FERRY_ERR_INVALID, "text_input: data[%zu] is not a string", i);
+            else el[i] = (kserve_bytes){v->str, v->len};
         }
     }
+    if (st == FERRY_OK) st = kserve_set_texts(r, b, el);
+    if (st == FERRY_OK && binary_size >= 0) *bin_used += (size_t)binary_size;
+    free(el);
+    return st;
+}
+
+ferry_status kserve_bytes_split(const uint8_t *raw, size_t len, int64_t b, const char *what, kserve_bytes *el)
+{
+    size_t at = 0;
+    for (int64_t i = 0; i < b; i++) {
+        if (len - at < 4)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: %s ends inside element %lld's length", what, (long long)i);
+        size_t n = (size_t)raw[at] | (size_t)raw[at + 1] << 8 | (size_t)raw[at + 2] << 16 | (size_t)raw[at + 3] << 24;
+        at += 4;
+        if (len - at < n)
+            return ferry_fail(FERRY_ERR_INVALID, "text_input: element %lld says %zu bytes, %zu are left", (long long)i, n,
+                              len - at);
+        el[i] = (kserve_bytes){(const char *)raw + at, n};
+        at += n;
+    }
+    if (at != len)
+        return ferry_fail(FERRY_ERR_INVALID, "text_input: %s holds %zu bytes, its %lld elements take %zu", what, len,
+                          (long long)b, at);
+    return FERRY_OK;
+}
+
+ferry_status kserve_set_texts(kserve_request *r, int64_t b, const kserve_bytes *el)
+{
+    size_t total = 0;
+    for (int64_t i = 0; i < b; i++) total += el[i].len;
     r->n_texts = (int)b;
     if (!(r->text_input = malloc(total + 1)) || !(r->text_off = malloc((size_t)(b + 1) * sizeof *r->text_off)))
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    size_t at = 0, src = 0;
+    size_t at = 0;
     for (int64_t i = 0; i < b; i++) {
         r->text_off[i] = at;
-        const void *p;
-        size_t n;
-        if (raw) {
-            n = (size_t)raw[src] | (size_t)raw[src + 1] << 8 | (size_t)raw[src + 2] << 16 | (size_t)raw[src + 3] << 24;
-            p = raw + src + 4;
-            src += 4 + n;
-        } else {
-            const json_value *v = &data->items[i];
-            if (v->type == JSON_ARRAY) v = &v->items[0];
-            p = v->str, n = v->len;
-        }
-        memcpy(r->text_input + at, p, n);
-        at += n;
+        if (el[i].len) memcpy(r->text_input + at, el[i].p, el[i].len);
+        at += el[i].len;
     }
     r->text_off[b] = at;
     r->text_input[at] = '\0';
     r->text_len = at;
     r->text_out = true;
-    if (raw) *bin_used += (size_t)binary_size;
     return FERRY_OK;
 }
 
@@ -761,7 +765,7 @@ static void put_row_json(kserve_infer_writer *w, strbuf *sb, int o, int i)
     const kserve_row *row = &w->rows[i];
     if (w->r->outputs[o] == KSERVE_OUT_TEXT) {
         if (i) sb_puts(sb, ", ");
-        text_put_json(sb, row->text ? row->text : "", row->text_len);
+        sb_json_strn(sb, row->text ? row->text : "", row->text_len);
         return;
     }
     if (w->r->outputs[o] == KSERVE_OUT_IDS) {
@@ -927,7 +931,7 @@ void kserve_text_response(strbuf *sb, const kserve_request *r, const char *model
 {
     put_response_head(sb, r, model);
     sb_puts(sb, ", \"text_output\": ");
-    text_put_json(sb, text, len);
+    sb_json_strn(sb, text, len);
     put_finish(sb, finish);
     sb_putc(sb, '}');
 }
@@ -937,7 +941,7 @@ void kserve_text_event(strbuf *sb, const char *model, const char *text, size_t l
     sb_puts(sb, "data: {\"model_name\": ");
     sb_json_str(sb, model);
     sb_puts(sb, ", \"model_version\": \"" KSERVE_MODEL_VERSION "\", \"text_output\": ");
-    text_put_json(sb, text, len);
+    sb_json_strn(sb, text, len);
     if (finish != TEXT_FINISH_NONE) put_finish(sb, finish);
     sb_puts(sb, "}\n\n");
 }

@@ -98,6 +98,18 @@ ferry_status kserve_parse_infer(const char *body, size_t len, int64_t json_len, 
 /* Parses a generate / generate_stream body. With text_input the rows are
  * left empty (and unchecked) for kserve_encode_text. */
 ferry_status kserve_parse_generate(const char *body, size_t len, const engine_limits *lim, kserve_request *out);
+/* One element of a BYTES tensor. */
+typedef struct {
+    const char *p;
+    size_t len;
+} kserve_bytes;
+/* The b elements of a BYTES tensor in Triton's serialization (each a 4-byte
+ * little-endian length, then its bytes) filling raw[0..len) exactly; `what`
+ * names the bytes in errors ("raw contents"). */
+ferry_status kserve_bytes_split(const uint8_t *raw, size_t len, int64_t b, const char *what, kserve_bytes *el);
+/* r's prompts are the b texts el (copied back to back: text_input,
+ * text_off), answered with text. */
+ferry_status kserve_set_texts(kserve_request *r, int64_t b, const kserve_bytes *el);
 /* A request answered with text (text_out): its text_input prompts (if
  * any) encoded with the tokenizer's special tokens, as completion prompts,
  * one row each; the model's generation defaults applied

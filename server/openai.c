@@ -605,7 +605,7 @@ void oai_response(strbuf *sb, const oai_request *r, const char *model, const oai
         sb_printf(sb, "%s{\"index\": %d, ", i ? ", " : "", i);
         if (r->kind == OAI_CHAT) {
             sb_puts(sb, "\"message\": {\"role\": \"assistant\", \"content\": ");
-            text_put_json(sb, c->text, c->len);
+            sb_json_strn(sb, c->text, c->len);
             sb_putc(sb, '}');
         } else {
             int p = i / r->n;
@@ -616,10 +616,10 @@ void oai_response(strbuf *sb, const oai_request *r, const char *model, const oai
                 sb_append(&both, r->echo[p], r->echo_len[p]);
                 sb_append(&both, c->text, c->len);
                 if (both.oom) sb->oom = true;
-                text_put_json(sb, both.data ? both.data : "", both.len);
+                sb_json_strn(sb, both.data ? both.data : "", both.len);
                 sb_free(&both);
             } else {
-                text_put_json(sb, c->text, c->len);
+                sb_json_strn(sb, c->text, c->len);
             }
         }
         put_finish(sb, c->finish);
@@ -641,12 +641,12 @@ static void put_chunk(strbuf *sb, const oai_request *r, const char *model, int r
         if (role) sb_printf(sb, "\"role\": \"%s\"%s", role, with_text ? ", " : "");
         if (with_text) {
             sb_puts(sb, "\"content\": ");
-            text_put_json(sb, text, len);
+            sb_json_strn(sb, text, len);
         }
         sb_putc(sb, '}');
     } else {
         sb_puts(sb, "\"text\": ");
-        text_put_json(sb, text, len);
+        sb_json_strn(sb, text, len);
     }
     put_finish(sb, finish);
     sb_puts(sb, "}]}\n\n");

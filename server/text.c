@@ -251,31 +251,6 @@ ferry_status text_encode(const text_model *m, const char *s, size_t len, bool ad
     return tok_encode(m->tok, s, len, add_special, true, ids, n);
 }
 
-void text_put_json(strbuf *sb, const char *s, size_t len)
-{
-    sb_putc(sb, '"');
-    size_t run = 0; /* bytes copied as they are, appended at once */
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            run++;
-            continue;
-        }
-        if (run) sb_append(sb, s + i - run, run);
-        run = 0;
-        switch (c) {
-        case '"': sb_puts(sb, "\\\""); break;
-        case '\\': sb_puts(sb, "\\\\"); break;
-        case '\n': sb_puts(sb, "\\n"); break;
-        case '\r': sb_puts(sb, "\\r"); break;
-        case '\t': sb_puts(sb, "\\t"); break;
-        default: sb_printf(sb, "\\u%04x", c);
-        }
-    }
-    if (run) sb_append(sb, s + len - run, run);
-    sb_putc(sb, '"');
-}
-
 /* A message's content as the template sees it: a string. */
 static ferry_status put_content(strbuf *vars, const json_value *c, size_t i)
 {
@@ -284,7 +259,7 @@ static ferry_status put_content(strbuf *vars, const json_value *c, size_t i)
         return FERRY_OK;
     }
     if (c->type == JSON_STRING) {
-        text_put_json(vars, c->str, c->len);
+        sb_json_strn(vars, c->str, c->len);
         return FERRY_OK;
     }
     if (c->type != JSON_ARRAY)
@@ -313,7 +288,7 @@ static ferry_status put_content(strbuf *vars, const json_value *c, size_t i)
         put(&joined, text->str, text->len);
     }
     ferry_status st = joined.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
-    text_put_json(vars, joined.data ? joined.data : "", joined.len);
+    sb_json_strn(vars, joined.data ? joined.data : "", joined.len);
     sb_free(&joined);
     return st;
 }
@@ -333,14 +308,14 @@ static ferry_status build_vars(const text_model *m, const json_value *messages, 
         if (!role || role->type != JSON_STRING || role->len == 0)
             return ferry_fail(FERRY_ERR_INVALID, "messages[%zu].role must be a string (system, user, assistant, tool)", i);
         sb_puts(vars, i ? ", {\"role\": " : "{\"role\": ");
-        text_put_json(vars, role->str, role->len);
+        sb_json_strn(vars, role->str, role->len);
         sb_puts(vars, ", \"content\": ");
         FERRY_TRY(put_content(vars, json_get(msg, "content"), i));
         for (size_t k = 0; k < msg->len; k++) {
             const char *key = msg->members[k].key;
             if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
             sb_puts(vars, ", ");
-            text_put_json(vars, key, msg->members[k].key_len);
+            sb_json_strn(vars, key, msg->members[k].key_len);
             sb_puts(vars, ": ");
             sb_json_value(vars, &msg->members[k].value, 0);
         }
@@ -364,7 +339,7 @@ static ferry_status build_vars(const text_model *m, const json_value *messages, 
                 !strcmp(key, "eos_token") || !strcmp(key, "tools"))
                 continue; /* the request's own fields decide these */
             sb_puts(vars, ", ");
-            text_put_json(vars, key, kwargs->members[k].key_len);
+            sb_json_strn(vars, key, kwargs->members[k].key_len);
             sb_puts(vars, ": ");
             sb_json_value(vars, &kwargs->members[k].value, 0);
         }

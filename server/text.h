@@ -162,7 +162,5 @@ text_finish text_stream_end(text_stream *s, strbuf *delta);
 /* Ids pushed until the end (a stop string's last token included). */
 int text_stream_tokens(const text_stream *s);
 
-/* Appends s[0..len) as a JSON string (NUL and control bytes escaped). */
-void text_put_json(strbuf *sb, const char *s, size_t len);
 
 #endif

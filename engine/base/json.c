@@ -3,6 +3,7 @@
  * See json.h for the contract.
  */
 #include "json.h"
+#include "util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -132,27 +133,6 @@ static bool read_hex4(parser *p, unsigned *out)
     return true;
 }
 
-static size_t put_utf8(char *dst, unsigned cp)
-{
-    if (cp < 0x80) { dst[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        dst[0] = (char)(0xC0 | (cp >> 6));
-        dst[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        dst[0] = (char)(0xE0 | (cp >> 12));
-        dst[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        dst[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    dst[0] = (char)(0xF0 | (cp >> 18));
-    dst[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    dst[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    dst[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* Length of the valid UTF-8 sequence starting at s (n bytes left), 0 if invalid:
  * no overlong forms, no surrogates, nothing above U+10FFFF. */
 static size_t utf8_seq_len(const unsigned char *s, size_t n)
@@ -222,7 +202,7 @@ static bool parse_string(parser *p, const char **out, size_t *out_len)
                     return perr(p, "unpaired surrogate in \\u escape");
                 }
                 if (cp == 0) return perr(p, "\\u0000 in string is not supported");
-                n += put_utf8(dst + n, cp);
+                n += util_utf8_put(dst + n, cp);
                 break;
             }
             default: p->pos--; return perr(p, "bad escape in string");
@@ -558,24 +538,32 @@ void sb_printf(strbuf *sb, const char *fmt, ...)
     sb->len += (size_t)n;
 }
 
-void sb_json_str(strbuf *sb, const char *s)
+void sb_json_strn(strbuf *sb, const char *s, size_t len)
 {
     sb_putc(sb, '"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+    size_t run = 0; /* bytes copied as they are, appended at once */
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            run++;
+            continue;
+        }
+        if (run) sb_append(sb, s + i - run, run);
+        run = 0;
         switch (c) {
         case '"': sb_puts(sb, "\\\""); break;
         case '\\': sb_puts(sb, "\\\\"); break;
         case '\n': sb_puts(sb, "\\n"); break;
         case '\r': sb_puts(sb, "\\r"); break;
         case '\t': sb_puts(sb, "\\t"); break;
-        default:
-            if (c < 0x20) sb_printf(sb, "\\u%04x", c);
-            else sb_putc(sb, (char)c);
+        default: sb_printf(sb, "\\u%04x", c);
         }
     }
+    if (run) sb_append(sb, s + len - run, run);
     sb_putc(sb, '"');
 }
+
+void sb_json_str(strbuf *sb, const char *s) { sb_json_strn(sb, s, strlen(s)); }
 
 void sb_json_f32(strbuf *sb, float v)
 {

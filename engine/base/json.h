@@ -88,6 +88,8 @@ void sb_append(strbuf *sb, const void *p, size_t n);
 void sb_printf(strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as a quoted JSON string with escapes. */
 void sb_json_str(strbuf *sb, const char *s);
+/* The same for s[0..len), which may hold NUL bytes (written \u0000). */
+void sb_json_strn(strbuf *sb, const char *s, size_t len);
 /* Appends a float so that it reads back exactly (%.9g; nan/inf as null). */
 void sb_json_f32(strbuf *sb, float v);
 /* Appends a parsed value as JSON, objects one member per line indented by

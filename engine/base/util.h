@@ -56,4 +56,8 @@ double util_now(void);
 /* Seconds since the epoch (the wall clock: for reports, never for intervals). */
 double util_wall_now(void);
 
+/* Writes code point cp (<= U+10FFFF) as UTF-8 at dst (room for 4 bytes);
+ * returns the bytes written. */
+size_t util_utf8_put(char *dst, uint32_t cp);
+
 #endif

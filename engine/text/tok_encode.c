@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/util.h"
 #include "tok_internal.h"
 
 /* One call's working memory. */
@@ -294,7 +295,7 @@ static const char *byte_level_map(work *w, const char *s, size_t n, size_t *out_
     if (!d) return NULL;
     size_t k = 0, z = 0;
     for (size_t i = 0; i < n; i++) {
-        k += tok_utf8_put(d + k, tok_byte_char[(unsigned char)s[i]]);
+        k += util_utf8_put(d + k, tok_byte_char[(unsigned char)s[i]]);
         if (i < *zero) z = k;
     }
     *out_n = k;

@@ -118,7 +118,6 @@ static inline size_t tok_utf8_len(unsigned char b)
 }
 
 /* Writes cp as UTF-8 into dst (4 bytes of room); returns the length. */
-size_t tok_utf8_put(char *dst, uint32_t cp);
 
 /* Appends s[0..n) to out with each ill-formed sequence replaced by U+FFFD,
  * exactly as Rust's String::from_utf8_lossy and Python's

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "../base/util.h"
 #include "tok_internal.h"
 
 static ferry_status oom(void) { return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"); }
@@ -53,7 +54,7 @@ static void norm_lowercase(const char *s, size_t n, strbuf *out)
             tok_put(out, "i\xCC\x87", 3);
         } else {
             char buf[4];
-            tok_put(out, buf, tok_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
+            tok_put(out, buf, util_utf8_put(buf, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)));
         }
         i += k;
     }

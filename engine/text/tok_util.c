@@ -247,30 +247,6 @@ const tok_pairmap_slot *tok_pairmap_get(const tok_pairmap *m, uint32_t a, uint32
 
 /* ---- UTF-8 -------------------------------------------------------------------- */
 
-size_t tok_utf8_put(char *dst, uint32_t cp)
-{
-    if (cp < 0x80) {
-        dst[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        dst[0] = (char)(0xC0 | (cp >> 6));
-        dst[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        dst[0] = (char)(0xE0 | (cp >> 12));
-        dst[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        dst[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    dst[0] = (char)(0xF0 | (cp >> 18));
-    dst[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    dst[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    dst[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* How many bytes from s (n > 0 left) form a valid prefix of a UTF-8
  * sequence, and whether that prefix is the whole sequence. Unicode's
  * "maximal subpart": the second byte's range depends on the first (no

@@ -267,7 +267,7 @@ static ferry_status load_pretok(loader *L, const json_value *v, const char *wher
     } else if (!strcmp(type, "Metaspace")) {
         pt.kind = TOK_PRE_METASPACE;
         FERRY_TRY(get_char(L, v, "replacement", where, &pt.replacement));
-        pt.rep_len = tok_utf8_put(pt.rep, pt.replacement);
+        pt.rep_len = util_utf8_put(pt.rep, pt.replacement);
         FERRY_TRY(get_prepend_scheme(L, v, where, &pt.prepend));
         FERRY_TRY(get_bool(L, v, "split", where, true, &pt.split));
     } else {

@@ -152,7 +152,7 @@ static void history_add(strbuf *h, const char *role, const char *text, size_t le
     sb_puts(h, h->len > 1 ? ", {\"role\": \"" : "{\"role\": \"");
     sb_puts(h, role);
     sb_puts(h, "\", \"content\": ");
-    text_put_json(h, text, len);
+    sb_json_strn(h, text, len);
     sb_putc(h, '}');
 }
 
@@ -214,11 +214,11 @@ static void print_turn_json(const strbuf *prompt, int prompt_tokens, const answe
     strbuf sb;
     sb_init(&sb);
     sb_puts(&sb, "{\"prompt\": ");
-    text_put_json(&sb, prompt->data ? prompt->data : "", prompt->len);
+    sb_json_strn(&sb, prompt->data ? prompt->data : "", prompt->len);
     sb_printf(&sb, ", \"prompt_tokens\": %d, \"output_ids\": [", prompt_tokens);
     for (int i = 0; i < a->n_ids; i++) sb_printf(&sb, "%s%d", i ? ", " : "", a->ids[i]);
     sb_puts(&sb, "], \"text\": ");
-    text_put_json(&sb, text->data ? text->data : "", text->len);
+    sb_json_strn(&sb, text->data ? text->data : "", text->len);
     const char *why = text_finish_name(a->finish);
     sb_printf(&sb, ", \"finish_reason\": \"%s\"}\n", why ? why : "cancelled");
     if (!sb.oom) fwrite(sb.data, 1, sb.len, stdout);

@@ -230,7 +230,7 @@ static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *ou
             sb_puts(sb, n > 1 ? ", \"text\": [" : ", \"text\": ");
             for (int i = 0; i < n; i++) {
                 if (i) sb_puts(sb, ", ");
-                text_put_json(sb, texts[i].data ? texts[i].data : "", texts[i].len);
+                sb_json_strn(sb, texts[i].data ? texts[i].data : "", texts[i].len);
             }
             if (n > 1) sb_putc(sb, ']');
         }

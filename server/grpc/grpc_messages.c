@@ -139,60 +139,25 @@ static ferry_status parse_text_input(const infer_req *m, const infer_input *in, 
     int64_t b = in->shape[0];
     if (b < 1 || b > KSERVE_MAX_ROWS)
         return ferry_fail(FERRY_ERR_INVALID, "text_input: %lld prompts (1..%d)", (long long)b, KSERVE_MAX_ROWS);
-    const uint8_t *raw = NULL;
-    size_t raw_len = 0, total = 0;
-    const ProtobufCBinaryData *el = NULL;
+    kserve_bytes *el = malloc((size_t)b * sizeof *el);
+    if (!el) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    ferry_status st = FERRY_OK;
+    const Inference__InferTensorContents *c = in->contents;
     if (m->n_raw_input_contents) {
         if (m->n_raw_input_contents != 1)
-            return ferry_fail(FERRY_ERR_INVALID, "raw_input_contents: one entry per input expected (got %zu)",
-                              m->n_raw_input_contents);
-        if (in->contents) return ferry_fail(FERRY_ERR_INVALID, "text_input: contents and raw_input_contents are both given");
-        raw = m->raw_input_contents[0].data, raw_len = m->raw_input_contents[0].len;
-        size_t at = 0;
-        for (int64_t i = 0; i < b; i++) {
-            if (raw_len - at < 4)
-                return ferry_fail(FERRY_ERR_INVALID, "text_input: raw contents end inside element %lld's length", (long long)i);
-            size_t n = (size_t)raw[at] | (size_t)raw[at + 1] << 8 | (size_t)raw[at + 2] << 16 | (size_t)raw[at + 3] << 24;
-            at += 4;
-            if (raw_len - at < n)
-                return ferry_fail(FERRY_ERR_INVALID, "text_input: element %lld says %zu bytes, %zu are left", (long long)i, n,
-                                  raw_len - at);
-            at += n, total += n;
-        }
-        if (at != raw_len)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: %zu bytes of raw contents, its %lld elements take %zu", raw_len,
-                              (long long)b, at);
+            st = ferry_fail(FERRY_ERR_INVALID, "raw_input_contents: one entry per input expected (got %zu)",
+                            m->n_raw_input_contents);
+        else if (c) st = ferry_fail(FERRY_ERR_INVALID, "text_input: contents and raw_input_contents are both given");
+        else st = kserve_bytes_split(m->raw_input_contents[0].data, m->raw_input_contents[0].len, b, "raw contents", el);
+    } else if (!c || c->n_bytes_contents != (size_t)b) {
+        st = ferry_fail(FERRY_ERR_INVALID, "text_input: shape [%lld] needs %lld bytes_contents, got %zu", (long long)b,
+                        (long long)b, c ? c->n_bytes_contents : 0);
     } else {
-        const Inference__InferTensorContents *c = in->contents;
-        if (!c || c->n_bytes_contents != (size_t)b)
-            return ferry_fail(FERRY_ERR_INVALID, "text_input: shape [%lld] needs %lld bytes_contents, got %zu", (long long)b,
-                              (long long)b, c ? c->n_bytes_contents : 0);
-        el = c->bytes_contents;
-        for (int64_t i = 0; i < b; i++) total += el[i].len;
+        for (int64_t i = 0; i < b; i++) el[i] = (kserve_bytes){(const char *)c->bytes_contents[i].data, c->bytes_contents[i].len};
     }
-    r->n_texts = (int)b;
-    if (!(r->text_input = malloc(total + 1)) || !(r->text_off = malloc((size_t)(b + 1) * sizeof *r->text_off)))
-        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    size_t at = 0, src = 0;
-    for (int64_t i = 0; i < b; i++) {
-        const uint8_t *p;
-        size_t n;
-        if (raw) {
-            n = (size_t)raw[src] | (size_t)raw[src + 1] << 8 | (size_t)raw[src + 2] << 16 | (size_t)raw[src + 3] << 24;
-            p = raw + src + 4;
-            src += 4 + n;
-        } else {
-            p = el[i].data, n = el[i].len;
-        }
-        r->text_off[i] = at;
-        if (n) memcpy(r->text_input + at, p, n);
-        at += n;
-    }
-    r->text_off[b] = at;
-    r->text_input[at] = '\0';
-    r->text_len = at;
-    r->text_out = true;
-    return FERRY_OK;
+    if (st == FERRY_OK) st = kserve_set_texts(r, b, el);
+    free(el);
+    return st;
 }
 
 static ferry_status parse_input_ids(const infer_req *m, kserve_request *r)

@@ -303,7 +303,7 @@ static void test_put_json(void)
 {
     strbuf sb;
     sb_init(&sb);
-    text_put_json(&sb, "a\0b\"\\\n\x01\xc3\xa9", 9);
+    sb_json_strn(&sb, "a\0b\"\\\n\x01\xc3\xa9", 9);
     sb_putc(&sb, '\0');
     CHECK_EQ_STR(sb.data, "\"a\\u0000b\\\"\\\\\\n\\u0001\xc3\xa9\"");
     sb_free(&sb);
