@@ -891,9 +891,6 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         if (!tmpl_no_args(r, "last()", nargs, nkw)) return false;
         if (in->kind == TV_LIST && in->list->flavour == LF_GEN)
             return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: 'generator' object is not reversible", r->line);
-        if (in->kind == TV_LIST && (in->list->flavour == LF_KEYS || in->list->flavour == LF_VALUES || in->list->flavour == LF_ITEMS)) {
-            /* dict views are reversible */
-        }
         if (in->kind != TV_UNDEF && in->kind != TV_STR && in->kind != TV_LIST && in->kind != TV_DICT)
             return tmpl_type_error(r, "'%s' object is not reversible", in);
         tlist *items;

@@ -34,6 +34,7 @@ typedef struct {
     int loop_depth;              /* enclosing for loops in the current frame */
     tmpl_macro *macros[TMPL_MAX_NESTING]; /* macros being parsed, innermost last */
     int nmacros;
+    int *name_slots;             /* intern's hash table: id + 1, 0 when free */
 } parser;
 
 static bool pfail_at(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -139,11 +140,29 @@ static bool link(parser *p, int *links)
 
 /* ---- names ------------------------------------------------------------ */
 
+static uint32_t name_hash(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+/* The id of a name, interned on first sight. Ids stay below
+ * TMPL_MAX_NAMES, which bounds every per-name table (scopes, symbols). */
 static int intern(parser *p, const char *s, size_t n)
 {
     tmpl_names *nm = &p->t->names;
-    for (uint32_t i = 0; i < nm->count; i++)
-        if (nm->n[i] == n && memcmp(nm->s[i], s, n) == 0) return (int)i;
+    uint32_t slot = name_hash(s, n) & (TMPL_NAME_SLOTS - 1);
+    for (;; slot = (slot + 1) & (TMPL_NAME_SLOTS - 1)) {
+        int id = p->name_slots[slot] - 1;
+        if (id < 0) break;
+        if (nm->n[id] == n && memcmp(nm->s[id], s, n) == 0) return id;
+    }
+    if (nm->count >= TMPL_MAX_NAMES) {
+        pfail(p, "too many distinct names (limit %d)", TMPL_MAX_NAMES);
+        return -1;
+    }
+    p->name_slots[slot] = (int)nm->count + 1;
     if (nm->count == nm->cap) {
         uint32_t cap = nm->cap ? nm->cap * 2 : 64;
         const char **ns = tmpl_grow(&p->t->arena, nm->s, nm->cap * sizeof *ns, cap * sizeof *ns);
@@ -1412,6 +1431,12 @@ static void mark_body_folds(const tmpl_body *b)
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz)
 {
     parser p = {.t = t, .tok = toks->v, .n = toks->n, .err = err, .errsz = errsz};
+    p.name_slots = tmpl_alloc(&t->arena, TMPL_NAME_SLOTS * sizeof *p.name_slots);
+    if (!p.name_slots) {
+        snprintf(err, errsz, "out of memory parsing the template");
+        return false;
+    }
+    memset(p.name_slots, 0, TMPL_NAME_SLOTS * sizeof *p.name_slots);
     static const char *const fixed[NAME_FIXED_COUNT] = {
         "loop", "varargs", "kwargs", "caller", "range", "namespace", "dict", "raise_exception", "strftime_now",
         "cycler", "joiner", "lipsum"};
