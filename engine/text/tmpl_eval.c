@@ -12,7 +12,13 @@
  *     block sets and filter blocks run in scopes of their own; `if` does not
  *     open a scope.
  * A macro reads the scope it was defined in when it is called (so a macro
- * at the top level sees later top-level sets, as in jinja).
+ * at the top level sees later top-level sets, as in jinja). Entering a
+ * frame also declares the names jinja's compiler makes undefined there
+ * until assigned (tmpl_symbols.c).
+ *
+ * Expressions holding a slice may be computed "as jinja's compiler would"
+ * (r->folding, see FOLD_SLICE in tmpl_parse.c): jinja folds constants when
+ * it compiles, with slightly different rules for slices.
  *
  * Limits keep hostile templates and inputs from crashing or hanging a
  * render: nesting depth (the C stack), macro depth, loop iterations, a work

@@ -7,15 +7,18 @@
  * then postfix (.attr, [item], [a:b:c], calls) and filters/tests, which bind
  * tighter than unary minus on their left (`-x|abs` is abs(-x)).
  *
- * What jinja would only find when rendering but we can see now is an error
- * here, naming the construct and its line: filters and tests this
- * interpreter lacks (jinja checks filter and test names at compile time
- * too), statements outside the subset, argument unpacking, recursive loops,
- * methods of str/list/dict that are not implemented, and break/continue
- * outside a loop. Every construct that parses can be rendered.
+ * A construct outside the subset is an error here, naming it and its line,
+ * even where jinja would only meet it when rendering: filters and tests
+ * jinja has and this interpreter lacks, statements outside the subset,
+ * argument unpacking, recursive loops, methods of str/list/dict that are
+ * not implemented. What jinja itself refuses when it compiles is refused
+ * here too: syntax errors, break/continue outside a loop, and filters and
+ * tests that do not exist at all - except inside an if statement or a
+ * conditional expression, where jinja (and so this) fails only if one runs.
  *
- * Nesting is bounded (TMPL_MAX_NESTING) so that a hostile template cannot
- * exhaust the stack here or in the evaluator.
+ * Nesting (TMPL_MAX_NESTING) and the number of distinct names
+ * (TMPL_MAX_NAMES) are bounded, so that a hostile template can exhaust
+ * neither the stack nor the time of the passes over the tree.
  */
 #include "tmpl_internal.h"
 
