@@ -1132,15 +1132,17 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         tval end = g[2] ? p[2] : tv_str("...", 3);
         if ((g[0] && !tmpl_arg_int(r, &p[0], &length)) || (g[3] && p[3].kind != TV_NONE && !tmpl_arg_int(r, &p[3], &leeway)))
             return false;
-        if (!tmpl_arg_str(r, in, "truncate() value") || !tmpl_arg_str(r, &end, "truncate() end")) return false;
-        int64_t endn = (int64_t)tmpl_utf8_count(end.s.p, end.s.n);
+        if (!tmpl_arg_str(r, &end, "truncate() end")) return false;
+        int64_t endn = (int64_t)tmpl_utf8_count(end.s.p, end.s.n), n;
         if (length < endn || leeway < 0)
             return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: truncate() length must be >= len(end) and leeway >= 0", r->line);
-        int64_t n = (int64_t)tmpl_utf8_count(in->s.p, in->s.n);
+        /* what is short enough comes back as it is, whatever it is (Undefined too) */
+        if (!tmpl_length(r, in, &n)) return false;
         if (n <= length + leeway) {
             *out = *in;
             return true;
         }
+        if (!tmpl_arg_str(r, in, "truncate() value")) return false;
         size_t cut = tmpl_cp_to_byte(in->s.p, in->s.n, (size_t)(length - endn));
         if (!(g[1] && tmpl_truthy(&p[1]))) {
             /* rsplit(" ", 1)[0]: up to the last space, if any */
