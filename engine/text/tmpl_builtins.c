@@ -30,7 +30,7 @@ enum {
     F_ABS, F_ATTR, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT, F_FORMAT,
     F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN, F_REJECT,
     F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM,
-    F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_FORCEESCAPE,
+    F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_FORCEESCAPE, F_TRUNCATE, F_BATCH, F_SLICE,
 };
 
 static const struct {
@@ -45,12 +45,12 @@ static const struct {
     {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
     {"safe", F_SAFE}, {"select", F_SELECT}, {"selectattr", F_SELECTATTR}, {"sort", F_SORT}, {"string", F_STRING},
     {"sum", F_SUM}, {"title", F_TITLE}, {"tojson", F_TOJSON}, {"trim", F_TRIM}, {"unique", F_UNIQUE},
-    {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT},
+    {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT}, {"truncate", F_TRUNCATE}, {"batch", F_BATCH}, {"slice", F_SLICE},
 };
 
 /* jinja2's own filters, for telling "not supported" from "does not exist" */
 static const char *const jinja_filters[] = {
-    "batch", "filesizeformat", "groupby", "pprint", "random", "slice", "striptags", "truncate", "urlencode",
+    "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode",
     "urlize", "wordwrap", "xmlattr", NULL};
 
 enum {
@@ -891,9 +891,6 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         if (!tmpl_no_args(r, "last()", nargs, nkw)) return false;
         if (in->kind == TV_LIST && in->list->flavour == LF_GEN)
             return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: 'generator' object is not reversible", r->line);
-        if (in->kind == TV_LIST && (in->list->flavour == LF_KEYS || in->list->flavour == LF_VALUES || in->list->flavour == LF_ITEMS)) {
-            /* dict views are reversible */
-        }
         if (in->kind != TV_UNDEF && in->kind != TV_STR && in->kind != TV_LIST && in->kind != TV_DICT)
             return tmpl_type_error(r, "'%s' object is not reversible", in);
         tlist *items;
@@ -1128,6 +1125,89 @@ bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, s
         }
         *out = tv_list(res);
         return true;
+    }
+    case F_TRUNCATE: {
+        BIND("truncate()", "length", "killwords", "end", "leeway");
+        int64_t length = 255, leeway = 5; /* jinja's default policy truncate.leeway */
+        tval end = g[2] ? p[2] : tv_str("...", 3);
+        if ((g[0] && !tmpl_arg_int(r, &p[0], &length)) || (g[3] && p[3].kind != TV_NONE && !tmpl_arg_int(r, &p[3], &leeway)))
+            return false;
+        if (!tmpl_arg_str(r, &end, "truncate() end")) return false;
+        int64_t endn = (int64_t)tmpl_utf8_count(end.s.p, end.s.n), n;
+        if (length < endn || leeway < 0)
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: truncate() length must be >= len(end) and leeway >= 0", r->line);
+        /* what is short enough comes back as it is, whatever it is (Undefined too) */
+        if (!tmpl_length(r, in, &n)) return false;
+        if (n <= length + leeway) {
+            *out = *in;
+            return true;
+        }
+        if (!tmpl_arg_str(r, in, "truncate() value")) return false;
+        size_t cut = tmpl_cp_to_byte(in->s.p, in->s.n, (size_t)(length - endn));
+        if (!(g[1] && tmpl_truthy(&p[1]))) {
+            /* rsplit(" ", 1)[0]: up to the last space, if any */
+            size_t k = cut;
+            while (k > 0 && in->s.p[k - 1] != ' ') k--;
+            if (k > 0) cut = k - 1;
+        }
+        strbuf sb;
+        sb_init(&sb);
+        sb_append(&sb, in->s.p, cut);
+        sb_append(&sb, end.s.p, end.s.n);
+        return tmpl_sb_out(r, &sb, out);
+    }
+    case F_BATCH: {
+        /* jinja's batch: lists of linecount items, the last filled up when asked */
+        BIND("batch()", "linecount", "fill_with");
+        int64_t k = 0;
+        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: batch() needs a count", r->line);
+        if (!tmpl_arg_int(r, &p[0], &k)) return false;
+        tlist *items, *res = gen_of(r), *tmp = tmpl_list_new(r, 0, LF_LIST);
+        size_t cap = 0, tcap = 0;
+        if (!res || !tmp || !tmpl_iterate(r, in, &items)) return false;
+        *out = tv_list(res);
+        for (size_t i = 0; i < items->n; i++) {
+            if ((int64_t)tmp->n == k) {
+                if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
+                if (!(tmp = tmpl_list_new(r, 0, LF_LIST))) return false;
+                tcap = 0;
+            }
+            if (!tmpl_list_push(r, tmp, &tcap, items->items[i])) return false;
+        }
+        if (tmp->n) {
+            while (g[1] && p[1].kind != TV_NONE && (int64_t)tmp->n < k)
+                if (!tmpl_list_push(r, tmp, &tcap, p[1])) return false;
+            if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
+        }
+        return true;
+    }
+    case F_SLICE: {
+        /* jinja's slice: k columns as even as can be, the first ones one longer */
+        BIND("slice()", "slices", "fill_with");
+        int64_t k = 0;
+        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: slice() needs a count", r->line);
+        if (!tmpl_arg_int(r, &p[0], &k)) return false;
+        if (k == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: integer division or modulo by zero", r->line);
+        if (k < 0 || k > 100000) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: slice() count out of range", r->line);
+        bool fill = g[1] && p[1].kind != TV_NONE;
+        tlist *items, *res = gen_of(r);
+        size_t cap = 0;
+        if (!res || !tmpl_iterate(r, in, &items)) return false;
+        *out = tv_list(res);
+        int64_t len = (int64_t)items->n, per = len / k, extra = len % k, offset = 0;
+        for (int64_t sn = 0; sn < k; sn++) {
+            int64_t start = offset + sn * per;
+            if (sn < extra) offset++;
+            int64_t end = offset + (sn + 1) * per;
+            bool pad = fill && sn >= extra;
+            tlist *chunk = tmpl_list_new(r, (size_t)(end - start) + pad, LF_LIST);
+            if (!chunk) return false;
+            if (end > start) memcpy(chunk->items, items->items + start, (size_t)(end - start) * sizeof(tval));
+            chunk->n = (size_t)(end - start);
+            if (pad) chunk->items[chunk->n++] = p[1];
+            if (!tmpl_list_push(r, res, &cap, tv_list(chunk))) return false;
+        }
+        return tmpl_charge(r, items->n + (uint64_t)k);
     }
     case F_WORDCOUNT: {
         if (!tmpl_no_args(r, "wordcount()", nargs, nkw) || !tmpl_to_str(r, in, &s)) return false;

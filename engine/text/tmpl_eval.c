@@ -12,7 +12,13 @@
  *     block sets and filter blocks run in scopes of their own; `if` does not
  *     open a scope.
  * A macro reads the scope it was defined in when it is called (so a macro
- * at the top level sees later top-level sets, as in jinja).
+ * at the top level sees later top-level sets, as in jinja). Entering a
+ * frame also declares the names jinja's compiler makes undefined there
+ * until assigned (tmpl_symbols.c).
+ *
+ * Expressions holding a slice may be computed "as jinja's compiler would"
+ * (r->folding, see FOLD_SLICE in tmpl_parse.c): jinja folds constants when
+ * it compiles, with slightly different rules for slices.
  *
  * Limits keep hostile templates and inputs from crashing or hanging a
  * render: nesting depth (the C stack), macro depth, loop iterations, a work
@@ -29,12 +35,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A frame's variables. Most hold a handful, searched in order; past
+ * SCOPE_INDEXED entries an open-addressing index (position + 1 per slot,
+ * keyed by the interned id) keeps lookups constant. */
 struct tscope {
     tscope *parent;
     uint32_t n, cap;
     int *ids;
     tval *vals;
+    uint32_t *idx;
+    uint32_t icap;
 };
+
+#define SCOPE_INDEXED 16
 
 typedef enum { X_OK, X_ERR, X_BREAK, X_CONTINUE } xres;
 
@@ -131,13 +144,54 @@ static tscope *scope_new(trender *r, tscope *parent)
     return s;
 }
 
+static uint32_t id_slot(int id, uint32_t icap) { return ((uint32_t)id * 2654435761u) & (icap - 1); }
+
+/* the position of id in s, or -1 */
+static long scope_find(const tscope *s, int id)
+{
+    if (s->idx) {
+        for (uint32_t k = id_slot(id, s->icap);; k = (k + 1) & (s->icap - 1)) {
+            uint32_t pos = s->idx[k];
+            if (!pos) return -1;
+            if (s->ids[pos - 1] == id) return (long)pos - 1;
+        }
+    }
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->ids[i] == id) return (long)i;
+    return -1;
+}
+
+/* Empties a scope that is used again (a loop's next iteration). */
+static void scope_reset(tscope *s)
+{
+    if (s->idx) memset(s->idx, 0, s->icap * sizeof *s->idx);
+    s->n = 0;
+}
+
+static bool scope_index(trender *r, tscope *s)
+{
+    uint32_t icap = 64;
+    while (icap < s->cap * 2) icap *= 2;
+    uint32_t *idx = tmpl_ralloc(r, icap * sizeof *idx);
+    if (!idx) return false;
+    memset(idx, 0, icap * sizeof *idx);
+    for (uint32_t i = 0; i < s->n; i++) {
+        uint32_t k = id_slot(s->ids[i], icap);
+        while (idx[k]) k = (k + 1) & (icap - 1);
+        idx[k] = i + 1;
+    }
+    s->idx = idx;
+    s->icap = icap;
+    return true;
+}
+
 static bool scope_set(trender *r, tscope *s, int id, tval v)
 {
-    for (uint32_t i = 0; i < s->n; i++)
-        if (s->ids[i] == id) {
-            s->vals[i] = v;
-            return true;
-        }
+    long pos = scope_find(s, id);
+    if (pos >= 0) {
+        s->vals[pos] = v;
+        return true;
+    }
     if (s->n == s->cap) {
         uint32_t cap = s->cap ? s->cap * 2 : 4;
         int *ids = tmpl_ralloc(r, cap * sizeof *ids);
@@ -154,6 +208,12 @@ static bool scope_set(trender *r, tscope *s, int id, tval v)
     s->ids[s->n] = id;
     s->vals[s->n] = v;
     s->n++;
+    if (s->n > SCOPE_INDEXED && (!s->idx || s->icap < s->cap * 2)) return scope_index(r, s);
+    if (s->idx) {
+        uint32_t k = id_slot(id, s->icap);
+        while (s->idx[k]) k = (k + 1) & (s->icap - 1);
+        s->idx[k] = s->n;
+    }
     return true;
 }
 
@@ -174,9 +234,10 @@ static bool predeclare(trender *r, tscope *s, const tmpl_body *b)
 
 static tval lookup(trender *r, const tscope *s, int id)
 {
-    for (; s; s = s->parent)
-        for (uint32_t i = 0; i < s->n; i++)
-            if (s->ids[i] == id) return s->vals[i];
+    for (; s; s = s->parent) {
+        long pos = scope_find(s, id);
+        if (pos >= 0) return s->vals[pos];
+    }
     return r->globals[id];
 }
 
@@ -526,7 +587,7 @@ static bool compare(trender *r, int op, const tval *a, const tval *b, bool *res)
 static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const tval *body, tval *out);
 
 /* what jinja cannot compute at compile time (as_const raises Impossible) */
-static bool not_constant(trender *r, const tmpl_expr *e)
+static bool not_constant(const tmpl_expr *e)
 {
     if (e->kind == E_NAME || e->kind == E_CALL) return true;
     if (e->kind != E_FILTER) return false;
@@ -534,14 +595,13 @@ static bool not_constant(trender *r, const tmpl_expr *e)
     static const char *const context_filters[] = {"map", "select", "reject", "selectattr", "rejectattr", NULL};
     for (int i = 0; context_filters[i]; i++)
         if (strlen(context_filters[i]) == e->name_n && memcmp(context_filters[i], e->name, e->name_n) == 0) return true;
-    (void)r;
     return false;
 }
 
 static bool eval_inner(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
 {
     tval a, b;
-    if (r->folding && not_constant(r, e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
+    if (r->folding && not_constant(e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
     switch (e->kind) {
     case E_CONST:
         *out = e->cval;
@@ -722,7 +782,7 @@ static bool eval(trender *r, tscope *sc, const tmpl_expr *e, tval *out)
 static bool eval_filter_chain(trender *r, tscope *sc, const tmpl_expr *e, const tval *body, tval *out)
 {
     tval in;
-    if (r->folding && not_constant(r, e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
+    if (r->folding && not_constant(e)) return tmpl_fail(r, FERRY_ERR_INTERNAL, "not a constant");
     if (e->a) {
         if (e->a->kind == E_FILTER) {
             if (!enter(r)) return false;
@@ -903,7 +963,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
         if (!kept) return X_ERR;
         for (size_t i = 0; i < items->n; i++) {
             tval c;
-            iter->n = 0;
+            scope_reset(iter);
             if (!tmpl_charge(r, 1) || !assign(r, iter, s->target, &items->items[i]) || !eval(r, iter, s->cond, &c))
                 return X_ERR;
             if (tmpl_truthy(&c) && !tmpl_list_push(r, kept, &cap, items->items[i])) return X_ERR;
@@ -912,7 +972,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
     }
     if (items->n == 0) {
         /* the else branch runs in a frame of its own too */
-        iter->n = 0;
+        scope_reset(iter);
         if (!predeclare(r, iter, &s->else_body)) return X_ERR;
         xres x = exec_body(r, iter, &s->else_body);
         return x == X_ERR ? X_ERR : X_OK;
@@ -933,7 +993,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
         loop->i = i;
         /* each iteration starts from the enclosing scope again: reset
          * rather than reallocate, so that long loops do not grow memory */
-        iter->n = 0;
+        scope_reset(iter);
         r->line = s->line;
         if (!predeclare(r, iter, &s->body)) return X_ERR;
         if (!scope_set(r, iter, NAME_LOOP, (tval){.kind = TV_LOOP, .loop = loop})) return X_ERR;
@@ -944,7 +1004,7 @@ static xres exec_for(trender *r, tscope *sc, const tmpl_stmt *s)
         if (x == X_BREAK) break;
     }
     if (!completed && s->else_body.n) {
-        iter->n = 0;
+        scope_reset(iter);
         if (!predeclare(r, iter, &s->else_body)) return X_ERR;
         xres x = exec_body(r, iter, &s->else_body);
         return x == X_ERR ? X_ERR : X_OK;

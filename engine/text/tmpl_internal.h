@@ -44,6 +44,8 @@
 
 #define TMPL_MAX_SOURCE (1u << 20)        /* template bytes                       */
 #define TMPL_MAX_NESTING 256              /* parser: nested expressions/blocks     */
+#define TMPL_MAX_NAMES 4096               /* distinct names in one template        */
+#define TMPL_NAME_SLOTS 8192              /* the parser's name table (> 1.5x names) */
 #define TMPL_MAX_DEPTH 1200               /* render: nested evaluations (C stack)  */
 #define TMPL_MAX_MACRO_DEPTH 64           /* render: nested macro calls            */
 #define TMPL_MAX_VALUE_DEPTH 256          /* repr/json/equality of nested values   */
@@ -103,8 +105,6 @@ typedef struct {
     double f;      /* TK_FLOAT */
 } tmpl_token;
 
-/* Tokenizes src (already newline-normalized, see tmpl_lex_prepare). On error
- * returns false with a message in err ("line 3: unexpected char '$'"). */
 typedef struct {
     tmpl_token *v;
     size_t n, cap;
@@ -113,6 +113,9 @@ typedef struct {
 /* Normalizes \r\n and \r to \n and drops one trailing newline, as jinja's
  * lexer does; the copy lives in the arena. */
 char *tmpl_lex_prepare(tmpl_arena *a, const char *src, size_t len, size_t *out_len);
+/* Tokenizes src (newline-normalized by tmpl_lex_prepare), ending with
+ * TK_EOF. On error returns false with a message in err ("line 3:
+ * unexpected char '$'"). */
 bool tmpl_lex(tmpl_arena *a, const char *src, size_t len, tmpl_tokens *out, char *err, size_t errsz);
 
 /* ---- values ----------------------------------------------------------- */

@@ -7,15 +7,18 @@
  * then postfix (.attr, [item], [a:b:c], calls) and filters/tests, which bind
  * tighter than unary minus on their left (`-x|abs` is abs(-x)).
  *
- * What jinja would only find when rendering but we can see now is an error
- * here, naming the construct and its line: filters and tests this
- * interpreter lacks (jinja checks filter and test names at compile time
- * too), statements outside the subset, argument unpacking, recursive loops,
- * methods of str/list/dict that are not implemented, and break/continue
- * outside a loop. Every construct that parses can be rendered.
+ * A construct outside the subset is an error here, naming it and its line,
+ * even where jinja would only meet it when rendering: filters and tests
+ * jinja has and this interpreter lacks, statements outside the subset,
+ * argument unpacking, recursive loops, methods of str/list/dict that are
+ * not implemented. What jinja itself refuses when it compiles is refused
+ * here too: syntax errors, break/continue outside a loop, and filters and
+ * tests that do not exist at all - except inside an if statement or a
+ * conditional expression, where jinja (and so this) fails only if one runs.
  *
- * Nesting is bounded (TMPL_MAX_NESTING) so that a hostile template cannot
- * exhaust the stack here or in the evaluator.
+ * Nesting (TMPL_MAX_NESTING) and the number of distinct names
+ * (TMPL_MAX_NAMES) are bounded, so that a hostile template can exhaust
+ * neither the stack nor the time of the passes over the tree.
  */
 #include "tmpl_internal.h"
 
@@ -34,6 +37,7 @@ typedef struct {
     int loop_depth;              /* enclosing for loops in the current frame */
     tmpl_macro *macros[TMPL_MAX_NESTING]; /* macros being parsed, innermost last */
     int nmacros;
+    int *name_slots;             /* intern's hash table: id + 1, 0 when free */
 } parser;
 
 static bool pfail_at(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -139,11 +143,29 @@ static bool link(parser *p, int *links)
 
 /* ---- names ------------------------------------------------------------ */
 
+static uint32_t name_hash(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+/* The id of a name, interned on first sight. Ids stay below
+ * TMPL_MAX_NAMES, which bounds every per-name table (scopes, symbols). */
 static int intern(parser *p, const char *s, size_t n)
 {
     tmpl_names *nm = &p->t->names;
-    for (uint32_t i = 0; i < nm->count; i++)
-        if (nm->n[i] == n && memcmp(nm->s[i], s, n) == 0) return (int)i;
+    uint32_t slot = name_hash(s, n) & (TMPL_NAME_SLOTS - 1);
+    for (;; slot = (slot + 1) & (TMPL_NAME_SLOTS - 1)) {
+        int id = p->name_slots[slot] - 1;
+        if (id < 0) break;
+        if (nm->n[id] == n && memcmp(nm->s[id], s, n) == 0) return id;
+    }
+    if (nm->count >= TMPL_MAX_NAMES) {
+        pfail(p, "too many distinct names (limit %d)", TMPL_MAX_NAMES);
+        return -1;
+    }
+    p->name_slots[slot] = (int)nm->count + 1;
     if (nm->count == nm->cap) {
         uint32_t cap = nm->cap ? nm->cap * 2 : 64;
         const char **ns = tmpl_grow(&p->t->arena, nm->s, nm->cap * sizeof *ns, cap * sizeof *ns);
@@ -1412,6 +1434,12 @@ static void mark_body_folds(const tmpl_body *b)
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz)
 {
     parser p = {.t = t, .tok = toks->v, .n = toks->n, .err = err, .errsz = errsz};
+    p.name_slots = tmpl_alloc(&t->arena, TMPL_NAME_SLOTS * sizeof *p.name_slots);
+    if (!p.name_slots) {
+        snprintf(err, errsz, "out of memory parsing the template");
+        return false;
+    }
+    memset(p.name_slots, 0, TMPL_NAME_SLOTS * sizeof *p.name_slots);
     static const char *const fixed[NAME_FIXED_COUNT] = {
         "loop", "varargs", "kwargs", "caller", "range", "namespace", "dict", "raise_exception", "strftime_now",
         "cycler", "joiner", "lipsum"};

@@ -32,27 +32,53 @@
 
 enum { L_PARAM, L_RESOLVE, L_ALIAS, L_UNDEFINED };
 
+/* A frame's symbols. Names are interned ids below TMPL_MAX_NAMES, so
+ * membership is a table per frame; the lists keep the order. Tables are
+ * malloc'd and freed as soon as a frame (or an if-branch copy) is done, so
+ * that a template with thousands of ifs stays linear in time and memory. */
 typedef struct symtab symtab;
 struct symtab {
     const symtab *parent;
-    int *ref_ids;
-    uint8_t *ref_load;
-    uint32_t nrefs, refcap;
-    int *stores;
-    uint32_t nstores, storecap;
+    uint8_t *load;   /* per name: 0 when the frame has no ref, else 1 + L_* */
+    uint8_t *stored; /* per name: the frame stores it */
+    int *refs, *stores;
+    uint32_t nrefs, refcap, nstores, storecap;
+    /* a branch copy: the ids whose load it set, and how many stores it
+     * started with, so that merging it back costs what the branch did */
+    int *dirty;
+    uint32_t ndirty, dirtycap, base_stores;
 };
 
 typedef struct {
-    tmpl_arena tmp;   /* symbol tables, freed when the analysis ends */
     tmpl_arena *keep; /* the template's arena: the results */
+    uint32_t nnames;
     bool oom;
 } analyzer;
+
+static bool sym_init(analyzer *a, symtab *s, const symtab *parent)
+{
+    *s = (symtab){.parent = parent};
+    s->load = calloc(a->nnames ? a->nnames : 1, 1);
+    s->stored = calloc(a->nnames ? a->nnames : 1, 1);
+    if (!s->load || !s->stored) return !(a->oom = true);
+    return true;
+}
+
+static void sym_free(symtab *s)
+{
+    free(s->load);
+    free(s->stored);
+    free(s->refs);
+    free(s->stores);
+    free(s->dirty);
+    memset(s, 0, sizeof *s);
+}
 
 static bool push_int(analyzer *a, int **v, uint32_t *n, uint32_t *cap, int x)
 {
     if (*n == *cap) {
         uint32_t nc = *cap ? *cap * 2 : 8;
-        int *nv = tmpl_grow(&a->tmp, *v, *cap * sizeof **v, nc * sizeof **v);
+        int *nv = realloc(*v, nc * sizeof *nv);
         if (!nv) return !(a->oom = true);
         *v = nv;
         *cap = nc;
@@ -61,47 +87,26 @@ static bool push_int(analyzer *a, int **v, uint32_t *n, uint32_t *cap, int x)
     return true;
 }
 
-static long find_own(const symtab *s, int id)
-{
-    for (uint32_t i = 0; i < s->nrefs; i++)
-        if (s->ref_ids[i] == id) return (long)i;
-    return -1;
-}
-
 static bool find_ref(const symtab *s, int id)
 {
     for (; s; s = s->parent)
-        if (find_own(s, id) >= 0) return true;
-    return false;
-}
-
-static bool stored(const symtab *s, int id)
-{
-    for (uint32_t i = 0; i < s->nstores; i++)
-        if (s->stores[i] == id) return true;
+        if (s->load[id]) return true;
     return false;
 }
 
 static bool define(analyzer *a, symtab *s, int id, uint8_t load)
 {
-    long k = find_own(s, id);
-    if (k >= 0) {
-        s->ref_load[k] = load;
-        return true;
-    }
-    if (s->nrefs == s->refcap) {
-        uint32_t nc = s->refcap ? s->refcap * 2 : 8;
-        int *ids = tmpl_grow(&a->tmp, s->ref_ids, s->refcap * sizeof *ids, nc * sizeof *ids);
-        uint8_t *ld = ids ? tmpl_grow(&a->tmp, s->ref_load, s->refcap, nc) : NULL;
-        if (!ld) return !(a->oom = true);
-        s->ref_ids = ids;
-        s->ref_load = ld;
-        s->refcap = nc;
-    }
-    s->ref_ids[s->nrefs] = id;
-    s->ref_load[s->nrefs] = load;
-    s->nrefs++;
-    return true;
+    if (s->load[id] == 1 + load) return true;
+    if (!s->load[id] && !push_int(a, &s->refs, &s->nrefs, &s->refcap, id)) return false;
+    s->load[id] = (uint8_t)(1 + load);
+    return push_int(a, &s->dirty, &s->ndirty, &s->dirtycap, id);
+}
+
+static bool add_store(analyzer *a, symtab *s, int id)
+{
+    if (s->stored[id]) return true;
+    s->stored[id] = 1;
+    return push_int(a, &s->stores, &s->nstores, &s->storecap, id);
 }
 
 static bool sym_load(analyzer *a, symtab *s, int id)
@@ -111,57 +116,69 @@ static bool sym_load(analyzer *a, symtab *s, int id)
 
 static bool sym_store(analyzer *a, symtab *s, int id)
 {
-    if (!stored(s, id) && !push_int(a, &s->stores, &s->nstores, &s->storecap, id)) return false;
-    if (find_own(s, id) >= 0) return true;
+    if (!add_store(a, s, id)) return false;
+    if (s->load[id]) return true;
     return define(a, s, id, s->parent && find_ref(s->parent, id) ? L_ALIAS : L_UNDEFINED);
 }
 
 static bool sym_param(analyzer *a, symtab *s, int id)
 {
-    if (!stored(s, id) && !push_int(a, &s->stores, &s->nstores, &s->storecap, id)) return false;
-    return define(a, s, id, L_PARAM);
+    return add_store(a, s, id) && define(a, s, id, L_PARAM);
+}
+
+static bool copy_list(analyzer *a, int **v, uint32_t *n, uint32_t *cap, const int *from, uint32_t nfrom)
+{
+    if (!nfrom) return true;
+    *v = malloc(nfrom * sizeof **v);
+    if (!*v) return !(a->oom = true);
+    memcpy(*v, from, nfrom * sizeof **v);
+    *n = *cap = nfrom;
+    return true;
 }
 
 static bool sym_copy(analyzer *a, const symtab *from, symtab *to)
 {
-    *to = (symtab){.parent = from->parent};
-    for (uint32_t i = 0; i < from->nrefs; i++)
-        if (!define(a, to, from->ref_ids[i], from->ref_load[i])) return false;
-    for (uint32_t i = 0; i < from->nstores; i++)
-        if (!push_int(a, &to->stores, &to->nstores, &to->storecap, from->stores[i])) return false;
-    return true;
+    if (!sym_init(a, to, from->parent)) return false;
+    memcpy(to->load, from->load, a->nnames);
+    memcpy(to->stored, from->stored, a->nnames);
+    to->base_stores = from->nstores;
+    return copy_list(a, &to->refs, &to->nrefs, &to->refcap, from->refs, from->nrefs) &&
+           copy_list(a, &to->stores, &to->nstores, &to->storecap, from->stores, from->nstores);
 }
 
-/* jinja's Symbols.branch_update over the three branches of an if */
+/* jinja's Symbols.branch_update over the three branches of an if (frees them) */
 static bool branch_update(analyzer *a, symtab *s, symtab *br, int nbr)
 {
+    bool ok = true;
     /* names newly stored, with the number of branches storing them */
-    int *ids = NULL, *counts = NULL;
-    uint32_t n = 0, cap = 0, n2 = 0, cap2 = 0;
-    for (int b = 0; b < nbr; b++)
-        for (uint32_t i = 0; i < br[b].nstores; i++) {
+    uint8_t *count = calloc(a->nnames ? a->nnames : 1, 1);
+    int *ids = NULL;
+    uint32_t n = 0, cap = 0;
+    if (!count) ok = !(a->oom = true);
+    /* (a branch holds the frame's stores as its first base_stores) */
+    for (int b = 0; ok && b < nbr; b++)
+        for (uint32_t i = br[b].base_stores; ok && i < br[b].nstores; i++) {
             int id = br[b].stores[i];
-            if (stored(s, id)) continue;
-            uint32_t k;
-            for (k = 0; k < n; k++)
-                if (ids[k] == id) break;
-            if (k == n) {
-                if (!push_int(a, &ids, &n, &cap, id) || !push_int(a, &counts, &n2, &cap2, 0)) return false;
-            }
-            counts[k]++;
+            if (s->stored[id]) continue;
+            if (!count[id]) ok = push_int(a, &ids, &n, &cap, id);
+            count[id]++;
         }
-    for (int b = 0; b < nbr; b++) {
-        for (uint32_t i = 0; i < br[b].nrefs; i++)
-            if (!define(a, s, br[b].ref_ids[i], br[b].ref_load[i])) return false;
-        for (uint32_t i = 0; i < br[b].nstores; i++)
-            if (!stored(s, br[b].stores[i]) && !push_int(a, &s->stores, &s->nstores, &s->storecap, br[b].stores[i]))
-                return false;
+    /* refs and loads as the branches left them, in branch order */
+    for (int b = 0; ok && b < nbr; b++) {
+        for (uint32_t i = 0; ok && i < br[b].ndirty; i++) {
+            int id = br[b].dirty[i];
+            ok = define(a, s, id, (uint8_t)(br[b].load[id] - 1));
+        }
+        for (uint32_t i = br[b].base_stores; ok && i < br[b].nstores; i++) ok = add_store(a, s, br[b].stores[i]);
     }
-    for (uint32_t k = 0; k < n; k++) {
-        if (counts[k] == nbr) continue;
-        if (!define(a, s, ids[k], s->parent && find_ref(s->parent, ids[k]) ? L_ALIAS : L_RESOLVE)) return false;
+    for (uint32_t k = 0; ok && k < n; k++) {
+        if (count[ids[k]] == nbr) continue;
+        ok = define(a, s, ids[k], s->parent && find_ref(s->parent, ids[k]) ? L_ALIAS : L_RESOLVE);
     }
-    return true;
+    free(count);
+    free(ids);
+    for (int b = 0; b < nbr; b++) sym_free(&br[b]);
+    return ok;
 }
 
 /* ---- visiting a frame ------------------------------------------------- */
@@ -203,7 +220,7 @@ static bool add_child(analyzer *a, stmtvec *c, const tmpl_stmt *st)
 {
     if (c->n == c->cap) {
         uint32_t nc = c->cap ? c->cap * 2 : 8;
-        const tmpl_stmt **v = tmpl_grow(&a->tmp, c->v, c->cap * sizeof *v, nc * sizeof *v);
+        const tmpl_stmt **v = realloc(c->v, nc * sizeof *v);
         if (!v) return !(a->oom = true);
         c->v = v;
         c->cap = nc;
@@ -216,22 +233,21 @@ static bool add_child(analyzer *a, stmtvec *c, const tmpl_stmt *st)
 static bool visit_if(analyzer *a, symtab *s, const tmpl_stmt *st, stmtvec *children)
 {
     if (!expr_loads(a, s, st->expr)) return false;
-    symtab br[3];
-    if (!sym_copy(a, s, &br[0]) || !visit_body(a, &br[0], &st->body, children)) return false;
-    if (!sym_copy(a, s, &br[1])) return false;
+    symtab br[3] = {{0}, {0}, {0}};
+    bool ok = sym_copy(a, s, &br[0]) && visit_body(a, &br[0], &st->body, children) && sym_copy(a, s, &br[1]);
     const tmpl_stmt *cur = st;
-    while (cur->else_body.n == 1 && cur->else_body.v[0]->elif) {
+    while (ok && cur->else_body.n == 1 && cur->else_body.v[0]->elif) {
         /* each elif is an if of its own without branches, visited in the elif copy */
         const tmpl_stmt *e = cur->else_body.v[0];
-        if (!expr_loads(a, &br[1], e->expr)) return false;
-        symtab inner[3];
-        if (!sym_copy(a, &br[1], &inner[0]) || !visit_body(a, &inner[0], &e->body, children) ||
-            !sym_copy(a, &br[1], &inner[1]) || !sym_copy(a, &br[1], &inner[2]) || !branch_update(a, &br[1], inner, 3))
-            return false;
+        symtab inner[3] = {{0}, {0}, {0}};
+        ok = expr_loads(a, &br[1], e->expr) && sym_copy(a, &br[1], &inner[0]) &&
+             visit_body(a, &inner[0], &e->body, children) && sym_copy(a, &br[1], &inner[1]) &&
+             sym_copy(a, &br[1], &inner[2]);
+        ok = branch_update(a, &br[1], inner, 3) && ok;
         cur = e;
     }
-    if (!sym_copy(a, s, &br[2]) || !visit_body(a, &br[2], &cur->else_body, children)) return false;
-    return branch_update(a, s, br, 3);
+    ok = ok && sym_copy(a, s, &br[2]) && visit_body(a, &br[2], &cur->else_body, children);
+    return branch_update(a, s, br, 3) && ok;
 }
 
 static bool visit_stmt(analyzer *a, symtab *s, const tmpl_stmt *st, stmtvec *children)
@@ -269,12 +285,12 @@ static bool analyze_frame(analyzer *a, const symtab *parent, tmpl_body *body, co
 static bool finish_frame(analyzer *a, symtab *s, tmpl_body *body, stmtvec *children)
 {
     uint32_t n = 0;
-    for (uint32_t i = 0; i < s->nrefs; i++) n += s->ref_load[i] == L_UNDEFINED;
+    for (uint32_t i = 0; i < s->nrefs; i++) n += s->load[s->refs[i]] == 1 + L_UNDEFINED;
     if (n) {
         body->undef_ids = tmpl_alloc(a->keep, n * sizeof *body->undef_ids);
         if (!body->undef_ids) return !(a->oom = true);
         for (uint32_t i = 0; i < s->nrefs; i++)
-            if (s->ref_load[i] == L_UNDEFINED) body->undef_ids[body->nundef++] = s->ref_ids[i];
+            if (s->load[s->refs[i]] == 1 + L_UNDEFINED) body->undef_ids[body->nundef++] = s->refs[i];
     }
     for (uint32_t i = 0; i < children->n; i++) {
         tmpl_stmt *c = (tmpl_stmt *)children->v[i];
@@ -295,34 +311,41 @@ static bool finish_frame(analyzer *a, symtab *s, tmpl_body *body, stmtvec *child
 
 /* owner: the statement the frame belongs to (NULL: the template); which:
  * 1 for a loop's else */
-static bool analyze_frame(analyzer *a, const symtab *parent, tmpl_body *body, const tmpl_stmt *owner, int which)
+static bool frame_prelude(analyzer *a, symtab *s, const tmpl_stmt *owner, int which)
 {
-    symtab s = {.parent = parent};
-    stmtvec children = {0};
     if (owner && owner->kind == S_FOR && which == 0) {
-        if (!target_stores(a, &s, owner->target, true) || !sym_param(a, &s, NAME_LOOP)) return false;
+        if (!target_stores(a, s, owner->target, true) || !sym_param(a, s, NAME_LOOP)) return false;
     } else if (owner && (owner->kind == S_MACRO || owner->kind == S_CALLBLOCK)) {
         const tmpl_macro *m = owner->macro;
         for (uint32_t i = 0; i < m->nparams; i++)
-            if (!sym_param(a, &s, m->param_ids[i])) return false;
-        if ((m->uses_varargs && !sym_param(a, &s, NAME_VARARGS)) || (m->uses_kwargs && !sym_param(a, &s, NAME_KWARGS)) ||
-            (m->uses_caller && !sym_param(a, &s, NAME_CALLER)))
+            if (!sym_param(a, s, m->param_ids[i])) return false;
+        if ((m->uses_varargs && !sym_param(a, s, NAME_VARARGS)) || (m->uses_kwargs && !sym_param(a, s, NAME_KWARGS)) ||
+            (m->uses_caller && !sym_param(a, s, NAME_CALLER)))
             return false;
         for (uint32_t i = 0; i < m->nparams; i++)
-            if (m->defaults && !expr_loads(a, &s, m->defaults[i])) return false;
+            if (m->defaults && !expr_loads(a, s, m->defaults[i])) return false;
     } else if (owner && owner->kind == S_SCOPE) {
         for (uint32_t i = 0; i < owner->nwith; i++)
-            if (!target_stores(a, &s, owner->with_targets[i], true)) return false;
+            if (!target_stores(a, s, owner->with_targets[i], true)) return false;
     }
-    return visit_body(a, &s, body, &children) && finish_frame(a, &s, body, &children);
+    return true;
+}
+
+static bool analyze_frame(analyzer *a, const symtab *parent, tmpl_body *body, const tmpl_stmt *owner, int which)
+{
+    symtab s;
+    stmtvec children = {0};
+    bool ok = sym_init(a, &s, parent) && frame_prelude(a, &s, owner, which) && visit_body(a, &s, body, &children) &&
+              finish_frame(a, &s, body, &children);
+    free(children.v);
+    sym_free(&s);
+    return ok;
 }
 
 bool tmpl_analyze_frames(struct chat_template *t, char *err, size_t errsz)
 {
-    analyzer a = {.keep = &t->arena};
-    a.tmp.limit = SIZE_MAX;
+    analyzer a = {.keep = &t->arena, .nnames = t->names.count};
     bool ok = analyze_frame(&a, NULL, &t->body, NULL, 0);
-    tmpl_arena_free(&a.tmp);
     if (!ok) snprintf(err, errsz, "out of memory analyzing the template");
     return ok;
 }

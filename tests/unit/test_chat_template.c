@@ -187,6 +187,13 @@ static void test_parse_errors(void)
     PARSE_ERROR(chain, "nested too deeply");
     free(chain);
 
+    /* thousands of distinct names: a bound on every per-name table */
+    strbuf names;
+    sb_init(&names);
+    for (int i = 0; i < 5000; i++) sb_printf(&names, "{{ n%d }}", i);
+    PARSE_ERROR(names.data, "too many distinct names (limit 4096)");
+    sb_free(&names);
+
     /* a source past the limit is refused before anything else */
     size_t big = (1u << 20) + 1;
     char *src = malloc(big);
@@ -278,6 +285,17 @@ static void test_limits(void)
     CHECK(out && atoi(out) > 30000);
     free(out);
     sb_free(&vars);
+
+    /* many variables in one frame, set again on every iteration: scopes stay fast */
+    strbuf many;
+    sb_init(&many);
+    sb_puts(&many, "{% for i in range(300) %}");
+    for (int i = 0; i < 3000; i++) sb_printf(&many, "{%% set v%d = i %%}", i);
+    sb_puts(&many, "{% endfor %}{{ v1 is defined }}");
+    CHECK_STATUS(render(many.data, NULL, MAX_OUT, &out), FERRY_OK);
+    CHECK_EQ_STR(out, "False");
+    free(out);
+    sb_free(&many);
 }
 
 static void test_api(void)
