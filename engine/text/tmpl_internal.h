@@ -490,7 +490,6 @@ bool tmpl_length(trender *r, const tval *v, int64_t *out);
 
 /* UTF-8 helpers */
 size_t tmpl_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp); /* bytes used, >= 1 */
-size_t tmpl_utf8_encode(uint32_t cp, char *out);
 size_t tmpl_utf8_count(const char *s, size_t n);
 bool tmpl_py_isspace(uint32_t cp);
 

@@ -19,6 +19,7 @@
  * the template and after any tag whose end consumed a newline (trim_blocks,
  * or "-%}" followed by whitespace ending in one). The same flag is kept here.
  */
+#include "../base/util.h"
 #include "tmpl_internal.h"
 
 #include <errno.h>
@@ -241,7 +242,7 @@ static bool decode_string(lexer *lx, size_t i, size_t j, tmpl_token *tok)
             if (c >= '0' && c <= '7') {
                 int k = 0;
                 while (k < 3 && i < j && s[i] >= '0' && s[i] <= '7') cp = cp * 8 + (uint32_t)(s[i++] - '0'), k++;
-                n += tmpl_utf8_encode(cp, d + n);
+                n += util_utf8_put(d + n, cp);
                 continue;
             }
             if (c >= 0x80) {
@@ -267,7 +268,7 @@ static bool decode_string(lexer *lx, size_t i, size_t j, tmpl_token *tok)
         }
         if (cp > 0x10FFFF) return lex_fail(lx, "illegal Unicode character in a string");
         if (cp >= 0xD800 && cp <= 0xDFFF) return lex_fail(lx, "surrogate escapes in strings are not supported");
-        n += tmpl_utf8_encode(cp, d + n);
+        n += util_utf8_put(d + n, cp);
     }
     d[n] = '\0';
     tok->kind = TK_STRING;

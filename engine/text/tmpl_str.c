@@ -10,6 +10,7 @@
  * a few characters ('ß'.upper() is 'SS' in Python, 'ß' here).
  */
 #define _GNU_SOURCE /* memmem */
+#include "../base/util.h"
 #include "tmpl_internal.h"
 
 #include <ctype.h>
@@ -93,7 +94,7 @@ bool tmpl_str_case(trender *r, const char *s, size_t n, int mode, tval *out)
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         i += tmpl_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        k += tmpl_utf8_encode(case_cp(cp, mode), d + k);
+        k += util_utf8_put(d + k, case_cp(cp, mode));
     }
     d[k] = '\0';
     *out = tv_str(d, k);
@@ -115,7 +116,7 @@ bool tmpl_str_title(trender *r, const char *s, size_t n, bool capitalize, tval *
         else m = prev_cased ? case_cp(cp, TMPL_CASE_LOWER) : case_cp(cp, TMPL_CASE_TITLE);
         prev_cased = cp_is_cased(cp);
         first = false;
-        k += tmpl_utf8_encode(m, d + k);
+        k += util_utf8_put(d + k, m);
     }
     d[k] = '\0';
     *out = tv_str(d, k);
@@ -478,7 +479,7 @@ static void pad_out(strbuf *sb, const char *body, size_t n, size_t cps, const fs
     size_t width = f->width > 0 ? (size_t)f->width : 0;
     size_t pad = width > cps ? width - cps : 0;
     char fill[8];
-    size_t fl = tmpl_utf8_encode((uint32_t)(unsigned char)(f->fill ? f->fill : ' '), fill);
+    size_t fl = util_utf8_put(fill, (uint32_t)(unsigned char)(f->fill ? f->fill : ' '));
     size_t left = align == '<' ? 0 : align == '^' ? pad / 2 : pad;
     for (size_t i = 0; i < left; i++) sb_append(sb, fill, fl);
     sb_append(sb, body, n);
@@ -517,7 +518,7 @@ static bool format_number(trender *r, const tval *v, const fspec *f, strbuf *sb)
         if (type == 'c') {
             if (x < 0 || x > 0x10FFFF) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %%c arg not in range(0x110000)", r->line);
             char ch[4];
-            size_t k = tmpl_utf8_encode((uint32_t)x, ch);
+            size_t k = util_utf8_put(ch, (uint32_t)x);
             pad_out(sb, ch, k, 1, f, '>');
             return true;
         }
@@ -920,7 +921,7 @@ bool tmpl_jinja_title(trender *r, const tval *s, tval *out)
         bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || tmpl_py_isspace(cp);
         uint32_t m = sep ? cp : at_start ? case_cp(cp, TMPL_CASE_UPPER) : case_cp(cp, TMPL_CASE_LOWER);
         at_start = sep;
-        k += tmpl_utf8_encode(m, d + k);
+        k += util_utf8_put(d + k, m);
     }
     d[k] = '\0';
     *out = tv_str(d, k);

@@ -114,23 +114,6 @@ size_t tmpl_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
     return 1;
 }
 
-size_t tmpl_utf8_encode(uint32_t cp, char *d)
-{
-    if (cp < 0x80) { d[0] = (char)cp; return 1; }
-    if (cp < 0x800) { d[0] = (char)(0xC0 | (cp >> 6)); d[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        d[0] = (char)(0xE0 | (cp >> 12));
-        d[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        d[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    d[0] = (char)(0xF0 | (cp >> 18));
-    d[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    d[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    d[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 size_t tmpl_utf8_count(const char *s, size_t n)
 {
     size_t k = 0;
