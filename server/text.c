@@ -553,6 +553,10 @@ bool text_stream_push(text_stream *s, int32_t id, strbuf *delta)
     s->n++;
     s->last = id;
     s->fresh.len = 0;
+    /* a stop id ends the sequence; its text is not part of the answer
+     * (vLLM's default, include_stop_str_in_output false) */
+    for (int k = 0; k < s->n_stop_ids; k++)
+        if (s->stop_ids[k] == id) return false;
     if (id >= 0 && id < tok_vocab_size(s->m->tok) && tok_stream_push(s->ts, id, &s->fresh) != FERRY_OK)
         s->fresh.len = 0; /* an id without text: nothing, as HF's decode */
     if (s->stops.n == 0) {

@@ -154,6 +154,23 @@ def test_completion_greedy_equals_cli(request, ferry, which, prompt):
     assert abs(r.created - time.time()) < 300
 
 
+def test_stop_token_ids_text_left_out(srv_demo, m_demo, ferry):
+    """A stop id ends the answer and its own text is not part of it (vLLM's
+    default): the text is HF's decode of the ids before it."""
+    prompt = PROMPTS[0]
+    ids = hf_tokenizer(m_demo).encode(prompt).ids
+    gen = cli_ids(ferry, m_demo, ids, 8)
+    k = next((i for i in range(1, len(gen)) if gen[i] not in gen[:i] and gen[i] not in stop_ids(m_demo)), None)
+    if k is None:
+        pytest.skip("no fresh token to stop at in the greedy output")
+    r = client(srv_demo).completions.create(model=srv_demo.name, prompt=prompt, max_tokens=8, temperature=0,
+                                            extra_body={"stop_token_ids": [gen[k]]})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop"
+    assert ch.text == hf_tokenizer(m_demo).decode(gen[:k], skip_special_tokens=True)
+    assert r.usage.completion_tokens == k + 1  # the stop id was generated
+
+
 def test_completion_prompt_forms(srv_l2, m_l2):
     """A string, its token ids, a list of strings and a list of id lists give the same text."""
     c = client(srv_l2)
