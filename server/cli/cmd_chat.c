@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 #include "../../engine/base/json.h"
 #include "../../engine/engine.h"
@@ -152,8 +153,32 @@ static void history_add(strbuf *h, const char *role, const char *text, size_t le
     sb_puts(h, h->len > 1 ? ", {\"role\": \"" : "{\"role\": \"");
     sb_puts(h, role);
     sb_puts(h, "\", \"content\": ");
-    sb_json_strn(h, text, len);
+    /* the history is parsed again as JSON, which holds no NUL: a model may
+     * generate one; it is kept as U+FFFD (user input is checked first) */
+    strbuf clean;
+    sb_init(&clean);
+    for (size_t i = 0; i < len; i++) {
+        if (text[i]) sb_putc(&clean, text[i]);
+        else sb_puts(&clean, "\xEF\xBF\xBD");
+    }
+    sb_json_strn(h, clean.data ? clean.data : "", clean.len);
+    h->oom |= clean.oom;
+    sb_free(&clean);
     sb_putc(h, '}');
+}
+
+/* Why a typed message cannot be sent (NULL: it can): the template sees
+ * text, so it must be UTF-8 without NUL bytes. */
+static const char *message_problem(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) return "the message is not valid UTF-8";
+        if (cp == 0) return "the message holds a NUL byte";
+        i += (size_t)k;
+    }
+    return NULL;
 }
 
 static void history_reset(strbuf *h, const char *system)
@@ -327,7 +352,16 @@ int cmd_chat(const ferry_config *cfg)
     history_reset(&history, cfg->system);
     for (int turn_no = 0; read_message(tty, &msg);) {
         sb_putc(&msg, '\0');
+        if (msg.oom) {
+            fputs("ferry chat: out of memory for the message\n", stderr);
+            break;
+        }
         msg.len--;
+        const char *problem = message_problem(msg.data, msg.len);
+        if (problem) {
+            fprintf(stderr, "ferry chat: %s: not sent\n", problem);
+            continue;
+        }
         const char *m = msg.data;
         size_t skip = strspn(m, " \t\n\r");
         if (!m[skip]) continue; /* nothing to send */

@@ -213,7 +213,7 @@ def test_generate_prompt_errors(ferry, m_demo, models):
 def chat(ferry, model, stdin, *flags):
     argv = [ferry.path, "chat", "--model", str(model)] + [str(f) for f in flags]
     try:
-        return subprocess.run(argv, input=stdin.encode(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.run(argv, input=stdin if isinstance(stdin, bytes) else stdin.encode(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail("ferry chat timed out: %s" % " ".join(argv))
@@ -253,6 +253,18 @@ def test_chat_text_output(ferry, m_demo):
     p = chat(ferry, m_demo, "Hi\n\n/clear\nHi\n", "--max-new-tokens", 6)
     assert p.returncode == 0, p.stderr.decode()
     assert p.stdout.decode() == answer + "\n" + answer + "\n"
+
+
+def test_chat_refuses_a_message_it_cannot_send(ferry, m_demo):
+    """A NUL byte or invalid UTF-8 in a typed message is refused by name and
+    the conversation goes on (the history stays parseable)."""
+    j = chat(ferry, m_demo, "Hi\n", "--max-new-tokens", 6, "--json")
+    answer = json.loads(j.stdout)["text"]
+    p = chat(ferry, m_demo, b"a\x00b\nbad \xff\xfe\nHi\n", "--max-new-tokens", 6)
+    assert p.returncode == 0, p.stderr.decode()
+    err = p.stderr.decode()
+    assert "holds a NUL byte: not sent" in err and "not valid UTF-8: not sent" in err, err
+    assert p.stdout.decode() == answer + "\n"
 
 
 def test_chat_ctrl_c_stops_the_answer_not_the_program(ferry, tdir):
