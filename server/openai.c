@@ -354,8 +354,11 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
     r->n = (int)n;
     FERRY_TRY(check_unsupported(kind, root, r->n, e));
     if (kind == OAI_CHAT) { /* max_completion_tokens replaces max_tokens (deprecated) */
+        int64_t legacy = 0;
+        bool legacy_given = false; /* checked even when max_completion_tokens wins: a wrong type is a 400 */
+        FERRY_TRY(get_int(root, "max_tokens", 1, MAX_TOKENS_LIMIT, &legacy, &legacy_given, e));
         FERRY_TRY(get_int(root, "max_completion_tokens", 1, MAX_TOKENS_LIMIT, &max_new, max_given, e));
-        if (!*max_given) FERRY_TRY(get_int(root, "max_tokens", 1, MAX_TOKENS_LIMIT, &max_new, max_given, e));
+        if (!*max_given && legacy_given) max_new = legacy, *max_given = true;
     } else {
         FERRY_TRY(get_int(root, "max_tokens", 1, MAX_TOKENS_LIMIT, &max_new, max_given, e));
     }
