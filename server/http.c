@@ -389,6 +389,8 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
         /* output_ids beside the text: the tokens up to the stop string, not
          * those generated before the cancel took effect */
         if (row->n_tokens > rq->texts[ref->row].n_tokens) row->n_tokens = rq->texts[ref->row].n_tokens;
+        if (text_stream_failed(rq->texts[ref->row].ts) || rq->texts[ref->row].text.oom)
+            st = FERRY_ERR_NOMEM, msg = "out of memory for a response's text";
     }
     if (st != FERRY_OK && rq->st == FERRY_OK) {
         rq->st = st;

@@ -586,3 +586,5 @@ text_finish text_stream_end(text_stream *s, strbuf *delta)
 }
 
 int text_stream_tokens(const text_stream *s) { return s->n; }
+
+bool text_stream_failed(const text_stream *s) { return s->fresh.oom || s->pending.oom; }

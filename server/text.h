@@ -161,6 +161,9 @@ bool text_stream_push(text_stream *s, int32_t id, strbuf *delta);
 text_finish text_stream_end(text_stream *s, strbuf *delta);
 /* Ids pushed until the end (a stop string's last token included). */
 int text_stream_tokens(const text_stream *s);
+/* Memory ran out inside the stream: its text is incomplete, and the row
+ * must fail rather than answer it. */
+bool text_stream_failed(const text_stream *s);
 
 
 #endif

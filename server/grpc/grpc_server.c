@@ -230,7 +230,7 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     if (st == FERRY_OK && r->texts) {
         struct rpc_text *t = &r->texts[ref->row];
         text_stream_end(t->ts, &t->text);
-        if (t->text.oom) st = FERRY_ERR_NOMEM, msg = "out of memory for a response";
+        if (t->text.oom || text_stream_failed(t->ts)) st = FERRY_ERR_NOMEM, msg = "out of memory for a response's text";
         row->text = t->text.data;
         row->text_len = t->text.len;
         /* output_ids beside the text: up to the stop string, not what ran on before the cancel */

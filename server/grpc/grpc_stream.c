@@ -276,7 +276,8 @@ static void stream_on_done(void *user, ferry_status st, const char *msg, const g
         strbuf rest;
         sb_init(&rest);
         text_stream_end(q->ts, &rest);
-        push_text(r, q, &rest, true);
+        if (text_stream_failed(q->ts) || rest.oom) push_error(r, q, "out of memory for a response's text", q->kr.id);
+        else push_text(r, q, &rest, true);
         sb_free(&rest);
     } else {
         push_token(r, q, q->has_held ? &q->held : NULL, true);
