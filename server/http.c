@@ -961,8 +961,12 @@ static enum MHD_Result start_inference(request *rq)
     if (st == FERRY_OK && n > sched_max_queued(rq->s)) {
         /* could never be queued whole: a client error, not a retryable 503 */
         st = FERRY_ERR_INVALID;
-        snprintf(msg, sizeof msg, "the request holds %d prompts but the server queues at most %d (--max-queued)", n,
-                 sched_max_queued(rq->s));
+        if (rq->oai)
+            snprintf(msg, sizeof msg, "the request asks for %d sequences (prompts x n) but the server queues at most %d "
+                     "(--max-queued)", n, sched_max_queued(rq->s));
+        else
+            snprintf(msg, sizeof msg, "the request holds %d prompts but the server queues at most %d (--max-queued)", n,
+                     sched_max_queued(rq->s));
     }
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         rq->refs_of[i] = (row_ref){rq, i};

@@ -380,6 +380,8 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
     r->sampling.seed = seeded ? (uint64_t)seed : fresh_u64();
     FERRY_TRY(get_bool(root, "stream", &r->stream, e));
     const json_value *so = field(root, "stream_options");
+    if (so && !r->stream) /* as vLLM */
+        return fail(e, 400, "stream_options", NULL, FERRY_ERR_INVALID, "stream_options can only be given with stream: true");
     if (so) {
         if (so->type != JSON_OBJECT)
             return fail(e, 400, "stream_options", NULL, FERRY_ERR_INVALID, "stream_options must be an object");

@@ -427,7 +427,8 @@ BAD = [
     ({}, "prompt"),
     ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": "x", "logprobs": 2}, "logprobs"),
-    ({"prompt": "x", "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream, as vLLM
 ]
 
 
