@@ -629,7 +629,6 @@ static enum MHD_Result respond_busy(request *rq)
  * (one row of one output) at a time, a generate answer is built whole, a
  * stream holds the events its client has not read yet. */
 #define EVENT_BYTES 160 /* one SSE token event, model name aside */
-#define TEXT_STREAM_BYTES 8192 /* a text_stream's own state (its window and the tokenizer's), stop strings aside */
 static uint64_t answer_bytes(const request *rq, int vocab)
 {
     const kserve_request *r = &rq->kr;

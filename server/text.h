@@ -111,6 +111,10 @@ ferry_status text_encode(const text_model *m, const char *s, size_t len, bool ad
 ferry_status text_render_chat(const text_model *m, const json_value *messages, const json_value *tools,
                               const json_value *kwargs, size_t max_out, strbuf *out);
 
+/* What a text_stream holds of its own (its stop window and the tokenizer's
+ * streaming state), stop strings aside: what a front end reserves per row. */
+#define TEXT_STREAM_BYTES 8192
+
 /* ---- requests ---------------------------------------------------------------------- */
 
 /* Stop strings of one request. */

@@ -265,7 +265,6 @@ static void cancel_rows(rpc *r)
  * submitted so that nothing after can fail for memory: the request, its
  * results, and the answer, built whole (raw contents plus the message's
  * own fields). */
-#define TEXT_STREAM_BYTES 8192 /* a text_stream's own state, stop strings aside (as http.c counts it) */
 static uint64_t infer_held_bytes(const kserve_request *kr, int vocab, const text_model *tm)
 {
     uint64_t rows = (uint64_t)kr->n_rows;

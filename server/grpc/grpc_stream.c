@@ -55,7 +55,6 @@
 #include "grpc_messages.h"
 
 #define STREAM_MSG_BYTES 320 /* one token response in memory, id and model name aside */
-#define STREAM_TEXT_BYTES 8192 /* a text_stream's own state, stop strings aside (as http.c counts it) */
 
 typedef struct out_msg {
     struct out_msg *next;
@@ -365,7 +364,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         uint64_t per_msg = STREAM_MSG_BYTES + strlen(g->model_name) + (q->kr.id ? strlen(q->kr.id) : 0);
         uint64_t want = kserve_held_bytes(&q->kr, lim.vocab) + ((uint64_t)q->kr.max_new_tokens + 1) * per_msg;
         if (q->ts) /* the stream's state, and the text its responses carry */
-            want += STREAM_TEXT_BYTES + text_stops_bytes(&q->kr.stops) +
+            want += TEXT_STREAM_BYTES + text_stops_bytes(&q->kr.stops) +
                     (uint64_t)q->kr.max_new_tokens * text_max_token_bytes(tm) + TEXT_MAX_STOP_BYTES;
         if (!req_budget_take(g->budget, &q->mem, want)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;

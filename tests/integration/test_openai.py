@@ -25,10 +25,8 @@ import time
 import openai
 import pytest
 
-import st_util
-from conftest import REPO
 from test_http import REQ_TIMEOUT, hang_up, metrics, msum, serve
-from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, hf_chat_ids, hf_render, hf_tokenizer, shared_dir,
+from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_chat_ids, hf_render, hf_tokenizer, shared_dir,
                        stop_ids, text_model, until_stop)
 
 M_GENERATED = "ferry_generated_tokens_total"
@@ -103,9 +101,9 @@ def cli_ids(ferry, model, ids, n):
 
 def expected_text(ferry, model, prompt_ids, n):
     """(text, ids, finish_reason) a greedy text endpoint must give."""
-    ids = until_stop(cli_ids(ferry, model, prompt_ids, n), stop_ids(model))
+    text, ids = greedy_text(ferry, model, prompt_ids, n)
     finish = "stop" if ids and ids[-1] in stop_ids(model) else "length"
-    return hf_tokenizer(model).decode(ids, skip_special_tokens=True), ids, finish
+    return text, ids, finish
 
 
 def stream_text(chunks, chat):

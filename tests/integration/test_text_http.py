@@ -18,8 +18,8 @@ import pytest
 from conftest import RUN_TIMEOUT, assert_ferry_error
 from test_http import jreq, serve
 from test_http import request as http_request
-from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, hf_render, hf_tokenizer, shared_dir, stop_ids, text_model,
-                       until_stop)
+from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_render, hf_tokenizer, shared_dir, stop_ids,
+                       text_model)
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,6 @@ def srv_demo(ferry_bin, m_demo):
 @pytest.fixture(scope="module")
 def srv_bare(ferry_bin, models):
     yield from serve(ferry_bin, models.get("llama", seed=24), "--batch", 2, name="bare")
-
-
-def greedy_text(ferry, model, prompt_ids, n):
-    out, _ = ferry.generate(model, prompt_ids, n)
-    ids = until_stop(out, stop_ids(model))
-    return hf_tokenizer(model).decode(ids, skip_special_tokens=True), ids
 
 
 # --------------------------------------------------------------------------

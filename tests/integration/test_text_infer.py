@@ -21,9 +21,10 @@ httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is no
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (make deps: build/venv)")
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed (make deps: build/venv)")
 
-from test_grpc import STREAM_METHOD, expect_code, grpc_port, pb  # noqa: E402,F401 (pb: the stubs fixture)
+from test_grpc import STREAM_METHOD, grpc_port, pb  # noqa: E402,F401 (pb: the stubs fixture)
 from test_http import jreq, request, serve  # noqa: E402
-from text_util import DEMO_TOKENIZER, hf_tokenizer, shared_dir, stop_ids, text_model, until_stop  # noqa: E402
+from test_tritonclient import mod, triton_clients  # noqa: E402
+from text_util import DEMO_TOKENIZER, greedy_text, hf_tokenizer, shared_dir, stop_ids, text_model, until_stop  # noqa: E402
 
 TIMEOUT = 60
 N_NEW = 8
@@ -48,11 +49,7 @@ def srv(ferry_bin, tmodel):
 
 @pytest.fixture(scope="module")
 def clients(srv):
-    h = httpclient.InferenceServerClient(url="127.0.0.1:%d" % srv.port, network_timeout=TIMEOUT)
-    g = grpcclient.InferenceServerClient(url="127.0.0.1:%d" % grpc_port(srv))
-    yield {"http": h, "grpc": g}
-    h.close()
-    g.close()
+    yield from triton_clients(srv)
 
 
 _REF = {}
@@ -62,21 +59,13 @@ def reference(ferry, model, prompt, n=N_NEW):
     """(text, ids): HF encode -> ferry generate (greedy) -> HF decode."""
     key = (str(model), prompt, n)
     if key not in _REF:
-        tok = hf_tokenizer(model)
-        ids = tok.encode(prompt, add_special_tokens=True).ids
-        out, _ = ferry.generate(model, ids, n)
-        gen = until_stop(out, stop_ids(model))
-        _REF[key] = (tok.decode(gen, skip_special_tokens=True), gen)
+        _REF[key] = greedy_text(ferry, model, hf_tokenizer(model).encode(prompt, add_special_tokens=True).ids, n)
     return _REF[key]
 
 
 def texts(res):
     """text_output as str (tritonclient gives bytes from binary data, str from JSON)."""
     return [t.decode() if isinstance(t, bytes) else t for t in res.as_numpy("text_output").reshape(-1).tolist()]
-
-
-def mod(proto):
-    return httpclient if proto == "http" else grpcclient
 
 
 def text_infer(client, proto, model, prompts, outputs=("text_output",), params=None, binary=True):

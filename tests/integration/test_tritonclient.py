@@ -33,14 +33,18 @@ def srv(ferry_bin, tiny):
     yield from serve(ferry_bin, tiny, "--batch", 8)
 
 
-@pytest.fixture(scope="module")
-def clients(srv):
-    """{"http": client, "grpc": client}"""
+def triton_clients(srv):
+    """Generator for fixtures: {"http": client, "grpc": client} of srv."""
     h = httpclient.InferenceServerClient(url="127.0.0.1:%d" % srv.port, network_timeout=TIMEOUT)
     g = grpcclient.InferenceServerClient(url="127.0.0.1:%d" % grpc_port(srv))
     yield {"http": h, "grpc": g}
     h.close()
     g.close()
+
+
+@pytest.fixture(scope="module")
+def clients(srv):
+    yield from triton_clients(srv)
 
 
 def mod(proto):

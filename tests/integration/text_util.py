@@ -115,6 +115,15 @@ def until_stop(ids, stops):
     return list(ids)
 
 
+def greedy_text(ferry, model, prompt_ids, n):
+    """(text, ids): what a greedy text endpoint must answer for prompt_ids -
+    `ferry generate --prompt-ids`' ids up to the first end-of-sequence id,
+    decoded by HF tokenizers (special tokens skipped)."""
+    out, _ = ferry.generate(model, prompt_ids, n)
+    ids = until_stop(out, stop_ids(model))
+    return hf_tokenizer(model).decode(ids, skip_special_tokens=True), ids
+
+
 def chat_tokenizer_dir(dst):
     """Llama 2's tokenizer with ChatML's control tokens added (special, as
     Qwen's) and the Qwen2.5 chat template: a chat model whose template's
