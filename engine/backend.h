@@ -154,6 +154,24 @@ struct backend_ops {
     /* out[s] = x[last token of sequence s], for every sequence of the batch */
     void (*gather_last)(backend *be, float *out /* [n_seqs, dim] */, const float *x /* [n_tokens, dim] */,
                         int dim);
+
+    /* mixture of experts (forward.c, moe.h): an expert runs on the rows of
+     * the tokens routed to it, gathered; its outputs, scaled by the routing
+     * weights, go to one row per (token, choice), which combine sums in a
+     * fixed order - so the result does not depend on the order experts ran
+     * in (cached ones first, fetched ones as they arrive). rows, dest and
+     * scale are backend memory. */
+    /* out[i] = x[rows[i]], i < n */
+    void (*gather_rows)(backend *be, float *out /* [n, dim] */, const float *x /* [*, dim] */,
+                        const int32_t *rows /* [n] */, int n, int dim);
+    /* out[dest[i]] = y[i] * scale[i] (f32 multiply), i < n */
+    void (*scatter_rows)(backend *be, float *out /* [*, dim] */, const float *y /* [n, dim] */,
+                         const int32_t *dest /* [n] */, const float *scale /* [n] */, int n, int dim);
+    /* x[t] += ((y[t*k] + y[t*k+1]) + ... + y[t*k+k-1]): the k rows summed
+     * left to right first, then added to x, as transformers' index_add_
+     * into zeros and the residual add do */
+    void (*moe_combine)(backend *be, float *x /* [n, dim] */, const float *y /* [n * k, dim] */, int n, int k,
+                        int dim);
 };
 
 struct backend {

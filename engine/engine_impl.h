@@ -8,7 +8,9 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "experts.h"
 #include "kv.h"
+#include "moe.h"
 #include "pipeline.h"
 #include "store.h"
 #include "weights/model.h"
@@ -45,11 +47,24 @@ struct engine {
     void *rows_host;     /* [max, dim] embedding rows gathered on the host (table not on device) */
     void *rows_dev;      /* [max, dim] the same rows in backend memory */
     bool rows_pinned;
+    /* mixture of experts (NULL / unused for a dense model) */
+    experts *experts;    /* the experts' tiers, slots and fetches */
+    moe_route route;     /* the running sparse layer's routing, on the host */
+    float *router;       /* [max, n_experts] router logits (backend memory) */
+    float *router_host;  /* [max, n_experts] the same, downloaded */
+    int32_t *moe_rows;   /* [max * top_k] route.rows in backend memory */
+    int32_t *moe_dest;   /* [max * top_k] route.dest in backend memory */
+    float *moe_scale;    /* [max * top_k] route.scale in backend memory */
+    float *moe_x;        /* [max, dim] an expert's gathered input rows, then its output */
+    float *moe_gate;     /* [max, moe_hidden] */
+    float *moe_up;       /* [max, moe_hidden] */
+    float *moe_y;        /* [max * top_k, dim] each (token, choice)'s weighted output, for moe_combine */
 };
 
 /* The units of the forward pass (forward.c), for the pipeline. */
 void forward_embed(engine *e, const batch *b);
-void forward_layer(engine *e, const layer_weights *lw, int layer, const batch *b);
+/* Fails only where a sparse layer's expert could not be fetched. */
+ferry_status forward_layer(engine *e, const layer_weights *lw, int layer, const batch *b);
 void forward_head(engine *e, const batch *b);
 
 #endif

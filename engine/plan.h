@@ -36,7 +36,7 @@
 #include "base/status.h"
 
 typedef enum { TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_COUNT } tier;
-typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD } group_kind;
+typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD, GROUP_EXPERT } group_kind;
 
 #define PLAN_UNLIMITED UINT64_MAX
 #define PLAN_DEFAULT_CONTEXT 4096 /* context 0: min(max_position_embeddings, this) */
@@ -50,9 +50,18 @@ typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD } group_kind;
 #define PLAN_READAHEAD_BYTES (256ull << 20)
 #define PLAN_READAHEAD_MIN_GROUP (4ull << 20)
 
+/* Mixture-of-experts models (model.h): a sparse layer's attention, norms
+ * and router are in its layer group; each expert is a group of its own
+ * (GROUP_EXPERT, after the head), placed on a tier of its own, never in the
+ * layer pipeline: a step fetches only the experts its tokens were routed
+ * to (experts.h) into the expert slots, device memory that also keeps
+ * recently used experts across steps (the expert cache). Placement order:
+ * the layer groups and head first (every step needs them), then the
+ * experts layer by layer, then the embedding. */
 typedef struct {
     group_kind kind;
-    int first_layer, n_layers; /* GROUP_LAYERS */
+    int first_layer, n_layers; /* GROUP_LAYERS; GROUP_EXPERT: its layer, 1 */
+    int expert;                /* GROUP_EXPERT: its index in the layer */
     uint64_t bytes;            /* size of the group's blob (its staging slot layout) */
     tier tier;
 } plan_group;
@@ -68,7 +77,13 @@ typedef struct {
     bool unified;         /* device memory is host memory (the CPU backend) */
     uint64_t device_avail; /* not unified: device memory the backend can give; 0 = unknown */
     uint64_t host_avail;   /* unified: host memory the OS can give (plan_host_available); 0 = unknown */
+    uint64_t expert_cache; /* bytes of expert slots wanted (--expert-cache); at least PLAN_EXPERT_MIN_SLOTS x top_k slots */
 } plan_opts;
+
+/* Expert slots beyond the cache: a layer's experts are fetched into free
+ * slots, top_k x this many at least, so that a batch-1 step's experts are
+ * all in flight at once and the next ones can come while these compute. */
+#define PLAN_EXPERT_MIN_SLOTS 2
 
 typedef struct {
     plan_opts opts;              /* as resolved: context, device budget */
@@ -85,6 +100,14 @@ typedef struct {
     uint64_t kv_block_bytes;     /* one block: every layer's K and V */
     uint64_t kv_bytes;           /* kv_blocks x kv_block_bytes */
     uint64_t act_bytes;
+    /* mixture of experts: groups first_expert .. n_groups-1 are the experts
+     * (group first_expert + i * n_experts + e: expert e of the i-th sparse
+     * layer) */
+    int first_expert;            /* n_groups when the model has no experts */
+    int n_expert_slots;          /* device slots for experts not on the device (0: none off it) */
+    uint64_t expert_slot_bytes;  /* largest expert not on the device */
+    uint64_t expert_stage_bytes; /* n_expert_slots x expert_slot_bytes, device memory */
+    uint64_t expert_bounce_bytes; /* pinned host buffers for disk reads of experts (non-unified) */
 } plan;
 
 /* Model shape the plan needs beyond unit sizes. */
@@ -92,9 +115,13 @@ typedef struct {
     int n_layers;
     int dim, hidden, vocab, q_dim, kv_dim;
     int max_pos;          /* max_position_embeddings */
+    int n_experts, top_k, moe_hidden; /* 0 for a dense model */
+    int n_moe_layers;
+    const int *moe_layers; /* [n_moe_layers] the sparse layers, ascending */
 } plan_model;
 
-/* unit_bytes: [n_layers + 2] = embedding, layer 0 .. n_layers-1, head; each a
+/* unit_bytes: [n_layers + 2 + n_moe_layers * n_experts] = embedding, layer
+ * 0 .. n_layers-1, head, then the experts (model.h's unit numbering); each a
  * multiple of the blob alignment. */
 ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out);
 /* Groups fetched ahead of the computing one: prefetch, or more where

@@ -4,7 +4,11 @@
  *
  * Supported: LlamaForCausalLM, MistralForCausalLM (sliding window),
  * Qwen2ForCausalLM (q/k/v bias) and Qwen3ForCausalLM (per-head q_norm and
- * k_norm), with plain or scaled RoPE (rope.h: linear, llama3, yarn). A field
+ * k_norm), with plain or scaled RoPE (rope.h: linear, llama3, yarn); and the
+ * mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM, whose
+ * sparse layers replace the MLP by a router and n_experts SwiGLU experts of
+ * which each token uses top_k (softmax over all experts in f32, then top-k,
+ * renormalized where norm_topk). A field
  * that would change the maths and is not implemented (another rope_scaling
  * type, another activation, ...) is an error naming the field, never a
  * silently wrong answer.
@@ -23,7 +27,10 @@
 #include "rope.h"
 #include "safetensors.h"
 
-typedef enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
+typedef enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3, ARCH_MIXTRAL, ARCH_QWEN3_MOE } model_arch;
+
+#define MODEL_MAX_LAYERS 4096 /* num_hidden_layers bound */
+#define MODEL_MAX_EXPERTS 1024 /* num_experts / num_local_experts bound */
 
 typedef struct {
     model_arch arch;
@@ -43,6 +50,13 @@ typedef struct {
     bool qkv_bias;         /* q/k/v projections have a bias */
     bool o_bias;           /* o_proj has a bias */
     bool qk_norm;          /* Qwen3 q_norm / k_norm */
+    /* mixture of experts (Mixtral, Qwen3-MoE); n_experts == 0: every layer dense */
+    int n_experts;         /* num_local_experts (Mixtral) / num_experts (Qwen3-MoE) */
+    int top_k;             /* num_experts_per_tok */
+    int moe_hidden;        /* an expert's intermediate size: Mixtral intermediate_size, Qwen3-MoE moe_intermediate_size */
+    bool norm_topk;        /* the top-k weights are divided by their sum: Mixtral always, Qwen3-MoE norm_topk_prob */
+    int n_moe_layers;      /* layers whose MLP is a mixture of experts */
+    uint64_t moe_mask[MODEL_MAX_LAYERS / 64]; /* bit l: layer l is sparse (Qwen3-MoE: decoder_sparse_step, mlp_only_layers) */
     /* a compressed-tensors checkpoint (config.json quantization_config,
      * model.c): its linear layers' scheme; WQ_NONE for a plain checkpoint */
     weight_quant ckpt_quant;
@@ -54,6 +68,13 @@ typedef struct {
 ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg);
 /* Reads dir/config.json (under model_dir.h's rule). */
 ferry_status model_config_load(const char *dir, model_config *cfg);
+
+/* One expert of a sparse layer: a SwiGLU MLP of moe_hidden. */
+typedef struct {
+    weight w_gate;    /* [moe_hidden, dim] Mixtral w1, Qwen3-MoE gate_proj */
+    weight w_up;      /* [moe_hidden, dim] Mixtral w3, Qwen3-MoE up_proj */
+    weight w_down;    /* [dim, moe_hidden] Mixtral w2, Qwen3-MoE down_proj */
+} expert_weights;
 
 typedef struct {
     weight attn_norm; /* [1, dim] input_layernorm */
@@ -68,9 +89,11 @@ typedef struct {
     weight q_norm;    /* [1, head_dim] or absent (Qwen3) */
     weight k_norm;    /* [1, head_dim] or absent (Qwen3) */
     weight mlp_norm;  /* [1, dim] post_attention_layernorm */
-    weight w_gate;    /* [hidden, dim] */
-    weight w_up;      /* [hidden, dim] */
-    weight w_down;    /* [dim, hidden] */
+    weight w_gate;    /* [hidden, dim]; absent in a sparse layer */
+    weight w_up;      /* [hidden, dim]; absent in a sparse layer */
+    weight w_down;    /* [dim, hidden]; absent in a sparse layer */
+    weight router;    /* [n_experts, dim] sparse layer: the gate (block_sparse_moe.gate / mlp.gate) */
+    expert_weights *experts; /* [n_experts] sparse layer, else NULL */
 } layer_weights;
 
 typedef struct {
@@ -80,20 +103,44 @@ typedef struct {
     layer_weights *layers; /* [n_layers] */
 } model_weights;
 
-/* Where a weight lives in the engine: the unit and field it fills. */
-typedef enum { UNIT_EMBED, UNIT_LAYER, UNIT_HEAD } unit_kind;
+/* Where a weight lives in the engine: the unit and field it fills. A
+ * sparse layer's attention, norms and router are its UNIT_LAYER; each of its
+ * experts is a unit of its own (UNIT_EXPERT), placed and fetched apart. */
+typedef enum { UNIT_EMBED, UNIT_LAYER, UNIT_HEAD, UNIT_EXPERT } unit_kind;
 
 typedef struct {
     char name[128];     /* checkpoint tensor name */
     unit_kind unit;
-    int layer;          /* UNIT_LAYER only */
+    int layer;          /* UNIT_LAYER and UNIT_EXPERT */
+    int expert;         /* UNIT_EXPERT only */
     int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
     bool linear;        /* a linear layer (q/k/v/o, gate/up/down): what quantization applies to */
     weight *dst;        /* the field it fills */
 } tensor_entry;
 
-/* Lists every checkpoint tensor the config needs, in execution order, with
- * the engine field of `w` it fills. *out is malloc'd. */
+/* Whether layer l's MLP is a mixture of experts. */
+static inline bool model_layer_moe(const model_config *c, int l)
+{
+    return c->n_experts > 0 && (c->moe_mask[l / 64] >> (l % 64) & 1);
+}
+
+/* Units, numbered: 0 the embedding, 1 + l layer l, n_layers + 1 the head,
+ * then the experts: n_layers + 2 + i * n_experts + e for expert e of the
+ * i-th sparse layer. model_unit_count is n_layers + 2 + n_moe_layers *
+ * n_experts; model_moe_index gives i for a sparse layer l (-1 for a dense
+ * one). */
+int model_unit_count(const model_config *c);
+int model_moe_index(const model_config *c, int l);
+int model_expert_unit(const model_config *c, int l, int e);
+
+/* Allocates w's layers (and each sparse layer's experts) zeroed, for a
+ * compute view or a binding; model_weights_free releases them. */
+ferry_status model_weights_alloc(const model_config *cfg, model_weights *w);
+
+/* Lists every checkpoint tensor the config needs, in execution order
+ * (embedding; per layer its attention, norms, router or MLP, then its
+ * experts 0.. each gate, up, down; head), with the engine field of `w` (as
+ * model_weights_alloc made it) it fills. *out is malloc'd. */
 ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, tensor_entry **out, int *n);
 
 /* Binds the weights to checkpoint tensors (zero copy: data points into the
