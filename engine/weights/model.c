@@ -24,13 +24,15 @@ static const struct {
     double norm_eps;   /* rms_norm_eps */
     double theta;      /* rope_theta */
     int head_dim;      /* 0: hidden_size / num_attention_heads (Qwen3MoeConfig has no head_dim field) */
+    int kv_heads;      /* num_key_value_heads; 0: num_attention_heads */
+    int hidden;        /* intermediate_size; 0: required */
 } k_archs[] = {
-    {"LlamaForCausalLM", ARCH_LLAMA, 2048, 1e-6, 10000.0, 0},
-    {"MistralForCausalLM", ARCH_MISTRAL, 4096 * 32, 1e-6, 10000.0, 0},
-    {"Qwen2ForCausalLM", ARCH_QWEN2, 32768, 1e-6, 10000.0, 0},
-    {"Qwen3ForCausalLM", ARCH_QWEN3, 32768, 1e-6, 10000.0, 128},
-    {"MixtralForCausalLM", ARCH_MIXTRAL, 4096 * 32, 1e-5, 1000000.0, 0},
-    {"Qwen3MoeForCausalLM", ARCH_QWEN3_MOE, 32768, 1e-6, 10000.0, 0},
+    {"LlamaForCausalLM", ARCH_LLAMA, 2048, 1e-6, 10000.0, 0, 0, 0},
+    {"MistralForCausalLM", ARCH_MISTRAL, 4096 * 32, 1e-6, 10000.0, 0, 0, 0},
+    {"Qwen2ForCausalLM", ARCH_QWEN2, 32768, 1e-6, 10000.0, 0, 0, 0},
+    {"Qwen3ForCausalLM", ARCH_QWEN3, 32768, 1e-6, 10000.0, 128, 0, 0},
+    {"MixtralForCausalLM", ARCH_MIXTRAL, 4096 * 32, 1e-5, 1000000.0, 0, 8, 14336},
+    {"Qwen3MoeForCausalLM", ARCH_QWEN3_MOE, 32768, 1e-6, 10000.0, 0, 4, 6144},
 };
 #define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
 
@@ -337,10 +339,11 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
 
     if ((st = get_dim(root, label, "vocab_size", true, 0, &cfg->vocab)) ||
         (st = get_dim(root, label, "hidden_size", true, 0, &cfg->dim)) ||
-        (st = get_dim(root, label, "intermediate_size", true, 0, &cfg->hidden)) ||
+        (st = get_dim(root, label, "intermediate_size", !k_archs[k].hidden, k_archs[k].hidden, &cfg->hidden)) ||
         (st = get_dim(root, label, "num_hidden_layers", true, 0, &cfg->n_layers)) ||
         (st = get_dim(root, label, "num_attention_heads", true, 0, &cfg->n_heads)) ||
-        (st = get_dim(root, label, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads)) ||
+        (st = get_dim(root, label, "num_key_value_heads", false,
+                      k_archs[k].kv_heads ? k_archs[k].kv_heads : cfg->n_heads, &cfg->n_kv_heads)) ||
         (st = get_dim(root, label, "head_dim", false,
                       k_archs[k].head_dim ? k_archs[k].head_dim : cfg->dim / cfg->n_heads, &cfg->head_dim)) ||
         (st = get_dim(root, label, "max_position_embeddings", false, k_archs[k].max_pos, &cfg->max_pos)))

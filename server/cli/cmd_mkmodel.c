@@ -60,7 +60,7 @@ static const preset k_dense_presets[] = {
 
 /* Mixtral: hidden is intermediate_size, the experts' size. */
 static const preset k_mixtral_presets[] = {
-    {SHAPE("tiny", 64, 128, 2, 4, 2, 256, 512, false, "f32"), .experts = 4, .top_k = 2, .moe_hidden = 128,
+    {SHAPE("tiny", 64, 128, 2, 4, 2, 256, 512, false, "f32"), .experts = 8, .top_k = 2, .moe_hidden = 128,
      .norm_topk = true},
     {SHAPE("small", 256, 512, 4, 8, 4, 2048, 2048, false, "f32"), .experts = 8, .top_k = 2, .moe_hidden = 512,
      .norm_topk = true},

@@ -275,6 +275,10 @@ static ferry_status parse(const char *json, model_config *c)
 #define BASE                                                                                                 \
     "\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 6, "       \
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2"
+/* without intermediate_size and num_key_value_heads: the classes' defaults */
+#define BARE(arch)                                                                                           \
+    "{\"architectures\": [\"" arch "\"], \"vocab_size\": 100, \"hidden_size\": 64, "                         \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 16"
 #define MIXTRAL "{\"architectures\": [\"MixtralForCausalLM\"], " BASE
 #define QWEN3MOE "{\"architectures\": [\"Qwen3MoeForCausalLM\"], " BASE
 
@@ -299,6 +303,14 @@ static void test_config_mixtral(void)
     CHECK_EQ_INT(model_unit_count(&c), 6 + 2 + 6 * 8);
     CHECK_EQ_INT(model_expert_unit(&c, 0, 0), 8);
     CHECK_EQ_INT(model_expert_unit(&c, 5, 7), 8 + 5 * 8 + 7);
+
+    /* num_key_value_heads absent: 8, not num_attention_heads; the experts
+     * of intermediate_size 14336 */
+    CHECK_STATUS(parse(BARE("MixtralForCausalLM") "}", &c), FERRY_OK);
+    CHECK_EQ_INT(c.n_kv_heads, 8);
+    CHECK_EQ_INT(c.hidden, 14336);
+    CHECK_EQ_INT(c.moe_hidden, 14336);
+    CHECK_EQ_INT(c.head_dim, 4);
 
     CHECK_STATUS(parse(MIXTRAL ", \"num_local_experts\": 4, \"num_experts_per_tok\": 3, \"sliding_window\": 32, "
                                "\"rope_theta\": 10000, \"attention_bias\": true, \"head_dim\": 32}", &c), FERRY_OK);
@@ -345,6 +357,16 @@ static void test_config_qwen3moe(void)
     CHECK(c.norm_eps == 1e-6f);
     CHECK(c.qk_norm && !c.qkv_bias);
 
+    /* num_key_value_heads absent: 4; intermediate_size absent: 6144 */
+    CHECK_STATUS(parse(BARE("Qwen3MoeForCausalLM") "}", &c), FERRY_OK);
+    CHECK_EQ_INT(c.n_kv_heads, 4);
+    CHECK_EQ_INT(c.hidden, 6144);
+    CHECK_EQ_INT(c.moe_hidden, 768);
+    CHECK_EQ_INT(c.head_dim, 4);
+    /* a dense architecture still needs intermediate_size */
+    CHECK_STATUS(parse(BARE("Qwen3ForCausalLM") "}", &c), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("intermediate_size");
+
     /* sparse iff (l + 1) % step == 0 and not in mlp_only_layers: 1 and 5 */
     CHECK_STATUS(parse(QWEN3MOE ", \"num_experts\": 16, \"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, "
                                 "\"norm_topk_prob\": true, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3], "
@@ -375,7 +397,7 @@ static void test_config_qwen3moe(void)
 
     /* the mask past one word: 130 layers, dense 0, 64 and 129 */
     CHECK_STATUS(parse("{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 10, \"hidden_size\": 8, "
-                       "\"intermediate_size\": 8, \"num_hidden_layers\": 130, \"num_attention_heads\": 2, "
+                       "\"intermediate_size\": 8, \"num_hidden_layers\": 130, \"num_attention_heads\": 4, "
                        "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [0, 64, 129]}", &c),
                  FERRY_OK);
     CHECK_EQ_INT(c.n_moe_layers, 127);
@@ -484,7 +506,7 @@ static void test_bind_quantized(void)
     FERRY_ASSERT(mkdtemp(dir));
     const char *cfg_json =
         "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 8, "
-        "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"head_dim\": 4, "
+        "\"intermediate_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 4, "
         "\"num_experts\": 2, \"num_experts_per_tok\": 1, \"moe_intermediate_size\": 6, \"tie_word_embeddings\": true, "
         "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"int-quantized\", "
         "\"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
