@@ -42,71 +42,11 @@
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/safetensors.h"
 #include "check.h"
+#include "ckpt_fx.h"
 
 static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
 
 /* ---- the checkpoint and what compute must read from it ----------------------- */
-
-typedef struct {
-    char dir[PATH_MAX];
-    model_config cfg;
-    st_checkpoint *ck;
-    model_weights w;    /* bound to the checkpoint */
-    tensor_entry *ents; /* [n] in execution order */
-    int n;
-    uint64_t *units;    /* [model_unit_count] */
-    int moe_layers[64], n_moe;
-    float **want;       /* [n] each tensor as f32 (the CPU backend's convert) */
-} model_fx;
-
-static void model_open(model_fx *m, const char *root)
-{
-    char exe[PATH_MAX], cmd[3 * PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) exit(2);
-    exe[len] = '\0';
-    *strrchr(exe, '/') = '\0'; /* .../tests */
-    *strrchr(exe, '/') = '\0'; /* the build dir, which holds ferry */
-    memset(m, 0, sizeof *m);
-    snprintf(m->dir, sizeof m->dir, "%s/mixtral", root);
-    snprintf(cmd, sizeof cmd, "%s/ferry mkmodel --out %s --arch mixtral --preset tiny --dtype bf16 --layers 3 >/dev/null",
-             exe, m->dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "test_experts: `%s` failed (build ferry first)\n", cmd);
-        exit(2);
-    }
-    if (model_config_load(m->dir, &m->cfg) != FERRY_OK || st_checkpoint_open(m->dir, &m->ck) != FERRY_OK ||
-        model_weights_bind(&m->cfg, m->ck, &m->w) != FERRY_OK ||
-        model_tensor_entries(&m->cfg, &m->w, &m->ents, &m->n) != FERRY_OK) {
-        fprintf(stderr, "test_experts: %s: %s\n", m->dir, ferry_errmsg());
-        exit(2);
-    }
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        if (model_layer_moe(&m->cfg, l)) m->moe_layers[m->n_moe++] = l;
-    m->units = calloc((size_t)model_unit_count(&m->cfg), sizeof *m->units);
-    m->want = calloc((size_t)m->n, sizeof *m->want);
-    backend *cpu;
-    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, &k_identity, m->units) != FERRY_OK ||
-        cpu_backend_create(&(backend_opts){.threads = 1}, &cpu) != FERRY_OK)
-        exit(2);
-    for (int k = 0; k < m->n; k++) {
-        const weight *w = m->ents[k].dst;
-        m->want[k] = malloc((size_t)(w->rows * w->cols) * sizeof(float));
-        if (!m->want[k]) exit(2);
-        cpu->ops->convert(cpu, m->want[k], w);
-    }
-    backend_free(cpu);
-}
-
-static void model_close(model_fx *m)
-{
-    for (int k = 0; k < m->n; k++) free(m->want[k]);
-    free(m->want);
-    free(m->units);
-    free(m->ents);
-    model_weights_free(&m->w);
-    st_checkpoint_close(m->ck);
-}
 
 /* ---- one run: backend, plan, store, experts ---------------------------------- */
 
@@ -446,7 +386,7 @@ int main(void)
     char root[] = "/tmp/ferry-test-experts-XXXXXX";
     if (!mkdtemp(root)) return 2;
     model_fx m;
-    model_open(&m, root);
+    model_open(&m, "test_experts", root, "mixtral", "--arch mixtral --preset tiny --dtype bf16 --layers 3");
     CHECK(m.cfg.n_experts == 8 && m.cfg.top_k == 2 && m.n_moe == m.cfg.n_layers);
     test_placements(&m, root);
     test_faults(&m, root);

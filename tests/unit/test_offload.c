@@ -303,7 +303,7 @@ static bool probe_direct(const char *dir)
 static void run_sequence_(const char *base, bool expect_direct)
 {
     uint64_t sizes[3] = {8192, 2 * MiB + 4096, 12288};
-    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){g_keys[i], sizes[i]};
+    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){.key = g_keys[i], .size = sizes[i]};
     char *top = make_dir(base);
     char *dir = file_in(top, "a/b/offload"); /* made with its parents */
     char *manifest = file_in(dir, OFFLOAD_MANIFEST);
@@ -540,7 +540,7 @@ static void replace_first_blob(void)
 static void test_shared_dir_(const char *base)
 {
     uint64_t sizes[3] = {8192, 16384, 12288};
-    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){g_keys[i], sizes[i]};
+    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){.key = g_keys[i], .size = sizes[i]};
     char *top = make_dir(base);
     char *dir = file_in(top, "od");
     char *manifest = file_in(dir, OFFLOAD_MANIFEST);

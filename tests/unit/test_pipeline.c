@@ -41,6 +41,7 @@
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/safetensors.h"
 #include "check.h"
+#include "ckpt_fx.h"
 
 static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
 
@@ -53,65 +54,6 @@ static const int32_t k_tokens[] = {0, 255, 7, 7, 123}; /* the first and last row
 #define N_TOKENS ((int)(sizeof k_tokens / sizeof k_tokens[0]))
 
 /* ---- the checkpoint and what compute must read from it ----------------------- */
-
-typedef struct {
-    const char *label;
-    char dir[PATH_MAX];
-    model_config cfg;
-    st_checkpoint *ck;
-    model_weights w;    /* bound to the checkpoint */
-    tensor_entry *ents; /* [n] in execution order */
-    int n;
-    uint64_t *units;    /* [n_layers + 2] */
-    float **want;       /* [n] each tensor as f32 (the CPU backend's convert) */
-} model_fx;
-
-static void model_open(model_fx *m, const char *root, const char *label, const char *mkmodel_args)
-{
-    char exe[PATH_MAX], cmd[3 * PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) exit(2);
-    exe[len] = '\0';
-    *strrchr(exe, '/') = '\0'; /* .../tests */
-    *strrchr(exe, '/') = '\0'; /* the build dir, which holds ferry */
-    memset(m, 0, sizeof *m);
-    m->label = label;
-    snprintf(m->dir, sizeof m->dir, "%s/%s", root, label);
-    snprintf(cmd, sizeof cmd, "%s/ferry mkmodel --out %s %s >/dev/null", exe, m->dir, mkmodel_args);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "test_pipeline: `%s` failed (build ferry first)\n", cmd);
-        exit(2);
-    }
-    if (model_config_load(m->dir, &m->cfg) != FERRY_OK || st_checkpoint_open(m->dir, &m->ck) != FERRY_OK ||
-        model_weights_bind(&m->cfg, m->ck, &m->w) != FERRY_OK ||
-        model_tensor_entries(&m->cfg, &m->w, &m->ents, &m->n) != FERRY_OK) {
-        fprintf(stderr, "test_pipeline: %s: %s\n", m->dir, ferry_errmsg());
-        exit(2);
-    }
-    m->units = calloc((size_t)m->cfg.n_layers + 2, sizeof *m->units);
-    m->want = calloc((size_t)m->n, sizeof *m->want);
-    backend *cpu;
-    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, &k_identity, m->units) != FERRY_OK ||
-        cpu_backend_create(&(backend_opts){.threads = 1}, &cpu) != FERRY_OK)
-        exit(2);
-    for (int k = 0; k < m->n; k++) {
-        const weight *w = m->ents[k].dst;
-        m->want[k] = malloc((size_t)(w->rows * w->cols) * sizeof(float));
-        if (!m->want[k]) exit(2);
-        cpu->ops->convert(cpu, m->want[k], w);
-    }
-    backend_free(cpu);
-}
-
-static void model_close(model_fx *m)
-{
-    for (int k = 0; k < m->n; k++) free(m->want[k]);
-    free(m->want);
-    free(m->units);
-    free(m->ents);
-    model_weights_free(&m->w);
-    st_checkpoint_close(m->ck);
-}
 
 /* ---- one run: backend, plan, store, pipeline, and the units ------------------ */
 
@@ -587,8 +529,8 @@ int main(void)
     fault_reset();
     test_backend();
     model_fx models[2];
-    model_open(&models[0], root, "llama-f32", "--arch llama --preset tiny --layers 5 --tied false --seed 11");
-    model_open(&models[1], root, "qwen2-bf16-tied",
+    model_open(&models[0], "test_pipeline", root, "llama-f32", "--arch llama --preset tiny --layers 5 --tied false --seed 11");
+    model_open(&models[1], "test_pipeline", root, "qwen2-bf16-tied",
                "--arch qwen2 --preset tiny --layers 4 --dtype bf16 --tied true --seed 12");
     for (int i = 0; i < 2; i++) {
         test_placements(&models[i], root);
