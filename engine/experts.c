@@ -37,6 +37,8 @@
 #include "base/util.h"
 #include "io/aio.h"
 
+#define EXPERT_AIO_DEPTH 16 /* 4 MiB requests in flight, as the layer pipeline's */
+
 typedef struct {
     void *dev;          /* expert_slot_bytes of device memory */
     int group;          /* the expert group it holds (or is reading); -1: none */
@@ -136,7 +138,7 @@ ferry_status experts_create(experts **out, backend *be, store *s, const plan *p)
     bool any_disk = false;
     for (int g = p->first_expert; g < p->n_groups; g++) any_disk |= p->groups[g].tier == TIER_DISK;
     if (any_disk) {
-        if ((st = aio_create(16, &x->aio)) != FERRY_OK) goto fail;
+        if ((st = aio_create(EXPERT_AIO_DEPTH, &x->aio)) != FERRY_OK) goto fail;
         if (!p->opts.unified) {
             uint64_t bytes = p->expert_bounce_bytes / (uint64_t)p->expert_reads;
             x->bounce = calloc((size_t)p->expert_reads, sizeof *x->bounce);

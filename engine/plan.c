@@ -72,7 +72,7 @@ static void size_expert_slots(const plan_model *m, const plan_opts *o, plan *out
     if (want < least) want = least;
     out->n_expert_slots = want < (uint64_t)off_device ? (int)want : off_device;
     out->expert_stage_bytes = (uint64_t)out->n_expert_slots * out->expert_slot_bytes;
-    out->expert_reads = least < (uint64_t)out->n_expert_slots ? (int)least : out->n_expert_slots;
+    out->expert_reads = PLAN_EXPERT_READS < out->n_expert_slots ? PLAN_EXPERT_READS : out->n_expert_slots;
     if (!o->unified && disk_max) out->expert_bounce_bytes = (uint64_t)out->expert_reads * disk_max;
 }
 
