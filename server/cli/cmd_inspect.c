@@ -103,10 +103,19 @@ int cmd_inspect(const ferry_config *cfg)
                   "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
                   "\"max_position_embeddings\": %d, \"rope_theta\": %g, \"rms_norm_eps\": %g, "
                   "\"tie_word_embeddings\": %s, \"sliding_window\": %d, \"files\": %d, \"tensors\": %zu, "
-                  "\"bytes\": %llu, \"bytes_by_dtype\": {",
+                  "\"bytes\": %llu, ",
                   mc.vocab, mc.dim, mc.hidden, mc.n_layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.max_pos,
                   mc.rope.theta, (double)mc.norm_eps, mc.tied ? "true" : "false", mc.sliding_window,
                   ck->n_files, ck->n_tensors, (unsigned long long)total);
+        if (mc.n_experts) {
+            sb_printf(&sb, "\"experts\": {\"num_experts\": %d, \"num_experts_per_tok\": %d, "
+                           "\"expert_intermediate_size\": %d, \"norm_topk_prob\": %s, \"sparse_layers\": [",
+                      mc.n_experts, mc.top_k, mc.moe_hidden, mc.norm_topk ? "true" : "false");
+            for (int l = 0, n = 0; l < mc.n_layers; l++)
+                if (model_layer_moe(&mc, l)) sb_printf(&sb, "%s%d", n++ ? ", " : "", l);
+            sb_puts(&sb, "]}, ");
+        }
+        sb_puts(&sb, "\"bytes_by_dtype\": {");
         int first = 1;
         for (int d = 0; d < DT_COUNT; d++)
             if (by_dtype[d]) {
@@ -129,6 +138,10 @@ int cmd_inspect(const ferry_config *cfg)
         sb_printf(&sb, "attention      %d heads, %d kv heads, head_dim %d%s%s\n", mc.n_heads, mc.n_kv_heads,
                   mc.head_dim, mc.qkv_bias ? ", qkv bias" : "", mc.qk_norm ? ", q/k norm" : "");
         if (mc.sliding_window) sb_printf(&sb, "sliding window %d\n", mc.sliding_window);
+        if (mc.n_experts)
+            sb_printf(&sb, "experts        %d per sparse layer, %d per token (intermediate %d%s), %d of %d layers sparse\n",
+                      mc.n_experts, mc.top_k, mc.moe_hidden, mc.norm_topk ? ", top-k renormalized" : "",
+                      mc.n_moe_layers, mc.n_layers);
         sb_printf(&sb, "vocab          %d%s\n", mc.vocab, mc.tied ? " (tied embeddings)" : "");
         sb_printf(&sb, "rope_theta     %g, rms_norm_eps %g, max positions %d\n", mc.rope.theta, (double)mc.norm_eps,
                   mc.max_pos);
