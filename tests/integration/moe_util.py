@@ -178,6 +178,8 @@ def steer(cfg, t, prefs, strength=3.0, share=None, const=4.0, layers=None):
             t[name][0, :] = 0.0
         if name.endswith("o_proj.bias"):
             t[name][0] = 0.0
+    if "lm_head.weight" in t:
+        t["lm_head.weight"][:, 0] = 0.0  # the constant would favour some tokens (tied: all alike)
     for layer in s["sparse"] if layers is None else layers:
         p = prefs[layer] if isinstance(prefs, dict) else prefs
         R = t[router_name(cfg, layer)]

@@ -260,3 +260,347 @@ def test_reference_sparse_layers():
     assert llama_ref.sparse_layers(dict(base, num_experts=0)) == []
     assert llama_ref.sparse_layers({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 3,
                                     "mlp_only_layers": [1]}) == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------
+# ferry against the reference
+# --------------------------------------------------------------------------
+
+# name -> moe_util.random_moe_checkpoint arguments
+MODELS = {
+    # Mixtral ignores norm_topk_prob: it always renormalizes
+    "mix-f32": dict(arch="mixtral", dtype="F32", layers=3, experts=8, top_k=2, norm_topk_prob=False, seed=305),
+    "mix-bf16-tied": dict(arch="mixtral", dtype="BF16", layers=2, experts=4, top_k=2, tied=True,
+                          sliding_window=4, kv_heads=1, shards=2, seed=302),
+    "q3-f32-tied": dict(arch="qwen3moe", dtype="F32", layers=4, decoder_sparse_step=2, experts=8, top_k=2,
+                        tied=True, head_dim=16, seed=303),
+    "q3-bf16": dict(arch="qwen3moe", dtype="BF16", layers=3, mlp_only_layers=[1], experts=6, top_k=3,
+                    norm_topk_prob=True, attention_bias=True, seed=309),
+}
+
+
+def moe_model(moe_models, name):
+    spec = dict(MODELS[name])
+    return moe_models.get(name, **spec), spec
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_greedy(ferry, moe_models, ref, tmp_path, name):
+    d, spec = moe_model(moe_models, name)
+    m = ref(d)
+    assert m.sparse and (len(m.sparse) < m.n_layers) == (spec["arch"] == "qwen3moe"), m.sparse
+    prompts = prompts_for(m.vocab, spec["seed"])
+    _, _, traces = compare_ref(ferry, ref, d, prompts, tmp_path, spec["dtype"], what=name)
+    assert_clear_routing(m, traces, name)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
+def test_mkmodel_presets(ferry, models, ref, tmp_path, arch):
+    """ferry mkmodel's MoE presets against the reference."""
+    d = models.get(arch, "tiny", seed=311)
+    m = ref(d)
+    assert m.arch == moe_util.ARCHS[arch] and m.sparse and m.n_experts > m.top_k
+    prompts = prompts_for(m.vocab, 311, (6, 11))
+    _, _, traces = compare_ref(ferry, ref, d, prompts, tmp_path, "F32", what=arch)
+    assert_clear_routing(m, traces, arch)
+
+
+def test_config_defaults(ferry, ref, tmp_path):
+    """Configs that leave the MoE fields, eps, theta, kv heads and head_dim
+    to their defaults: ferry reads them as transformers does (the
+    reference's defaults are checked against transformers' above)."""
+    cases = {
+        "mixtral": dict(arch="mixtral", heads=8, kv_heads=8, experts=8, top_k=2, seed=321, omit=(
+            "num_local_experts", "num_experts_per_tok", "rms_norm_eps", "rope_theta", "num_key_value_heads",
+            "head_dim", "sliding_window", "norm_topk_prob")),
+        # head_dim absent: hidden / heads (4), not Qwen3's 128
+        "qwen3moe": dict(arch="qwen3moe", layers=3, heads=8, kv_heads=4, experts=8, top_k=8, moe_intermediate=768,
+                         intermediate=6144, mlp_only_layers=[1], seed=322, omit=(
+            "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "norm_topk_prob",
+            "decoder_sparse_step", "rms_norm_eps", "rope_theta", "num_key_value_heads", "head_dim")),
+    }
+    for name, spec in cases.items():
+        d = tmp_path / name
+        moe_util.random_moe_checkpoint(str(d), **spec)
+        m = ref(d)
+        compare_ref(ferry, ref, d, prompts_for(m.vocab, spec["seed"], (7,)), tmp_path, what=name)
+
+
+# --------------------------------------------------------------------------
+# routing ties, all experts, one expert
+# --------------------------------------------------------------------------
+
+def steered(moe_models, name, prefs, share=None, swap=None, **spec):
+    """A checkpoint whose routing follows prefs (moe_util.steer); swap=(a, b)
+    exchanges experts a and b's weights (not their router rows)."""
+    def edit(cfg, t):
+        moe_util.steer(cfg, t, prefs, share=share)
+        if swap:
+            a, b = swap
+            for l in moe_util.shape_of(cfg)["sparse"]:
+                na, nb = moe_util.expert_names(cfg, l, a), moe_util.expert_names(cfg, l, b)
+                for k in na:
+                    t[na[k]], t[nb[k]] = t[nb[k]].copy(), t[na[k]].copy()
+    return moe_models.get(name, edit=edit, **spec)
+
+
+# (name, spec, prefs, share, tied pair, where the tie is)
+TIES = [
+    ("tie-inside-mix", dict(arch="mixtral", experts=4, top_k=2, seed=331), [-3, 1, 1, -3], [0, 1, 1, 2], (1, 2),
+     "inside"),
+    ("tie-inside-q3", dict(arch="qwen3moe", experts=6, top_k=3, layers=3, mlp_only_layers=[0], seed=332),
+     [-3, 1.2, -3, 1, 1, -3], [0, 1, 2, 3, 3, 4], (3, 4), "inside"),
+    ("tie-boundary-mix", dict(arch="mixtral", experts=4, top_k=2, seed=333), [1.05, 1, 1, -3], [0, 0, 0, 1],
+     (1, 2), "boundary"),
+    ("tie-boundary-q3", dict(arch="qwen3moe", experts=6, top_k=2, layers=3, norm_topk_prob=False, seed=334),
+     [-3, -3, 1.0, -3, 0.95, 0.95], [0, 1, 2, 3, 2, 2], (4, 5), "boundary"),
+]
+
+
+@pytest.mark.parametrize("name,spec,prefs,share,pair,where", TIES, ids=[t[0] for t in TIES])
+def test_routing_ties(ferry, moe_models, ref, tmp_path, name, spec, prefs, share, pair, where):
+    """Two experts with identical router rows tie exactly for every token.
+    Inside the top-k set both are chosen whatever the rule: swapping their
+    weights changes nothing. At the boundary one is chosen: ferry takes the
+    lower index as the reference does, and the twin checkpoint with the pair
+    swapped shows the choice matters."""
+    d = steered(moe_models, name, prefs, share, **spec)
+    twin = steered(moe_models, name + "-swapped", prefs, share, swap=pair, **spec)
+    m = ref(d)
+    prompts = prompts_for(m.vocab, spec["seed"])
+    out, logits, traces = compare_ref(ferry, ref, d, prompts, tmp_path, what=name)
+    a, b = pair
+    k = m.top_k
+    for tr in traces:
+        for t in tr:
+            assert np.array_equal(t["probs"][:, a], t["probs"][:, b]), "the tie is not exact"
+            rank = np.argsort(np.argsort(-t["probs"], axis=1, kind="stable"), axis=1, kind="stable")
+            if where == "inside":
+                assert np.all(rank[:, b] < k), "the tied pair is not inside the top-k set"
+                assert np.all(np.any(t["experts"] == a, axis=1) & np.any(t["experts"] == b, axis=1))
+            else:
+                assert np.all(rank[:, a] == k - 1) and np.all(rank[:, b] == k), "the tie is not at the boundary"
+                assert not np.any(t["experts"] == b), "the reference chose the higher index"
+    out2, logits2, _ = compare_ref(ferry, ref, twin, prompts, tmp_path, what=name + " swapped")
+    moved = max(rel_err(llama_ref.last_logits(ref(twin), p), llama_ref.last_logits(m, p)) for p in prompts)
+    if where == "inside":
+        assert moved < 1e-12, "swapping two experts both chosen changed the reference (%.3g)" % moved
+        # the same sum in another order (with top_k 2 the same to the bit: a + b == b + a)
+        assert out2 == out and rel_err(logits2, logits) < 1e-5
+    else:
+        assert moved > 100 * TOL["F32"], "the tie's choice does not matter to the output (%.3g)" % moved
+
+
+def test_every_expert_in_one_batch(ferry, moe_models, ref, tmp_path):
+    """A batch whose tokens route to every expert of every sparse layer, in
+    one prefill step: the reference's answer, resident and with the experts
+    on disk and no expert cache."""
+    name = "mix-f32"
+    d, spec = moe_model(moe_models, name)
+    m = ref(d)
+    prompts = prompts_for(m.vocab, 341, (9, 12, 15))
+    out, logits, traces = compare_ref(ferry, ref, d, prompts, tmp_path, what="every expert")
+    prefill = [routing(m, p) for p in prompts]
+    used = experts_used(prefill)
+    assert all(used[l] == set(range(m.n_experts)) for l in m.sparse), used
+    assert_clear_routing(m, traces)
+    flags, _ = placement_flags(ferry, d, "experts-disk", tmp_path / "od", cache=0)
+    got, got_logits = run(ferry, d, prompts, flags, tmp_path / "disk.bin")
+    assert got == out and float(np.max(np.abs(got_logits - logits))) <= SAME
+
+
+# (name, spec, prefs, the experts every token uses)
+SAME_EXPERT = [
+    ("one-expert-mix", dict(arch="mixtral", experts=4, top_k=1, seed=351), [-3, 2, -3, -3], {1}),
+    ("same-pair-q3", dict(arch="qwen3moe", experts=4, top_k=2, layers=3, decoder_sparse_step=1, seed=352),
+     [2, -3, -3, 1.8], {0, 3}),
+]
+
+
+@pytest.mark.parametrize("name,spec,prefs,want", SAME_EXPERT, ids=[s[0] for s in SAME_EXPERT])
+def test_every_token_same_experts(ferry, moe_models, ref, tmp_path, name, spec, prefs, want):
+    d = steered(moe_models, name, prefs, **spec)
+    m = ref(d)
+    prompts = prompts_for(m.vocab, spec["seed"])
+    out, logits, traces = compare_ref(ferry, ref, d, prompts, tmp_path, what=name)
+    for tr in traces:
+        for t in tr:
+            assert all(set(int(e) for e in row) == want for row in t["experts"]), t["experts"]
+    assert_clear_routing(m, traces, name)
+    for cache in (0, None):
+        flags, _ = placement_flags(ferry, d, "experts-disk", tmp_path / "od", cache=cache)
+        got, got_logits = run(ferry, d, prompts, flags, tmp_path / "disk.bin")
+        assert got == out and float(np.max(np.abs(got_logits - logits))) <= SAME, flags
+
+
+# --------------------------------------------------------------------------
+# placements: the all-resident run's outputs
+# --------------------------------------------------------------------------
+
+def split_groups(groups):
+    """(embed, layer groups and head in execution order, experts) of a
+    plan's groups: the experts are the groups after the head (plan.h)."""
+    names = [g["name"] for g in groups]
+    head = names.index("head")
+    return groups[0], groups[1:head + 1], groups[head + 1:]
+
+
+def moe_budgets(groups, placement):
+    """--max-memory for a placement and the tiers it gives each group, in
+    plan order. Placement order (plan.h): the layer groups and head, then
+    the experts layer by layer, then the embedding; first fit."""
+    embed, core, experts = split_groups(groups)
+    core_b = sum(g["bytes"] for g in core)
+    ex = [g["bytes"] for g in experts]
+    n = len(ex)
+    et = "device" if embed["bytes"] == 0 else None  # an empty (tied) embedding group
+    if placement == "resident":
+        return None, ["device"] * len(groups)
+    if placement == "experts-host":
+        return "device=%d" % core_b, [et or "host"] + ["device"] * len(core) + ["host"] * n
+    if placement == "experts-disk":
+        return "device=%d,host=0" % core_b, [et or "disk"] + ["device"] * len(core) + ["disk"] * n
+    if placement == "mixed":
+        a, b = n // 3, n // 3
+        spec = "device=%d,host=%d" % (core_b + sum(ex[:a]), sum(ex[a:a + b]))
+        return spec, [et or "disk"] + ["device"] * len(core) + ["device"] * a + ["host"] * b + ["disk"] * (n - a - b)
+    if placement == "all-host":
+        return "device=0", ["host"] * len(groups)
+    if placement == "all-disk":
+        return "device=0,host=0", ["disk"] * len(groups)
+    raise AssertionError(placement)
+
+
+def expert_cache_bytes(groups, cache):
+    """--expert-cache: None (not given), 0, "one" expert's bytes, "all" the
+    experts' bytes."""
+    _, _, experts = split_groups(groups)
+    if cache is None or cache == 0:
+        return cache
+    return {"one": max(g["bytes"] for g in experts), "all": sum(g["bytes"] for g in experts)}[cache]
+
+
+def placement_flags(ferry, d, placement, od, cache=None, group=1, prefetch=2, device=None):
+    """Flags that give the placement, checked against `ferry plan`."""
+    flags = ["--group-size", group, "--prefetch", prefetch] + (["--device", device] if device else [])
+    plan0 = plan_json(ferry, d, *flags)
+    spec, want = moe_budgets(plan0["groups"], placement)
+    if spec is not None:
+        flags += ["--max-memory", spec]
+    c = expert_cache_bytes(plan0["groups"], cache)
+    if c is not None:
+        flags += ["--expert-cache", c]
+    plan = plan_json(ferry, d, *flags)
+    got = [g["tier"] for g in plan["groups"]]
+    for i, g in enumerate(plan["groups"]):
+        if g["bytes"] == 0:
+            got[i] = want[i] = "-"
+    assert got == want, "placement %s (%s): plan tiers %r, expected %r" % (placement, flags, got, want)
+    if "disk" in got:
+        flags += ["--offload-dir", od]
+    return flags, plan
+
+
+def workloads(vocab, seed):
+    p5, p9, p13 = prompts_for(vocab, seed)
+    return {
+        "b3": ([p5, p9, p13], ()),
+        "b1": ([p9], ()),
+        # sampled tokens follow every decode step's logits more closely than greedy ones
+        "sample": ([p5, p9, p13], ("--temperature", 1.0, "--seed", 5)),
+        # chunked prefill: 3-token steps; compared with one-step prefill
+        "chunk": ([p9, p13], ("--max-step-tokens", 3)),
+    }
+
+
+# (placement, group size, prefetch, expert cache, device, (split compute, copy delay us), workload)
+RUNS = [
+    ("experts-host", 1, 2, None, None, None, "b3"),
+    ("experts-disk", 1, 2, 0, None, None, "b3"),
+    ("experts-disk", 1, 2, 0, None, None, "b1"),
+    ("experts-disk", 1, 2, "one", None, None, "sample"),
+    ("experts-disk", 1, 2, "all", None, None, "b3"),
+    ("mixed", 2, 1, 0, None, None, "b3"),
+    ("mixed", 1, 3, "one", None, None, "chunk"),
+    ("all-host", 2, 2, None, None, None, "sample"),
+    ("all-disk", 1, 1, 0, None, None, "b3"),
+    ("all-disk", 3, 2, "all", None, None, "chunk"),
+    ("experts-disk", 1, 2, 0, "cpu-split", ("thread", 300), "b3"),
+    ("experts-disk", 1, 2, "one", "cpu-split", ("inline", 100), "b1"),
+    ("mixed", 2, 1, "one", "cpu-split", ("inline", 0), "sample"),
+    ("all-disk", 1, 3, 0, "cpu-split", ("thread", 0), "b3"),
+    ("experts-host", 1, 2, "all", "cpu-split", ("inline", 200), "chunk"),
+]
+PLACEMENT_MODELS = ["mix-f32", "q3-f32-tied"]
+
+_BASE = {}
+
+
+def baseline(ferry, d, seed, wl, tmp):
+    """The all-resident CPU run of workload wl (chunk: without
+    --max-step-tokens)."""
+    key = (str(d), wl)
+    if key not in _BASE:
+        prompts, extra = workloads(ref_vocab(d), seed)[wl]
+        _BASE[key] = run(ferry, d, prompts, [] if wl == "chunk" else list(extra), tmp / ("base-%s.bin" % wl))
+    return _BASE[key]
+
+
+def ref_vocab(d):
+    return int(st_util.read_config(d)["vocab_size"])
+
+
+@pytest.mark.parametrize("name,placement,group,prefetch,cache,device,split,wl", [
+    pytest.param(name, *r, id="%s-%s-g%d-p%d-cache%s%s-%s" % (name, r[0], r[1], r[2], r[3], "-split" if r[4] else "",
+                                                            r[6]))
+    for name in PLACEMENT_MODELS for r in RUNS])
+def test_placement_matches_resident(ferry, moe_models, tmp_path, monkeypatch, name, placement, group, prefetch,
+                                    cache, device, split, wl):
+    d, spec = moe_model(moe_models, name)
+    if split:
+        monkeypatch.setenv("FERRY_SPLIT_COMPUTE", split[0])
+        monkeypatch.setenv("FERRY_SPLIT_DELAY_US", str(split[1]))
+    want_out, want_logits = baseline(ferry, d, spec["seed"], wl, tmp_path)
+    flags, _ = placement_flags(ferry, d, placement, tmp_path / "od", cache, group, prefetch, device)
+    prompts, extra = workloads(ref_vocab(d), spec["seed"])[wl]
+    out, logits = run(ferry, d, prompts, flags + list(extra), tmp_path / "l.bin")
+    what = "%s %s %s" % (name, " ".join(str(f) for f in flags), wl)
+    assert out == want_out, "%s: tokens %r, all-resident %r" % (what, out, want_out)
+    diff = float(np.max(np.abs(logits - want_logits)))
+    assert diff <= SAME, "%s: max abs logit difference %.3g vs all-resident" % (what, diff)
+
+
+# --------------------------------------------------------------------------
+# ferry plan
+# --------------------------------------------------------------------------
+
+def test_plan_expert_groups(ferry, moe_models, work):
+    """Each expert of each sparse layer is a group of its own after the
+    head; budgets place the layers and head first, then the experts in
+    order, then the embedding; experts off the device get expert slots."""
+    for name in PLACEMENT_MODELS:
+        d, spec = moe_model(moe_models, name)
+        cfg = st_util.read_config(d)
+        shape = moe_util.shape_of(cfg)
+        base = plan_json(ferry, d)
+        embed, core, experts = split_groups(base["groups"])
+        assert [(g["layer"], g["expert"]) for g in experts] == [
+            (l, e) for l in shape["sparse"] for e in range(shape["experts"])], experts
+        assert all(g["bytes"] > 0 and g["bytes"] % 4096 == 0 for g in experts)
+        assert len({g["bytes"] for g in experts}) == 1  # experts are alike
+        assert base["tier_bytes"] == {t: sum(g["bytes"] for g in base["groups"] if g["tier"] == t)
+                                      for t in ("device", "host", "disk")}
+        assert base["experts"]["slots"] == 0  # all resident: no slots
+        one = experts[0]["bytes"]
+        for placement in ("experts-host", "experts-disk", "mixed", "all-disk"):
+            for cache in (None, 0, "one", "all"):
+                flags, plan = placement_flags(ferry, d, placement, work / "od", cache)
+                x = plan["experts"]
+                off = [g for g in split_groups(plan["groups"])[2] if g["tier"] != "device"]
+                assert off
+                assert x["slot_bytes"] == max(g["bytes"] for g in off)
+                least = 2 * shape["top_k"]  # PLAN_EXPERT_MIN_SLOTS x top_k
+                c = expert_cache_bytes(plan["groups"], cache) or 0
+                assert x["slots"] >= max(least, c // one), (placement, cache, x)
+                assert x["stage_bytes"] == x["slots"] * x["slot_bytes"]
+    assert not (work / "od").exists()  # planning writes nothing
