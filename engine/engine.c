@@ -46,7 +46,14 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
     const model_config *cfg = in->cfg;
     model_weights w;
     FERRY_TRY(model_weights_bind(cfg, in->ck, &w));
-    uint64_t *units = calloc((size_t)cfg->n_layers + 2, sizeof *units);
+    uint64_t *units = calloc((size_t)model_unit_count(cfg), sizeof *units);
+    int *moe_layers = calloc((size_t)cfg->n_layers, sizeof *moe_layers), n_moe = 0;
+    for (int l = 0; moe_layers && l < cfg->n_layers; l++)
+        if (model_layer_moe(cfg, l)) moe_layers[n_moe++] = l;
+    if (!moe_layers) {
+        free(units);
+        units = NULL;
+    }
     ferry_status st = units ? store_unit_bytes(cfg, &w, &o->convert, units) : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     bool unified = in->be->ops->unified;
     plan_opts po = {
@@ -60,11 +67,14 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
         .unified = unified,
         .device_avail = unified ? 0 : in->be->ops->mem_available(in->be),
         .host_avail = unified ? in->be->ops->mem_available(in->be) : 0,
+        .expert_cache = o->expert_cache,
     };
     plan_model pm = {cfg->n_layers, cfg->dim, cfg->hidden, cfg->vocab, cfg->n_heads * cfg->head_dim,
-                     cfg->n_kv_heads * cfg->head_dim, cfg->max_pos};
+                     cfg->n_kv_heads * cfg->head_dim, cfg->max_pos, cfg->n_experts, cfg->top_k, cfg->moe_hidden,
+                     n_moe, moe_layers};
     if (st == FERRY_OK) st = plan_make(&pm, units, &po, out);
     free(units);
+    free(moe_layers);
     model_weights_free(&w);
     return st;
 }
@@ -156,6 +166,22 @@ static ferry_status alloc_activations(engine *e)
         *bufs[i].p = e->be->ops->alloc(e->be, bufs[i].floats * sizeof(float));
         if (!*bufs[i].p) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for activations of %zu tokens", n);
     }
+    if (c->n_experts) { /* engine_impl.h */
+        size_t nk = n * (size_t)c->top_k;
+        struct {
+            void **p;
+            size_t bytes;
+        } moe[] = {{(void **)&e->router, n * (size_t)c->n_experts * 4}, {(void **)&e->moe_rows, nk * 4},
+                   {(void **)&e->moe_dest, nk * 4},                     {(void **)&e->moe_scale, nk * 4},
+                   {(void **)&e->moe_x, n * (size_t)c->dim * 4},        {(void **)&e->moe_gate, n * (size_t)c->moe_hidden * 4},
+                   {(void **)&e->moe_up, n * (size_t)c->moe_hidden * 4}, {(void **)&e->moe_y, nk * (size_t)c->dim * 4}};
+        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++)
+            if (!(*moe[i].p = e->be->ops->alloc(e->be, moe[i].bytes)))
+                return ferry_fail(FERRY_ERR_NOMEM, "out of memory for expert activations of %zu tokens", n);
+        e->router_host = malloc(n * (size_t)c->n_experts * sizeof(float));
+        if (!e->router_host) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        FERRY_TRY(moe_route_init(&e->route, (int)n, c->top_k, c->n_experts));
+    }
     if (e->placement.groups[store_embed_group(e->storage)].tier != TIER_DEVICE) {
         size_t bytes = n * store_embed_row_bytes(e->storage);
         e->rows_host = e->be->ops->host_alloc(e->be, bytes, &e->rows_pinned);
@@ -212,9 +238,9 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     e->popts = e->placement.opts;
     if ((st = plan_check(&e->placement, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
         goto fail;
-    e->w.layers = calloc((size_t)e->cfg.n_layers, sizeof *e->w.layers);
+    if ((st = model_weights_alloc(&e->cfg, &e->w)) != FERRY_OK) goto fail;
     e->seq_seen = calloc((size_t)e->popts.n_seqs, 1);
-    if (!e->w.layers || !e->seq_seen) {
+    if (!e->seq_seen) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -223,6 +249,8 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
         goto fail;
     if ((st = pipeline_create(&e->pipe, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
     pipeline_set_verify(e->pipe, opts->verify_reads);
+    if ((st = experts_create(&e->experts, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
+    if (e->experts) experts_set_verify(e->experts, opts->verify_reads);
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     if ((st = alloc_rope(e)) != FERRY_OK) goto fail;
@@ -237,10 +265,14 @@ void engine_close(engine *e)
 {
     if (!e) return;
     pipeline_free(e->pipe); /* stops the fetcher before the buffers go */
+    experts_free(e->experts);
     if (e->be) {
-        float **bufs[] = {&e->x, &e->xn, &e->q, &e->k, &e->v, &e->att, &e->gate, &e->up, &e->last, &e->logits,
-                          &e->rope_freq};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) e->be->ops->release(e->be, *bufs[i]);
+        void *bufs[] = {e->x,         e->xn,       e->q,        e->k,         e->v,     e->att,
+                        e->gate,      e->up,       e->last,     e->logits,    e->rope_freq, e->router,
+                        e->moe_rows,  e->moe_dest, e->moe_scale, e->moe_x,    e->moe_gate,  e->moe_up,
+                        e->moe_y};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) e->be->ops->release(e->be, bufs[i]);
         kv_pool_free(e->kvp);
         if (e->rows_host)
             e->be->ops->host_free(e->be, e->rows_host, (size_t)e->popts.max_step_tokens * store_embed_row_bytes(e->storage),
@@ -252,7 +284,9 @@ void engine_close(engine *e)
     plan_free(&e->placement);
     free(e->kv);
     free(e->seq_seen);
-    free(e->w.layers);
+    free(e->router_host);
+    moe_route_free(&e->route);
+    model_weights_free(&e->w);
     model_weights_free(&e->ckw);
     st_checkpoint_close(e->ck);
     free(e);
@@ -261,8 +295,13 @@ void engine_close(engine *e)
 ferry_status engine_repair(engine *e)
 {
     int n_groups = e->placement.n_groups;
-    bool damaged[n_groups];
-    if (pipeline_damaged(e->pipe, damaged) == 0) return FERRY_OK;
+    bool *damaged = calloc((size_t)n_groups, sizeof *damaged);
+    if (!damaged) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    int found = pipeline_damaged(e->pipe, damaged) + (e->experts ? experts_damaged(e->experts, damaged) : 0);
+    if (found == 0) {
+        free(damaged);
+        return FERRY_OK;
+    }
     pipeline_quiesce(e->pipe); /* reads ahead may have found more: the whole list once quiet */
     pipeline_damaged(e->pipe, damaged);
     ferry_status first = FERRY_OK;
@@ -273,12 +312,14 @@ ferry_status engine_repair(engine *e)
         double t0 = util_now();
         ferry_status st = store_rebuild_group(e->storage, g);
         if (st == FERRY_OK) pipeline_clear_damaged(e->pipe, g);
+        if (st == FERRY_OK && e->experts) experts_clear_damaged(e->experts, g);
         if (st == FERRY_OK)
             fprintf(stderr, "ferry: rebuilt %s in %.2f s\n", store_group_source(e->storage, g).path, util_now() - t0);
         else
             fprintf(stderr, "ferry: could not rebuild group %d: %s\n", g, ferry_errmsg());
         if (st != FERRY_OK && first == FERRY_OK) first = st;
     }
+    free(damaged);
     return first;
 }
 
@@ -300,6 +341,14 @@ const plan *engine_get_plan(const engine *e) { return &e->placement; }
 convert_opts engine_get_convert(const engine *e) { return e->convert; }
 
 pipeline_stats engine_pipeline_stats(engine *e) { return pipeline_get_stats(e->pipe); }
+
+bool engine_expert_stats(engine *e, expert_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e->experts) return false;
+    *out = experts_get_stats(e->experts);
+    return true;
+}
 
 backend *engine_backend(engine *e) { return e->be; }
 
@@ -413,10 +462,10 @@ static ferry_status unit_embed_rows(void *ctx)
     return FERRY_OK;
 }
 
-static void unit_layer(void *ctx, int layer)
+static ferry_status unit_layer(void *ctx, int layer)
 {
     engine *e = ctx;
-    forward_layer(e, &e->w.layers[layer], layer, e->cur);
+    return forward_layer(e, &e->w.layers[layer], layer, e->cur);
 }
 
 static void unit_head(void *ctx)
@@ -452,6 +501,7 @@ ferry_status engine_step(engine *e, const batch *b, float *logits_out)
     e->cur = b;
     pipeline_units u = {unit_embed, unit_embed_rows, unit_layer, unit_head, e};
     ferry_status st = pipeline_step(e->pipe, &u);
+    if (e->experts) experts_step_done(e->experts);
     e->cur = NULL;
     if (st != FERRY_OK) return st;
     e->be->ops->download(e->be, logits_out, e->logits, (size_t)b->n_seqs * (size_t)e->cfg.vocab * sizeof(float));

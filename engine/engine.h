@@ -36,6 +36,7 @@ typedef struct {
     int max_ctx;             /* positions per sequence; 0 = the planner's default (plan.h) */
     int max_step_tokens;     /* most token rows in one step */
     uint64_t kv_memory;      /* bytes of the KV pool; 0 = the planner's default (plan.h) */
+    uint64_t expert_cache;   /* bytes of expert slots (plan.h); 0 = the least */
     uint64_t budget[2];      /* device, host weight budgets (PLAN_UNLIMITED) */
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
     int group_size;
@@ -69,6 +70,8 @@ const plan *engine_get_plan(const engine *e);
 /* The conversion the weights were loaded with (convert_describe names it). */
 convert_opts engine_get_convert(const engine *e);
 pipeline_stats engine_pipeline_stats(engine *e);
+/* The experts' figures; false (and zeros) for a model without experts. */
+bool engine_expert_stats(engine *e, expert_stats *out);
 
 /* The paged KV cache (kv.h): a KV sequence holds blocks for the positions
  * reserved for it until it is released. engine_kv_reserve makes room for

@@ -28,20 +28,11 @@
 
 #include "backend.h"
 #include "plan.h"
+#include "stats.h"
 #include "store.h"
 
 typedef struct experts experts;
 
-typedef struct {
-    uint64_t layer_runs;   /* experts_run calls (sparse layers computed) */
-    uint64_t uses;         /* experts computed */
-    uint64_t device_uses;  /* of which resident on the device tier */
-    uint64_t hits;         /* of which found in a slot */
-    uint64_t misses;       /* of which fetched */
-    uint64_t bytes[TIER_COUNT]; /* bytes fetched, by tier of origin */
-    double stall_s;        /* compute thread waiting for a fetched expert */
-    double last_step_bytes; /* bytes fetched during the last step */
-} expert_stats;
 
 /* NULL *out (and FERRY_OK) for a plan without experts. The store must
  * outlive it. */

@@ -147,30 +147,14 @@ static void start_fetch(pipeline *pl, uint64_t q, stage_slot *sl)
     }
 }
 
-/* The bytes of a disk read against the manifest's CRC-32C (the blob is
- * one group, read whole): the check runs on the fetcher thread while the
- * next reads are in flight. */
-static ferry_status verify_read(pipeline *pl, int g, const void *data, uint64_t bytes, char **msg)
+/* The bytes of a disk read against the manifest's CRC-32C: the check runs
+ * on the fetcher thread while the next reads are in flight. */
+static ferry_status verify_read(pipeline *pl, int g, const void *data, char **msg)
 {
-    store_source src = store_group_source(pl->s, g);
-    uint32_t got = crc32c(0, data, (size_t)bytes);
-    if (got == src.crc) return FERRY_OK;
     char buf[FERRY_MSG_MAX];
-    snprintf(buf, sizeof buf,
-             "%s: checksum mismatch (CRC-32C %08x, the offload manifest says %08x): the blob changed or the disk "
-             "returned bad data; ferry rebuilds it from the checkpoint",
-             src.path, (unsigned)got, (unsigned)src.crc);
-    *msg = msg_dup(buf);
-    return FERRY_ERR_IO;
-}
-
-/* A read failed: was the blob cut short (truncated while running)? That is
- * damage to repair, where an I/O error of the disk is not. */
-static bool blob_too_short(pipeline *pl, int g, uint64_t bytes)
-{
-    store_source src = store_group_source(pl->s, g);
-    struct stat sb;
-    return fstat(src.fd, &sb) == 0 && (uint64_t)sb.st_size < src.offset + bytes;
+    ferry_status st = store_check_read(pl->s, g, data, buf, sizeof buf);
+    if (st != FERRY_OK) *msg = msg_dup(buf);
+    return st;
 }
 
 static void finish_read(pipeline *pl, const aio_done *d)
@@ -182,8 +166,8 @@ static void finish_read(pipeline *pl, const aio_done *d)
     ferry_status st = d->st;
     char *bad = NULL;
     if (st == FERRY_OK && pl->verify)
-        st = verify_read(pl, g, pl->p->opts.unified ? sl->dev : sl->host, bytes, &bad);
-    bool short_blob = st != FERRY_OK && !bad && blob_too_short(pl, g, bytes);
+        st = verify_read(pl, g, pl->p->opts.unified ? sl->dev : sl->host, &bad);
+    bool short_blob = st != FERRY_OK && !bad && store_blob_short(pl->s, g);
     if (st == FERRY_OK && !pl->p->opts.unified) copy_into_slot(pl, sl, sl->host, bytes, g);
     pthread_mutex_lock(&pl->mu);
     trace_add(pl, TRACK_DISK, g, sl->t_fetch, t1);
@@ -267,7 +251,8 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
         goto fail;
     }
     for (int g = 0; g < p->n_groups; g++)
-        if (p->groups[g].kind != GROUP_EMBED && p->groups[g].tier != TIER_DEVICE) pl->streamed[pl->n_streamed++] = g;
+        if (p->groups[g].kind != GROUP_EMBED && p->groups[g].kind != GROUP_EXPERT && p->groups[g].tier != TIER_DEVICE)
+            pl->streamed[pl->n_streamed++] = g;
     FERRY_ASSERT(pl->n_streamed == p->n_streamed);
     if (pl->n_streamed == 0) {
         *out = pl;
@@ -377,12 +362,15 @@ void pipeline_free(pipeline *pl)
 
 /* ---- the step --------------------------------------------------------------- */
 
-static void compute_group(pipeline *pl, int g, const pipeline_units *u)
+/* Runs group g's units; a layer that fails (a sparse layer whose expert
+ * could not be fetched) ends the group with its error. */
+static ferry_status compute_group(pipeline *pl, int g, const pipeline_units *u)
 {
     const plan_group *pg = &pl->p->groups[g];
     double t0 = util_now();
+    ferry_status st = FERRY_OK;
     if (pg->kind == GROUP_LAYERS)
-        for (int l = pg->first_layer; l < pg->first_layer + pg->n_layers; l++) u->layer(u->ctx, l);
+        for (int l = pg->first_layer; st == FERRY_OK && l < pg->first_layer + pg->n_layers; l++) st = u->layer(u->ctx, l);
     else
         u->head(u->ctx);
     double t1 = util_now();
@@ -391,6 +379,7 @@ static void compute_group(pipeline *pl, int g, const pipeline_units *u)
     pl->stats.compute_s += t1 - t0;
     trace_add(pl, TRACK_COMPUTE, g, t0, t1);
     pthread_mutex_unlock(&pl->mu);
+    return st;
 }
 
 /* Hands a slot back to the fetcher: `computed` covers the ops queued on it
@@ -422,11 +411,12 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
     }
 
     for (int g = 0; g < p->n_groups; g++) {
-        if (p->groups[g].kind == GROUP_EMBED) continue; /* done above, by rows */
+        /* the embedding is done above, by rows; experts by the layers that route to them */
+        if (p->groups[g].kind == GROUP_EMBED || p->groups[g].kind == GROUP_EXPERT) continue;
         if (p->groups[g].tier == TIER_DEVICE) {
             if (st != FERRY_OK) continue;
             store_bind(pl->s, g, store_group_source(pl->s, g).resident);
-            compute_group(pl, g, u);
+            if ((st = compute_group(pl, g, u)) != FERRY_OK) err = msg_dup(ferry_errmsg());
             continue;
         }
         uint64_t q = pl->next_compute++;
@@ -446,7 +436,7 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
         if (st == FERRY_OK) {
             if (!MUTANT(2)) pl->be->ops->stream_wait(pl->be, STREAM_COMPUTE, sl->copied); /* P5 */
             store_bind(pl->s, g, sl->dev);
-            compute_group(pl, g, u);
+            if ((st = compute_group(pl, g, u)) != FERRY_OK) err = msg_dup(ferry_errmsg());
         }
         if (!MUTANT(1)) release_slot(pl, sl); /* P3; P7: computed or not */
     }

@@ -69,7 +69,7 @@ ferry_status pipeline_start(pipeline *pl);
 typedef struct {
     void (*embed)(void *ctx);            /* the embedding table is bound (device) */
     ferry_status (*embed_rows)(void *ctx); /* the table is not on the device: gather rows */
-    void (*layer)(void *ctx, int layer);
+    ferry_status (*layer)(void *ctx, int layer); /* fails naming what (a sparse layer's expert fetch) */
     void (*head)(void *ctx);
     void *ctx;
 } pipeline_units;

@@ -44,12 +44,36 @@ static void place(plan_group *g, uint64_t left[2])
 static uint64_t kv_default_blocks(const plan *p, const plan_opts *o)
 {
     uint64_t floor = (uint64_t)kv_blocks_for(o->context), most = (uint64_t)o->n_seqs * floor;
-    uint64_t avail = o->unified ? o->host_avail : o->device_avail, rest = p->stage_bytes + p->act_bytes;
+    uint64_t avail = o->unified ? o->host_avail : o->device_avail, rest = p->stage_bytes + p->expert_stage_bytes + p->act_bytes;
     if (o->unified) rest += p->tier_bytes[TIER_DEVICE] + p->tier_bytes[TIER_HOST] + p->host_stage_bytes + RUNTIME_OVERHEAD;
     else rest += p->tier_bytes[TIER_DEVICE];
     if (avail == 0 || avail == PLAN_UNLIMITED) return most;
     uint64_t afford = avail > rest ? (avail - rest) / 2 / p->kv_block_bytes : 0;
     return afford < floor ? floor : afford > most ? most : afford;
+}
+
+/* The expert slots (plan.h): what --expert-cache asks for, at least
+ * PLAN_EXPERT_MIN_SLOTS x top_k, never more than the experts that are not
+ * on the device; disk reads of experts land in bounce buffers first where
+ * device memory is not host memory, as many as reads in flight. */
+static void size_expert_slots(const plan_model *m, const plan_opts *o, plan *out)
+{
+    int off_device = 0;
+    uint64_t disk_max = 0;
+    for (int i = out->first_expert; i < out->n_groups; i++) {
+        const plan_group *g = &out->groups[i];
+        if (g->tier == TIER_DEVICE) continue;
+        off_device++;
+        if (g->bytes > out->expert_slot_bytes) out->expert_slot_bytes = g->bytes;
+        if (g->tier == TIER_DISK && g->bytes > disk_max) disk_max = g->bytes;
+    }
+    if (off_device == 0) return;
+    uint64_t want = o->expert_cache / out->expert_slot_bytes, least = (uint64_t)PLAN_EXPERT_MIN_SLOTS * (uint64_t)m->top_k;
+    if (want < least) want = least;
+    out->n_expert_slots = want < (uint64_t)off_device ? (int)want : off_device;
+    out->expert_stage_bytes = (uint64_t)out->n_expert_slots * out->expert_slot_bytes;
+    out->expert_reads = least < (uint64_t)out->n_expert_slots ? (int)least : out->n_expert_slots;
+    if (!o->unified && disk_max) out->expert_bounce_bytes = (uint64_t)out->expert_reads * disk_max;
 }
 
 static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out)
@@ -59,12 +83,14 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
     if (o->group_size < 1) return ferry_fail(FERRY_ERR_INVALID, "--group-size must be >= 1 (got %d)", o->group_size);
     if (o->prefetch < 1) return ferry_fail(FERRY_ERR_INVALID, "--prefetch must be >= 1 (got %d)", o->prefetch);
     int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
-    out->n_groups = n_layer_groups + 2;
+    int n_expert_groups = m->n_moe_layers * m->n_experts;
+    out->first_expert = n_layer_groups + 2;
+    out->n_groups = n_layer_groups + 2 + n_expert_groups;
     out->groups = calloc((size_t)out->n_groups, sizeof *out->groups);
     if (!out->groups) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
 
     plan_group *g = out->groups;
-    g[0] = (plan_group){GROUP_EMBED, 0, 0, unit_bytes[0], TIER_DEVICE};
+    g[0] = (plan_group){GROUP_EMBED, 0, 0, 0, unit_bytes[0], TIER_DEVICE};
     for (int i = 0; i < n_layer_groups; i++) {
         plan_group *lg = &g[1 + i];
         lg->kind = GROUP_LAYERS;
@@ -72,29 +98,38 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
         lg->n_layers = m->n_layers - lg->first_layer < o->group_size ? m->n_layers - lg->first_layer : o->group_size;
         for (int l = 0; l < lg->n_layers; l++) lg->bytes += unit_bytes[1 + lg->first_layer + l];
     }
-    g[out->n_groups - 1] = (plan_group){GROUP_HEAD, 0, 0, unit_bytes[m->n_layers + 1], TIER_DEVICE};
+    g[n_layer_groups + 1] = (plan_group){GROUP_HEAD, 0, 0, 0, unit_bytes[m->n_layers + 1], TIER_DEVICE};
+    for (int i = 0; i < n_expert_groups; i++)
+        g[out->first_expert + i] = (plan_group){GROUP_EXPERT, m->moe_layers[i / m->n_experts], 1, i % m->n_experts,
+                                                unit_bytes[m->n_layers + 2 + i], TIER_DEVICE};
 
+    /* layer groups and head, then experts (plan.h), then the embedding */
     uint64_t left[2] = {o->budget[0], o->budget[1]};
     for (int i = 1; i < out->n_groups; i++) place(&g[i], left);
     place(&g[0], left);
 
     for (int i = 0; i < out->n_groups; i++) {
         out->tier_bytes[g[i].tier] += g[i].bytes;
-        if (g[i].kind != GROUP_EMBED && g[i].tier != TIER_DEVICE) {
+        if (g[i].kind != GROUP_EMBED && g[i].kind != GROUP_EXPERT && g[i].tier != TIER_DEVICE) {
             out->n_streamed++;
             if (g[i].bytes > out->slot_bytes) out->slot_bytes = g[i].bytes;
         }
     }
     uint64_t disk_max = 0;
     for (int i = 0; i < out->n_groups; i++)
-        if (g[i].kind != GROUP_EMBED && g[i].tier == TIER_DISK && g[i].bytes > disk_max) disk_max = g[i].bytes;
+        if (g[i].kind != GROUP_EMBED && g[i].kind != GROUP_EXPERT && g[i].tier == TIER_DISK && g[i].bytes > disk_max)
+            disk_max = g[i].bytes;
     int ahead = plan_ahead(o->prefetch, out->slot_bytes, disk_max > 0);
     out->n_stage_slots = out->n_streamed < ahead + 1 ? out->n_streamed : ahead + 1;
     out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
     /* disk reads land in pinned bounce buffers, one per slot */
     if (!o->unified) out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
+    size_expert_slots(m, o, out);
     uint64_t per_token = 2ull * (uint64_t)m->dim + 2ull * (uint64_t)m->q_dim + 2ull * (uint64_t)m->kv_dim +
                          2ull * (uint64_t)m->hidden;
+    if (m->n_experts) /* engine_impl.h: router logits, route lists, an expert's rows and its outputs */
+        per_token += (uint64_t)m->n_experts + 3ull * (uint64_t)m->top_k + (uint64_t)m->dim +
+                     2ull * (uint64_t)m->moe_hidden + (uint64_t)m->top_k * (uint64_t)m->dim;
     out->act_bytes = (uint64_t)o->max_step_tokens * per_token * 4 +
                      (uint64_t)o->n_seqs * ((uint64_t)m->dim + (uint64_t)m->vocab) * 4;
     out->kv_block_positions = KV_BLOCK_POSITIONS;
@@ -129,9 +164,17 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     plan_needs(out, &o, &host_need, &dev_need);
     uint64_t work = dev_need - out->tier_bytes[TIER_DEVICE], avail = o.device_avail;
     if (work >= avail || out->tier_bytes[TIER_DEVICE] <= avail - work) return FERRY_OK;
-    uint64_t largest = 0;
-    for (int g = 0; g < out->n_groups; g++) largest = out->groups[g].bytes > largest ? out->groups[g].bytes : largest;
+    uint64_t largest = 0, expert = 0;
+    for (int g = 0; g < out->n_groups; g++) {
+        uint64_t b = out->groups[g].bytes;
+        if (out->groups[g].kind == GROUP_EXPERT) expert = b > expert ? b : expert;
+        else largest = b > largest ? b : largest;
+    }
     uint64_t slots = (uint64_t)(plan_ahead(o.prefetch, largest, true) + 1) * largest;
+    if (expert) { /* the expert slots the second plan will want once some experts are off the device */
+        uint64_t least = (uint64_t)PLAN_EXPERT_MIN_SLOTS * (uint64_t)m->top_k * expert;
+        slots += o.expert_cache > least ? o.expert_cache : least;
+    }
     o.budget[0] = avail - work > slots ? avail - work - slots : 0;
     plan_free(out);
     return place_all(m, unit_bytes, &o, out);
@@ -184,9 +227,9 @@ ferry_status plan_parse_budgets(const char *s, uint64_t budget[2])
 
 void plan_needs(const plan *p, const plan_opts *o, uint64_t *host, uint64_t *device)
 {
-    uint64_t work = p->stage_bytes + p->kv_bytes + p->act_bytes;
+    uint64_t work = p->stage_bytes + p->expert_stage_bytes + p->kv_bytes + p->act_bytes;
     *device = p->tier_bytes[TIER_DEVICE] + work;
-    *host = p->tier_bytes[TIER_HOST] + p->host_stage_bytes + RUNTIME_OVERHEAD;
+    *host = p->tier_bytes[TIER_HOST] + p->host_stage_bytes + p->expert_bounce_bytes + RUNTIME_OVERHEAD;
     if (o->unified) {
         *host += *device;
         *device = *host;
@@ -206,7 +249,8 @@ ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, 
                           util_fmt_bytes(host, a, sizeof a), "host",
                           util_fmt_bytes(o->unified ? p->tier_bytes[TIER_DEVICE] : 0, b, sizeof b),
                           util_fmt_bytes(p->tier_bytes[TIER_HOST], c, sizeof c),
-                          util_fmt_bytes(o->unified ? p->stage_bytes : p->host_stage_bytes, d, sizeof d),
+                          util_fmt_bytes(o->unified ? p->stage_bytes + p->expert_stage_bytes
+                                                    : p->host_stage_bytes + p->expert_bounce_bytes, d, sizeof d),
                           util_fmt_bytes(o->unified ? p->kv_bytes : 0, e, sizeof e),
                           util_fmt_bytes(o->unified ? p->act_bytes : 0, f, sizeof f),
                           util_fmt_bytes(host_avail, g, sizeof g));
@@ -215,7 +259,8 @@ ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, 
                           "the plan needs %s of device memory (weights %s; staging %s; KV cache %s; activations %s) "
                           "but %s is free; lower --max-memory device=, --prefetch, --group-size or the batch/context",
                           util_fmt_bytes(device, a, sizeof a), util_fmt_bytes(p->tier_bytes[TIER_DEVICE], b, sizeof b),
-                          util_fmt_bytes(p->stage_bytes, c, sizeof c), util_fmt_bytes(p->kv_bytes, d, sizeof d),
+                          util_fmt_bytes(p->stage_bytes + p->expert_stage_bytes, c, sizeof c),
+                          util_fmt_bytes(p->kv_bytes, d, sizeof d),
                           util_fmt_bytes(p->act_bytes, e, sizeof e), util_fmt_bytes(device_avail, f, sizeof f));
     return FERRY_OK;
 }

@@ -107,7 +107,8 @@ typedef struct {
     int n_expert_slots;          /* device slots for experts not on the device (0: none off it) */
     uint64_t expert_slot_bytes;  /* largest expert not on the device */
     uint64_t expert_stage_bytes; /* n_expert_slots x expert_slot_bytes, device memory */
-    uint64_t expert_bounce_bytes; /* pinned host buffers for disk reads of experts (non-unified) */
+    int expert_reads;            /* expert reads in flight at most: PLAN_EXPERT_MIN_SLOTS x top_k, <= the slots */
+    uint64_t expert_bounce_bytes; /* non-unified: expert_reads pinned host buffers for disk reads of experts */
 } plan;
 
 /* Model shape the plan needs beyond unit sizes. */

@@ -1,7 +1,8 @@
 /*
  * stats.h - the figures the engine publishes while it serves: the
  * scheduler's (requests, tokens, steps, batch sizes) and the pipeline's
- * (bytes streamed per tier, compute, stall and fetch time). Plain structs,
+ * (bytes streamed per tier, compute, stall and fetch time) and the experts'
+ * (hits, fetches, bytes). Plain structs,
  * so that metrics and admin front ends read them without seeing the
  * modules that keep them.
  */
@@ -21,6 +22,18 @@ typedef struct {
     double fetch_s;             /* fetcher busy (reads or copies in flight) */
     double wall_s;              /* inside pipeline_step */
 } pipeline_stats;
+
+/* A mixture-of-experts model's experts (experts.h). */
+typedef struct {
+    uint64_t layer_runs;   /* experts_run calls (sparse layers computed) */
+    uint64_t uses;         /* experts computed */
+    uint64_t device_uses;  /* of which resident on the device tier */
+    uint64_t hits;         /* of which found in a slot */
+    uint64_t misses;       /* of which fetched */
+    uint64_t bytes[TIER_COUNT]; /* bytes fetched, by tier of origin */
+    double stall_s;        /* compute thread waiting for a fetched expert */
+    double last_step_bytes; /* bytes fetched during the last step */
+} expert_stats;
 
 /* Per-step figures for metrics, read under the scheduler's lock. */
 typedef struct {

@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/util.h"
+#include "io/crc32c.h"
 
 #define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
 
@@ -28,11 +30,16 @@ struct store {
     int n_tensors;         /* tensors of the model */
     tensor_entry *src;     /* [n_tensors] bound to the checkpoint weights */
     tensor_entry *view;    /* [n_tensors] the same tensors in the compute view: their engine form */
+    int *unit;             /* [n_tensors] the unit each belongs to (model.h numbering) */
     group_layout *layouts; /* [plan->n_groups] */
     void **resident;       /* [n_groups] backend (device) or host buffer; NULL when on disk */
     bool *pinned;          /* [n_groups] host buffer is pinned */
     offload_dir *od;       /* disk tier, or NULL */
     int *blob;             /* [n_groups] blob index in od, or -1 */
+    uint64_t *blob_at;     /* [n_groups] where the group starts in its blob (experts share one per run) */
+    int *blob_region;      /* [n_groups] its region of the blob */
+    int *blob_first;       /* [od->n] the first group of each blob ... */
+    int *blob_groups;      /* [od->n] ... and how many consecutive groups it holds */
     int embed_group;       /* the group holding model.embed_tokens.weight */
     uint64_t embed_offset; /* its offset in that group */
     int embed_fd;          /* buffered descriptor on the verified embedding blob, for row reads when on disk */
@@ -40,14 +47,16 @@ struct store {
 };
 
 
-/* Unit of each tensor entry: 0 embedding, 1 + l layer l, n_layers + 1 head.
- * A tied embedding table belongs to the head: it is the lm_head. */
+/* Unit of each tensor entry (model.h numbering: 0 embedding, 1 + l layer
+ * l, n_layers + 1 head, then the experts). A tied embedding table belongs to
+ * the head: it is the lm_head. */
 static int unit_of(const model_config *cfg, const tensor_entry *t)
 {
     switch (t->unit) {
     case UNIT_EMBED: return cfg->tied ? cfg->n_layers + 1 : 0;
     case UNIT_LAYER: return 1 + t->layer;
     case UNIT_HEAD: return cfg->n_layers + 1;
+    case UNIT_EXPERT: return model_expert_unit(cfg, t->layer, t->expert);
     }
     return 0;
 }
@@ -58,7 +67,8 @@ ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, c
     tensor_entry *entries;
     int n;
     FERRY_TRY(model_tensor_entries(cfg, (model_weights *)w, &entries, &n));
-    memset(unit_bytes, 0, (size_t)(cfg->n_layers + 2) * sizeof *unit_bytes);
+    int n_units = model_unit_count(cfg);
+    memset(unit_bytes, 0, (size_t)n_units * sizeof *unit_bytes);
     ferry_status st = FERRY_OK;
     for (int i = 0; i < n; i++) {
         weight fmt;
@@ -66,63 +76,62 @@ ferry_status store_unit_bytes(const model_config *cfg, const model_weights *w, c
         int u = unit_of(cfg, &entries[i]);
         unit_bytes[u] = ALIGN_UP(unit_bytes[u], STORE_TENSOR_ALIGN) + convert_bytes(&fmt);
     }
-    for (int u = 0; u < cfg->n_layers + 2; u++) unit_bytes[u] = ALIGN_UP(unit_bytes[u], OFFLOAD_ALIGN);
+    for (int u = 0; u < n_units; u++) unit_bytes[u] = ALIGN_UP(unit_bytes[u], OFFLOAD_ALIGN);
     free(entries);
     return st;
 }
 
-/* The group of unit u (0 embedding, 1 + l layer l, n_layers + 1 head). */
+/* The group of unit u (plan.h: embed, layer groups, head, experts). */
 static int group_of_unit(const plan *p, int u, int n_layers)
 {
-    for (int g = 0; g < p->n_groups; g++) {
-        const plan_group *pg = &p->groups[g];
-        if ((pg->kind == GROUP_EMBED && u == 0) || (pg->kind == GROUP_HEAD && u == n_layers + 1) ||
-            (pg->kind == GROUP_LAYERS && u - 1 >= pg->first_layer && u - 1 < pg->first_layer + pg->n_layers))
-            return g;
-    }
-    FERRY_ASSERT(!"every unit has a group");
-    return -1;
+    if (u == 0) return 0;
+    if (u <= n_layers) return 1 + (u - 1) / p->opts.group_size;
+    if (u == n_layers + 1) return p->first_expert - 1;
+    return p->first_expert + (u - n_layers - 2);
 }
 
 /* Offsets: units in order within the group, each starting 4096-aligned,
- * tensors 256-aligned within the unit - the layout store_unit_bytes sized. */
+ * tensors 256-aligned within the unit - the layout store_unit_bytes sized.
+ * The entries come in execution order, so each unit's tensors come
+ * together and a group's units in order. */
 static ferry_status make_layouts(store *s, const model_config *cfg)
 {
     const plan *p = s->plan;
     s->layouts = calloc((size_t)p->n_groups, sizeof *s->layouts);
-    if (!s->layouts) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    for (int g = 0; g < p->n_groups; g++) {
-        s->layouts[g].entry = calloc((size_t)s->n_tensors, sizeof(int));
-        s->layouts[g].offset = calloc((size_t)s->n_tensors, sizeof(uint64_t));
-        if (!s->layouts[g].entry || !s->layouts[g].offset) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    }
+    int *count = calloc((size_t)p->n_groups, sizeof *count), *last = malloc((size_t)p->n_groups * sizeof *last);
     uint64_t *fill = calloc((size_t)p->n_groups, sizeof *fill);
-    if (!fill) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    /* entries come in execution order, so units (and groups) appear in order */
-    for (int u = 0; u < cfg->n_layers + 2; u++) {
-        int g = group_of_unit(p, u, cfg->n_layers);
-        fill[g] = ALIGN_UP(fill[g], OFFLOAD_ALIGN);
-        for (int i = 0; i < s->n_tensors; i++) {
-            if (unit_of(cfg, &s->src[i]) != u) continue;
-            group_layout *L = &s->layouts[g];
-            fill[g] = ALIGN_UP(fill[g], STORE_TENSOR_ALIGN);
-            L->entry[L->n] = i;
-            L->offset[L->n] = fill[g];
-            L->n++;
-            fill[g] += convert_bytes(s->view[i].dst);
-            if (s->src[i].unit == UNIT_EMBED) {
-                s->embed_group = g;
-                s->embed_offset = L->offset[L->n - 1];
-            }
+    ferry_status st = FERRY_OK;
+    if (!s->layouts || !count || !last || !fill) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == FERRY_OK && i < s->n_tensors; i++) count[group_of_unit(p, s->unit[i], cfg->n_layers)]++;
+    for (int g = 0; st == FERRY_OK && g < p->n_groups; g++) {
+        last[g] = -1;
+        s->layouts[g].entry = calloc((size_t)count[g] + 1, sizeof(int));
+        s->layouts[g].offset = calloc((size_t)count[g] + 1, sizeof(uint64_t));
+        if (!s->layouts[g].entry || !s->layouts[g].offset) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; st == FERRY_OK && i < s->n_tensors; i++) {
+        int u = s->unit[i], g = group_of_unit(p, u, cfg->n_layers);
+        group_layout *L = &s->layouts[g];
+        if (u != last[g]) fill[g] = ALIGN_UP(fill[g], OFFLOAD_ALIGN);
+        last[g] = u;
+        fill[g] = ALIGN_UP(fill[g], STORE_TENSOR_ALIGN);
+        L->entry[L->n] = i;
+        L->offset[L->n] = fill[g];
+        L->n++;
+        fill[g] += convert_bytes(s->view[i].dst);
+        if (s->src[i].unit == UNIT_EMBED) {
+            s->embed_group = g;
+            s->embed_offset = L->offset[L->n - 1];
         }
     }
-    ferry_status st = FERRY_OK;
-    for (int g = 0; g < p->n_groups; g++)
+    for (int g = 0; st == FERRY_OK && g < p->n_groups; g++)
         if (ALIGN_UP(fill[g], OFFLOAD_ALIGN) != p->groups[g].bytes)
             st = ferry_fail(FERRY_ERR_INTERNAL, "group %d layout is %llu bytes, plan says %llu", g,
                             (unsigned long long)ALIGN_UP(fill[g], OFFLOAD_ALIGN),
                             (unsigned long long)p->groups[g].bytes);
     free(fill);
+    free(count);
+    free(last);
     return st;
 }
 
@@ -198,14 +207,9 @@ static ferry_status fill_resident(store *s, int g, void *base, bool device)
 }
 
 typedef struct {
-    store *s;
-    int *groups; /* blob index -> group */
-} blob_ctx;
-
-typedef struct {
     offload_writer *w;
-    uint64_t start; /* the tensor's offset in the group */
-    uint64_t *at;   /* bytes of the group written so far */
+    uint64_t start; /* the tensor's offset in the blob */
+    uint64_t *at;   /* bytes of the blob written so far */
 } blob_sink;
 
 static ferry_status put_blob(void *vctx, uint64_t at, const void *p, size_t n)
@@ -217,21 +221,25 @@ static ferry_status put_blob(void *vctx, uint64_t at, const void *p, size_t n)
     return FERRY_OK;
 }
 
+/* Blob i: its groups one after the other (one group, or a run of one
+ * layer's experts), each in its layout. */
 static ferry_status fill_blob(void *vctx, int i, offload_writer *w)
 {
-    blob_ctx *c = vctx;
-    store *s = c->s;
-    int g = c->groups[i];
-    const group_layout *L = &s->layouts[g];
+    store *s = vctx;
     uint64_t at = 0;
-    for (int k = 0; k < L->n; k++) {
-        blob_sink bs = {w, L->offset[k], &at};
-        FERRY_TRY(emit_tensor(s, L->entry[k], put_blob, &bs));
+    for (int g = s->blob_first[i]; g < s->blob_first[i] + s->blob_groups[i]; g++) {
+        const group_layout *L = &s->layouts[g];
+        for (int k = 0; k < L->n; k++) {
+            blob_sink bs = {w, s->blob_at[g] + L->offset[k], &at};
+            FERRY_TRY(emit_tensor(s, L->entry[k], put_blob, &bs));
+        }
+        FERRY_TRY(offload_pad(w, (size_t)(s->blob_at[g] + s->plan->groups[g].bytes - at)));
+        at = s->blob_at[g] + s->plan->groups[g].bytes;
     }
-    return offload_pad(w, (size_t)(s->plan->groups[g].bytes - at));
+    return FERRY_OK;
 }
 
-static void blob_key(const plan_group *pg, char *buf, size_t cap)
+static void blob_key(const plan_group *pg, int last_expert, char *buf, size_t cap)
 {
     switch (pg->kind) {
     case GROUP_EMBED: snprintf(buf, cap, "embed"); break;
@@ -239,36 +247,66 @@ static void blob_key(const plan_group *pg, char *buf, size_t cap)
     case GROUP_LAYERS:
         snprintf(buf, cap, "layers-%03d-%03d", pg->first_layer, pg->first_layer + pg->n_layers - 1);
         break;
+    case GROUP_EXPERT: snprintf(buf, cap, "experts-%03d-%03d-%03d", pg->first_layer, pg->expert, last_expert); break;
     }
+}
+
+/* Disk groups n >= g that go in g's blob: g alone, or the run of experts of
+ * g's layer that follow it on disk. */
+static int blob_run(const plan *p, int g)
+{
+    const plan_group *pg = &p->groups[g];
+    int n = 1;
+    if (pg->kind != GROUP_EXPERT) return 1;
+    while (g + n < p->n_groups && p->groups[g + n].kind == GROUP_EXPERT && p->groups[g + n].tier == TIER_DISK &&
+           p->groups[g + n].first_layer == pg->first_layer && p->groups[g + n].bytes > 0)
+        n++;
+    return n;
 }
 
 static ferry_status open_disk_tier(store *s, const char *dir, const char *fingerprint)
 {
     const plan *p = s->plan;
-    int n = 0;
-    for (int g = 0; g < p->n_groups; g++) n += p->groups[g].tier == TIER_DISK && p->groups[g].bytes > 0;
+    int n = 0, n_groups = 0;
+    for (int g = 0; g < p->n_groups; g++) {
+        if (p->groups[g].tier != TIER_DISK || p->groups[g].bytes == 0) continue;
+        int run = blob_run(p, g);
+        n++;
+        n_groups += run;
+        g += run - 1;
+    }
     if (n == 0) return FERRY_OK;
     if (!dir)
         return ferry_fail(FERRY_ERR_INVALID,
                           "%d groups do not fit the --max-memory budgets and must stream from disk: give "
                           "--offload-dir DIR",
-                          n);
+                          n_groups);
     offload_spec *specs = calloc((size_t)n, sizeof *specs);
     char(*keys)[32] = calloc((size_t)n, sizeof *keys);
-    int *groups = calloc((size_t)n, sizeof *groups);
+    uint64_t *regions = calloc((size_t)n_groups, sizeof *regions);
+    s->blob_first = calloc((size_t)n, sizeof *s->blob_first);
+    s->blob_groups = calloc((size_t)n, sizeof *s->blob_groups);
     ferry_status st = FERRY_OK;
-    if (!specs || !keys || !groups) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    int k = 0;
+    if (!specs || !keys || !regions || !s->blob_first || !s->blob_groups) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    int k = 0, r = 0;
     for (int g = 0; st == FERRY_OK && g < p->n_groups; g++) {
         if (p->groups[g].tier != TIER_DISK || p->groups[g].bytes == 0) continue;
-        blob_key(&p->groups[g], keys[k], sizeof keys[k]);
-        specs[k] = (offload_spec){keys[k], p->groups[g].bytes};
-        groups[k] = g;
-        s->blob[g] = k;
+        int run = blob_run(p, g);
+        blob_key(&p->groups[g], p->groups[g + run - 1].expert, keys[k], sizeof keys[k]);
+        specs[k] = (offload_spec){keys[k], 0, run > 1 ? run : 0, run > 1 ? &regions[r] : NULL};
+        s->blob_first[k] = g;
+        s->blob_groups[k] = run;
+        for (int j = 0; j < run; j++) {
+            s->blob[g + j] = k;
+            s->blob_at[g + j] = specs[k].size;
+            s->blob_region[g + j] = j;
+            regions[r++] = p->groups[g + j].bytes;
+            specs[k].size += p->groups[g + j].bytes;
+        }
         k++;
+        g += run - 1;
     }
-    blob_ctx ctx = {s, groups};
-    if (st == FERRY_OK) st = offload_open(dir, fingerprint, specs, n, fill_blob, &ctx, &s->od);
+    if (st == FERRY_OK) st = offload_open(dir, fingerprint, specs, n, fill_blob, s, &s->od);
     if (st == FERRY_OK && p->groups[s->embed_group].tier == TIER_DISK) {
         /* row reads are small and unaligned: a buffered descriptor, on the
          * very file offload_open verified (never one reopened by name) */
@@ -276,7 +314,7 @@ static ferry_status open_disk_tier(store *s, const char *dir, const char *finger
     }
     free(specs);
     free(keys);
-    free(groups);
+    free(regions);
     return st;
 }
 
@@ -296,13 +334,20 @@ ferry_status store_open(store **out, backend *be, const plan *p, const model_con
     if (st == FERRY_OK) st = model_tensor_entries(cfg, view, &s->view, &n_view);
     if (st != FERRY_OK) goto fail;
     FERRY_ASSERT(n_view == s->n_tensors);
+    if (!(s->unit = malloc((size_t)s->n_tensors * sizeof *s->unit))) {
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < s->n_tensors; i++) s->unit[i] = unit_of(cfg, &s->src[i]);
     /* the view holds the engine form of every tensor; store_bind points it at data */
     for (int i = 0; i < s->n_tensors && st == FERRY_OK; i++) st = convert_format(conv, &s->src[i], s->view[i].dst);
     if (st != FERRY_OK) goto fail;
     s->resident = calloc((size_t)p->n_groups, sizeof *s->resident);
     s->pinned = calloc((size_t)p->n_groups, sizeof *s->pinned);
     s->blob = malloc((size_t)p->n_groups * sizeof *s->blob);
-    if (!s->resident || !s->pinned || !s->blob) {
+    s->blob_at = calloc((size_t)p->n_groups, sizeof *s->blob_at);
+    s->blob_region = calloc((size_t)p->n_groups, sizeof *s->blob_region);
+    if (!s->resident || !s->pinned || !s->blob || !s->blob_at || !s->blob_region) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -359,6 +404,11 @@ void store_close(store *s)
     free(s->resident);
     free(s->pinned);
     free(s->blob);
+    free(s->blob_at);
+    free(s->blob_region);
+    free(s->blob_first);
+    free(s->blob_groups);
+    free(s->unit);
     free(s->src);
     free(s->view);
     pthread_rwlock_destroy(&s->blobs);
@@ -382,13 +432,7 @@ static ferry_status rebuild_group(store *s, int g)
 {
     int i = s->blob[g];
     if (i < 0) return ferry_fail(FERRY_ERR_INTERNAL, "group %d is not on disk", g);
-    int *groups = malloc((size_t)s->od->n * sizeof *groups);
-    if (!groups) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    for (int k = 0; k < s->plan->n_groups; k++)
-        if (s->blob[k] >= 0) groups[s->blob[k]] = k;
-    blob_ctx ctx = {s, groups};
-    ferry_status st = offload_rebuild(s->od, i, fill_blob, &ctx);
-    free(groups);
+    ferry_status st = offload_rebuild(s->od, i, fill_blob, s);
     if (st == FERRY_OK && g == s->embed_group && s->embed_fd >= 0) {
         /* the row reader's descriptor is on the file replaced */
         close(s->embed_fd);
@@ -406,10 +450,29 @@ store_source store_group_source(const store *s, int g)
         const offload_blob *b = &s->od->blobs[s->blob[g]];
         src.fd = b->fd;
         src.path = b->path;
-        src.offset = 0; /* one blob per group */
-        src.crc = b->crc;
+        src.offset = s->blob_at[g];
+        src.crc = b->region_crc[s->blob_region[g]];
     }
     return src;
+}
+
+ferry_status store_check_read(const store *s, int g, const void *data, char *msg, size_t cap)
+{
+    store_source src = store_group_source(s, g);
+    uint32_t got = crc32c(0, data, (size_t)src.bytes);
+    if (got == src.crc) return FERRY_OK;
+    snprintf(msg, cap,
+             "%s: checksum mismatch (CRC-32C %08x, the offload manifest says %08x): the blob changed or the disk "
+             "returned bad data; ferry rebuilds it from the checkpoint",
+             src.path, (unsigned)got, (unsigned)src.crc);
+    return FERRY_ERR_IO;
+}
+
+bool store_blob_short(const store *s, int g)
+{
+    store_source src = store_group_source(s, g);
+    struct stat sb;
+    return src.fd >= 0 && fstat(src.fd, &sb) == 0 && (uint64_t)sb.st_size < src.offset + src.bytes;
 }
 
 int store_group_tensor_count(const store *s, int g) { return s->layouts[g].n; }

@@ -63,6 +63,14 @@ void store_close(store *s);
 
 store_source store_group_source(const store *s, int g);
 
+/* Checks group g's bytes, read from its blob, against the CRC-32C the blob
+ * was verified with when the store opened; a mismatch is FERRY_ERR_IO with
+ * msg (cap bytes) naming the blob and both checksums. */
+ferry_status store_check_read(const store *s, int g, const void *data, char *msg, size_t cap);
+/* Whether disk group g's blob is now shorter than the group's end (cut
+ * while serving: damage to rebuild, where an I/O error of the disk is not). */
+bool store_blob_short(const store *s, int g);
+
 /* One tensor of a group's layout, for export: the checkpoint tensor it came
  * from and its engine form (data and scales NULL; convert_bind points them
  * into a buffer holding the group). */

@@ -309,7 +309,7 @@ static void job_json(strbuf *sb, admin_job *j)
 
 static const char *group_kind_name(group_kind k)
 {
-    return k == GROUP_EMBED ? "embed" : k == GROUP_HEAD ? "head" : "layers";
+    return k == GROUP_EMBED ? "embed" : k == GROUP_HEAD ? "head" : k == GROUP_EXPERT ? "expert" : "layers";
 }
 
 static void status_engine_json(strbuf *sb, engine *e, sched *s)

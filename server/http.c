@@ -554,6 +554,7 @@ static enum MHD_Result answer_get(request *rq)
     if (rq->ep == EP_METRICS && loaded) {
         view.ready = ready;
         view.pipe = engine_pipeline_stats(srv->e);
+        view.has_experts = engine_expert_stats(srv->e, &view.experts);
         memcpy(view.weight_bytes, engine_get_plan(srv->e)->tier_bytes, sizeof view.weight_bytes);
     }
     pthread_rwlock_unlock(&srv->lock);

@@ -47,6 +47,8 @@ typedef struct {
     sched_stats sched;
     pipeline_stats pipe;
     uint64_t weight_bytes[TIER_COUNT]; /* the plan's bytes per tier */
+    bool has_experts;        /* a mixture of experts: the expert figures below */
+    expert_stats experts;
     uint64_t request_memory, request_memory_limit; /* the front end's budget: in use, limit */
 } metrics_engine_view;
 

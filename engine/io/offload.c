@@ -52,6 +52,51 @@ static int open_read(const char *path, bool *direct)
     return fd;
 }
 
+/* ---- region checksums ----------------------------------------------------- */
+
+/* Checksums bytes fed in order, region by region (offload_spec). */
+typedef struct {
+    const uint64_t *size; /* NULL: one region */
+    int n, cur;
+    uint64_t done;        /* bytes of region cur seen */
+    uint32_t *out;        /* [n] */
+} region_sum;
+
+static void region_start(region_sum *r, const offload_spec *spec, uint32_t *out)
+{
+    *r = (region_sum){spec->n_regions ? spec->region_size : NULL, spec->n_regions ? spec->n_regions : 1, 0, 0, out};
+    memset(out, 0, (size_t)r->n * sizeof *out);
+}
+
+static void region_feed(region_sum *r, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    while (n > 0 && r->cur < r->n) {
+        uint64_t left = r->size ? r->size[r->cur] - r->done : UINT64_MAX;
+        size_t k = n < left ? n : (size_t)left;
+        r->out[r->cur] = crc32c(r->out[r->cur], p, k);
+        p += k;
+        n -= k;
+        r->done += k;
+        if (r->size && r->done == r->size[r->cur]) {
+            r->cur++;
+            r->done = 0;
+        }
+    }
+}
+
+static ferry_status regions_alloc(offload_blob *b, const offload_spec *spec)
+{
+    b->n_regions = spec->n_regions ? spec->n_regions : 1;
+    free(b->region_crc);
+    free(b->region_size);
+    b->region_crc = calloc((size_t)b->n_regions, sizeof *b->region_crc);
+    b->region_size = calloc((size_t)b->n_regions, sizeof *b->region_size);
+    if (!b->region_crc || !b->region_size) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", b->path);
+    for (int r = 0; r < b->n_regions; r++) b->region_size[r] = spec->n_regions ? spec->region_size[r] : spec->size;
+    return FERRY_OK;
+}
+
 /* ---- writing -------------------------------------------------------------- */
 
 struct offload_writer {
@@ -61,6 +106,7 @@ struct offload_writer {
     uint64_t size;    /* what the spec promises */
     uint64_t written; /* bytes accepted so far */
     uint32_t crc;     /* of those bytes */
+    region_sum regions; /* and of each region */
     uint8_t *buf;     /* [WRITE_BUF], 4096-aligned */
     size_t fill;
     ferry_status st;  /* the first failure; every later call returns it */
@@ -80,6 +126,7 @@ ferry_status offload_write(offload_writer *w, const void *data, size_t n)
         return w->st = ferry_fail(FERRY_ERR_INTERNAL, "%s: blob '%s' would exceed its size of %" PRIu64 " bytes",
                                   w->path, w->key, w->size);
     w->crc = crc32c(w->crc, data, n);
+    region_feed(&w->regions, data, n);
     w->written += n;
     const uint8_t *p = data;
     if (n >= WRITE_BUF) {
@@ -124,6 +171,12 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
     ferry_status st;
     int rfd = -1;
     offload_writer w = {.fd = -1, .path = b->path, .key = spec->key, .size = spec->size, .buf = buf};
+    uint32_t *regions = calloc(spec->n_regions ? (size_t)spec->n_regions : 1, sizeof *regions);
+    if (!regions) {
+        free(tmp);
+        return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", b->path);
+    }
+    region_start(&w.regions, spec, regions);
     unlink(tmp); /* a leftover of a killed run with our pid */
     w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w.fd < 0) {
@@ -165,9 +218,13 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
     b->fd = rfd;
     b->crc = w.crc;
     b->rebuilt = true;
+    free(b->region_crc);
+    b->region_crc = regions;
+    b->n_regions = w.regions.n;
     return FERRY_OK;
 
 fail:
+    free(regions);
     if (w.fd >= 0) close(w.fd);
     if (rfd >= 0) close(rfd);
     unlink(tmp);
@@ -407,7 +464,7 @@ static ferry_status lock_upgrade(const char *dir, dir_lock *lk, const char *why)
  * the blob through (L4). Says on stderr why not when that is a surprise (the
  * manifest vouched for it). */
 static bool blob_open_verified(const char *path, uint64_t size, uint32_t want, uint8_t *buf, int *fd_out,
-                               bool *direct)
+                               bool *direct, region_sum *regions)
 {
     *fd_out = -1;
     int fd = open_read(path, direct);
@@ -438,6 +495,7 @@ static bool blob_open_verified(const char *path, uint64_t size, uint32_t want, u
             break;
         }
         crc = crc32c(crc, buf, (size_t)r);
+        region_feed(regions, buf, (size_t)r);
         off += (uint64_t)r;
     }
     if (ok && crc != want)
@@ -541,6 +599,11 @@ static ferry_status specs_check(const offload_spec *specs, int n)
         if (specs[i].size % OFFLOAD_ALIGN)
             return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob '%s': size %" PRIu64 " is not a multiple of %u",
                               specs[i].key, specs[i].size, OFFLOAD_ALIGN);
+        uint64_t sum = 0;
+        for (int r = 0; r < specs[i].n_regions; r++) sum += specs[i].region_size[r];
+        if (specs[i].n_regions < 0 || (specs[i].n_regions > 0 && sum != specs[i].size))
+            return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob '%s': its regions do not add up to its size",
+                              specs[i].key);
         for (int j = 0; j < i; j++)
             if (strcmp(specs[i].key, specs[j].key) == 0)
                 return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob key '%s' appears twice", specs[i].key);
@@ -612,7 +675,10 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
             goto fail;
         }
         const old_entry *e = same_inputs ? manifest_find(&old, specs[i].key) : NULL;
-        if (e && e->size == b->size && blob_open_verified(b->path, b->size, e->crc, buf, &b->fd, &b->direct)) {
+        region_sum rs;
+        if ((st = regions_alloc(b, &specs[i])) != FERRY_OK) goto fail;
+        region_start(&rs, &specs[i], b->region_crc);
+        if (e && e->size == b->size && blob_open_verified(b->path, b->size, e->crc, buf, &b->fd, &b->direct, &rs)) {
             b->crc = e->crc;
             continue;
         }
@@ -659,6 +725,8 @@ void offload_close(offload_dir *od)
         if (od->blobs[i].fd >= 0) close(od->blobs[i].fd);
         free(od->blobs[i].key);
         free(od->blobs[i].path);
+        free(od->blobs[i].region_crc);
+        free(od->blobs[i].region_size);
     }
     if (od->lock_fd >= 0) close(od->lock_fd); /* lets the lock go */
     free(od->blobs);
@@ -679,7 +747,7 @@ ferry_status offload_rebuild(offload_dir *od, int i, offload_fill_fn fill, void 
     if (err) return ferry_fail(FERRY_ERR_IO, "%s/%s: cannot lock: %s", od->dir, OFFLOAD_LOCK, strerror(err));
     uint8_t *buf = NULL;
     offload_blob nb = {.key = b->key, .path = b->path, .fd = -1, .size = b->size};
-    offload_spec spec = {b->key, b->size};
+    offload_spec spec = {b->key, b->size, b->n_regions, b->region_size};
     ferry_status st;
     if (posix_memalign((void **)&buf, OFFLOAD_ALIGN, WRITE_BUF) != 0) {
         buf = NULL;
@@ -698,9 +766,11 @@ ferry_status offload_rebuild(offload_dir *od, int i, offload_fill_fn fill, void 
         b->fd = nb.fd;
         b->direct = nb.direct;
         b->rebuilt = true;
+        memcpy(b->region_crc, nb.region_crc, (size_t)b->n_regions * sizeof *b->region_crc);
     } else if (nb.fd >= 0) {
         close(nb.fd);
     }
+    free(nb.region_crc);
     free(buf);
     lock_set(od->lock_fd, F_RDLCK, false); /* L2 again */
     return st;

@@ -65,9 +65,15 @@ ferry_status offload_pad(offload_writer *w, size_t n);
  * and offload_pad. */
 typedef ferry_status (*offload_fill_fn)(void *ctx, int i, offload_writer *w);
 
+/* A blob may be cut into regions read on their own (the experts of a
+ * layer, each fetched alone): each region's CRC-32C is computed as the blob
+ * is written or verified, from the very bytes the whole blob's checksum
+ * vouches for, so the manifest records only the blob's. */
 typedef struct {
     const char *key; /* unique per blob, [a-z0-9-] only; also its file name stem */
     uint64_t size;   /* multiple of OFFLOAD_ALIGN */
+    int n_regions;   /* 0: one region, the whole blob */
+    const uint64_t *region_size; /* [n_regions], summing to size */
 } offload_spec;
 
 typedef struct {
@@ -78,6 +84,9 @@ typedef struct {
     uint64_t size;
     uint32_t crc;
     bool rebuilt;      /* written by this offload_open (false: reused) */
+    int n_regions;     /* >= 1 */
+    uint32_t *region_crc; /* [n_regions] CRC-32C of each region (the spec's; one region: crc) */
+    uint64_t *region_size; /* [n_regions] the spec's sizes */
 } offload_blob;
 
 typedef struct {

@@ -36,6 +36,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->max_seqs = (int)cfg->batch;
     eo->max_ctx = (int)cfg->context;
     eo->kv_memory = cfg->kv_memory;
+    eo->expert_cache = cfg->expert_cache;
     eo->verify_reads = cfg->verify_reads;
     eo->group_size = (int)cfg->group_size;
     eo->prefetch = (int)cfg->prefetch;

@@ -194,13 +194,23 @@ static uint64_t peak_rss_bytes(void)
 typedef struct {
     double wall, compute, stall, fetch;
     uint64_t bytes[TIER_COUNT];
+    /* a mixture of experts: experts computed, by where they were, and
+     * expert bytes fetched (in bytes[] too) */
+    uint64_t x_device, x_hits, x_misses, x_bytes;
+    double x_stall;
 } step_rec;
 
-static step_rec stats_delta(const pipeline_stats *a, const pipeline_stats *b)
+static step_rec stats_delta(const pipeline_stats *a, const pipeline_stats *b, const expert_stats *xa,
+                            const expert_stats *xb)
 {
     step_rec r = {b->wall_s - a->wall_s, b->compute_s - a->compute_s, b->stall_s - a->stall_s,
-                  b->fetch_s - a->fetch_s, {0}};
-    for (int t = 0; t < TIER_COUNT; t++) r.bytes[t] = b->bytes[t] - a->bytes[t];
+                  b->fetch_s - a->fetch_s, {0}, xb->device_uses - xa->device_uses, xb->hits - xa->hits,
+                  xb->misses - xa->misses, 0, xb->stall_s - xa->stall_s};
+    for (int t = 0; t < TIER_COUNT; t++) {
+        uint64_t x = xb->bytes[t] - xa->bytes[t];
+        r.bytes[t] = b->bytes[t] - a->bytes[t] + x;
+        r.x_bytes += x;
+    }
     return r;
 }
 
@@ -210,6 +220,7 @@ typedef struct {
     double load_s, prefill_s, step_s;   /* step_s: median decode step */
     step_rec *rec;                      /* [steps] */
     step_rec mean;                      /* steady state: every step but the first */
+    int mean_steps;                     /* how many that is */
     double raw_gbs, copy_peak_gbs, copy_gbs, read_gbs;
     uint64_t raw_bytes, rss, wbytes;
     bool copy_pinned;
@@ -258,12 +269,15 @@ static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
         }
         b = batch_builder_get(&bb);
         pipeline_stats before = engine_pipeline_stats(e);
+        expert_stats xbefore, xafter;
+        engine_expert_stats(e, &xbefore);
         t0 = util_now();
         if ((st = engine_step(e, &b, logits)) != FERRY_OK) goto out;
         if (step < 0) continue;
         walls[step] = util_now() - t0;
         pipeline_stats after = engine_pipeline_stats(e);
-        r->rec[step] = stats_delta(&before, &after);
+        engine_expert_stats(e, &xafter);
+        r->rec[step] = stats_delta(&before, &after, &xbefore, &xafter);
         r->rec[step].wall = walls[step];
     }
     if (cfg->trace && (st = engine_trace_write(e, cfg->trace)) != FERRY_OK) goto out;
@@ -276,7 +290,13 @@ static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
         r->mean.stall += r->rec[i].stall / n;
         r->mean.fetch += r->rec[i].fetch / n;
         for (int t = 0; t < TIER_COUNT; t++) r->mean.bytes[t] += r->rec[i].bytes[t] / (uint64_t)n;
+        r->mean.x_device += r->rec[i].x_device;
+        r->mean.x_hits += r->rec[i].x_hits;
+        r->mean.x_misses += r->rec[i].x_misses;
+        r->mean.x_bytes += r->rec[i].x_bytes / (uint64_t)n;
+        r->mean.x_stall += r->rec[i].x_stall / n;
     }
+    r->mean_steps = n; /* x_device, x_hits, x_misses are summed over them */
 out:
     batch_builder_free(&bb);
     free(tokens);
@@ -346,6 +366,41 @@ static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
     sb_free(&sb);
 }
 
+/* A mixture of experts: what the steps routed and fetched, against the
+ * floors of a disk-bound decode step: the routed experts' bytes at the raw
+ * O_DIRECT rate (the active-parameter floor), and every expert's bytes at
+ * that rate (what streaming every expert, the dense-group way, must move). */
+static void report_experts(engine *e, const bench_run *r)
+{
+    expert_stats x;
+    if (!engine_expert_stats(e, &x)) return;
+    const plan *p = engine_get_plan(e);
+    const step_rec *m = &r->mean;
+    uint64_t all = 0, off = 0;
+    int n_experts = p->n_groups - p->first_expert;
+    for (int g = p->first_expert; g < p->n_groups; g++) {
+        all += p->groups[g].bytes;
+        off += p->groups[g].tier != TIER_DEVICE ? p->groups[g].bytes : 0;
+    }
+    double per = n_experts ? (double)all / n_experts : 0, steps = r->mean_steps ? r->mean_steps : 1;
+    double used = (double)(m->x_device + m->x_hits + m->x_misses) / steps;
+    double looked = (double)(m->x_hits + m->x_misses);
+    char b1[32], b2[32], b3[32];
+    printf("experts          %.1f routed/step (%.1f on device, %.1f slot hits, %.1f fetched); hit rate %.0f%%; "
+           "%d slots\n",
+           used, m->x_device / steps, m->x_hits / steps, m->x_misses / steps,
+           looked ? 100.0 * (double)m->x_hits / looked : 0.0, p->n_expert_slots);
+    printf("expert bytes     fetched %s/step of %s routed/step; all experts %s (%s off the device); stall %.2f ms\n",
+           util_fmt_bytes(m->x_bytes, b1, sizeof b1), util_fmt_bytes((uint64_t)(used * per), b2, sizeof b2),
+           util_fmt_bytes(all, b3, sizeof b3), util_fmt_bytes(off, b1, sizeof b1), m->x_stall * 1e3);
+    if (r->raw_gbs > 0) {
+        double active = used * per / (r->raw_gbs * 1e9), dense = (double)off / (r->raw_gbs * 1e9);
+        printf("expert floors    routed experts at raw O_DIRECT %.2f ms (step / floor = %.2f); every expert off the "
+               "device %.2f ms (%.1fx the step)\n",
+               active * 1e3, r->step_s / active, dense * 1e3, dense / r->step_s);
+    }
+}
+
 static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
 {
     engine_info info = engine_get_info(e);
@@ -380,6 +435,7 @@ static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
     if (r->raw_gbs > 0 && m->bytes[TIER_DISK])
         printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
                100 * disk_gbs / r->raw_gbs, m->wall / (m->fetch > m->compute ? m->fetch : m->compute));
+    report_experts(e, r);
     printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
     printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
            util_fmt_bytes(r->wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);

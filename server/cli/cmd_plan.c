@@ -14,7 +14,8 @@ static const char *group_name(const plan_group *g, char *buf, size_t cap)
 {
     if (g->kind == GROUP_EMBED) return "embed";
     if (g->kind == GROUP_HEAD) return "head";
-    snprintf(buf, cap, "layers %d-%d", g->first_layer, g->first_layer + g->n_layers - 1);
+    if (g->kind == GROUP_EXPERT) snprintf(buf, cap, "layer %d expert %d", g->first_layer, g->expert);
+    else snprintf(buf, cap, "layers %d-%d", g->first_layer, g->first_layer + g->n_layers - 1);
     return buf;
 }
 
@@ -27,14 +28,17 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
         const plan_group *pg = &p->groups[g];
         sb_printf(sb, "%s{\"group\": %d, \"name\": ", g ? ", " : "", g);
         sb_json_str(sb, group_name(pg, name, sizeof name));
-        sb_printf(sb, ", \"first_layer\": %d, \"n_layers\": %d, \"tier\": \"%s\", \"bytes\": %llu}",
-                  pg->kind == GROUP_LAYERS ? pg->first_layer : -1, pg->n_layers, tier_name(pg->tier),
-                  (unsigned long long)pg->bytes);
+        sb_printf(sb, ", \"first_layer\": %d, \"n_layers\": %d, ",
+                  pg->kind == GROUP_LAYERS || pg->kind == GROUP_EXPERT ? pg->first_layer : -1, pg->n_layers);
+        if (pg->kind == GROUP_EXPERT) sb_printf(sb, "\"expert\": %d, ", pg->expert);
+        sb_printf(sb, "\"tier\": \"%s\", \"bytes\": %llu}", tier_name(pg->tier), (unsigned long long)pg->bytes);
     }
     sb_printf(sb,
               "], \"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, \"streamed_groups\": %d, "
               "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
-              "\"host_staging_bytes\": %llu, \"kv_bytes\": %llu, \"activation_bytes\": %llu}, "
+              "\"host_staging_bytes\": %llu, \"expert_slots\": %d, \"expert_slot_bytes\": %llu, "
+              "\"expert_slots_bytes\": %llu, \"expert_bounce_bytes\": %llu, \"kv_bytes\": %llu, "
+              "\"activation_bytes\": %llu}, "
               "\"kv_pool\": {\"blocks\": %llu, \"block_positions\": %d, \"positions\": %llu, \"bytes\": %llu, "
               "\"sequences_of_context\": %llu}, "
               "\"sequences\": %d, \"context\": %d, "
@@ -43,7 +47,9 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               (unsigned long long)p->tier_bytes[TIER_DEVICE], (unsigned long long)p->tier_bytes[TIER_HOST],
               (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->n_stage_slots,
               (unsigned long long)p->slot_bytes, (unsigned long long)p->stage_bytes,
-              (unsigned long long)p->host_stage_bytes, (unsigned long long)p->kv_bytes,
+              (unsigned long long)p->host_stage_bytes, p->n_expert_slots, (unsigned long long)p->expert_slot_bytes,
+              (unsigned long long)p->expert_stage_bytes, (unsigned long long)p->expert_bounce_bytes,
+              (unsigned long long)p->kv_bytes,
               (unsigned long long)p->act_bytes, (unsigned long long)p->kv_blocks, p->kv_block_positions,
               (unsigned long long)(p->kv_blocks * p->kv_block_positions), (unsigned long long)p->kv_bytes,
               (unsigned long long)plan_kv_sequences(p, p->opts.context), p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
@@ -58,6 +64,24 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
     sb_printf(sb, "%-5s %-16s %-7s %14s\n", "group", "units", "tier", "bytes");
     for (int g = 0; g < p->n_groups; g++) {
         const plan_group *pg = &p->groups[g];
+        if (pg->kind == GROUP_EXPERT) { /* a layer's experts on one line: how many on each tier */
+            int end = g, on[TIER_COUNT] = {0};
+            uint64_t bytes = 0;
+            for (; end < p->n_groups && p->groups[end].first_layer == pg->first_layer; end++) {
+                on[p->groups[end].tier]++;
+                bytes += p->groups[end].bytes;
+            }
+            char range[24];
+            snprintf(range, sizeof range, "%d-%d", g, end - 1);
+            snprintf(name, sizeof name, "layer %d experts", pg->first_layer);
+            sb_printf(sb, "%-5s %-16s %-7s %14llu  %d x %s: device %d, host %d, disk %d\n", range, name,
+                      on[TIER_DEVICE] == end - g ? "device" : on[TIER_HOST] == end - g ? "host"
+                                                           : on[TIER_DISK] == end - g ? "disk" : "mixed",
+                      (unsigned long long)bytes, end - g, util_fmt_bytes(pg->bytes, b1, sizeof b1), on[TIER_DEVICE],
+                      on[TIER_HOST], on[TIER_DISK]);
+            g = end - 1;
+            continue;
+        }
         sb_printf(sb, "%-5d %-16s %-7s %14llu  %s\n", g, group_name(pg, name, sizeof name), tier_name(pg->tier),
                   (unsigned long long)pg->bytes, util_fmt_bytes(pg->bytes, b1, sizeof b1));
     }
@@ -68,6 +92,12 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
     sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
               util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
     if (p->host_stage_bytes) sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->host_stage_bytes, b3, sizeof b3));
+    if (p->n_expert_slots) {
+        sb_printf(sb, ", expert slots %d x %s = %s", p->n_expert_slots,
+                  util_fmt_bytes(p->expert_slot_bytes, b1, sizeof b1), util_fmt_bytes(p->expert_stage_bytes, b2, sizeof b2));
+        if (p->expert_bounce_bytes)
+            sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->expert_bounce_bytes, b3, sizeof b3));
+    }
     sb_printf(sb, ", activations %s\n", util_fmt_bytes(p->act_bytes, b2, sizeof b2));
     sb_printf(sb, "KV pool   %llu blocks x %d positions = %llu positions, %s; holds %llu sequences of %d positions "
                   "(--batch %d run at once)\n",

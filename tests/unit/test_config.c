@@ -81,7 +81,8 @@ static void test_defaults(void)
         if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
         CHECK(!cfg.given[i]);
     }
-    CHECK_EQ_INT(SETTING_COUNT, 59); /* a new setting needs a default check above */
+    CHECK_EQ_U64(cfg.expert_cache, 0);
+    CHECK_EQ_INT(SETTING_COUNT, 60); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

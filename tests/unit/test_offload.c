@@ -221,6 +221,30 @@ static void check_blobs(const char *dir, const char *fp, int n, unsigned rebuilt
 
 #define CHECK_BLOBS(dir, fp, n, rebuilt) check_blobs(dir, fp, n, rebuilt, __LINE__)
 
+/* Every blob's region checksums: each the CRC-32C of its part of the
+ * content (one region: the whole blob's). */
+static void check_regions(const offload_dir *od, const char *fp, int line)
+{
+    for (int i = 0; od && i < od->n; i++) {
+        const offload_blob *b = &od->blobs[i];
+        uint8_t *want = content(g_keys[i], fp, g_specs[i].size);
+        int n = g_specs[i].n_regions ? g_specs[i].n_regions : 1;
+        bool ok = b->n_regions == n;
+        uint64_t at = 0;
+        for (int r = 0; ok && r < n; r++) {
+            uint64_t size = g_specs[i].n_regions ? g_specs[i].region_size[r] : g_specs[i].size;
+            ok = b->region_size[r] == size && b->region_crc[r] == crc32c(0, want + at, size);
+            at += size;
+        }
+        check_count++;
+        if (!ok) {
+            fprintf(stderr, "%s:%d: blob %d (%s): region checksums wrong\n", __FILE__, line, i, b->path);
+            check_failures++;
+        }
+        free(want);
+    }
+}
+
 static void set_fault(const char *spec)
 {
     if (spec) setenv("FERRY_FAULT", spec, 1);
@@ -671,12 +695,16 @@ static void test_shared_dir_(const char *base)
 static void test_rebuild_(const char *base)
 {
     uint64_t sizes[3] = {8192, 16384, 12288};
-    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){g_keys[i], sizes[i]};
+    static const uint64_t regions[3] = {4096, 8192, 4096}; /* blob 1 in three regions, as a run of experts */
+    for (int i = 0; i < 3; i++) g_specs[i] = (offload_spec){g_keys[i], sizes[i], 0, NULL};
+    g_specs[1].n_regions = 3;
+    g_specs[1].region_size = regions;
     char *top = make_dir(base);
     char *dir = file_in(top, "od");
     offload_dir *a = NULL, *b = NULL;
     fill_ctx ca = {.fingerprint = "fp-A"};
     CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 3, fill, &ca, &a), FERRY_OK);
+    check_regions(a, "fp-A", __LINE__); /* as written */
     char *victim = file_in(dir, "layers-003-005.bin");
     int fd = open(victim, O_RDWR);
     uint8_t byte = 0x5a;
@@ -708,12 +736,20 @@ static void test_rebuild_(const char *base)
     CHECK_EQ_INT(ca.calls, 1);
     g_od = a;
     CHECK_BLOBS(dir, "fp-A", 3, 7); /* all written by this handle, blob 1 twice */
+    check_regions(a, "fp-A", __LINE__); /* as rebuilt */
     g_od = NULL;
     /* and the lock is shared again: the same inputs may join */
     cb = (fill_ctx){.fingerprint = "fp-A"};
     CHECK_STATUS(offload_open(dir, "fp-A", g_specs, 3, fill, &cb, &b), FERRY_OK);
     CHECK(b && b->joined);
     CHECK_EQ_INT(cb.calls, 0);
+    check_regions(b, "fp-A", __LINE__); /* as verified */
+    /* regions that do not add up to the size are refused */
+    static const uint64_t bad_regions[2] = {4096, 4096};
+    offload_spec bad[1] = {{g_keys[1], 16384, 2, bad_regions}};
+    offload_dir *c = NULL;
+    CHECK_STATUS(offload_open(dir, "fp-A", bad, 1, fill, &cb, &c), FERRY_ERR_INTERNAL);
+    CHECK_MSG_HAS("regions do not add up");
     offload_close(b);
     offload_close(a);
     free(victim);

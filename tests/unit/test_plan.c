@@ -4,7 +4,8 @@
  * group), first-fit placement device -> host -> disk in execution order with
  * the embedding last, budgets respected exactly at the boundary, the working
  * memory (staging slots, slot bytes, KV cache), plan_parse_budgets, and
- * plan_check's failures (host memory, and device memory when not unified).
+ * plan_check's failures (host memory, and device memory when not unified),
+ * and a mixture of experts' expert groups and slots.
  */
 #include <stdlib.h>
 
@@ -35,6 +36,7 @@ static plan_opts opts_of(uint64_t dev, uint64_t host, int group_size, int prefet
 /* Invariants every plan must satisfy, whatever the inputs. */
 static void check_invariants(const plan *p, const plan_model *m, const uint64_t *units, const plan_opts *o)
 {
+    if (m->n_experts) return; /* test_experts checks those */
     int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
     CHECK_EQ_INT(p->n_groups, n_layer_groups + 2);
     if (p->n_groups != n_layer_groups + 2) return;
@@ -605,8 +607,91 @@ static void test_check(void)
     plan_free(&p);
 }
 
+/* A mixture of experts: layers 0 and 2 of 3 sparse, 4 experts of 4 KiB
+ * each, top-2; layers and head 8 KiB, embedding 8 KiB. Expert groups come
+ * after the head, are placed after the layer groups and the head and before
+ * the embedding, and never stream with the layers; the expert slots follow
+ * --expert-cache, at least 2 x top_k, at most the experts off the device. */
+static void test_experts(void)
+{
+    static const int moe_layers[] = {0, 2};
+    plan_model m = model_of(3);
+    m.n_experts = 4;
+    m.top_k = 2;
+    m.moe_hidden = 32;
+    m.n_moe_layers = 2;
+    m.moe_layers = moe_layers;
+    uint64_t units[3 + 2 + 8];
+    for (int u = 0; u < 5; u++) units[u] = 2 * K4;
+    for (int u = 5; u < 13; u++) units[u] = K4;
+    plan p;
+    plan_opts o = opts_of(UNL, UNL, 1, 1);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_INT(p.n_groups, 1 + 3 + 1 + 8);
+    CHECK_EQ_INT(p.first_expert, 5);
+    CHECK_EQ_INT(p.groups[4].kind, GROUP_HEAD);
+    for (int i = 0; i < 8; i++) {
+        const plan_group *g = &p.groups[5 + i];
+        CHECK_EQ_INT(g->kind, GROUP_EXPERT);
+        CHECK_EQ_INT(g->first_layer, moe_layers[i / 4]);
+        CHECK_EQ_INT(g->expert, i % 4);
+        CHECK_EQ_U64(g->bytes, K4);
+        CHECK_EQ_INT(g->tier, TIER_DEVICE);
+    }
+    CHECK_EQ_INT(p.n_expert_slots, 0);
+    CHECK_EQ_U64(p.expert_stage_bytes, 0);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 5 * 2 * K4 + 8 * K4);
+    plan_free(&p);
+
+    /* attention resident, 3 experts on host, the rest and the embedding on disk */
+    o = opts_of(4 * 2 * K4, 3 * K4, 1, 1);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    for (int g = 1; g <= 4; g++) CHECK_EQ_INT(p.groups[g].tier, TIER_DEVICE);
+    for (int i = 0; i < 8; i++) CHECK_EQ_INT(p.groups[5 + i].tier, i < 3 ? TIER_HOST : TIER_DISK);
+    CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
+    CHECK_EQ_INT(p.n_streamed, 0); /* experts never stream with the layers */
+    CHECK_EQ_INT(p.n_stage_slots, 0);
+    CHECK_EQ_INT(p.n_expert_slots, 4); /* 2 x top_k */
+    CHECK_EQ_U64(p.expert_slot_bytes, K4);
+    CHECK_EQ_U64(p.expert_stage_bytes, 4 * K4);
+    CHECK_EQ_INT(p.expert_reads, 4);
+    CHECK_EQ_U64(p.expert_bounce_bytes, 0); /* unified: reads land in the slots */
+    plan_free(&p);
+
+    o.expert_cache = 6 * K4 + 100; /* whole slots only */
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_INT(p.n_expert_slots, 6);
+    CHECK_EQ_INT(p.expert_reads, 4);
+    plan_free(&p);
+    o.expert_cache = 1ull << 30; /* more than every expert off the device */
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_INT(p.n_expert_slots, 8);
+    plan_free(&p);
+
+    /* not unified: bounce buffers for the expert reads from disk */
+    o = opts_of(4 * 2 * K4, 3 * K4, 1, 1);
+    o.unified = false;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.expert_bounce_bytes, 4 * K4);
+    uint64_t host, dev;
+    plan_needs(&p, &o, &host, &dev);
+    CHECK_EQ_U64(dev, p.tier_bytes[TIER_DEVICE] + p.stage_bytes + p.expert_stage_bytes + p.kv_bytes + p.act_bytes);
+    plan_free(&p);
+
+    /* layer groups and head before experts: the head misses the device, an expert takes the room left */
+    o = opts_of(3 * 2 * K4 + K4, 0, 1, 1);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);
+    CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE);
+    for (int i = 1; i < 8; i++) CHECK_EQ_INT(p.groups[5 + i].tier, TIER_DISK);
+    CHECK_EQ_INT(p.n_streamed, 1);
+    CHECK_EQ_INT(p.n_expert_slots, 4);
+    plan_free(&p);
+}
+
 int main(void)
 {
+    test_experts();
     test_unlimited();
     test_all_disk();
     test_boundary();
