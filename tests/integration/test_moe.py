@@ -472,12 +472,13 @@ def moe_budgets(groups, placement):
 
 
 def expert_cache_bytes(groups, cache):
-    """--expert-cache: None (not given), 0, "one" expert's bytes, "all" the
-    experts' bytes."""
+    """--expert-cache: None (not given), 0 (the least: 2 x top_k slots),
+    "half" the experts' bytes, "all" of them."""
     _, _, experts = split_groups(groups)
     if cache is None or cache == 0:
         return cache
-    return {"one": max(g["bytes"] for g in experts), "all": sum(g["bytes"] for g in experts)}[cache]
+    b = [g["bytes"] for g in experts]
+    return {"half": sum(b[:len(b) // 2]), "all": sum(b)}[cache]
 
 
 def placement_flags(ferry, d, placement, od, cache=None, group=1, prefetch=2, device=None):
@@ -518,16 +519,16 @@ RUNS = [
     ("experts-host", 1, 2, None, None, None, "b3"),
     ("experts-disk", 1, 2, 0, None, None, "b3"),
     ("experts-disk", 1, 2, 0, None, None, "b1"),
-    ("experts-disk", 1, 2, "one", None, None, "sample"),
+    ("experts-disk", 1, 2, "half", None, None, "sample"),
     ("experts-disk", 1, 2, "all", None, None, "b3"),
     ("mixed", 2, 1, 0, None, None, "b3"),
-    ("mixed", 1, 3, "one", None, None, "chunk"),
+    ("mixed", 1, 3, "half", None, None, "chunk"),
     ("all-host", 2, 2, None, None, None, "sample"),
     ("all-disk", 1, 1, 0, None, None, "b3"),
     ("all-disk", 3, 2, "all", None, None, "chunk"),
     ("experts-disk", 1, 2, 0, "cpu-split", ("thread", 300), "b3"),
-    ("experts-disk", 1, 2, "one", "cpu-split", ("inline", 100), "b1"),
-    ("mixed", 2, 1, "one", "cpu-split", ("inline", 0), "sample"),
+    ("experts-disk", 1, 2, "half", "cpu-split", ("inline", 100), "b1"),
+    ("mixed", 2, 1, "half", "cpu-split", ("inline", 0), "sample"),
     ("all-disk", 1, 3, 0, "cpu-split", ("thread", 0), "b3"),
     ("experts-host", 1, 2, "all", "cpu-split", ("inline", 200), "chunk"),
 ]
@@ -577,30 +578,48 @@ def test_placement_matches_resident(ferry, moe_models, tmp_path, monkeypatch, na
 def test_plan_expert_groups(ferry, moe_models, work):
     """Each expert of each sparse layer is a group of its own after the
     head; budgets place the layers and head first, then the experts in
-    order, then the embedding; experts off the device get expert slots."""
+    order, then the embedding (moe_budgets); experts off the device get
+    expert slots: what --expert-cache asks for, at least 2 x top_k, at most
+    the experts off the device; disk reads on cpu-split land in as many
+    bounce buffers as reads in flight."""
     for name in PLACEMENT_MODELS:
         d, spec = moe_model(moe_models, name)
-        cfg = st_util.read_config(d)
-        shape = moe_util.shape_of(cfg)
+        shape = moe_util.shape_of(st_util.read_config(d))
         base = plan_json(ferry, d)
         embed, core, experts = split_groups(base["groups"])
-        assert [(g["layer"], g["expert"]) for g in experts] == [
-            (l, e) for l in shape["sparse"] for e in range(shape["experts"])], experts
+        assert [(g["name"], g["first_layer"], g["n_layers"], g["expert"]) for g in experts] == [
+            ("layer %d expert %d" % (l, e), l, 1, e) for l in shape["sparse"] for e in range(shape["experts"])]
         assert all(g["bytes"] > 0 and g["bytes"] % 4096 == 0 for g in experts)
         assert len({g["bytes"] for g in experts}) == 1  # experts are alike
+        assert [g["name"] for g in core[:-1]] == ["layers %d-%d" % (l, l) for l in range(shape_layers(d))]
         assert base["tier_bytes"] == {t: sum(g["bytes"] for g in base["groups"] if g["tier"] == t)
                                       for t in ("device", "host", "disk")}
-        assert base["experts"]["slots"] == 0  # all resident: no slots
-        one = experts[0]["bytes"]
-        for placement in ("experts-host", "experts-disk", "mixed", "all-disk"):
-            for cache in (None, 0, "one", "all"):
-                flags, plan = placement_flags(ferry, d, placement, work / "od", cache)
-                x = plan["experts"]
-                off = [g for g in split_groups(plan["groups"])[2] if g["tier"] != "device"]
-                assert off
-                assert x["slot_bytes"] == max(g["bytes"] for g in off)
-                least = 2 * shape["top_k"]  # PLAN_EXPERT_MIN_SLOTS x top_k
-                c = expert_cache_bytes(plan["groups"], cache) or 0
-                assert x["slots"] >= max(least, c // one), (placement, cache, x)
-                assert x["stage_bytes"] == x["slots"] * x["slot_bytes"]
+        w = base["working"]
+        assert (w["expert_slots"], w["expert_slots_bytes"]) == (0, 0)  # all resident: no slots
+        # the text form: a layer's experts on one line
+        text = ferry.check("plan", "--model", d, "--max-memory", moe_budgets(base["groups"], "mixed")[0],
+                           "--offload-dir", work / "od").stdout.decode()
+        for l in shape["sparse"]:
+            assert "layer %d experts" % l in text, text
+        assert "expert slots" in text, text
+        least = 2 * shape["top_k"]  # PLAN_EXPERT_MIN_SLOTS x top_k
+        for device in (None, "cpu-split"):
+            for placement in ("experts-host", "experts-disk", "mixed", "all-disk"):
+                for cache in (None, 0, "half", "all"):
+                    flags, plan = placement_flags(ferry, d, placement, work / "od", cache, device=device)
+                    w = plan["working"]
+                    off = [g for g in split_groups(plan["groups"])[2] if g["tier"] != "device"]
+                    assert off
+                    what = "%s %s cache %s: %r" % (device, placement, cache, w)
+                    assert w["expert_slot_bytes"] == max(g["bytes"] for g in off), what
+                    c = expert_cache_bytes(plan["groups"], cache) or 0
+                    assert w["expert_slots"] == min(max(least, c // w["expert_slot_bytes"]), len(off)), what
+                    assert w["expert_slots_bytes"] == w["expert_slots"] * w["expert_slot_bytes"], what
+                    disk = [g["bytes"] for g in off if g["tier"] == "disk"]
+                    bounce = min(least, w["expert_slots"]) * max(disk) if device and disk else 0
+                    assert w["expert_bounce_bytes"] == bounce, what
     assert not (work / "od").exists()  # planning writes nothing
+
+
+def shape_layers(d):
+    return int(st_util.read_config(d)["num_hidden_layers"])
