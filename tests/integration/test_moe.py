@@ -227,12 +227,12 @@ def test_reference_config_defaults(tmp_path):
     """What a config that leaves fields out means (MixtralConfig,
     Qwen3MoeConfig defaults)."""
     d = tmp_path / "mix"
-    moe_util.random_moe_checkpoint(str(d), "mixtral", heads=8, kv_heads=8, experts=8, top_k=2, omit=(
+    moe_util.random_moe_checkpoint(str(d), "mixtral", heads=16, kv_heads=8, experts=8, top_k=2, omit=(
         "num_local_experts", "num_experts_per_tok", "rms_norm_eps", "rope_theta", "num_key_value_heads",
         "head_dim", "sliding_window"))
     m = llama_ref.load_model(str(d))
     assert (m.n_experts, m.top_k, m.norm_topk, m.eps, m.theta, m.n_kv, m.head_dim, m.sliding_window) == (
-        8, 2, True, 1e-5, 1e6, 8, 4, None)
+        8, 2, True, 1e-5, 1e6, 8, 2, None)
     assert m.sparse == [0, 1]
     d = tmp_path / "q3"
     moe_util.random_moe_checkpoint(str(d), "qwen3moe", layers=3, heads=8, kv_heads=4, experts=8, top_k=8,
@@ -310,10 +310,11 @@ def test_config_defaults(ferry, ref, tmp_path):
     to their defaults: ferry reads them as transformers does (the
     reference's defaults are checked against transformers' above)."""
     cases = {
-        "mixtral": dict(arch="mixtral", heads=8, kv_heads=8, experts=8, top_k=2, seed=321, omit=(
+        # num_key_value_heads absent: 8 (MixtralConfig), not num_attention_heads
+        "mixtral": dict(arch="mixtral", heads=16, kv_heads=8, experts=8, top_k=2, seed=321, omit=(
             "num_local_experts", "num_experts_per_tok", "rms_norm_eps", "rope_theta", "num_key_value_heads",
             "head_dim", "sliding_window", "norm_topk_prob")),
-        # head_dim absent: hidden / heads (4), not Qwen3's 128
+        # head_dim absent: hidden / heads (4), not Qwen3's 128; num_key_value_heads absent: 4
         "qwen3moe": dict(arch="qwen3moe", layers=3, heads=8, kv_heads=4, experts=8, top_k=8, moe_intermediate=768,
                          intermediate=6144, mlp_only_layers=[1], seed=322, omit=(
             "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "norm_topk_prob",
