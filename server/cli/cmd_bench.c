@@ -361,44 +361,84 @@ static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
                   i ? ", " : "", r->rec[i].wall * 1e3, r->rec[i].compute * 1e3, r->rec[i].fetch * 1e3,
                   r->rec[i].stall * 1e3, (unsigned long long)r->rec[i].bytes[TIER_DISK],
                   (unsigned long long)r->rec[i].bytes[TIER_HOST]);
-    sb_puts(&sb, "]}\n");
+    sb_putc(&sb, ']');
+    report_experts_json(&sb, e, r);
+    sb_puts(&sb, "}\n");
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);
 }
 
 /* A mixture of experts: what the steps routed and fetched, against the
  * floors of a disk-bound decode step: the routed experts' bytes at the raw
- * O_DIRECT rate (the active-parameter floor), and every expert's bytes at
- * that rate (what streaming every expert, the dense-group way, must move). */
-static void report_experts(engine *e, const bench_run *r)
+ * O_DIRECT rate (the active-parameter floor), and the bytes of every expert
+ * off the device at that rate (what streaming every expert, the dense-group
+ * way, must move). Per step, over the steady steps. */
+typedef struct {
+    double routed, device, hits, fetched, hit_rate; /* experts per step; hits / (hits + fetched) */
+    double fetched_bytes, routed_bytes;             /* per step */
+    uint64_t all_bytes, off_bytes;                  /* every expert; those not on the device */
+    double stall_s, active_floor_s, dense_floor_s;  /* floors 0 without a raw disk rate */
+    int slots;
+} expert_fig;
+
+static bool expert_figures(engine *e, const bench_run *r, expert_fig *f)
 {
     expert_stats x;
-    if (!engine_expert_stats(e, &x)) return;
+    memset(f, 0, sizeof *f);
+    if (!engine_expert_stats(e, &x)) return false;
     const plan *p = engine_get_plan(e);
     const step_rec *m = &r->mean;
-    uint64_t all = 0, off = 0;
     int n_experts = p->n_groups - p->first_expert;
     for (int g = p->first_expert; g < p->n_groups; g++) {
-        all += p->groups[g].bytes;
-        off += p->groups[g].tier != TIER_DEVICE ? p->groups[g].bytes : 0;
+        f->all_bytes += p->groups[g].bytes;
+        f->off_bytes += p->groups[g].tier != TIER_DEVICE ? p->groups[g].bytes : 0;
     }
-    double per = n_experts ? (double)all / n_experts : 0, steps = r->mean_steps ? r->mean_steps : 1;
-    double used = (double)(m->x_device + m->x_hits + m->x_misses) / steps;
-    double looked = (double)(m->x_hits + m->x_misses);
-    char b1[32], b2[32], b3[32];
+    double steps = r->mean_steps ? r->mean_steps : 1, per = n_experts ? (double)f->all_bytes / n_experts : 0;
+    f->device = (double)m->x_device / steps;
+    f->hits = (double)m->x_hits / steps;
+    f->fetched = (double)m->x_misses / steps;
+    f->routed = f->device + f->hits + f->fetched;
+    f->hit_rate = f->hits + f->fetched > 0 ? f->hits / (f->hits + f->fetched) : 0;
+    f->fetched_bytes = (double)m->x_bytes;
+    f->routed_bytes = f->routed * per;
+    f->stall_s = m->x_stall;
+    f->slots = p->n_expert_slots;
+    if (r->raw_gbs > 0) {
+        f->active_floor_s = f->routed_bytes / (r->raw_gbs * 1e9);
+        f->dense_floor_s = (double)f->off_bytes / (r->raw_gbs * 1e9);
+    }
+    return true;
+}
+
+static void report_experts_text(engine *e, const bench_run *r)
+{
+    expert_fig f;
+    if (!expert_figures(e, r, &f)) return;
+    char b1[32], b2[32], b3[32], b4[32];
     printf("experts          %.1f routed/step (%.1f on device, %.1f slot hits, %.1f fetched); hit rate %.0f%%; "
            "%d slots\n",
-           used, m->x_device / steps, m->x_hits / steps, m->x_misses / steps,
-           looked ? 100.0 * (double)m->x_hits / looked : 0.0, p->n_expert_slots);
+           f.routed, f.device, f.hits, f.fetched, 100 * f.hit_rate, f.slots);
     printf("expert bytes     fetched %s/step of %s routed/step; all experts %s (%s off the device); stall %.2f ms\n",
-           util_fmt_bytes(m->x_bytes, b1, sizeof b1), util_fmt_bytes((uint64_t)(used * per), b2, sizeof b2),
-           util_fmt_bytes(all, b3, sizeof b3), util_fmt_bytes(off, b1, sizeof b1), m->x_stall * 1e3);
-    if (r->raw_gbs > 0) {
-        double active = used * per / (r->raw_gbs * 1e9), dense = (double)off / (r->raw_gbs * 1e9);
+           util_fmt_bytes((uint64_t)f.fetched_bytes, b1, sizeof b1), util_fmt_bytes((uint64_t)f.routed_bytes, b2, sizeof b2),
+           util_fmt_bytes(f.all_bytes, b3, sizeof b3), util_fmt_bytes(f.off_bytes, b4, sizeof b4), f.stall_s * 1e3);
+    if (f.active_floor_s > 0)
         printf("expert floors    routed experts at raw O_DIRECT %.2f ms (step / floor = %.2f); every expert off the "
                "device %.2f ms (%.1fx the step)\n",
-               active * 1e3, r->step_s / active, dense * 1e3, dense / r->step_s);
-    }
+               f.active_floor_s * 1e3, r->step_s / f.active_floor_s, f.dense_floor_s * 1e3, f.dense_floor_s / r->step_s);
+}
+
+static void report_experts_json(strbuf *sb, engine *e, const bench_run *r)
+{
+    expert_fig f;
+    if (!expert_figures(e, r, &f)) return;
+    sb_printf(sb,
+              ", \"experts\": {\"routed_per_step\": %.3f, \"device_per_step\": %.3f, \"hits_per_step\": %.3f, "
+              "\"fetched_per_step\": %.3f, \"hit_rate\": %.4f, \"fetched_bytes_per_step\": %.0f, "
+              "\"routed_bytes_per_step\": %.0f, \"all_bytes\": %llu, \"off_device_bytes\": %llu, \"stall_ms\": %.3f, "
+              "\"active_floor_ms\": %.3f, \"dense_floor_ms\": %.3f, \"slots\": %d}",
+              f.routed, f.device, f.hits, f.fetched, f.hit_rate, f.fetched_bytes, f.routed_bytes,
+              (unsigned long long)f.all_bytes, (unsigned long long)f.off_bytes, f.stall_s * 1e3,
+              f.active_floor_s * 1e3, f.dense_floor_s * 1e3, f.slots);
 }
 
 static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
@@ -435,7 +475,7 @@ static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
     if (r->raw_gbs > 0 && m->bytes[TIER_DISK])
         printf("disk efficiency  %.0f%% of the raw O_DIRECT rate; step / max(fetch, compute) = %.3f\n",
                100 * disk_gbs / r->raw_gbs, m->wall / (m->fetch > m->compute ? m->fetch : m->compute));
-    report_experts(e, r);
+    report_experts_text(e, r);
     printf("huge pages       %s of anonymous memory\n", util_fmt_bytes(huge_page_bytes(), wb, sizeof wb));
     printf("decode roofline  %s of weights per step: %.2f GB/s = %.0f%% of %.2f GB/s\n",
            util_fmt_bytes(r->wbytes, wb, sizeof wb), weight_gbs, 100 * weight_gbs / bw, bw);

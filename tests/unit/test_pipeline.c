@@ -176,11 +176,12 @@ static ferry_status unit_embed_rows(void *ctx)
     return FERRY_OK;
 }
 
-static void unit_layer(void *ctx, int layer)
+static ferry_status unit_layer(void *ctx, int layer)
 {
     run_fx *r = ctx;
     visit(r, layer);
     read_unit(r, UNIT_LAYER, layer);
+    return FERRY_OK;
 }
 
 static void unit_head(void *ctx)

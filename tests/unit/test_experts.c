@@ -1,0 +1,443 @@
+/*
+ * test_experts.c - the expert slots and on-demand fetches (engine/experts.h)
+ * on the cpu-split backend, whose device memory is apart from host memory
+ * and whose copies land late (FERRY_SPLIT_DELAY_US).
+ *
+ * As test_pipeline does for groups: the compute callback reads the expert
+ * it was given - a `convert` of each of its tensors into a device buffer of
+ * its own, queued on the compute stream - and after every run the buffers
+ * are downloaded and compared bit for bit with the CPU backend's conversion
+ * of the checkpoint. A slot read before its copy landed (fresh device
+ * memory is NaN), or refilled while its ops were pending, shows up as an
+ * expert with wrong bytes. Each routed expert must be computed exactly once
+ * per run.
+ *
+ * A Mixtral-shaped checkpoint from `ferry mkmodel --arch mixtral` (8
+ * experts, top-2), experts on host, on disk, and split over all three
+ * tiers; slots from the least (2 x top_k) to every expert; routed sets from
+ * one expert to all of them, repeated and varied, so that hits, misses and
+ * evictions all happen; copies landing at once and 300 us late, the compute
+ * stream inline and on its own thread. The stats must add up (uses = device
+ * + hits + misses; bytes = misses x expert bytes), and with a slot for every
+ * expert a set seen before is all hits. Faults: short reads change nothing;
+ * an EIO fails exactly one run, naming the blob, the runs after it are
+ * right; a byte changed in an expert blob fails the run that reads it with
+ * a checksum mismatch, the group is reported damaged, and after a rebuild
+ * the runs are right again.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../../engine/backend.h"
+#include "../../engine/experts.h"
+#include "../../engine/plan.h"
+#include "../../engine/store.h"
+#include "../../engine/base/util.h"
+#include "../../engine/io/fault.h"
+#include "../../engine/weights/model.h"
+#include "../../engine/weights/safetensors.h"
+#include "check.h"
+
+static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
+
+/* ---- the checkpoint and what compute must read from it ----------------------- */
+
+typedef struct {
+    char dir[PATH_MAX];
+    model_config cfg;
+    st_checkpoint *ck;
+    model_weights w;    /* bound to the checkpoint */
+    tensor_entry *ents; /* [n] in execution order */
+    int n;
+    uint64_t *units;    /* [model_unit_count] */
+    int moe_layers[64], n_moe;
+    float **want;       /* [n] each tensor as f32 (the CPU backend's convert) */
+} model_fx;
+
+static void model_open(model_fx *m, const char *root)
+{
+    char exe[PATH_MAX], cmd[3 * PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) exit(2);
+    exe[len] = '\0';
+    *strrchr(exe, '/') = '\0'; /* .../tests */
+    *strrchr(exe, '/') = '\0'; /* the build dir, which holds ferry */
+    memset(m, 0, sizeof *m);
+    snprintf(m->dir, sizeof m->dir, "%s/mixtral", root);
+    snprintf(cmd, sizeof cmd, "%s/ferry mkmodel --out %s --arch mixtral --preset tiny --dtype bf16 --layers 3 >/dev/null",
+             exe, m->dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "test_experts: `%s` failed (build ferry first)\n", cmd);
+        exit(2);
+    }
+    if (model_config_load(m->dir, &m->cfg) != FERRY_OK || st_checkpoint_open(m->dir, &m->ck) != FERRY_OK ||
+        model_weights_bind(&m->cfg, m->ck, &m->w) != FERRY_OK ||
+        model_tensor_entries(&m->cfg, &m->w, &m->ents, &m->n) != FERRY_OK) {
+        fprintf(stderr, "test_experts: %s: %s\n", m->dir, ferry_errmsg());
+        exit(2);
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (model_layer_moe(&m->cfg, l)) m->moe_layers[m->n_moe++] = l;
+    m->units = calloc((size_t)model_unit_count(&m->cfg), sizeof *m->units);
+    m->want = calloc((size_t)m->n, sizeof *m->want);
+    backend *cpu;
+    if (!m->units || !m->want || store_unit_bytes(&m->cfg, &m->w, &k_identity, m->units) != FERRY_OK ||
+        cpu_backend_create(&(backend_opts){.threads = 1}, &cpu) != FERRY_OK)
+        exit(2);
+    for (int k = 0; k < m->n; k++) {
+        const weight *w = m->ents[k].dst;
+        m->want[k] = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+        if (!m->want[k]) exit(2);
+        cpu->ops->convert(cpu, m->want[k], w);
+    }
+    backend_free(cpu);
+}
+
+static void model_close(model_fx *m)
+{
+    for (int k = 0; k < m->n; k++) free(m->want[k]);
+    free(m->want);
+    free(m->units);
+    free(m->ents);
+    model_weights_free(&m->w);
+    st_checkpoint_close(m->ck);
+}
+
+/* ---- one run: backend, plan, store, experts ---------------------------------- */
+
+typedef struct {
+    const char *budgets;   /* --max-memory; NULL: everything on the device */
+    uint64_t cache;        /* --expert-cache */
+    const char *compute;   /* FERRY_SPLIT_COMPUTE */
+    unsigned delay_us;     /* FERRY_SPLIT_DELAY_US */
+} run_opts;
+
+typedef struct {
+    const model_fx *m;
+    backend *be;
+    plan p;
+    model_weights view;
+    tensor_entry *view_ents;
+    store *s;
+    experts *x;
+    float **got;           /* [m->n] device buffers, one per tensor */
+    void *poison;
+    size_t poison_bytes;
+    int layer;             /* of the running run */
+    const int32_t *ids;
+    int calls[MODEL_MAX_EXPERTS];
+    char what[256];
+} run_fx;
+
+static size_t floats_of(const weight *w) { return (size_t)(w->rows * w->cols); }
+
+static void compute_expert(void *ctx, int k)
+{
+    run_fx *r = ctx;
+    int e = r->ids[k];
+    r->calls[k]++;
+    for (int i = 0; i < r->m->n; i++) {
+        const tensor_entry *t = &r->view_ents[i];
+        if (t->unit == UNIT_EXPERT && t->layer == r->layer && t->expert == e)
+            r->be->ops->convert(r->be, r->got[i], t->dst);
+    }
+}
+
+static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char *od)
+{
+    memset(r, 0, sizeof *r);
+    r->m = m;
+    snprintf(r->what, sizeof r->what, "%s cache=%llu compute=%s delay=%uus", o->budgets ? o->budgets : "resident",
+             (unsigned long long)o->cache, o->compute, o->delay_us);
+    char delay[16];
+    snprintf(delay, sizeof delay, "%u", o->delay_us);
+    setenv("FERRY_SPLIT_DELAY_US", delay, 1);
+    setenv("FERRY_SPLIT_COMPUTE", o->compute, 1);
+    const model_config *c = &m->cfg;
+    plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = 1, .prefetch = 1, .n_seqs = 1,
+                    .context = 64, .max_step_tokens = 4, .expert_cache = o->cache};
+    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
+                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
+                     .max_pos = c->max_pos, .n_experts = c->n_experts, .top_k = c->top_k,
+                     .moe_hidden = c->moe_hidden, .n_moe_layers = m->n_moe, .moe_layers = m->moe_layers};
+    ferry_status st = backend_create("cpu-split", &(backend_opts){.threads = 2}, &r->be);
+    if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
+    po.unified = r->be ? r->be->ops->unified : false;
+    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
+    if (st == FERRY_OK) st = model_weights_alloc(c, &r->view);
+    if (st == FERRY_OK)
+        st = store_open(&r->s, r->be, &r->p, c, &k_identity, (model_weights *)&m->w, &r->view, od, "test-experts");
+    if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
+    if (st == FERRY_OK) st = experts_create(&r->x, r->be, r->s, &r->p);
+    CHECK_STATUS(st, FERRY_OK);
+    if (st != FERRY_OK || !r->x) {
+        fprintf(stderr, "  (%s)\n", r->what);
+        return false;
+    }
+    r->got = calloc((size_t)m->n, sizeof *r->got);
+    for (int k = 0; k < m->n; k++) {
+        size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
+        r->got[k] = r->be->ops->alloc(r->be, bytes);
+        if (bytes > r->poison_bytes) r->poison_bytes = bytes;
+    }
+    r->poison = malloc(r->poison_bytes);
+    if (!r->poison) exit(2);
+    memset(r->poison, 0xFF, r->poison_bytes);
+    return true;
+}
+
+static void run_close(run_fx *r)
+{
+    experts_free(r->x); /* before the store and backend go */
+    if (r->be)
+        for (int k = 0; r->got && k < r->m->n; k++) r->be->ops->release(r->be, r->got[k]);
+    store_close(r->s);
+    backend_free(r->be);
+    plan_free(&r->p);
+    free(r->view_ents);
+    model_weights_free(&r->view);
+    free(r->got);
+    free(r->poison);
+}
+
+/* One run of layer's experts ids[0..n); *right when each was computed once
+ * and read exactly the checkpoint. */
+static ferry_status run_layer(run_fx *r, int layer, const int32_t *ids, int n, bool *right)
+{
+    const model_fx *m = r->m;
+    backend *be = r->be;
+    for (int k = 0; k < m->n; k++)
+        if (m->ents[k].unit == UNIT_EXPERT)
+            be->ops->upload(be, r->got[k], r->poison, floats_of(m->ents[k].dst) * sizeof(float));
+    memset(r->calls, 0, sizeof r->calls);
+    r->layer = layer;
+    r->ids = ids;
+    ferry_status st = experts_run(r->x, layer, ids, n, compute_expert, r);
+    *right = false;
+    if (st != FERRY_OK) return st;
+    bool once = true;
+    for (int k = 0; k < n; k++) once &= r->calls[k] == 1;
+    if (!once) CHECK_FAIL_("%s layer %d: an expert was not computed exactly once", r->what, layer);
+    int bad = 0;
+    float *host = malloc(r->poison_bytes);
+    for (int k = 0; k < m->n; k++) {
+        const tensor_entry *t = &m->ents[k];
+        if (t->unit != UNIT_EXPERT || t->layer != layer) continue;
+        bool routed = false;
+        for (int i = 0; i < n; i++) routed |= ids[i] == t->expert;
+        if (!routed) continue;
+        size_t bytes = floats_of(t->dst) * sizeof(float);
+        be->ops->download(be, host, r->got[k], bytes);
+        if (memcmp(host, m->want[k], bytes) != 0 && bad++ == 0)
+            CHECK_FAIL_("%s layer %d: compute read wrong bytes of %s", r->what, layer, t->name);
+    }
+    free(host);
+    check_count++;
+    *right = once && bad == 0;
+    return FERRY_OK;
+}
+
+/* Routed sets: varied sizes, from one expert to all, some repeated. */
+static int routed_set(int step, int n_experts, int32_t *ids)
+{
+    uint64_t h = (uint64_t)step * 0x9E3779B97F4A7C15ull + 12345;
+    int n = 0;
+    if (step % 5 == 4) { /* every expert */
+        for (int e = 0; e < n_experts; e++) ids[n++] = (int32_t)((e + step) % n_experts);
+        return n;
+    }
+    int want = 1 + (int)((h >> 7) % 3);
+    for (int tries = 0; n < want && tries < 64; tries++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t e = (int32_t)((h >> 33) % (uint64_t)n_experts);
+        bool dup = false;
+        for (int i = 0; i < n; i++) dup |= ids[i] == e;
+        if (!dup) ids[n++] = e;
+    }
+    return n;
+}
+
+static uint64_t expert_bytes(const run_fx *r)
+{
+    return r->p.groups[r->p.first_expert].bytes;
+}
+
+#define RUNS 24
+
+static void check_stats(run_fx *r, uint64_t runs, uint64_t uses, uint64_t off_device_uses)
+{
+    expert_stats s = experts_get_stats(r->x);
+    CHECK_EQ_U64(s.layer_runs, runs);
+    CHECK_EQ_U64(s.uses, uses);
+    CHECK_EQ_U64(s.device_uses + s.hits + s.misses, uses);
+    CHECK_EQ_U64(s.hits + s.misses, off_device_uses);
+    CHECK_EQ_U64(s.bytes[TIER_HOST] + s.bytes[TIER_DISK], s.misses * expert_bytes(r));
+}
+
+/* Budgets for: experts on host, experts on disk, the three tiers mixed. */
+static void placements(const model_fx *m, const char *root, char specs[3][96])
+{
+    run_fx r;
+    run_opts o = {NULL, 0, "inline", 0};
+    uint64_t dense = 0, expert = 0;
+    if (run_open(&r, m, &o, NULL)) {
+        for (int g = 0; g < r.p.n_groups; g++)
+            if (r.p.groups[g].kind == GROUP_EXPERT) expert = r.p.groups[g].bytes;
+            else if (r.p.groups[g].kind != GROUP_EMBED) dense += r.p.groups[g].bytes;
+    }
+    run_close(&r);
+    (void)root;
+    snprintf(specs[0], 96, "device=%llu", (unsigned long long)dense);
+    snprintf(specs[1], 96, "device=%llu,host=0", (unsigned long long)dense);
+    snprintf(specs[2], 96, "device=%llu,host=%llu", (unsigned long long)(dense + 3 * expert),
+             (unsigned long long)(5 * expert));
+}
+
+static void test_placements(const model_fx *m, const char *root)
+{
+    char specs[3][96];
+    placements(m, root, specs);
+    int E = m->cfg.n_experts;
+    for (int pl = 0; pl < 3; pl++)
+        for (int cache = 0; cache < 3; cache++)
+            for (int mode = 0; mode < 2; mode++) {
+                char od[PATH_MAX];
+                snprintf(od, sizeof od, "%s/od-%d", root, pl);
+                run_opts o = {specs[pl], 0, mode ? "thread" : "inline", mode ? 300u : 0u};
+                run_fx r;
+                if (!run_open(&r, m, &o, od)) {
+                    run_close(&r);
+                    continue;
+                }
+                uint64_t eb = expert_bytes(&r);
+                run_close(&r);
+                o.cache = cache == 0 ? 0 : cache == 1 ? 5 * eb : (uint64_t)(E * m->n_moe) * eb;
+                if (!run_open(&r, m, &o, od)) {
+                    run_close(&r);
+                    continue;
+                }
+                if (cache == 0) CHECK_EQ_INT(r.p.n_expert_slots, 2 * m->cfg.top_k);
+                uint64_t uses = 0, off = 0;
+                for (int run = 0; run < RUNS; run++) {
+                    int32_t ids[MODEL_MAX_EXPERTS];
+                    int n = routed_set(run, E, ids), layer = m->moe_layers[run % m->n_moe];
+                    bool right;
+                    CHECK_STATUS(run_layer(&r, layer, ids, n, &right), FERRY_OK);
+                    CHECK(right);
+                    uses += (uint64_t)n;
+                    for (int k = 0; k < n; k++) {
+                        int g = r.p.first_expert + (run % m->n_moe) * E + ids[k];
+                        off += r.p.groups[g].tier != TIER_DEVICE;
+                    }
+                }
+                check_stats(&r, RUNS, uses, off);
+                if (cache == 2) { /* a slot for every expert: what was seen is a hit */
+                    expert_stats before = experts_get_stats(r.x);
+                    int32_t all[MODEL_MAX_EXPERTS];
+                    for (int e = 0; e < E; e++) all[e] = (int32_t)e;
+                    bool right;
+                    for (int i = 0; i < m->n_moe; i++) CHECK_STATUS(run_layer(&r, m->moe_layers[i], all, E, &right), FERRY_OK);
+                    expert_stats after = experts_get_stats(r.x);
+                    CHECK_EQ_U64(after.misses - before.misses, 0); /* every set of 5 contained them all */
+                }
+                run_close(&r);
+            }
+}
+
+/* ---- faults ------------------------------------------------------------------- */
+
+static void test_faults(const model_fx *m, const char *root)
+{
+    char specs[3][96], od[PATH_MAX];
+    placements(m, root, specs);
+    snprintf(od, sizeof od, "%s/od-faults", root);
+    run_opts o = {specs[1], 0, "thread", 300};
+    int32_t two[2] = {1, 6}, three[3] = {0, 3, 5};
+
+    setenv("FERRY_FAULT", "read_short=1", 1); /* every completion short: resubmitted */
+    fault_reset();
+    run_fx r;
+    bool right;
+    if (run_open(&r, m, &o, od)) {
+        for (int run = 0; run < 4; run++) {
+            CHECK_STATUS(run_layer(&r, m->moe_layers[run % m->n_moe], run % 2 ? two : three, run % 2 ? 2 : 3, &right),
+                         FERRY_OK);
+            CHECK(right);
+        }
+    }
+    run_close(&r);
+
+    /* EIO on the 4th completion (the second run's): that run fails naming the blob */
+    if (run_open(&r, m, &o, od)) {
+        setenv("FERRY_FAULT", "read_eio=4", 1);
+        fault_reset();
+        int failed = 0;
+        for (int run = 0; run < 4; run++) {
+            ferry_status st = run_layer(&r, m->moe_layers[0], run % 2 ? two : three, run % 2 ? 2 : 3, &right);
+            if (st == FERRY_OK) {
+                CHECK(right);
+                continue;
+            }
+            failed++;
+            CHECK_EQ_INT(run, 1);
+            CHECK_EQ_INT(st, FERRY_ERR_IO);
+            CHECK_MSG_HAS("Input/output error");
+            CHECK_MSG_HAS("experts-");
+        }
+        CHECK_EQ_INT(failed, 1);
+    }
+    run_close(&r);
+    unsetenv("FERRY_FAULT");
+    fault_reset();
+
+    /* a byte changed in an expert's region: checksum mismatch, damaged, rebuilt */
+    if (run_open(&r, m, &o, od)) {
+        int g = r.p.first_expert + 3; /* layer moe_layers[0], expert 3 */
+        store_source src = store_group_source(r.s, g);
+        int fd = open(src.path, O_WRONLY);
+        char junk[64];
+        memset(junk, 0x5A, sizeof junk);
+        CHECK(fd >= 0 && pwrite(fd, junk, sizeof junk, (off_t)(src.offset + src.bytes / 2)) == (ssize_t)sizeof junk);
+        if (fd >= 0) close(fd);
+        CHECK_EQ_INT(run_layer(&r, m->moe_layers[0], three, 3, &right), FERRY_ERR_IO);
+        CHECK_MSG_HAS("checksum mismatch");
+        CHECK_MSG_HAS(src.path);
+        bool damaged[r.p.n_groups];
+        memset(damaged, 0, sizeof damaged);
+        CHECK_EQ_INT(experts_damaged(r.x, damaged), 1);
+        CHECK(damaged[g]);
+        CHECK_STATUS(store_rebuild_group(r.s, g), FERRY_OK);
+        experts_clear_damaged(r.x, g);
+        for (int run = 0; run < 3; run++) {
+            CHECK_STATUS(run_layer(&r, m->moe_layers[0], run % 2 ? two : three, run % 2 ? 2 : 3, &right), FERRY_OK);
+            CHECK(right);
+        }
+        memset(damaged, 0, sizeof damaged);
+        CHECK_EQ_INT(experts_damaged(r.x, damaged), 0);
+    }
+    run_close(&r);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+int main(void)
+{
+    char root[] = "/tmp/ferry-test-experts-XXXXXX";
+    if (!mkdtemp(root)) return 2;
+    model_fx m;
+    model_open(&m, root);
+    CHECK(m.cfg.n_experts == 8 && m.cfg.top_k == 2 && m.n_moe == m.cfg.n_layers);
+    test_placements(&m, root);
+    test_faults(&m, root);
+    model_close(&m);
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return check_report();
+}
