@@ -327,6 +327,18 @@ def test_config_defaults(ferry, ref, tmp_path):
         compare_ref(ferry, ref, d, prompts_for(m.vocab, spec["seed"], (7,)), tmp_path, what=name)
 
 
+@pytest.mark.parametrize("spec", [dict(experts=0), dict(experts=4, decoder_sparse_step=3)],
+                         ids=["no-experts", "step-past-the-layers"])
+def test_qwen3moe_without_sparse_layers(ferry, ref, tmp_path, spec):
+    """num_experts 0, or a decoder_sparse_step no layer meets: every layer a
+    dense MLP of intermediate_size (Qwen3MoeDecoderLayer)."""
+    d = tmp_path / "m"
+    moe_util.random_moe_checkpoint(str(d), "qwen3moe", layers=2, seed=323, **spec)
+    m = ref(d)
+    assert m.sparse == [] and not [n for n in st_util.read(d / "model.safetensors").names if ".experts." in n]
+    compare_ref(ferry, ref, d, prompts_for(m.vocab, 323, (6,)), tmp_path, what=str(spec))
+
+
 # --------------------------------------------------------------------------
 # routing ties, all experts, one expert
 # --------------------------------------------------------------------------
