@@ -37,6 +37,7 @@ typedef struct {
     int32_t *rows;    /* [max_tokens * top_k] grouped by expert: the token row */
     int32_t *dest;    /* [max_tokens * top_k] the same pairs: row t * top_k + j of the combine buffer */
     float *scale;     /* [max_tokens * top_k] the same pairs: the routing weight */
+    float *prob;      /* [n_experts] scratch: one token's probabilities */
 } moe_route;
 
 ferry_status moe_route_init(moe_route *r, int max_tokens, int top_k, int n_experts);

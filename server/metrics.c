@@ -138,28 +138,21 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
         help(sb, "ferry_expert_uses_total", "counter",
              "Experts computed for routed tokens, by where they were: on the device tier, in an expert slot "
              "(a cache hit), or fetched from host or disk (a miss)");
-        sb_printf(sb, "ferry_expert_uses_total{source="device"} %llu
-", (unsigned long long)x->device_uses);
-        sb_printf(sb, "ferry_expert_uses_total{source="cache"} %llu
-", (unsigned long long)x->hits);
-        sb_printf(sb, "ferry_expert_uses_total{source="fetched"} %llu
-", (unsigned long long)x->misses);
+        sb_printf(sb, "ferry_expert_uses_total{source=\"device\"} %llu\n", (unsigned long long)x->device_uses);
+        sb_printf(sb, "ferry_expert_uses_total{source=\"cache\"} %llu\n", (unsigned long long)x->hits);
+        sb_printf(sb, "ferry_expert_uses_total{source=\"fetched\"} %llu\n", (unsigned long long)x->misses);
         help(sb, "ferry_expert_cache_hit_ratio", "gauge",
              "Expert slot hits / (hits + fetches) since start, over the experts not on the device tier");
-        sb_printf(sb, "ferry_expert_cache_hit_ratio %.6g
-",
+        sb_printf(sb, "ferry_expert_cache_hit_ratio %.6g\n",
                   x->hits + x->misses ? (double)x->hits / (double)(x->hits + x->misses) : 0.0);
         help(sb, "ferry_expert_fetched_bytes_total", "counter", "Expert bytes fetched into slots, by tier of origin");
         for (int t = TIER_HOST; t < TIER_COUNT; t++)
-            sb_printf(sb, "ferry_expert_fetched_bytes_total{tier="%s"} %llu
-", tier_name((tier)t),
+            sb_printf(sb, "ferry_expert_fetched_bytes_total{tier=\"%s\"} %llu\n", tier_name((tier)t),
                       (unsigned long long)x->bytes[t]);
         help(sb, "ferry_expert_step_fetched_bytes", "gauge", "Expert bytes fetched during the last engine step");
-        sb_printf(sb, "ferry_expert_step_fetched_bytes %.0f
-", x->last_step_bytes);
+        sb_printf(sb, "ferry_expert_step_fetched_bytes %.0f\n", x->last_step_bytes);
         help(sb, "ferry_expert_stall_seconds_total", "counter", "Compute time spent waiting for a fetched expert");
-        sb_printf(sb, "ferry_expert_stall_seconds_total %.9g
-", x->stall_s);
+        sb_printf(sb, "ferry_expert_stall_seconds_total %.9g\n", x->stall_s);
     }
     help(sb, "ferry_weight_bytes", "gauge", "Weight bytes placed on each tier");
     for (int t = 0; t < TIER_COUNT; t++)

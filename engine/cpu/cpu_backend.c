@@ -240,6 +240,77 @@ static void cpu_gather_last(backend *be, float *out, const float *x, int dim)
     }
 }
 
+/* ---- mixture of experts: rows gathered, scattered, combined -------------- */
+
+typedef enum { ROWS_GATHER, ROWS_SCATTER, ROWS_COMBINE } rows_op;
+
+typedef struct {
+    rows_op op;
+    float *out;
+    const float *x;
+    const int32_t *idx;  /* gather: source rows; scatter: destination rows */
+    const float *scale;  /* scatter */
+    int n, k, dim, rows_per_task;
+} rows_ctx;
+
+static void rows_task(void *vctx, int task, int worker)
+{
+    (void)worker;
+    const rows_ctx *c = vctx;
+    size_t dim = (size_t)c->dim;
+    int r1 = (task + 1) * c->rows_per_task < c->n ? (task + 1) * c->rows_per_task : c->n;
+    for (int i = task * c->rows_per_task; i < r1; i++) {
+        switch (c->op) {
+        case ROWS_GATHER:
+            memcpy(c->out + (size_t)i * dim, c->x + (size_t)c->idx[i] * dim, dim * sizeof(float));
+            break;
+        case ROWS_SCATTER: {
+            float *o = c->out + (size_t)c->idx[i] * dim, s = c->scale[i];
+            const float *y = c->x + (size_t)i * dim;
+            for (size_t d = 0; d < dim; d++) o[d] = y[d] * s;
+            break;
+        }
+        case ROWS_COMBINE: {
+            float *o = c->out + (size_t)i * dim;
+            const float *y = c->x + (size_t)i * (size_t)c->k * dim;
+            for (size_t d = 0; d < dim; d++) {
+                float sum = y[d];
+                for (int j = 1; j < c->k; j++) sum += y[(size_t)j * dim + d];
+                o[d] += sum;
+            }
+            break;
+        }
+        }
+    }
+}
+
+static void run_rows(cpu_backend *cb, rows_ctx *c)
+{
+    if (c->n <= 0) return;
+    int tasks = pool_size(cb->pool) * 2;
+    int per = (c->n + tasks - 1) / tasks;
+    if (per < 4) per = 4;
+    c->rows_per_task = per;
+    pool_run(cb->pool, (c->n + per - 1) / per, rows_task, c);
+}
+
+static void cpu_gather_rows(backend *be, float *out, const float *x, const int32_t *rows, int n, int dim)
+{
+    run_rows((cpu_backend *)be, &(rows_ctx){.op = ROWS_GATHER, .out = out, .x = x, .idx = rows, .n = n, .dim = dim});
+}
+
+static void cpu_scatter_rows(backend *be, float *out, const float *y, const int32_t *dest, const float *scale, int n,
+                             int dim)
+{
+    run_rows((cpu_backend *)be,
+             &(rows_ctx){.op = ROWS_SCATTER, .out = out, .x = y, .idx = dest, .scale = scale, .n = n, .dim = dim});
+}
+
+static void cpu_moe_combine(backend *be, float *x, const float *y, int n, int k, int dim)
+{
+    run_rows((cpu_backend *)be, &(rows_ctx){.op = ROWS_COMBINE, .out = x, .x = y, .n = n, .k = k, .dim = dim});
+}
+
 static void cpu_free(backend *be)
 {
     cpu_backend *cb = (cpu_backend *)be;
@@ -278,6 +349,9 @@ static const struct backend_ops k_cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .gather_last = cpu_gather_last,
+    .gather_rows = cpu_gather_rows,
+    .scatter_rows = cpu_scatter_rows,
+    .moe_combine = cpu_moe_combine,
 };
 
 ferry_status cpu_backend_create(const backend_opts *opts, backend **out)

@@ -41,6 +41,9 @@ typedef enum {
     SPLIT_SILU_MUL,
     SPLIT_ADD,
     SPLIT_GATHER_LAST,
+    SPLIT_GATHER_ROWS,
+    SPLIT_SCATTER_ROWS,
+    SPLIT_MOE_COMBINE,
 } split_op;
 
 /* One command; each op uses the fields its backend_ops function takes. */
@@ -52,7 +55,8 @@ typedef struct {
     bool has_bias;
     kv_layer kv;
     attn_shape shape;
-    int n, dim;
+    int n, dim, k;
+    const int32_t *idx; /* gather_rows: rows; scatter_rows: dest */
     size_t count;
     float f;
     void *dst; /* SPLIT_COPY */

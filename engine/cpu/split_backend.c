@@ -337,6 +337,47 @@ static void split_gather_last(backend *be, float *out, const float *x, int dim)
     submit(sb, &(split_cmd){.op = SPLIT_GATHER_LAST, .out = out, .x = x, .dim = dim});
 }
 
+/* An expert's rows (forward.c): rows, dest and scale are device memory,
+ * read when the command runs; the rows they index are checked then. */
+static void split_gather_rows(backend *be, float *out, const float *x, const int32_t *rows, int n, int dim)
+{
+    split_backend *sb = split_of(be);
+    if (n <= 0) return;
+    dev(sb, out, F32((size_t)n * dim), "gather_rows", "out");
+    dev(sb, x, F32(dim), "gather_rows", "x");
+    dev(sb, rows, (size_t)n * sizeof *rows, "gather_rows", "rows");
+    submit(sb, &(split_cmd){.op = SPLIT_GATHER_ROWS, .out = out, .x = x, .idx = rows, .n = n, .dim = dim});
+}
+
+static void split_scatter_rows(backend *be, float *out, const float *y, const int32_t *dest, const float *scale, int n,
+                               int dim)
+{
+    split_backend *sb = split_of(be);
+    if (n <= 0) return;
+    dev(sb, out, F32(dim), "scatter_rows", "out");
+    dev(sb, y, F32((size_t)n * dim), "scatter_rows", "y");
+    dev(sb, dest, (size_t)n * sizeof *dest, "scatter_rows", "dest");
+    dev(sb, scale, F32(n), "scatter_rows", "scale");
+    submit(sb, &(split_cmd){.op = SPLIT_SCATTER_ROWS, .out = out, .x = y, .y = scale, .idx = dest, .n = n,
+                            .dim = dim});
+}
+
+static void split_moe_combine(backend *be, float *x, const float *y, int n, int k, int dim)
+{
+    split_backend *sb = split_of(be);
+    if (n <= 0) return;
+    dev(sb, x, F32((size_t)n * dim), "moe_combine", "x");
+    dev(sb, y, F32((size_t)n * k * dim), "moe_combine", "y");
+    submit(sb, &(split_cmd){.op = SPLIT_MOE_COMBINE, .out = x, .x = y, .n = n, .k = k, .dim = dim});
+}
+
+/* Each row an index names must lie in device memory: a GPU would fault. */
+static void check_indexed_rows(split_backend *sb, const float *base, const int32_t *idx, int n, int dim,
+                               const char *who, const char *what)
+{
+    for (int i = 0; i < n; i++) dev(sb, base + (size_t)idx[i] * (size_t)dim, F32(dim), who, what);
+}
+
 /* ---- running commands ------------------------------------------------------------ */
 
 static void exec_copy(void *ctx, const split_cmd *c)
@@ -366,6 +407,15 @@ static void exec_op(void *ctx, const split_cmd *c)
     case SPLIT_SILU_MUL: op->silu_mul(cpu, c->out, c->x, c->count); break;
     case SPLIT_ADD: op->add(cpu, c->out, c->x, c->count); break;
     case SPLIT_GATHER_LAST: op->gather_last(cpu, c->out, c->x, c->dim); break;
+    case SPLIT_GATHER_ROWS:
+        check_indexed_rows(sb, c->x, c->idx, c->n, c->dim, "gather_rows", "a row of x");
+        op->gather_rows(cpu, c->out, c->x, c->idx, c->n, c->dim);
+        break;
+    case SPLIT_SCATTER_ROWS:
+        check_indexed_rows(sb, c->out, c->idx, c->n, c->dim, "scatter_rows", "a row of out");
+        op->scatter_rows(cpu, c->out, c->x, c->idx, c->y, c->n, c->dim);
+        break;
+    case SPLIT_MOE_COMBINE: op->moe_combine(cpu, c->out, c->x, c->n, c->k, c->dim); break;
     case SPLIT_WAIT:
     case SPLIT_COPY: FERRY_ASSERT(!"not a compute op"); break;
     }
@@ -417,6 +467,9 @@ static const struct backend_ops k_split_ops = {
     .silu_mul = split_silu_mul,
     .add = split_add,
     .gather_last = split_gather_last,
+    .gather_rows = split_gather_rows,
+    .scatter_rows = split_scatter_rows,
+    .moe_combine = split_moe_combine,
 };
 
 /* The environment's settings: FERRY_SPLIT_DELAY_US and FERRY_SPLIT_COMPUTE. */

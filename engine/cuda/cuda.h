@@ -150,6 +150,14 @@ void cuda_add(cuda_ctx *cx, float *x /* [n] */, const float *y /* [n] */, size_t
 void cuda_gather_last(cuda_ctx *cx, float *out /* [n_seqs, dim] */, const float *x /* [n_tokens, dim] */, int dim);
 void cuda_kv_store(cuda_ctx *cx, const cuda_kv *kv, const float *k, const float *v /* [n_tokens, kv_dim] */);
 
+/* cuda_moe.cu: a mixture of experts' row ops (backend.h); rows, dest and
+ * scale are device memory */
+void cuda_gather_rows(cuda_ctx *cx, float *out /* [n, dim] */, const float *x /* [*, dim] */,
+                      const int32_t *rows /* [n] */, int n, int dim);
+void cuda_scatter_rows(cuda_ctx *cx, float *out /* [*, dim] */, const float *y /* [n, dim] */,
+                       const int32_t *dest /* [n] */, const float *scale /* [n] */, int n, int dim);
+void cuda_moe_combine(cuda_ctx *cx, float *x /* [n, dim] */, const float *y /* [n * k, dim] */, int n, int k, int dim);
+
 /* cuda_matmul.cu: y = x W^T (+ b). Sets up / tears down its cuBLASLt state. */
 void cuda_matmul(cuda_ctx *cx, float *out /* [n, w.rows] */, const float *x /* [n, w.cols] */,
                  const cuda_tensor *w /* [rows, cols] */, const cuda_tensor *bias /* [1, rows] or NULL */, int n);

@@ -377,6 +377,22 @@ static void op_gather_last(backend *be, float *out, const float *x, int dim)
     cuda_gather_last(&cuda_of(be)->cx, out, x, dim);
 }
 
+static void op_gather_rows(backend *be, float *out, const float *x, const int32_t *rows, int n, int dim)
+{
+    cuda_gather_rows(&cuda_of(be)->cx, out, x, rows, n, dim);
+}
+
+static void op_scatter_rows(backend *be, float *out, const float *y, const int32_t *dest, const float *scale, int n,
+                            int dim)
+{
+    cuda_scatter_rows(&cuda_of(be)->cx, out, y, dest, scale, n, dim);
+}
+
+static void op_moe_combine(backend *be, float *x, const float *y, int n, int k, int dim)
+{
+    cuda_moe_combine(&cuda_of(be)->cx, x, y, n, k, dim);
+}
+
 /* ---- lifecycle -------------------------------------------------------------------- */
 
 /* Also undoes a partial creation: every field is NULL or valid. */
@@ -431,6 +447,9 @@ static const struct backend_ops k_cuda_ops = {
     .silu_mul = op_silu_mul,
     .add = op_add,
     .gather_last = op_gather_last,
+    .gather_rows = op_gather_rows,
+    .scatter_rows = op_scatter_rows,
+    .moe_combine = op_moe_combine,
 };
 
 /* A failed CUDA call during creation: one line naming the call. */

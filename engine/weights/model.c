@@ -15,14 +15,32 @@
 
 /* ---- config.json ------------------------------------------------------ */
 
+/* The supported architectures, and the defaults their config classes give
+ * the fields that differ between them (transformers' *Config). */
 static const struct {
     const char *name;
     model_arch arch;
+    int max_pos;       /* max_position_embeddings */
+    double norm_eps;   /* rms_norm_eps */
+    double theta;      /* rope_theta */
+    int head_dim;      /* 0: hidden_size / num_attention_heads (Qwen3MoeConfig has no head_dim field) */
+    int kv_heads;      /* num_key_value_heads; 0: num_attention_heads */
+    int hidden;        /* intermediate_size; 0: required */
 } k_archs[] = {
-    {"LlamaForCausalLM", ARCH_LLAMA},
-    {"MistralForCausalLM", ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", ARCH_QWEN2},
-    {"Qwen3ForCausalLM", ARCH_QWEN3},
+    {"LlamaForCausalLM", ARCH_LLAMA, 2048, 1e-6, 10000.0, 0, 0, 0},
+    {"MistralForCausalLM", ARCH_MISTRAL, 4096 * 32, 1e-6, 10000.0, 0, 0, 0},
+    {"Qwen2ForCausalLM", ARCH_QWEN2, 32768, 1e-6, 10000.0, 0, 0, 0},
+    {"Qwen3ForCausalLM", ARCH_QWEN3, 32768, 1e-6, 10000.0, 128, 0, 0},
+    {"MixtralForCausalLM", ARCH_MIXTRAL, 4096 * 32, 1e-5, 1000000.0, 0, 8, 14336},
+    {"Qwen3MoeForCausalLM", ARCH_QWEN3_MOE, 32768, 1e-6, 10000.0, 0, 4, 6144},
+};
+#define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
+
+/* Architectures near a supported one whose maths differ, refused with why. */
+static const struct {
+    const char *name, *why;
+} k_refused[] = {
+    {"Qwen2MoeForCausalLM", "its shared expert and shared expert gate are not implemented"},
 };
 
 #define INT_LIMIT (1 << 24) /* bound on every dimension: keeps products in range */
@@ -92,7 +110,9 @@ static ferry_status reject_unsupported(const json_value *root, const char *label
     bool flag = false;
     if ((json_get_bool(root, "mlp_bias", &flag, &bad) && flag) || bad)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'mlp_bias' must be false (a bias is not supported)", label);
-    if (cfg->arch != ARCH_MISTRAL && ((json_get_bool(root, "use_sliding_window", &flag, &bad) && flag) || bad))
+    /* Mistral and Mixtral read sliding_window alone (model_config_parse) */
+    if (cfg->arch != ARCH_MISTRAL && cfg->arch != ARCH_MIXTRAL &&
+        ((json_get_bool(root, "use_sliding_window", &flag, &bad) && flag) || bad))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'use_sliding_window' must be false (not supported)", label);
     double f;
     if ((json_get_num(root, "partial_rotary_factor", &f, &bad) && f != 1.0) || bad)
@@ -102,6 +122,12 @@ static ferry_status reject_unsupported(const json_value *root, const char *label
             if (v->items[i].type != JSON_STRING || strcmp(v->items[i].str, "full_attention") != 0)
                 return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field 'layer_types' entry %zu is not 'full_attention'", label, i);
     }
+    /* other mixtures' shared experts (Qwen2-MoE, DeepSeek) */
+    static const char *const shared[] = {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"};
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
+        if ((json_get_num(root, shared[i], &f, &bad) && f != 0) || bad)
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: field '%s' must be 0 or absent (shared experts are not "
+                              "supported)", label, shared[i]);
     return FERRY_OK;
 }
 
@@ -196,6 +222,89 @@ static ferry_status parse_quantization(const json_value *qc, const char *label, 
     return FERRY_OK;
 }
 
+/* Whether config.json gives rope_theta where rope_config_parse looks for it
+ * (else that takes 10000, and the architecture's own default applies). */
+static bool rope_theta_given(const json_value *root)
+{
+    static const char *const where[] = {"rope_parameters", "rope_scaling"};
+    double v;
+    bool bad = false;
+    if (json_get_num(root, "rope_theta", &v, &bad)) return true;
+    for (size_t i = 0; i < 2; i++) {
+        const json_value *o = json_get(root, where[i]);
+        if (o && o->type == JSON_OBJECT && json_get_num(o, "rope_theta", &v, &bad)) return true;
+    }
+    return false;
+}
+
+/* ---- mixtures of experts ------------------------------------------------- */
+
+/* An integer field in lo..hi, def when absent or null. */
+static ferry_status get_int_in(const json_value *root, const char *label, const char *key, int def, int lo, int hi,
+                               int *out)
+{
+    int64_t v;
+    bool bad = false;
+    if (!json_get_int(root, key, &v, &bad)) {
+        if (bad) return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' must be an integer", label, key);
+        v = def;
+    }
+    if (v < lo || v > hi)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: field '%s' = %lld is out of range (%d..%d)", label, key,
+                          (long long)v, lo, hi);
+    *out = (int)v;
+    return FERRY_OK;
+}
+
+static void set_sparse(model_config *cfg, int l)
+{
+    cfg->moe_mask[l / 64] |= 1ull << (l % 64);
+    cfg->n_moe_layers++;
+}
+
+/* Mixtral (MixtralConfig, MixtralSparseMoeBlock): every layer sparse, of
+ * num_local_experts experts of intermediate_size, weights always
+ * renormalized. Qwen3-MoE (Qwen3MoeConfig, Qwen3MoeDecoderLayer): layer l is
+ * sparse iff l is not in mlp_only_layers, num_experts > 0 and (l + 1) %
+ * decoder_sparse_step == 0, its experts of moe_intermediate_size; the other
+ * layers keep a dense MLP of intermediate_size. */
+static ferry_status parse_moe(const json_value *root, const char *label, model_config *cfg)
+{
+    if (cfg->arch == ARCH_MIXTRAL) {
+        FERRY_TRY(get_int_in(root, label, "num_local_experts", 8, 1, MODEL_MAX_EXPERTS, &cfg->n_experts));
+        FERRY_TRY(get_int_in(root, label, "num_experts_per_tok", 2, 1, cfg->n_experts, &cfg->top_k));
+        cfg->moe_hidden = cfg->hidden;
+        cfg->norm_topk = true;
+        for (int l = 0; l < cfg->n_layers; l++) set_sparse(cfg, l);
+        return FERRY_OK;
+    }
+    int step;
+    FERRY_TRY(get_int_in(root, label, "num_experts", 128, 0, MODEL_MAX_EXPERTS, &cfg->n_experts));
+    FERRY_TRY(get_int_in(root, label, "decoder_sparse_step", 1, 1, INT_LIMIT, &step));
+    FERRY_TRY(get_flag(root, label, "norm_topk_prob", false, &cfg->norm_topk));
+    if (cfg->n_experts > 0) {
+        FERRY_TRY(get_int_in(root, label, "num_experts_per_tok", 8, 1, cfg->n_experts, &cfg->top_k));
+        FERRY_TRY(get_int_in(root, label, "moe_intermediate_size", 768, 1, INT_LIMIT, &cfg->moe_hidden));
+    }
+    bool dense_only[MODEL_MAX_LAYERS] = {false};
+    const json_value *only = json_get(root, "mlp_only_layers");
+    if (only && only->type != JSON_NULL) {
+        if (only->type != JSON_ARRAY)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: field 'mlp_only_layers' must be a list of layer indices", label);
+        for (size_t i = 0; i < only->len; i++) {
+            const json_value *v = &only->items[i];
+            if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 || v->integer >= cfg->n_layers)
+                return ferry_fail(FERRY_ERR_INVALID, "%s: field 'mlp_only_layers' entry %zu is not a layer index "
+                                  "(0..%d)", label, i, cfg->n_layers - 1);
+            dense_only[v->integer] = true;
+        }
+    }
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (cfg->n_experts > 0 && !dense_only[l] && (l + 1) % step == 0) set_sparse(cfg, l);
+    if (cfg->n_moe_layers == 0) cfg->n_experts = cfg->top_k = cfg->moe_hidden = 0; /* a dense model */
+    return FERRY_OK;
+}
+
 ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -213,12 +322,16 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         goto out;
     }
     size_t k = 0;
-    while (k < sizeof k_archs / sizeof k_archs[0] && strcmp(k_archs[k].name, archs->items[0].str) != 0) k++;
-    if (k == sizeof k_archs / sizeof k_archs[0]) {
-        st = ferry_fail(FERRY_ERR_UNSUPPORTED,
-                        "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                        "Qwen2ForCausalLM, Qwen3ForCausalLM)",
-                        label, archs->items[0].str);
+    while (k < N_ARCHS && strcmp(k_archs[k].name, archs->items[0].str) != 0) k++;
+    if (k == N_ARCHS) {
+        char names[256] = "";
+        for (size_t i = 0; i < N_ARCHS; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", k_archs[i].name);
+        const char *why = NULL;
+        for (size_t i = 0; i < sizeof k_refused / sizeof k_refused[0]; i++)
+            if (!strcmp(k_refused[i].name, archs->items[0].str)) why = k_refused[i].why;
+        st = ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: unsupported architecture '%s'%s%s (supported: %s)", label,
+                        archs->items[0].str, why ? ": " : "", why ? why : "", names);
         goto out;
     }
     cfg->arch = k_archs[k].arch;
@@ -226,16 +339,14 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
 
     if ((st = get_dim(root, label, "vocab_size", true, 0, &cfg->vocab)) ||
         (st = get_dim(root, label, "hidden_size", true, 0, &cfg->dim)) ||
-        (st = get_dim(root, label, "intermediate_size", true, 0, &cfg->hidden)) ||
+        (st = get_dim(root, label, "intermediate_size", !k_archs[k].hidden, k_archs[k].hidden, &cfg->hidden)) ||
         (st = get_dim(root, label, "num_hidden_layers", true, 0, &cfg->n_layers)) ||
         (st = get_dim(root, label, "num_attention_heads", true, 0, &cfg->n_heads)) ||
-        (st = get_dim(root, label, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads)) ||
-        /* Qwen3Config defaults head_dim to 128; the others derive it */
-        (st = get_dim(root, label, "head_dim", false, cfg->arch == ARCH_QWEN3 ? 128 : cfg->dim / cfg->n_heads,
-                      &cfg->head_dim)) ||
-        /* the config classes' defaults: Llama 2048, Mistral 4096 * 32, Qwen2/3 32768 */
-        (st = get_dim(root, label, "max_position_embeddings", false,
-                      cfg->arch == ARCH_LLAMA ? 2048 : cfg->arch == ARCH_MISTRAL ? 131072 : 32768, &cfg->max_pos)))
+        (st = get_dim(root, label, "num_key_value_heads", false,
+                      k_archs[k].kv_heads ? k_archs[k].kv_heads : cfg->n_heads, &cfg->n_kv_heads)) ||
+        (st = get_dim(root, label, "head_dim", false,
+                      k_archs[k].head_dim ? k_archs[k].head_dim : cfg->dim / cfg->n_heads, &cfg->head_dim)) ||
+        (st = get_dim(root, label, "max_position_embeddings", false, k_archs[k].max_pos, &cfg->max_pos)))
         goto out;
     if (cfg->n_heads % cfg->n_kv_heads != 0) {
         st = ferry_fail(FERRY_ERR_INVALID, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
@@ -252,7 +363,7 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
     }
 
     if ((st = rope_config_parse(root, label, cfg->max_pos, &cfg->rope)) ||
-        (st = get_float(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps)) ||
+        (st = get_float(root, label, "rms_norm_eps", k_archs[k].norm_eps, &cfg->norm_eps)) ||
         (st = get_flag(root, label, "tie_word_embeddings", false, &cfg->tied)) ||
         (st = reject_unsupported(root, label, cfg)))
         goto out;
@@ -266,24 +377,30 @@ ferry_status model_config_parse(const char *text, size_t len, const char *label,
         cfg->qkv_bias = true;
         break;
     case ARCH_QWEN3:
+    case ARCH_QWEN3_MOE:
         cfg->qk_norm = true;
         /* fall through */
     case ARCH_LLAMA:
         cfg->qkv_bias = cfg->o_bias = attention_bias;
         break;
     case ARCH_MISTRAL:
-        break; /* MistralAttention has no biases whatever attention_bias says */
+    case ARCH_MIXTRAL:
+        break; /* MistralAttention (and Mixtral's) has no biases whatever attention_bias says */
     }
-    if (cfg->arch == ARCH_MISTRAL) {
-        /* MistralConfig defaults sliding_window to 4096; null disables it. */
+    if (cfg->arch == ARCH_MISTRAL || cfg->arch == ARCH_MIXTRAL) {
+        /* MistralConfig defaults sliding_window to 4096, MixtralConfig to
+         * null; null disables it. */
         const json_value *sw = json_get(root, "sliding_window");
         if (!sw) {
-            cfg->sliding_window = 4096;
+            cfg->sliding_window = cfg->arch == ARCH_MISTRAL ? 4096 : 0;
         } else if (sw->type != JSON_NULL &&
                    (st = get_dim(root, label, "sliding_window", true, 0, &cfg->sliding_window))) {
             goto out;
         }
     }
+    if (!rope_theta_given(root)) cfg->rope.theta = k_archs[k].theta;
+    if ((cfg->arch == ARCH_MIXTRAL || cfg->arch == ARCH_QWEN3_MOE) && (st = parse_moe(root, label, cfg)) != FERRY_OK)
+        goto out;
 out:
     json_doc_free(doc);
     return st;
@@ -304,38 +421,117 @@ ferry_status model_config_load(const char *dir, model_config *cfg)
     return st;
 }
 
+/* ---- units ---------------------------------------------------------------- */
+
+int model_unit_count(const model_config *c) { return c->n_layers + 2 + c->n_moe_layers * c->n_experts; }
+
+int model_moe_index(const model_config *c, int l)
+{
+    if (!model_layer_moe(c, l)) return -1;
+    int i = 0;
+    for (int w = 0; w < l / 64; w++) i += __builtin_popcountll(c->moe_mask[w]);
+    uint64_t below = c->moe_mask[l / 64] & ((1ull << (l % 64)) - 1);
+    return i + __builtin_popcountll(below);
+}
+
+int model_expert_unit(const model_config *c, int l, int e)
+{
+    int i = model_moe_index(c, l);
+    FERRY_ASSERT(i >= 0 && e >= 0 && e < c->n_experts);
+    return c->n_layers + 2 + i * c->n_experts + e;
+}
+
+/* One block: the layers, then each sparse layer's experts, so that
+ * model_weights_free (and a caller that calloc'd layers alone for a dense
+ * model) frees it with free(layers). */
+ferry_status model_weights_alloc(const model_config *cfg, model_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    size_t n_layers = (size_t)cfg->n_layers, n_experts = (size_t)cfg->n_moe_layers * (size_t)cfg->n_experts;
+    _Static_assert(sizeof(layer_weights) % _Alignof(expert_weights) == 0, "experts follow the layers aligned");
+    char *block = calloc(1, n_layers * sizeof(layer_weights) + n_experts * sizeof(expert_weights));
+    if (!block) return ferry_fail(FERRY_ERR_NOMEM, "out of memory for the weights of %d layers", cfg->n_layers);
+    w->layers = (layer_weights *)block;
+    expert_weights *next = (expert_weights *)(block + n_layers * sizeof(layer_weights));
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (model_layer_moe(cfg, l)) {
+            w->layers[l].experts = next;
+            next += cfg->n_experts;
+        }
+    return FERRY_OK;
+}
+
+void model_weights_free(model_weights *w)
+{
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+}
+
 /* ---- the tensor table ------------------------------------------------- */
 
-typedef enum { D_NONE, D_ONE, D_DIM, D_VOCAB, D_HIDDEN, D_QDIM, D_KVDIM, D_HEAD } dim_code;
-typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_O_BIAS, IF_QK_NORM, IF_UNTIED } spec_cond;
+typedef enum { D_NONE, D_ONE, D_DIM, D_VOCAB, D_HIDDEN, D_QDIM, D_KVDIM, D_HEAD, D_EXPERTS, D_MOE_HIDDEN } dim_code;
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_O_BIAS, IF_QK_NORM, IF_UNTIED, IF_DENSE, IF_SPARSE } spec_cond;
 
 static const struct {
     unit_kind unit;
-    const char *fmt; /* %d: layer index */
+    const char *fmt; /* %d: layer index; NULL: the architecture's router (k_moe_names) */
     size_t field;    /* offsetof in layer_weights or model_weights */
     dim_code rows, cols; /* rows == D_NONE: 1-D */
     spec_cond cond;
+    bool linear;     /* what quantization applies to (never the router: compressed-tensors leaves gates alone) */
 } k_specs[] = {
-    {UNIT_EMBED, "model.embed_tokens.weight", offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.input_layernorm.weight", offsetof(layer_weights, attn_norm), D_NONE, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.weight", offsetof(layer_weights, wq), D_QDIM, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.bias", offsetof(layer_weights, bq), D_NONE, D_QDIM, IF_QKV_BIAS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.weight", offsetof(layer_weights, wk), D_KVDIM, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.bias", offsetof(layer_weights, bk), D_NONE, D_KVDIM, IF_QKV_BIAS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.weight", offsetof(layer_weights, wv), D_KVDIM, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.bias", offsetof(layer_weights, bv), D_NONE, D_KVDIM, IF_QKV_BIAS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.q_norm.weight", offsetof(layer_weights, q_norm), D_NONE, D_HEAD, IF_QK_NORM},
-    {UNIT_LAYER, "model.layers.%d.self_attn.k_norm.weight", offsetof(layer_weights, k_norm), D_NONE, D_HEAD, IF_QK_NORM},
-    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.weight", offsetof(layer_weights, wo), D_DIM, D_QDIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.bias", offsetof(layer_weights, bo), D_NONE, D_DIM, IF_O_BIAS},
-    {UNIT_LAYER, "model.layers.%d.post_attention_layernorm.weight", offsetof(layer_weights, mlp_norm), D_NONE, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.mlp.gate_proj.weight", offsetof(layer_weights, w_gate), D_HIDDEN, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.mlp.up_proj.weight", offsetof(layer_weights, w_up), D_HIDDEN, D_DIM, IF_ALWAYS},
-    {UNIT_LAYER, "model.layers.%d.mlp.down_proj.weight", offsetof(layer_weights, w_down), D_DIM, D_HIDDEN, IF_ALWAYS},
-    {UNIT_HEAD, "model.norm.weight", offsetof(model_weights, final_norm), D_NONE, D_DIM, IF_ALWAYS},
-    {UNIT_HEAD, "lm_head.weight", offsetof(model_weights, lm_head), D_VOCAB, D_DIM, IF_UNTIED},
+    {UNIT_EMBED, "model.embed_tokens.weight", offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS, false},
+    {UNIT_LAYER, "model.layers.%d.input_layernorm.weight", offsetof(layer_weights, attn_norm), D_NONE, D_DIM, IF_ALWAYS, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.weight", offsetof(layer_weights, wq), D_QDIM, D_DIM, IF_ALWAYS, true},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.bias", offsetof(layer_weights, bq), D_NONE, D_QDIM, IF_QKV_BIAS, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.weight", offsetof(layer_weights, wk), D_KVDIM, D_DIM, IF_ALWAYS, true},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_proj.bias", offsetof(layer_weights, bk), D_NONE, D_KVDIM, IF_QKV_BIAS, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.weight", offsetof(layer_weights, wv), D_KVDIM, D_DIM, IF_ALWAYS, true},
+    {UNIT_LAYER, "model.layers.%d.self_attn.v_proj.bias", offsetof(layer_weights, bv), D_NONE, D_KVDIM, IF_QKV_BIAS, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.q_norm.weight", offsetof(layer_weights, q_norm), D_NONE, D_HEAD, IF_QK_NORM, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.k_norm.weight", offsetof(layer_weights, k_norm), D_NONE, D_HEAD, IF_QK_NORM, false},
+    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.weight", offsetof(layer_weights, wo), D_DIM, D_QDIM, IF_ALWAYS, true},
+    {UNIT_LAYER, "model.layers.%d.self_attn.o_proj.bias", offsetof(layer_weights, bo), D_NONE, D_DIM, IF_O_BIAS, false},
+    {UNIT_LAYER, "model.layers.%d.post_attention_layernorm.weight", offsetof(layer_weights, mlp_norm), D_NONE, D_DIM, IF_ALWAYS, false},
+    {UNIT_LAYER, NULL, offsetof(layer_weights, router), D_EXPERTS, D_DIM, IF_SPARSE, false},
+    {UNIT_LAYER, "model.layers.%d.mlp.gate_proj.weight", offsetof(layer_weights, w_gate), D_HIDDEN, D_DIM, IF_DENSE, true},
+    {UNIT_LAYER, "model.layers.%d.mlp.up_proj.weight", offsetof(layer_weights, w_up), D_HIDDEN, D_DIM, IF_DENSE, true},
+    {UNIT_LAYER, "model.layers.%d.mlp.down_proj.weight", offsetof(layer_weights, w_down), D_DIM, D_HIDDEN, IF_DENSE, true},
+    {UNIT_HEAD, "model.norm.weight", offsetof(model_weights, final_norm), D_NONE, D_DIM, IF_ALWAYS, false},
+    {UNIT_HEAD, "lm_head.weight", offsetof(model_weights, lm_head), D_VOCAB, D_DIM, IF_UNTIED, false},
 };
 #define N_SPECS (sizeof k_specs / sizeof k_specs[0])
+
+/* A sparse layer's checkpoint names: the router (%d: layer) and each
+ * expert's projections (%d: layer, %d: expert) in unit order. */
+typedef struct {
+    const char *fmt;
+    size_t field; /* offsetof in expert_weights */
+    dim_code rows, cols;
+} expert_spec;
+
+static const struct {
+    model_arch arch;
+    const char *router;
+    expert_spec proj[3]; /* gate, up, down */
+} k_moe_names[] = {
+    {ARCH_MIXTRAL, "model.layers.%d.block_sparse_moe.gate.weight",
+     {{"model.layers.%d.block_sparse_moe.experts.%d.w1.weight", offsetof(expert_weights, w_gate), D_MOE_HIDDEN, D_DIM},
+      {"model.layers.%d.block_sparse_moe.experts.%d.w3.weight", offsetof(expert_weights, w_up), D_MOE_HIDDEN, D_DIM},
+      {"model.layers.%d.block_sparse_moe.experts.%d.w2.weight", offsetof(expert_weights, w_down), D_DIM, D_MOE_HIDDEN}}},
+    {ARCH_QWEN3_MOE, "model.layers.%d.mlp.gate.weight",
+     {{"model.layers.%d.mlp.experts.%d.gate_proj.weight", offsetof(expert_weights, w_gate), D_MOE_HIDDEN, D_DIM},
+      {"model.layers.%d.mlp.experts.%d.up_proj.weight", offsetof(expert_weights, w_up), D_MOE_HIDDEN, D_DIM},
+      {"model.layers.%d.mlp.experts.%d.down_proj.weight", offsetof(expert_weights, w_down), D_DIM, D_MOE_HIDDEN}}},
+};
+
+static int moe_names_of(const model_config *c)
+{
+    for (size_t i = 0; i < sizeof k_moe_names / sizeof k_moe_names[0]; i++)
+        if (k_moe_names[i].arch == c->arch) return (int)i;
+    FERRY_ASSERT(!"a sparse layer in an architecture without experts");
+    return -1;
+}
 
 static int64_t dim_value(const model_config *c, dim_code d)
 {
@@ -348,11 +544,13 @@ static int64_t dim_value(const model_config *c, dim_code d)
     case D_QDIM: return (int64_t)c->n_heads * c->head_dim;
     case D_KVDIM: return (int64_t)c->n_kv_heads * c->head_dim;
     case D_HEAD: return c->head_dim;
+    case D_EXPERTS: return c->n_experts;
+    case D_MOE_HIDDEN: return c->moe_hidden;
     }
     return 0;
 }
 
-static bool cond_holds(const model_config *c, spec_cond cond)
+static bool cond_holds(const model_config *c, spec_cond cond, int layer)
 {
     switch (cond) {
     case IF_ALWAYS: return true;
@@ -360,6 +558,8 @@ static bool cond_holds(const model_config *c, spec_cond cond)
     case IF_O_BIAS: return c->o_bias;
     case IF_QK_NORM: return c->qk_norm;
     case IF_UNTIED: return !c->tied;
+    case IF_DENSE: return !model_layer_moe(c, layer);
+    case IF_SPARSE: return model_layer_moe(c, layer);
     }
     return false;
 }
@@ -367,29 +567,49 @@ static bool cond_holds(const model_config *c, spec_cond cond)
 static void add_entry(const model_config *cfg, model_weights *w, size_t s, int layer, tensor_entry *out)
 {
     memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, k_specs[s].fmt, layer);
+    const char *fmt = k_specs[s].fmt ? k_specs[s].fmt : k_moe_names[moe_names_of(cfg)].router;
+    snprintf(out->name, sizeof out->name, fmt, layer);
     out->unit = k_specs[s].unit;
     out->layer = layer;
     out->rows = dim_value(cfg, k_specs[s].rows);
     out->cols = dim_value(cfg, k_specs[s].cols);
-    out->linear = k_specs[s].unit == UNIT_LAYER && k_specs[s].rows != D_NONE;
+    out->linear = k_specs[s].linear;
     char *base = k_specs[s].unit == UNIT_LAYER ? (char *)&w->layers[layer] : (char *)w;
     out->dst = (weight *)(base + k_specs[s].field);
 }
 
+static void add_expert_entry(const model_config *cfg, model_weights *w, int layer, int e, int p, tensor_entry *out)
+{
+    const expert_spec *spec = &k_moe_names[moe_names_of(cfg)].proj[p];
+    FERRY_ASSERT(w->layers[layer].experts); /* w from model_weights_alloc */
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, spec->fmt, layer, e);
+    out->unit = UNIT_EXPERT;
+    out->layer = layer;
+    out->expert = e;
+    out->rows = dim_value(cfg, spec->rows);
+    out->cols = dim_value(cfg, spec->cols);
+    out->linear = true;
+    out->dst = (weight *)((char *)&w->layers[layer].experts[e] + spec->field);
+}
+
 ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, tensor_entry **out, int *n)
 {
-    size_t cap = N_SPECS * (size_t)(cfg->n_layers + 1);
+    size_t cap = N_SPECS * (size_t)(cfg->n_layers + 1) + 3 * (size_t)cfg->n_moe_layers * (size_t)cfg->n_experts;
     tensor_entry *v = calloc(cap, sizeof *v);
     if (!v) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     int k = 0;
     for (size_t s = 0; s < N_SPECS; s++)
-        if (k_specs[s].unit == UNIT_EMBED && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, 0, &v[k++]);
-    for (int l = 0; l < cfg->n_layers; l++)
+        if (k_specs[s].unit == UNIT_EMBED && cond_holds(cfg, k_specs[s].cond, 0)) add_entry(cfg, w, s, 0, &v[k++]);
+    for (int l = 0; l < cfg->n_layers; l++) {
         for (size_t s = 0; s < N_SPECS; s++)
-            if (k_specs[s].unit == UNIT_LAYER && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, l, &v[k++]);
+            if (k_specs[s].unit == UNIT_LAYER && cond_holds(cfg, k_specs[s].cond, l)) add_entry(cfg, w, s, l, &v[k++]);
+        if (model_layer_moe(cfg, l))
+            for (int e = 0; e < cfg->n_experts; e++)
+                for (int p = 0; p < 3; p++) add_expert_entry(cfg, w, l, e, p, &v[k++]);
+    }
     for (size_t s = 0; s < N_SPECS; s++)
-        if (k_specs[s].unit == UNIT_HEAD && cond_holds(cfg, k_specs[s].cond)) add_entry(cfg, w, s, 0, &v[k++]);
+        if (k_specs[s].unit == UNIT_HEAD && cond_holds(cfg, k_specs[s].cond, 0)) add_entry(cfg, w, s, 0, &v[k++]);
     *out = v;
     *n = k;
     return FERRY_OK;
@@ -483,9 +703,7 @@ static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, c
 
 ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w)
 {
-    memset(w, 0, sizeof *w);
-    w->layers = calloc((size_t)cfg->n_layers, sizeof *w->layers);
-    if (!w->layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    FERRY_TRY(model_weights_alloc(cfg, w));
     tensor_entry *entries;
     int n;
     ferry_status st = model_tensor_entries(cfg, w, &entries, &n);
@@ -494,10 +712,4 @@ ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck
     if (st == FERRY_OK && cfg->tied) w->lm_head = w->embed;
     if (st != FERRY_OK) model_weights_free(w);
     return st;
-}
-
-void model_weights_free(model_weights *w)
-{
-    free(w->layers);
-    memset(w, 0, sizeof *w);
 }

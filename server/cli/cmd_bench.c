@@ -326,6 +326,8 @@ static ferry_status measure_bandwidth(bench_run *r)
     return FERRY_OK;
 }
 
+static void report_experts_json(strbuf *sb, engine *e, const bench_run *r);
+
 static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
 {
     engine_info info = engine_get_info(e);

@@ -33,27 +33,68 @@
 #include "../../engine/text/tokenizer.h"
 #include "cli.h"
 
+/* A model shape. The mixtures of experts take theirs from their own tables:
+ * experts > 0. */
 typedef struct {
     const char *name;
     int dim, hidden, layers, heads, kv_heads, vocab, max_pos;
     bool tied;
+    const char *dtype;   /* the default --dtype */
+    int head_dim;        /* 0: dim / heads (Qwen3: twice that) */
+    int experts, top_k, moe_hidden;
+    bool norm_topk;      /* Qwen3-MoE norm_topk_prob (Mixtral: always) */
+    int sparse_step;     /* Qwen3-MoE decoder_sparse_step */
+    const char *mlp_only; /* Qwen3-MoE mlp_only_layers, a JSON list */
 } preset;
 
-static const preset k_presets[] = {
-    {"tiny", 64, 128, 2, 4, 2, 256, 512, false},
-    {"small", 256, 688, 4, 8, 4, 2048, 2048, true},
-    {"1b", 2048, 8192, 16, 32, 8, 128256, 8192, true}, /* the shape of Llama 3.2 1B */
+#define SHAPE(n, d, h, l, hd, kv, v, mp, t, dt) \
+    .name = n, .dim = d, .hidden = h, .layers = l, .heads = hd, .kv_heads = kv, .vocab = v, .max_pos = mp, \
+    .tied = t, .dtype = dt
+
+static const preset k_dense_presets[] = {
+    {SHAPE("tiny", 64, 128, 2, 4, 2, 256, 512, false, "f32")},
+    {SHAPE("small", 256, 688, 4, 8, 4, 2048, 2048, true, "f32")},
+    {SHAPE("1b", 2048, 8192, 16, 32, 8, 128256, 8192, true, "bf16")}, /* the shape of Llama 3.2 1B */
+    {.name = NULL},
 };
+
+/* Mixtral: hidden is intermediate_size, the experts' size. */
+static const preset k_mixtral_presets[] = {
+    {SHAPE("tiny", 64, 128, 2, 4, 2, 256, 512, false, "f32"), .experts = 8, .top_k = 2, .moe_hidden = 128,
+     .norm_topk = true},
+    {SHAPE("small", 256, 512, 4, 8, 4, 2048, 2048, false, "f32"), .experts = 8, .top_k = 2, .moe_hidden = 512,
+     .norm_topk = true},
+    {.name = NULL},
+};
+
+/* Qwen3-MoE: hidden is the dense layers' intermediate_size. small keeps
+ * layer 0 dense (mlp_only_layers) and leaves the top-k weights as the
+ * softmax gives them (norm_topk_prob false, Qwen3MoeConfig's default). */
+static const preset k_qwen3moe_presets[] = {
+    {SHAPE("tiny", 64, 128, 2, 4, 2, 256, 512, false, "f32"), .head_dim = 32, .experts = 8, .top_k = 2,
+     .moe_hidden = 32, .norm_topk = true, .sparse_step = 1, .mlp_only = "[]"},
+    {SHAPE("small", 256, 512, 4, 8, 4, 2048, 2048, false, "f32"), .head_dim = 64, .experts = 16, .top_k = 4,
+     .moe_hidden = 128, .norm_topk = false, .sparse_step = 1, .mlp_only = "[0]"},
+    /* the shape of Qwen3-30B-A3B */
+    {SHAPE("30b-a3b", 2048, 6144, 48, 32, 4, 151936, 40960, false, "bf16"), .head_dim = 128, .experts = 128,
+     .top_k = 8, .moe_hidden = 768, .norm_topk = true, .sparse_step = 1, .mlp_only = "[]"},
+    {.name = NULL},
+};
+#undef SHAPE
 
 static const struct {
     const char *name, *arch, *model_type;
     model_arch id;
+    const preset *presets;
 } k_archs[] = {
-    {"llama", "LlamaForCausalLM", "llama", ARCH_LLAMA},
-    {"mistral", "MistralForCausalLM", "mistral", ARCH_MISTRAL},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
+    {"llama", "LlamaForCausalLM", "llama", ARCH_LLAMA, k_dense_presets},
+    {"mistral", "MistralForCausalLM", "mistral", ARCH_MISTRAL, k_dense_presets},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", ARCH_QWEN2, k_dense_presets},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", ARCH_QWEN3, k_dense_presets},
+    {"mixtral", "MixtralForCausalLM", "mixtral", ARCH_MIXTRAL, k_mixtral_presets},
+    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", ARCH_QWEN3_MOE, k_qwen3moe_presets},
 };
+#define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
 
 /* ---- random values ------------------------------------------------------ */
 
@@ -76,10 +117,21 @@ static float gen_next(value_gen *g)
     return g->lo + (float)u * (g->hi - g->lo);
 }
 
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 static void gen_for(const tensor_entry *s, uint64_t seed, int index, value_gen *g)
 {
     g->state = mix64(seed * 0x100000001b3ull + (uint64_t)index + 1);
-    if (strstr(s->name, "norm")) {
+    if (s->unit == UNIT_LAYER && ends_with(s->name, ".gate.weight")) {
+        /* a router: logits of standard deviation ~2, so that each token's
+         * top k stand apart from the rest and tokens differ in them */
+        float a = 2.0f * sqrtf(3.0f / (float)s->cols);
+        g->lo = -a, g->hi = a;
+    } else if (strstr(s->name, "norm")) {
         g->lo = 0.8f, g->hi = 1.2f;
     } else if (strstr(s->name, ".bias")) {
         g->lo = -0.5f, g->hi = 0.5f;
@@ -155,7 +207,10 @@ static void put_id(strbuf *sb, const char *key, int32_t id)
     else sb_printf(sb, "  \"%s\": null,\n", key);
 }
 
-static void config_json(strbuf *sb, const model_config *c, const char *model_type, ferry_dtype dt, const tok_info *ti)
+/* config.json as transformers' config class for the architecture reads it;
+ * p gives what model_config does not hold (Qwen3-MoE's sparse layout). */
+static void config_json(strbuf *sb, const model_config *c, const preset *p, const char *model_type, ferry_dtype dt,
+                        const tok_info *ti)
 {
     static const char *torch_dtype[] = {[DT_F32] = "float32", [DT_F16] = "float16", [DT_BF16] = "bfloat16"};
     sb_printf(sb, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", c->arch_name, model_type);
@@ -168,29 +223,65 @@ static void config_json(strbuf *sb, const model_config *c, const char *model_typ
     sb_printf(sb, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n", (double)c->norm_eps,
               c->rope.theta);
     sb_printf(sb, "  \"tie_word_embeddings\": %s,\n", c->tied ? "true" : "false");
-    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3)
-        sb_printf(sb, "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n");
-    if (c->arch == ARCH_MISTRAL) {
+    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE)
+        sb_printf(sb, "  \"attention_bias\": false,\n");
+    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3) sb_printf(sb, "  \"mlp_bias\": false,\n");
+    if (c->arch == ARCH_MISTRAL || c->arch == ARCH_MIXTRAL) {
         if (c->sliding_window) sb_printf(sb, "  \"sliding_window\": %d,\n", c->sliding_window);
         else sb_puts(sb, "  \"sliding_window\": null,\n");
     }
-    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) sb_puts(sb, "  \"use_sliding_window\": false,\n");
+    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE)
+        sb_puts(sb, "  \"use_sliding_window\": false,\n");
+    if (c->arch == ARCH_MIXTRAL) {
+        sb_printf(sb, "  \"num_local_experts\": %d,\n  \"num_experts_per_tok\": %d,\n", c->n_experts, c->top_k);
+        sb_puts(sb, "  \"router_aux_loss_coef\": 0.02,\n  \"router_jitter_noise\": 0.0,\n");
+    }
+    if (c->arch == ARCH_QWEN3_MOE) {
+        sb_printf(sb, "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n", c->n_layers);
+        sb_printf(sb, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n",
+                  c->n_experts, c->top_k, c->moe_hidden);
+        sb_printf(sb, "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": %d,\n  \"mlp_only_layers\": %s,\n",
+                  c->norm_topk ? "true" : "false", p->sparse_step, p->mlp_only);
+        sb_puts(sb, "  \"router_aux_loss_coef\": 0.001,\n");
+    }
+    if (c->n_experts) sb_puts(sb, "  \"output_router_logits\": false,\n");
     put_id(sb, "bos_token_id", ti->dir ? ti->bos : 1);
     put_id(sb, "eos_token_id", ti->dir ? ti->eos : 2);
     sb_printf(sb, "  \"torch_dtype\": \"%s\"\n}\n", torch_dtype[dt]);
 }
 
-static ferry_status build_config(const ferry_config *cfg, model_config *c, const char **model_type, ferry_dtype *dt)
+/* The names in a NULL-terminated table, for errors. */
+static void preset_names(const preset *t, char *buf, size_t cap)
 {
-    const preset *p = NULL;
-    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
-        if (!strcmp(cfg->preset, k_presets[i].name)) p = &k_presets[i];
-    if (!p) return ferry_fail(FERRY_ERR_INVALID, "--preset '%s' is not one of tiny, small, 1b", cfg->preset);
+    buf[0] = 0;
+    for (int i = 0; t[i].name; i++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", i ? ", " : "", t[i].name);
+}
+
+/* The config before its layout: a mixture of experts' sparse layers follow
+ * from the config.json written for it (write_checkpoint). */
+static ferry_status build_config(const ferry_config *cfg, model_config *c, const preset **out, const char **model_type,
+                                 ferry_dtype *dt)
+{
+    char names[128];
     size_t a = 0;
-    while (a < sizeof k_archs / sizeof k_archs[0] && strcmp(cfg->arch, k_archs[a].name)) a++;
-    if (a == sizeof k_archs / sizeof k_archs[0])
-        return ferry_fail(FERRY_ERR_INVALID, "--arch '%s' is not one of llama, mistral, qwen2, qwen3", cfg->arch);
-    const char *dts = cfg->dtype ? cfg->dtype : (!strcmp(p->name, "1b") ? "bf16" : "f32");
+    while (a < N_ARCHS && strcmp(cfg->arch, k_archs[a].name)) a++;
+    if (a == N_ARCHS) {
+        names[0] = 0;
+        for (size_t i = 0; i < N_ARCHS; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", k_archs[i].name);
+        return ferry_fail(FERRY_ERR_INVALID, "--arch '%s' is not one of %s", cfg->arch, names);
+    }
+    const preset *p = NULL;
+    for (const preset *q = k_archs[a].presets; q->name; q++)
+        if (!strcmp(cfg->preset, q->name)) p = q;
+    if (!p) {
+        preset_names(k_archs[a].presets, names, sizeof names);
+        return ferry_fail(FERRY_ERR_INVALID, "--preset '%s' is not one of %s (--arch %s)", cfg->preset, names,
+                          cfg->arch);
+    }
+    *out = p;
+    const char *dts = cfg->dtype ? cfg->dtype : p->dtype;
     if (!strcmp(dts, "f32")) *dt = DT_F32;
     else if (!strcmp(dts, "f16")) *dt = DT_F16;
     else if (!strcmp(dts, "bf16")) *dt = DT_BF16;
@@ -206,23 +297,30 @@ static ferry_status build_config(const ferry_config *cfg, model_config *c, const
     c->n_layers = cfg->layers > 0 ? (int)cfg->layers : p->layers;
     c->n_heads = p->heads;
     c->n_kv_heads = cfg->kv_heads > 0 ? (int)cfg->kv_heads : p->kv_heads;
-    c->head_dim = p->dim / p->heads;
-    if (c->arch == ARCH_QWEN3) c->head_dim *= 2; /* Qwen3 sets head_dim independently of hidden/heads */
+    c->head_dim = p->head_dim ? p->head_dim : p->dim / p->heads;
+    if (c->arch == ARCH_QWEN3 && !p->head_dim) c->head_dim *= 2; /* Qwen3 sets head_dim independently of hidden/heads */
     c->max_pos = p->max_pos;
     c->tied = cfg->given[SETTING_tied] ? cfg->tied : p->tied;
-    bool qwen = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3;
-    c->rope = (rope_config){.type = ROPE_DEFAULT, .theta = qwen ? 1000000.0 : (!strcmp(p->name, "1b") ? 500000.0 : 10000.0),
+    bool qwen = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
+    c->rope = (rope_config){.type = ROPE_DEFAULT,
+                            .theta = qwen || c->arch == ARCH_MIXTRAL ? 1000000.0
+                                     : !strcmp(p->name, "1b")        ? 500000.0
+                                                                     : 10000.0,
                             .factor = 1, .attention_factor = 1};
     c->norm_eps = qwen ? 1e-6f : 1e-5f;
     c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
+    c->n_experts = p->experts;
+    c->top_k = p->top_k;
+    c->moe_hidden = p->moe_hidden;
+    c->norm_topk = p->norm_topk;
     if (cfg->layers < 0 || cfg->layers > 4096) return ferry_fail(FERRY_ERR_INVALID, "--layers must be in 1..4096");
     if (cfg->kv_heads < 0 || c->n_heads % c->n_kv_heads)
         return ferry_fail(FERRY_ERR_INVALID, "--kv-heads %d must divide the %d attention heads", c->n_kv_heads,
                           c->n_heads);
     if (cfg->sliding_window < 0) return ferry_fail(FERRY_ERR_INVALID, "--sliding-window must be >= 0");
-    if (cfg->sliding_window > 0 && c->arch != ARCH_MISTRAL)
-        return ferry_fail(FERRY_ERR_INVALID, "--sliding-window applies to --arch mistral only");
+    if (cfg->sliding_window > 0 && c->arch != ARCH_MISTRAL && c->arch != ARCH_MIXTRAL)
+        return ferry_fail(FERRY_ERR_INVALID, "--sliding-window applies to --arch mistral and mixtral only");
     c->sliding_window = (int)cfg->sliding_window;
     return FERRY_OK;
 }
@@ -293,25 +391,29 @@ static ferry_status copy_tokenizer(const char *tmp, const tok_info *ti)
     return st;
 }
 
-/* Writes everything into tmp (an empty directory). */
-static ferry_status write_checkpoint(const char *tmp, const model_config *c, const char *model_type, ferry_dtype dt,
-                                     uint64_t seed, uint64_t shard_size, const tok_info *ti)
+/* Writes everything into tmp (an empty directory). The tensors are those
+ * of the config.json written, as ferry reads it back. */
+static ferry_status write_checkpoint(const char *tmp, const model_config *built, const preset *p,
+                                     const char *model_type, ferry_dtype dt, uint64_t seed, uint64_t shard_size,
+                                     const tok_info *ti)
 {
     strbuf sb;
     sb_init(&sb);
-    config_json(&sb, c, model_type, dt, ti);
-    ferry_status st = write_in(tmp, "config.json", &sb);
+    config_json(&sb, built, p, model_type, dt, ti);
+    model_config parsed, *c = &parsed;
+    ferry_status st = sb.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory")
+                             : model_config_parse(sb.data, sb.len, "the config.json written", c);
+    if (st == FERRY_OK) st = write_in(tmp, "config.json", &sb);
     sb_free(&sb);
     if (st == FERRY_OK && ti->dir) st = copy_tokenizer(tmp, ti);
     if (st != FERRY_OK) return st;
     char *path = NULL;
 
-    model_weights w = {0};
-    w.layers = calloc((size_t)c->n_layers, sizeof *w.layers);
+    model_weights w;
     tensor_entry *slots = NULL;
     int n = 0;
     int *shard_of = NULL;
-    if (!w.layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    FERRY_TRY(model_weights_alloc(c, &w));
     if ((st = model_tensor_entries(c, &w, &slots, &n)) != FERRY_OK) goto out;
     shard_of = calloc((size_t)n + 1, sizeof *shard_of);
     if (!shard_of) {
@@ -364,16 +466,17 @@ static ferry_status write_checkpoint(const char *tmp, const model_config *c, con
 out:
     free(shard_of);
     free(slots);
-    free(w.layers);
+    model_weights_free(&w);
     return st;
 }
 
 int cmd_mkmodel(const ferry_config *cfg)
 {
     model_config c;
+    const preset *p = NULL;
     const char *model_type = NULL;
     ferry_dtype dt = DT_F32;
-    if (build_config(cfg, &c, &model_type, &dt) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    if (build_config(cfg, &c, &p, &model_type, &dt) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     if (cfg->shard_size == 0) return cli_error(EXIT_USAGE, "--shard-size must be > 0");
     tok_info ti = {cfg->tokenizer, -1, -1};
     if (ti.dir) { /* the vocabulary and the special tokens come from the tokenizer */
@@ -400,7 +503,7 @@ int cmd_mkmodel(const ferry_config *cfg)
         free(tmp);
         return rc;
     }
-    ferry_status st = write_checkpoint(tmp, &c, model_type, dt, cfg->seed, cfg->shard_size, &ti);
+    ferry_status st = write_checkpoint(tmp, &c, p, model_type, dt, cfg->seed, cfg->shard_size, &ti);
     if (st == FERRY_OK && exists && rmdir(cfg->out) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: %s", cfg->out, strerror(errno));
     if (st == FERRY_OK && rename(tmp, cfg->out) != 0)

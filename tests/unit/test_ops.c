@@ -4,8 +4,10 @@
  * scales in each dtype, odd groups) for token counts that take each kernel
  * path (decode chunks, prefill blocks, odd tails) with and without bias, RMSNorm, RoPE (rotate_half; the
  * tables of plain, linear, llama3 and YaRN scaling, YaRN's attention factor), embedding, SiLU x up, add,
- * gather_last, and KV store + attention (GQA, sliding window, a batch of
- * sequences at different positions). Outputs are poisoned with NaN first so
+ * gather_last, the mixture-of-experts row ops (gather_rows, scatter_rows,
+ * moe_combine, bit for bit; on the CPU also through cpu-split), and KV
+ * store + attention (GQA, sliding window, a batch of sequences at different
+ * positions). Outputs are poisoned with NaN first so
  * an unwritten element fails. All data goes through the backend's
  * alloc/upload/download, so the same test runs on any backend:
  * `test_ops [cpu|cpu-split|cuda]` (default cpu); exit status 77 when the
@@ -527,6 +529,86 @@ static void test_elementwise(void)
     g_be->ops->release(g_be, u);
 }
 
+/* Mixture-of-experts rows: gather with repeated and out-of-order rows;
+ * scatter to a shuffled set of rows times per-row weights; combine k rows
+ * per token into x. The reference does the same f32 operations in the
+ * same order (one product per scattered element, the k rows summed left
+ * to right, then added), so every backend must match it bit for bit. */
+static void moe_ops_case(int n, int k, int dim)
+{
+    int src_rows = n + 3, m = n * k;
+    double *xref, *yref, *rref;
+    float *x = rand_vec((size_t)src_rows * (size_t)dim, &xref);
+    int32_t *rows = malloc((size_t)m * sizeof *rows), *dest = malloc((size_t)m * sizeof *dest);
+    float *scale = malloc((size_t)m * sizeof *scale);
+    for (int i = 0; i < m; i++) {
+        rows[i] = (int32_t)((unsigned)(i * 7 + 2) % (unsigned)src_rows);
+        dest[i] = i;
+        scale[i] = 0.5f + 0.5f * fabsf(frand());
+    }
+    for (int i = m - 1; i > 0; i--) { /* a permutation: every row of out written once */
+        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1));
+        if (j > i) j = i;
+        int32_t t = dest[i];
+        dest[i] = dest[j];
+        dest[j] = t;
+    }
+    int32_t *rows_dev = dev_copy(rows, (size_t)m * sizeof *rows), *dest_dev = dev_copy(dest, (size_t)m * sizeof *dest);
+    float *scale_dev = dev_copy(scale, (size_t)m * sizeof *scale);
+    size_t md = (size_t)m * (size_t)dim, nd = (size_t)n * (size_t)dim;
+    double *want = malloc(md * sizeof *want);
+    char what[96];
+
+    float *g = dev_poison(md);
+    g_be->ops->gather_rows(g_be, g, x, rows_dev, m, dim);
+    for (int i = 0; i < m; i++)
+        for (int d = 0; d < dim; d++) want[(size_t)i * dim + d] = xref[(size_t)rows[i] * dim + d];
+    float *got = host_of(g, md);
+    snprintf(what, sizeof what, "gather_rows n=%d dim=%d", m, dim);
+    CHECK_CLOSE(what, got, want, md, 0);
+    free(got);
+
+    float *y = rand_vec(md, &yref), *out = dev_poison(md);
+    g_be->ops->scatter_rows(g_be, out, y, dest_dev, scale_dev, m, dim);
+    for (int i = 0; i < m; i++)
+        for (int d = 0; d < dim; d++) want[(size_t)dest[i] * dim + d] = (float)yref[(size_t)i * dim + d] * scale[i];
+    got = host_of(out, md);
+    snprintf(what, sizeof what, "scatter_rows n=%d dim=%d", m, dim);
+    CHECK_CLOSE(what, got, want, md, 0);
+    free(got);
+
+    float *res = rand_vec(nd, &rref);
+    g_be->ops->moe_combine(g_be, res, out, n, k, dim);
+    float *outh = host_of(out, md);
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < dim; d++) {
+            float sum = outh[(size_t)t * k * dim + d];
+            for (int j = 1; j < k; j++) sum += outh[((size_t)t * k + j) * dim + d];
+            want[(size_t)t * dim + d] = (float)rref[(size_t)t * dim + d] + sum;
+        }
+    got = host_of(res, nd);
+    snprintf(what, sizeof what, "moe_combine n=%d k=%d dim=%d", n, k, dim);
+    CHECK_CLOSE(what, got, want, nd, 0);
+    free(got);
+    free(outh);
+
+    free(xref);
+    free(yref);
+    free(rref);
+    free(want);
+    free(rows);
+    free(dest);
+    free(scale);
+    void *bufs[] = {x, rows_dev, dest_dev, scale_dev, g, y, out, res};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) g_be->ops->release(g_be, bufs[i]);
+}
+
+static void test_moe_ops(void)
+{
+    static const int cases[][3] = {{1, 1, 64}, {1, 8, 2048}, {5, 2, 70}, {37, 4, 96}, {100, 2, 33}, {3, 8, 4096}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) moe_ops_case(cases[i][0], cases[i][1], cases[i][2]);
+}
+
 /* Sequences at different positions in different KV sequences; earlier
  * positions are filled by a first step, then a second step adds rows and
  * attends. The cache is paged (kv.h) with blocks of 4 positions, so rows
@@ -648,6 +730,14 @@ int main(int argc, char **argv)
     }
     test_embed_gather();
     test_elementwise();
+    test_moe_ops();
+    if (strcmp(name, "cpu") == 0) { /* and behind cpu-split's device memory and stream */
+        backend *cpu = g_be;
+        FERRY_ASSERT(backend_create("cpu-split", &bo, &g_be) == FERRY_OK);
+        test_moe_ops();
+        backend_free(g_be);
+        g_be = cpu;
+    }
     attention_case(4, 4, 16, 0);  /* MHA */
     attention_case(6, 2, 8, 0);   /* GQA */
     attention_case(4, 2, 16, 4);  /* sliding window */

@@ -212,7 +212,7 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
     po.unified = r->be ? r->be->ops->unified : false;
     if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
-    r->view.layers = calloc((size_t)c->n_layers, sizeof *r->view.layers);
+    if (st == FERRY_OK) st = model_weights_alloc(c, &r->view);
     if (st == FERRY_OK)
         st = store_open(&r->s, r->be, &r->p, c, &k_identity, (model_weights *)&m->w, &r->view, od, "test-pipeline");
     if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
@@ -252,7 +252,7 @@ static void run_close(run_fx *r)
     backend_free(r->be);
     plan_free(&r->p);
     free(r->view_ents);
-    free(r->view.layers);
+    model_weights_free(&r->view);
     free(r->got);
     free(r->poison);
 }

@@ -93,11 +93,11 @@ static ferry_status write_model(const char *dir, const model_spec *m)
     free(text);
     if (st != FERRY_OK) return st;
 
-    model_weights w = {0};
-    w.layers = calloc(N_LAYERS, sizeof *w.layers);
+    model_weights w;
     tensor_entry *e = NULL;
     int n = 0;
-    st = model_tensor_entries(&cfg, &w, &e, &n);
+    st = model_weights_alloc(&cfg, &w);
+    if (st == FERRY_OK) st = model_tensor_entries(&cfg, &w, &e, &n);
     st_decl *d = calloc((size_t)n + 1, sizeof *d);
     for (int i = 0; st == FERRY_OK && i < n; i++) {
         d[i].name = e[i].name;
@@ -123,7 +123,7 @@ static ferry_status write_model(const char *dir, const model_spec *m)
     free(path);
     free(d);
     free(e);
-    free(w.layers);
+    model_weights_free(&w);
     return st;
 }
 
@@ -209,6 +209,7 @@ static bool group_has_unit(const plan_group *g, int u)
     case GROUP_EMBED: return u == 0;
     case GROUP_HEAD: return u == N_LAYERS + 1;
     case GROUP_LAYERS: return u >= 1 + g->first_layer && u < 1 + g->first_layer + g->n_layers;
+    case GROUP_EXPERT: return false; /* the models here are dense */
     }
     return false;
 }
@@ -435,8 +436,8 @@ static void test_placement(const model *m, int which, const char *root)
     char name[32];
     snprintf(name, sizeof name, "offload-%d", which);
     char *od = util_path_join(root, name);
-    model_weights view = {0};
-    view.layers = calloc(N_LAYERS, sizeof *view.layers);
+    model_weights view;
+    CHECK_STATUS(model_weights_alloc(&m->cfg, &view), FERRY_OK);
     tensor_entry *ve = NULL;
     int nv = 0;
     CHECK_STATUS(model_tensor_entries(&m->cfg, &view, &ve, &nv), FERRY_OK);
@@ -453,7 +454,7 @@ static void test_placement(const model *m, int which, const char *root)
         store_close(s);
     }
     free(ve);
-    free(view.layers);
+    model_weights_free(&view);
     free(od);
     plan_free(&p);
 }
@@ -465,8 +466,8 @@ static void test_no_offload_dir(const model *m)
     ferry_status st = make_plan(m, P_MIXED, &p);
     CHECK_STATUS(st, FERRY_OK);
     if (st != FERRY_OK) return;
-    model_weights view = {0};
-    view.layers = calloc(N_LAYERS, sizeof *view.layers);
+    model_weights view;
+    CHECK_STATUS(model_weights_alloc(&m->cfg, &view), FERRY_OK);
     store *s = (store *)&p; /* anything but NULL: a failed open must clear it */
     CHECK_STATUS(store_open(&s, m->be, &p, &m->cfg, &k_identity, (model_weights *)&m->ckw, &view, NULL, "fp"), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--offload-dir");
@@ -479,7 +480,7 @@ static void test_no_offload_dir(const model *m)
         plan_free(&p);
     }
     CHECK_STATUS(st, FERRY_OK);
-    free(view.layers);
+    model_weights_free(&view);
 }
 
 int main(void)
