@@ -31,8 +31,8 @@ MARGIN of a tie where it is not meant to be one - f32 and float64 could
 then pick different experts and the comparison would prove nothing.
 """
 
+import concurrent.futures
 import json
-import os
 
 import numpy as np
 import pytest
@@ -42,6 +42,8 @@ import llama_ref
 import moe_util
 import st_util
 from conftest import check_greedy, prompt_ids, rel_err
+from test_http import generate as http_generate
+from test_http import metrics, msum, serve
 
 TOL = {"F32": 1e-4, "BF16": 1e-4}  # the weights are exact in bf16; ferry computes in f32 like for f32
 SAME = 1e-6    # max abs logit difference between two ferry runs of the same maths
@@ -125,7 +127,12 @@ def prompts_for(vocab, seed, lengths=(5, 9, 13)):
 
 
 def run(ferry, d, prompts, flags, dump, n_new=N_NEW):
-    out, logits = ferry.generate(d, prompts, n_new, *flags, dump_logits=dump)
+    """ferry generate of a list of prompts: (tokens per prompt, logits [n, vocab])."""
+    if len(prompts) == 1:
+        out, logits = ferry.generate(d, prompts[0], n_new, *flags, dump_logits=dump)
+        out = [out]
+    else:
+        out, logits = ferry.generate(d, prompts, n_new, *flags, dump_logits=dump)
     assert logits.shape[0] == len(prompts)
     assert np.all(np.isfinite(logits)), "%s: logits not finite" % (flags,)
     return out, logits
@@ -545,7 +552,7 @@ RUNS = [
     ("all-disk", 1, 3, 0, "cpu-split", ("thread", 0), "b3"),
     ("experts-host", 1, 2, "all", "cpu-split", ("inline", 200), "chunk"),
 ]
-PLACEMENT_MODELS = ["mix-f32", "q3-f32-tied"]
+PLACEMENT_MODELS = ["mix-f32", "q3-f32-tied", "mix-bf16-tied", "q3-bf16"]
 
 _BASE = {}
 
@@ -582,6 +589,52 @@ def test_placement_matches_resident(ferry, moe_models, tmp_path, monkeypatch, na
     assert out == want_out, "%s: tokens %r, all-resident %r" % (what, out, want_out)
     diff = float(np.max(np.abs(logits - want_logits)))
     assert diff <= SAME, "%s: max abs logit difference %.3g vs all-resident" % (what, diff)
+
+
+def test_serve_mixed_steps(ferry, ferry_bin, moe_models, tmp_path):
+    """`ferry serve` with the experts on disk and the least expert cache:
+    concurrent requests of mixed lengths, whose prefill chunks and decode
+    steps share steps, give each prompt's tokens of a resident `ferry
+    generate` run alone; fetched bytes are the fetches times the experts'
+    size. Then with a cache of every expert (on host): a request repeated
+    is served from the slots, nothing fetched."""
+    d, spec = moe_model(moe_models, "mix-f32")
+    vocab = ref_vocab(d)
+    reqs = [(prompt_ids(vocab, 3 + (i * 5) % 17, 360 + i), 4 + (i * 3) % 9) for i in range(8)]
+    want = [run(ferry, d, [p], [], tmp_path / "one.bin", n_new=n)[0][0] for p, n in reqs]
+    flags, plan = placement_flags(ferry, d, "experts-disk", tmp_path / "od", 0)
+    one = split_groups(plan["groups"])[2][0]["bytes"]
+    gen = serve(ferry_bin, d, "--batch", 4, "--max-step-tokens", 8, *flags, name="moe")
+    srv = next(gen)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda r: http_generate(srv, r[0], max_new_tokens=r[1]), reqs))
+        m = metrics(srv)
+    finally:
+        next(gen, None)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, "request %d: served %r, generate %r" % (i, g, w)
+    fetched = msum(m, "ferry_expert_uses_total", source="fetched")
+    assert fetched > 0 and msum(m, "ferry_expert_uses_total", source="device") == 0
+    assert msum(m, "ferry_expert_fetched_bytes_total", tier="disk") == fetched * one, m
+    flags, _ = placement_flags(ferry, d, "experts-host", tmp_path / "od2", "all")
+    gen = serve(ferry_bin, d, *flags, name="moe")
+    srv = next(gen)
+    try:
+        p, n = reqs[7]
+        assert http_generate(srv, p, max_new_tokens=n) == want[7]
+        before = metrics(srv)
+        assert http_generate(srv, p, max_new_tokens=n) == want[7]
+        after = metrics(srv)
+    finally:
+        next(gen, None)
+    for src in ("fetched", "cache"):
+        assert msum(before, "ferry_expert_uses_total", source=src) > 0, before
+    uses = {src: msum(after, "ferry_expert_uses_total", source=src) - msum(before, "ferry_expert_uses_total",
+                                                                          source=src)
+            for src in ("device", "cache", "fetched")}
+    assert uses["cache"] > 0 and uses["fetched"] == 0 and uses["device"] == 0, uses
+    assert msum(after, "ferry_expert_fetched_bytes_total") == msum(before, "ferry_expert_fetched_bytes_total")
 
 
 # --------------------------------------------------------------------------
