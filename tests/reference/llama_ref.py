@@ -38,7 +38,10 @@ model.safetensors.index.json), without `transformers` or `safetensors`:
     num_key_value_heads 4; q_norm/k_norm as Qwen3, but head_dim, when absent,
     is hidden_size / num_attention_heads (Qwen3MoeConfig has no head_dim
     default, unlike Qwen3Config's 128). Expert tensors' shapes are checked
-    against the config, as transformers' loading would.
+    against the config, as transformers' loading would. Read from
+    github.com/huggingface/transformers src/transformers/models/
+    {mixtral/modeling_mixtral.py, mixtral/configuration_mixtral.py,
+    qwen3_moe/modeling_qwen3_moe.py, qwen3_moe/configuration_qwen3_moe.py}.
 
     Top-k ties: the experts are chosen by a stable descending sort of the
     probabilities, so equal probabilities go to the lower expert index -
@@ -89,7 +92,6 @@ SUPPORTED_ARCHS = (
     "MixtralForCausalLM",
     "Qwen3MoeForCausalLM",
 )
-MOE_ARCHS = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
 # Config defaults where an architecture's differ from Llama's (the
 # transformers config classes: MixtralConfig, Qwen3MoeConfig).
