@@ -251,6 +251,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     pipeline_set_verify(e->pipe, opts->verify_reads);
     if ((st = experts_create(&e->experts, e->be, e->storage, &e->placement)) != FERRY_OK) goto fail;
     if (e->experts) experts_set_verify(e->experts, opts->verify_reads);
+    e->expert_prefetch = e->experts && opts->expert_prefetch;
     if ((st = alloc_kv(e)) != FERRY_OK) goto fail;
     if ((st = alloc_activations(e)) != FERRY_OK) goto fail;
     if ((st = alloc_rope(e)) != FERRY_OK) goto fail;

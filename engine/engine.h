@@ -37,6 +37,7 @@ typedef struct {
     int max_step_tokens;     /* most token rows in one step */
     uint64_t kv_memory;      /* bytes of the KV pool; 0 = the planner's default (plan.h) */
     uint64_t expert_cache;   /* bytes of expert slots (plan.h); 0 = the least */
+    bool expert_prefetch;    /* fetch the next sparse layer's predicted experts early (experts.h) */
     uint64_t budget[2];      /* device, host weight budgets (PLAN_UNLIMITED) */
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
     int group_size;

@@ -49,6 +49,7 @@ struct engine {
     bool rows_pinned;
     /* mixture of experts (NULL / unused for a dense model) */
     experts *experts;    /* the experts' tiers, slots and fetches */
+    bool expert_prefetch; /* predict the next sparse layer's experts and fetch them early (--expert-prefetch) */
     moe_route route;     /* the running sparse layer's routing, on the host */
     float *router;       /* [max, n_experts] router logits (backend memory) */
     float *router_host;  /* [max, n_experts] the same, downloaded */

@@ -39,9 +39,13 @@
 
 typedef struct {
     void *dev;          /* expert_slot_bytes of device memory */
-    int group;          /* the expert group it holds; -1: none */
+    int group;          /* the expert group it holds (or is reading); -1: none */
     uint64_t last_use;  /* LRU clock of its last compute */
     bool busy;          /* holds an expert of the running run */
+    bool reading;       /* a read into it (or its bounce buffer) is in flight */
+    int item;           /* the running run's item it holds; -1: a speculative fetch no run has claimed */
+    bool speculative;   /* filled by experts_prefetch and not computed since */
+    int bounce;         /* non-unified: the bounce buffer of its read; -1 */
     be_event *copied, *computed;
 } xslot;
 
@@ -58,7 +62,6 @@ typedef struct {
     int k;              /* index into ids */
     int group;
     int slot;           /* -1: device tier or none yet */
-    int bounce;         /* disk, non-unified: its bounce buffer */
     xstate state;
 } xitem;
 
@@ -78,6 +81,7 @@ struct experts {
     bool verify;
     bool *damaged;       /* [n_groups] */
     xitem *items;        /* [n_experts] the running run */
+    int reads;           /* reads in flight, claimed or speculative */
     expert_stats run;    /* the running run's figures: compute thread only */
     uint64_t step_bytes;
     pthread_mutex_t mu;  /* stats and damaged: read by metrics threads */
@@ -132,7 +136,7 @@ ferry_status experts_create(experts **out, backend *be, store *s, const plan *p)
     bool any_disk = false;
     for (int g = p->first_expert; g < p->n_groups; g++) any_disk |= p->groups[g].tier == TIER_DISK;
     if (any_disk) {
-        if ((st = aio_create((unsigned)(p->expert_reads > 0 ? p->expert_reads : 1), &x->aio)) != FERRY_OK) goto fail;
+        if ((st = aio_create(16, &x->aio)) != FERRY_OK) goto fail;
         if (!p->opts.unified) {
             uint64_t bytes = p->expert_bounce_bytes / (uint64_t)p->expert_reads;
             x->bounce = calloc((size_t)p->expert_reads, sizeof *x->bounce);
@@ -167,6 +171,7 @@ void experts_free(experts *x)
 {
     if (!x) return;
     backend *be = x->be;
+    if (x->aio) experts_drain(x);
     for (int i = 0; i < x->n_slots; i++) {
         xslot *sl = &x->slots[i];
         if (sl->copied) be->ops->event_sync(be, sl->copied);
@@ -203,7 +208,7 @@ static int take_slot(experts *x)
     int best = -1;
     for (int i = 0; i < x->n_slots; i++) {
         const xslot *sl = &x->slots[i];
-        if (sl->busy) continue;
+        if (sl->busy || sl->reading) continue;
         if (sl->group < 0) return i;
         if (best < 0 || sl->last_use < x->slots[best].last_use) best = i;
     }
@@ -217,37 +222,46 @@ static int take_bounce(experts *x)
     return -1;
 }
 
-/* Copies src into it's slot on the copy stream, after the compute that last
+/* Copies src into slot s on the copy stream, after the compute that last
  * read the slot. */
-static void copy_to_slot(experts *x, xitem *it, const void *src, uint64_t bytes)
+static void copy_to_slot(experts *x, int s, const void *src, uint64_t bytes)
 {
     const struct backend_ops *op = x->be->ops;
-    xslot *sl = &x->slots[it->slot];
+    xslot *sl = &x->slots[s];
     op->stream_wait(x->be, STREAM_COPY, sl->computed);
     op->copy_async(x->be, sl->dev, src, (size_t)bytes);
     op->event_record(x->be, sl->copied, STREAM_COPY);
 }
 
-/* Starts it's fetch if a slot (and, for a disk read, room) can be had:
- * false when it must wait. */
-static bool start_fetch(experts *x, xitem *it, int *reads, char **err)
+/* Starts fetching group g into a slot taken for it: item `item` of the
+ * running run, or -1 for a speculative fetch. false when it must wait (no
+ * slot, bounce buffer or read to be had) or, speculative, would gain
+ * nothing. *failed: the read could not even be queued (its message in
+ * ferry_errmsg()). */
+static bool start_fetch(experts *x, int g, int item, bool *failed)
 {
-    if (*err) return false; /* the run has failed: fetch nothing more */
-    const plan_group *pg = &x->p->groups[it->group];
-    if (pg->tier == TIER_DISK && *reads >= x->p->expert_reads) return false;
+    const plan_group *pg = &x->p->groups[g];
+    *failed = false;
+    if (pg->tier == TIER_DISK && x->reads >= x->p->expert_reads) return false;
+    /* a speculative host copy on a unified backend is a memcpy on this thread: no overlap to gain */
+    if (item < 0 && pg->tier == TIER_HOST && x->p->opts.unified) return false;
     int b = -1;
     if (pg->tier == TIER_DISK && !x->p->opts.unified && (b = take_bounce(x)) < 0) return false;
     int s = take_slot(x);
     if (s < 0) return false;
     xslot *sl = &x->slots[s];
     if (sl->group >= 0) x->slot_of[sl->group] = -1; /* evicted */
-    sl->group = -1;                                 /* holds nothing trusted until the fetch lands */
-    sl->busy = true;
-    it->slot = s;
-    store_source src = store_group_source(x->s, it->group);
+    sl->group = g;
+    x->slot_of[g] = s;
+    sl->item = item;
+    sl->busy = item >= 0;
+    sl->speculative = item < 0;
+    sl->bounce = -1;
+    if (item >= 0) x->items[item].slot = s;
+    store_source src = store_group_source(x->s, g);
     if (pg->tier == TIER_HOST) {
-        copy_to_slot(x, it, src.resident, pg->bytes);
-        it->state = X_READY;
+        copy_to_slot(x, s, src.resident, pg->bytes);
+        if (item >= 0) x->items[item].state = X_READY;
         x->run.bytes[TIER_HOST] += pg->bytes;
         return true;
     }
@@ -256,57 +270,69 @@ static bool start_fetch(experts *x, xitem *it, int *reads, char **err)
         xbounce *bb = &x->bounce[b];
         x->be->ops->event_sync(x->be, bb->copied); /* its last copy has read it (P6) */
         bb->in_use = true;
-        it->bounce = b;
+        sl->bounce = b;
         dst = bb->host;
     }
     /* the slot's last compute is over on a unified backend (ops finish as
      * they return), so the read may land in it now */
-    it->state = X_READING;
-    ferry_status st = aio_read(x->aio, src.fd, src.path, src.offset, dst, (size_t)pg->bytes, (uint64_t)(it - x->items));
-    if (st != FERRY_OK) {
-        it->state = X_FAILED;
+    if (aio_read(x->aio, src.fd, src.path, src.offset, dst, (size_t)pg->bytes, (uint64_t)s) != FERRY_OK) {
         if (b >= 0) x->bounce[b].in_use = false;
-        *err = strdup(ferry_errmsg());
+        sl->group = -1;
+        x->slot_of[g] = -1;
+        sl->busy = false;
+        *failed = true;
         return true;
     }
-    (*reads)++;
+    if (item >= 0) x->items[item].state = X_READING;
+    sl->reading = true;
+    x->reads++;
     return true;
 }
 
-/* Takes finished reads: verified, copied to their slot where needed. The
- * first failure's message goes to *err (malloc'd). */
-static void reap(experts *x, bool wait, int *reads, char **err)
+/* Takes finished reads: verified, copied to their slot where needed, and
+ * handed to their item (a speculative one stays in its slot, a cache
+ * entry like any other; one that failed leaves it empty). The first
+ * failure of an item's read goes to *err (malloc'd). */
+static void reap(experts *x, bool wait, char **err)
 {
     aio_done done[8];
     double t0 = util_now();
     int n = aio_reap(x->aio, done, 8, wait);
     if (wait) x->run.stall_s += util_now() - t0;
     for (int i = 0; i < n; i++) {
-        xitem *it = &x->items[done[i].tag];
-        const plan_group *pg = &x->p->groups[it->group];
-        (*reads)--;
+        int s = (int)done[i].tag;
+        xslot *sl = &x->slots[s];
+        int g = sl->group;
+        const plan_group *pg = &x->p->groups[g];
+        x->reads--;
+        sl->reading = false;
         ferry_status st = done[i].st;
         char msg[FERRY_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", done[i].msg);
-        const void *data = it->bounce >= 0 ? x->bounce[it->bounce].host : x->slots[it->slot].dev;
+        const void *data = sl->bounce >= 0 ? x->bounce[sl->bounce].host : sl->dev;
         bool bad = false;
-        if (st == FERRY_OK && x->verify && (st = store_check_read(x->s, it->group, data, msg, sizeof msg)) != FERRY_OK)
+        if (st == FERRY_OK && x->verify && (st = store_check_read(x->s, g, data, msg, sizeof msg)) != FERRY_OK)
             bad = true;
-        if (st != FERRY_OK && (bad || store_blob_short(x->s, it->group))) {
+        if (st != FERRY_OK && (bad || store_blob_short(x->s, g))) {
             pthread_mutex_lock(&x->mu);
-            x->damaged[it->group] = true;
+            x->damaged[g] = true;
             pthread_mutex_unlock(&x->mu);
         }
-        if (st == FERRY_OK && it->bounce >= 0) {
-            copy_to_slot(x, it, data, pg->bytes);
-            x->be->ops->event_record(x->be, x->bounce[it->bounce].copied, STREAM_COPY);
+        if (st == FERRY_OK && sl->bounce >= 0) {
+            copy_to_slot(x, s, data, pg->bytes);
+            x->be->ops->event_record(x->be, x->bounce[sl->bounce].copied, STREAM_COPY);
         }
-        if (it->bounce >= 0) x->bounce[it->bounce].in_use = false;
-        it->bounce = -1;
+        if (sl->bounce >= 0) x->bounce[sl->bounce].in_use = false;
+        sl->bounce = -1;
+        xitem *it = sl->item >= 0 ? &x->items[sl->item] : NULL;
         if (st == FERRY_OK) {
-            it->state = X_READY;
             x->run.bytes[TIER_DISK] += pg->bytes;
-        } else {
+            if (it) it->state = X_READY;
+            continue;
+        }
+        sl->group = -1; /* holds nothing trusted */
+        x->slot_of[g] = -1;
+        if (it) {
             it->state = X_FAILED;
             if (!*err) *err = strdup(msg);
         }
@@ -314,6 +340,27 @@ static void reap(experts *x, bool wait, int *reads, char **err)
 }
 
 /* Runs it's expert on what is bound, and lets its slot keep it. */
+/* Adds the run's figures to the published ones. */
+static void publish(experts *x, int uses)
+{
+    pthread_mutex_lock(&x->mu);
+    expert_stats *t = &x->stats, *r = &x->run;
+    if (uses) t->layer_runs++;
+    t->uses += (uint64_t)uses;
+    t->device_uses += r->device_uses;
+    t->hits += r->hits;
+    t->misses += r->misses;
+    t->prefetched += r->prefetched;
+    t->prefetch_hits += r->prefetch_hits;
+    for (int i = 0; i < TIER_COUNT; i++) {
+        t->bytes[i] += r->bytes[i];
+        x->step_bytes += r->bytes[i];
+    }
+    t->stall_s += r->stall_s;
+    pthread_mutex_unlock(&x->mu);
+    memset(r, 0, sizeof *r);
+}
+
 static void compute(experts *x, xitem *it, experts_fn fn, void *ctx)
 {
     const struct backend_ops *op = x->be->ops;
@@ -327,32 +374,37 @@ static void compute(experts *x, xitem *it, experts_fn fn, void *ctx)
     store_bind(x->s, it->group, sl->dev);
     fn(ctx, it->k);
     op->event_record(x->be, sl->computed, STREAM_COMPUTE); /* P3 */
-    sl->group = it->group;
-    x->slot_of[it->group] = it->slot;
     sl->last_use = ++x->clock;
     sl->busy = false;
+    sl->item = -1;
+    sl->speculative = false;
 }
 
 ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, experts_fn fn, void *ctx)
 {
     FERRY_ASSERT(layer >= 0 && layer < x->n_layers && x->layer_first[layer] >= 0);
     int first = x->layer_first[layer];
-    int n_present = 0, n_missing = 0;
+    char *err = NULL;
+    if (x->aio) reap(x, false, &err); /* speculative reads that have landed */
+    int n_present = 0;
     xitem *items = x->items;
-    /* present ones first in items[], missing ones after, in fetch order */
+    /* present ones first in order[], missing ones after, in fetch order */
     int *order = malloc((size_t)n * sizeof *order);
     if (!order) return ferry_fail(FERRY_ERR_NOMEM, "out of memory routing layer %d's experts", layer);
     for (int k = 0; k < n; k++) {
-        int g = first + ids[k];
+        int g = first + ids[k], s = x->slot_of[g];
         FERRY_ASSERT(g < x->p->n_groups && x->p->groups[g].first_layer == layer);
-        xitem it = {k, g, -1, -1, X_DEVICE};
+        xitem it = {k, g, -1, X_DEVICE};
         if (x->p->groups[g].tier == TIER_DEVICE) {
             x->run.device_uses++;
-        } else if (x->slot_of[g] >= 0) {
-            it.state = X_HIT;
-            it.slot = x->slot_of[g];
-            x->slots[it.slot].busy = true;
+        } else if (s >= 0) { /* in a slot, or on its way there (a speculative fetch) */
+            xslot *sl = &x->slots[s];
+            it.state = sl->reading ? X_READING : X_HIT;
+            it.slot = s;
+            sl->busy = true;
+            sl->item = k;
             x->run.hits++;
+            x->run.prefetch_hits += sl->speculative;
         } else {
             it.state = X_WAITING;
             x->run.misses++;
@@ -360,45 +412,53 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
         items[k] = it;
     }
     for (int k = 0; k < n; k++)
-        if (items[k].state != X_WAITING) order[n_present++] = k;
+        if (items[k].state == X_DEVICE || items[k].state == X_HIT) order[n_present++] = k;
+    int n_order = n_present;
+    for (int k = 0; k < n; k++) /* speculative fetches under way came first */
+        if (items[k].state == X_READING) order[n_order++] = k;
+    int next_fetch = n_order;
     for (int k = 0; k < n; k++)
-        if (items[k].state == X_WAITING) order[n_present + n_missing++] = k;
+        if (items[k].state == X_WAITING) order[n_order++] = k;
 
-    int reads = 0, next_fetch = n_present; /* order[next_fetch..] have not started */
-    char *err = NULL;
-    while (next_fetch < n && start_fetch(x, &items[order[next_fetch]], &reads, &err)) next_fetch++;
+    bool failed;
+    while (next_fetch < n && !err && start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
+        if (failed) {
+            items[order[next_fetch]].state = X_FAILED;
+            err = strdup(ferry_errmsg());
+        }
+        next_fetch++;
+    }
     for (int i = 0; i < n_present; i++) compute(x, &items[order[i]], fn, ctx);
     for (int i = n_present; i < n; i++) {
         xitem *it = &items[order[i]];
-        while (next_fetch < n && start_fetch(x, &items[order[next_fetch]], &reads, &err)) next_fetch++;
-        if (x->aio) reap(x, false, &reads, &err);
-        while (it->state == X_READING) reap(x, true, &reads, &err);
-        /* never started: only after a failure (with nothing of earlier
-         * items in flight, one slot and one read are always free) */
-        FERRY_ASSERT(it->state != X_WAITING || err);
+        for (;;) {
+            while (next_fetch < n && !err && start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
+                if (failed) {
+                    items[order[next_fetch]].state = X_FAILED;
+                    err = strdup(ferry_errmsg());
+                }
+                next_fetch++;
+            }
+            if (x->aio) reap(x, false, &err);
+            if (it->state != X_READING && (it->state != X_WAITING || err)) break;
+            /* waiting for its read, or for a slot or read that one in flight frees */
+            FERRY_ASSERT(x->reads > 0);
+            reap(x, true, &err);
+        }
         if (it->state == X_READY && !err) {
             compute(x, it, fn, ctx);
-        } else if (it->slot >= 0) { /* failed, or a fetch after a failure: the slot holds nothing trusted */
-            x->slots[it->slot].busy = false;
-            x->slots[it->slot].group = -1;
+        } else if (it->slot >= 0 && x->slots[it->slot].item == it - items) {
+            /* failed, or not computed after a failure: the slot holds nothing trusted */
+            xslot *sl = &x->slots[it->slot];
+            sl->busy = false;
+            sl->item = -1;
+            if (sl->group >= 0) x->slot_of[sl->group] = -1;
+            sl->group = -1;
         }
     }
-    while (reads > 0) reap(x, true, &reads, &err); /* nothing in flight between runs */
+    while (x->reads > 0) reap(x, true, &err); /* nothing in flight between runs */
     free(order);
-    pthread_mutex_lock(&x->mu);
-    expert_stats *t = &x->stats, *r = &x->run;
-    t->layer_runs++;
-    t->uses += (uint64_t)n;
-    t->device_uses += r->device_uses;
-    t->hits += r->hits;
-    t->misses += r->misses;
-    for (int i = 0; i < TIER_COUNT; i++) {
-        t->bytes[i] += r->bytes[i];
-        x->step_bytes += r->bytes[i];
-    }
-    t->stall_s += r->stall_s;
-    pthread_mutex_unlock(&x->mu);
-    memset(r, 0, sizeof *r);
+    publish(x, n);
     if (err) {
         ferry_status st = ferry_fail(FERRY_ERR_IO, "%s", err);
         free(err);
@@ -407,8 +467,41 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
     return FERRY_OK;
 }
 
+void experts_prefetch(experts *x, int layer, const int32_t *ids, int n)
+{
+    if (layer < 0 || layer >= x->n_layers || x->layer_first[layer] < 0) return;
+    int first = x->layer_first[layer];
+    /* the predicted experts already present are the most recent: kept */
+    for (int k = 0; k < n; k++) {
+        int s = x->slot_of[first + ids[k]];
+        if (s >= 0) x->slots[s].last_use = ++x->clock;
+    }
+    char *err = NULL;
+    for (int k = 0; k < n; k++) {
+        int g = first + ids[k];
+        if (x->p->groups[g].tier == TIER_DEVICE || x->slot_of[g] >= 0) continue;
+        bool failed;
+        if (!start_fetch(x, g, -1, &failed)) continue;
+        if (failed) continue; /* the run that needs it fetches it again and says why */
+        x->run.prefetched++;
+        x->slots[x->slot_of[g]].last_use = ++x->clock;
+    }
+    if (x->aio) reap(x, false, &err);
+    free(err);
+    publish(x, 0);
+}
+
+void experts_drain(experts *x)
+{
+    char *err = NULL;
+    while (x->reads > 0) reap(x, true, &err);
+    free(err); /* a speculative read that failed: its slot is empty, nothing used it */
+    publish(x, 0);
+}
+
 void experts_step_done(experts *x)
 {
+    if (x->aio) experts_drain(x);
     pthread_mutex_lock(&x->mu);
     x->stats.last_step_bytes = (double)x->step_bytes;
     x->step_bytes = 0;

@@ -19,6 +19,11 @@
  * backend's events: a slot is refilled only after the compute that read it
  * (its `computed` event on the copy stream), and compute reads a slot only
  * after its copy (its `copied` event on the compute stream).
+ *
+ * Speculation (experts_prefetch, --expert-prefetch): after a sparse layer,
+ * the next sparse layer's router applied to the current hidden state
+ * predicts its experts; their fetches start before that layer's attention,
+ * when the link would otherwise be idle. experts.c says what it measured.
  */
 #ifndef FERRY_EXPERTS_H
 #define FERRY_EXPERTS_H
@@ -49,7 +54,18 @@ typedef void (*experts_fn)(void *ctx, int k);
  * the slots stay consistent and the next call works normally. */
 ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, experts_fn fn, void *ctx);
 
-/* Marks the end of a step (for last_step_bytes). */
+/* Starts fetching layer `layer`'s experts ids[0..n) (a prediction) into
+ * free slots, least recently used first, where reads are to be had, and
+ * returns without waiting: the run of that layer finds them in their slots
+ * or on their way. Read errors surface in that run. Called between runs,
+ * when the next sparse layer's attention is about to compute and the disk
+ * would sit idle. */
+void experts_prefetch(experts *x, int layer, const int32_t *ids, int n);
+
+/* Waits for every read in flight (speculative ones no run claimed). */
+void experts_drain(experts *x);
+
+/* Marks the end of a step (for last_step_bytes); nothing is in flight after. */
 void experts_step_done(experts *x);
 
 /* Whether reads are checked against the manifest's CRC-32C (default on). */

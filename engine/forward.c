@@ -51,6 +51,30 @@ static void forward_expert(void *ctx, int k)
 
 /* A sparse layer's MLP block on the normed rows e->xn:
  * x += sum over each token's experts of weight * expert(xn). */
+/* Speculation (experts.h experts_prefetch): the next layer's router on
+ * this layer's output, normed by the next layer's post-attention norm,
+ * predicts the experts the next layer will route to; their fetches start
+ * now, before its attention. Only where the next layer is sparse and its
+ * weights are bound already (on the device tier): a streamed layer's are
+ * not there yet. The prediction's buffers are scratch the next layer
+ * overwrites. */
+static void predict_next(engine *e, int layer, int n)
+{
+    const model_config *c = &e->cfg;
+    int next = layer + 1;
+    if (next >= c->n_layers || !model_layer_moe(c, next)) return;
+    int g = 1 + next / e->placement.opts.group_size;
+    if (e->placement.groups[g].tier != TIER_DEVICE) return;
+    store_bind(e->storage, g, store_group_source(e->storage, g).resident); /* as the pipeline will */
+    const struct backend_ops *op = e->be->ops;
+    const layer_weights *nw = &e->w.layers[next];
+    op->rmsnorm(e->be, e->xn, e->x, &nw->mlp_norm, n, c->dim, c->norm_eps);
+    op->matmul(e->be, e->router, e->xn, &nw->router, NULL, n);
+    op->download(e->be, e->router_host, e->router, (size_t)n * (size_t)c->n_experts * sizeof *e->router_host);
+    moe_route_compute(&e->route, e->router_host, n, c->norm_topk);
+    experts_prefetch(e->experts, next, e->route.used, e->route.n_used);
+}
+
 static ferry_status forward_moe(engine *e, const layer_weights *lw, int layer, int n)
 {
     const struct backend_ops *op = e->be->ops;
@@ -66,6 +90,7 @@ static ferry_status forward_moe(engine *e, const layer_weights *lw, int layer, i
     expert_call call = {e, layer};
     FERRY_TRY(experts_run(e->experts, layer, e->route.used, e->route.n_used, forward_expert, &call));
     op->moe_combine(be, e->x, e->moe_y, n, c->top_k, c->dim);
+    if (e->expert_prefetch) predict_next(e, layer, n);
     return FERRY_OK;
 }
 

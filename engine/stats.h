@@ -30,6 +30,8 @@ typedef struct {
     uint64_t device_uses;  /* of which resident on the device tier */
     uint64_t hits;         /* of which found in a slot */
     uint64_t misses;       /* of which fetched */
+    uint64_t prefetched;   /* experts fetched speculatively (experts_prefetch) */
+    uint64_t prefetch_hits; /* hits on a speculatively fetched expert */
     uint64_t bytes[TIER_COUNT]; /* bytes fetched, by tier of origin */
     double stall_s;        /* compute thread waiting for a fetched expert */
     double last_step_bytes; /* bytes fetched during the last step */

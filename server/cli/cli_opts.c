@@ -37,6 +37,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->max_ctx = (int)cfg->context;
     eo->kv_memory = cfg->kv_memory;
     eo->expert_cache = cfg->expert_cache;
+    eo->expert_prefetch = cfg->expert_prefetch;
     eo->verify_reads = cfg->verify_reads;
     eo->group_size = (int)cfg->group_size;
     eo->prefetch = (int)cfg->prefetch;

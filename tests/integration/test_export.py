@@ -8,7 +8,8 @@ Hugging Face checkpoint, read from wherever they live.
   reference on it gives ferry's logits;
 - the files pass the reference parser (PyPI safetensors, numpy) and the
   index is consistent;
-- every placement (host, disk, mixed, cpu-split) exports the same bytes;
+- every placement (host, disk, mixed, cpu-split) exports the same bytes,
+  mixtures of experts with experts on every tier included;
 - failures leave nothing: ENOSPC (fault hook), kill -9 (slow-write knob
   FERRY_EXPORT_DELAY_MS), refused names and symlinks, an existing export.
 """
@@ -194,6 +195,46 @@ def test_every_placement_exports_the_same_bytes(ferry, models, work):
     for name in runs:
         assert files[name] == files["resident"], name
     check_files(work / "ex-mixed")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
+def test_moe_experts_export_from_every_tier(ferry, models, work, arch):
+    """A mixture of experts with its experts on the device, host and disk
+    (one blob per layer's run of disk experts, read by region) exports the
+    checkpoint's tensors byte for byte, the same as all-resident."""
+    d = models.get(arch, "small", dtype="bf16", seed=1310)
+    groups = json.loads(ferry.check("plan", "--model", d, "--json").stdout)["groups"]
+    dense = sum(g["bytes"] for g in groups if "expert" not in g and g["name"] != "embed")
+    expert = max(g["bytes"] for g in groups if "expert" in g)
+    runs = {
+        "resident": (),
+        "mixed": ("--max-memory", "device=%d,host=%d" % (dense + 3 * expert, 5 * expert), "--offload-dir",
+                  work / "od-mixed"),
+        "split-disk": ("--device", "cpu-split", "--max-memory", "device=%d,host=0" % dense, "--offload-dir",
+                       work / "od-split"),
+    }
+    for name, flags in runs.items():
+        ex = export_ok(ferry, d, work / ("ex-" + name), "--layout", "original", *flags)
+        check_files(ex)
+        assert tensors(ex) == tensors(d), name
+    plan = json.loads(ferry.check("plan", "--model", d, "--json", *runs["mixed"]).stdout)
+    tiers = {g["tier"] for g in plan["groups"] if "expert" in g}
+    assert tiers == {"device", "host", "disk"}, tiers
+
+
+def test_moe_int8_round_trip(ferry, models, work):
+    """Converted export of a mixture of experts (int8 experts, the router
+    unquantized as compressed-tensors leaves gates) gives the exporting
+    engine's logits bit for bit."""
+    d = models.get("qwen3moe", "small", seed=1311)
+    ex = export_ok(ferry, d, work / "ex", "--quantize", "int8")
+    check_files(ex)
+    names = tensors(ex)
+    assert "model.layers.1.mlp.experts.3.up_proj.weight_packed" in names
+    assert "model.layers.1.mlp.gate.weight" in names and "model.layers.1.mlp.gate.weight_packed" not in names
+    (want_ids, want), (got_ids, got) = logits_of(ferry, d, work, "--quantize", "int8"), logits_of(ferry, ex, work)
+    assert got_ids == want_ids
+    assert np.array_equal(got, want), "max |diff| %g" % float(np.max(np.abs(got - want)))
 
 
 def test_memory_is_bounded(ferry, models, work):

@@ -82,7 +82,8 @@ static void test_defaults(void)
         CHECK(!cfg.given[i]);
     }
     CHECK_EQ_U64(cfg.expert_cache, 0);
-    CHECK_EQ_INT(SETTING_COUNT, 60); /* a new setting needs a default check above */
+    CHECK(cfg.expert_prefetch == false);
+    CHECK_EQ_INT(SETTING_COUNT, 61); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

@@ -23,7 +23,8 @@
  * an EIO fails exactly one run, naming the blob, the runs after it are
  * right; a byte changed in an expert blob fails the run that reads it with
  * a checksum mismatch, the group is reported damaged, and after a rebuild
- * the runs are right again.
+ * the runs are right again. Every third run is preceded by a speculative
+ * prefetch of its set and one expert it does not use (left in flight).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -275,7 +276,8 @@ static void check_stats(run_fx *r, uint64_t runs, uint64_t uses, uint64_t off_de
     CHECK_EQ_U64(s.uses, uses);
     CHECK_EQ_U64(s.device_uses + s.hits + s.misses, uses);
     CHECK_EQ_U64(s.hits + s.misses, off_device_uses);
-    CHECK_EQ_U64(s.bytes[TIER_HOST] + s.bytes[TIER_DISK], s.misses * expert_bytes(r));
+    CHECK_EQ_U64(s.bytes[TIER_HOST] + s.bytes[TIER_DISK], (s.misses + s.prefetched) * expert_bytes(r));
+    CHECK(s.prefetch_hits <= s.prefetched && s.prefetch_hits <= s.hits);
 }
 
 /* Budgets for: experts on host, experts on disk, the three tiers mixed. */
@@ -326,6 +328,17 @@ static void test_placements(const model_fx *m, const char *root)
                     int32_t ids[MODEL_MAX_EXPERTS];
                     int n = routed_set(run, E, ids), layer = m->moe_layers[run % m->n_moe];
                     bool right;
+                    if (run % 3 == 1) { /* speculation: the set and one expert it will not use, fetched ahead */
+                        int32_t guess[MODEL_MAX_EXPERTS + 1];
+                        memcpy(guess, ids, (size_t)n * sizeof *ids);
+                        int g = n;
+                        for (int32_t e = 0; e < E && g == n; e++) {
+                            bool in = false;
+                            for (int k = 0; k < n; k++) in |= ids[k] == e;
+                            if (!in) guess[g++] = e;
+                        }
+                        experts_prefetch(r.x, layer, guess, g);
+                    }
                     CHECK_STATUS(run_layer(&r, layer, ids, n, &right), FERRY_OK);
                     CHECK(right);
                     uses += (uint64_t)n;
