@@ -570,23 +570,26 @@ def workloads(vocab, seed):
     }
 
 
-# (placement, group size, prefetch, expert cache, device, (split compute, copy delay us), workload)
+# (placement, group size, prefetch, expert cache, device, (split compute, copy delay us), workload,
+#  --expert-prefetch: the next sparse layer's predicted experts fetched speculatively)
 RUNS = [
-    ("experts-host", 1, 2, None, None, None, "b3"),
-    ("experts-disk", 1, 2, 0, None, None, "b3"),
-    ("experts-disk", 1, 2, 0, None, None, "b1"),
-    ("experts-disk", 1, 2, "half", None, None, "sample"),
-    ("experts-disk", 1, 2, "all", None, None, "b3"),
-    ("mixed", 2, 1, 0, None, None, "b3"),
-    ("mixed", 1, 3, "half", None, None, "chunk"),
-    ("all-host", 2, 2, None, None, None, "sample"),
-    ("all-disk", 1, 1, 0, None, None, "b3"),
-    ("all-disk", 3, 2, "all", None, None, "chunk"),
-    ("experts-disk", 1, 2, 0, "cpu-split", ("thread", 300), "b3"),
-    ("experts-disk", 1, 2, "half", "cpu-split", ("inline", 100), "b1"),
-    ("mixed", 2, 1, "half", "cpu-split", ("inline", 0), "sample"),
-    ("all-disk", 1, 3, 0, "cpu-split", ("thread", 0), "b3"),
-    ("experts-host", 1, 2, "all", "cpu-split", ("inline", 200), "chunk"),
+    ("experts-host", 1, 2, None, None, None, "b3", False),
+    ("experts-disk", 1, 2, 0, None, None, "b3", False),
+    ("experts-disk", 1, 2, 0, None, None, "b1", True),
+    ("experts-disk", 1, 2, "half", None, None, "sample", False),
+    ("experts-disk", 1, 2, "all", None, None, "b3", True),
+    ("mixed", 2, 1, 0, None, None, "b3", True),
+    ("mixed", 1, 3, "half", None, None, "chunk", False),
+    ("all-host", 2, 2, None, None, None, "sample", True),
+    ("all-disk", 1, 1, 0, None, None, "b3", False),
+    ("all-disk", 3, 2, "all", None, None, "chunk", True),
+    ("experts-disk", 1, 2, 0, "cpu-split", ("thread", 300), "b3", False),
+    ("experts-disk", 1, 2, 0, "cpu-split", ("thread", 300), "sample", True),
+    ("experts-disk", 1, 2, "half", "cpu-split", ("inline", 100), "b1", False),
+    ("mixed", 2, 1, "half", "cpu-split", ("inline", 0), "sample", False),
+    ("mixed", 1, 2, 0, "cpu-split", ("thread", 0), "b1", True),
+    ("all-disk", 1, 3, 0, "cpu-split", ("thread", 0), "b3", False),
+    ("experts-host", 1, 2, "all", "cpu-split", ("inline", 200), "chunk", True),
 ]
 PLACEMENT_MODELS = ["mix-f32", "q3-f32-tied", "mix-bf16-tied", "q3-bf16"]
 
@@ -607,18 +610,20 @@ def ref_vocab(d):
     return int(st_util.read_config(d)["vocab_size"])
 
 
-@pytest.mark.parametrize("name,placement,group,prefetch,cache,device,split,wl", [
-    pytest.param(name, *r, id="%s-%s-g%d-p%d-cache%s%s-%s" % (name, r[0], r[1], r[2], r[3], "-split" if r[4] else "",
-                                                            r[6]))
+@pytest.mark.parametrize("name,placement,group,prefetch,cache,device,split,wl,xp", [
+    pytest.param(name, *r, id="%s-%s-g%d-p%d-cache%s%s-%s%s" % (
+        name, r[0], r[1], r[2], r[3], "-split" if r[4] else "", r[6], "-xp" if r[7] else ""))
     for name in PLACEMENT_MODELS for r in RUNS])
 def test_placement_matches_resident(ferry, moe_models, tmp_path, monkeypatch, name, placement, group, prefetch,
-                                    cache, device, split, wl):
+                                    cache, device, split, wl, xp):
     d, spec = moe_model(moe_models, name)
     if split:
         monkeypatch.setenv("FERRY_SPLIT_COMPUTE", split[0])
         monkeypatch.setenv("FERRY_SPLIT_DELAY_US", str(split[1]))
     want_out, want_logits = baseline(ferry, d, spec["seed"], wl, tmp_path)
     flags, _ = placement_flags(ferry, d, placement, tmp_path / "od", cache, group, prefetch, device)
+    if xp:
+        flags.append("--expert-prefetch")
     prompts, extra = workloads(ref_vocab(d), spec["seed"])[wl]
     out, logits = run(ferry, d, prompts, flags + list(extra), tmp_path / "l.bin")
     what = "%s %s %s" % (name, " ".join(str(f) for f in flags), wl)
