@@ -2,7 +2,8 @@
 """Independent float64 PyTorch reference for Hugging Face Llama-family checkpoints.
 
 Implements the Hugging Face `transformers` semantics of LlamaForCausalLM,
-MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM directly from the
+MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and the mixtures of
+experts MixtralForCausalLM and Qwen3MoeForCausalLM directly from the
 checkpoint (config.json + model.safetensors, or a sharded
 model.safetensors.index.json), without `transformers` or `safetensors`:
 
@@ -17,6 +18,39 @@ model.safetensors.index.json), without `transformers` or `safetensors`:
   * Qwen2 q/k/v biases; Llama/Qwen3 q/k/v/o biases when attention_bias is true
   * Qwen3 per-head q_norm / k_norm before RoPE
   * tied or separate lm_head
+  * mixtures of experts, as transformers' MixtralSparseMoeBlock and
+    Qwen3MoeSparseMoeBlock (models/mixtral/modeling_mixtral.py,
+    models/qwen3_moe/modeling_qwen3_moe.py): router logits = gate(h) over
+    all experts, softmax over all of them, the top_k most probable experts,
+    their probabilities divided by their sum (Mixtral always, Qwen3-MoE
+    where norm_topk_prob), each chosen expert's SwiGLU output
+    down(silu(gate(h)) * up(h)) times its weight, summed over the choices.
+    Mixtral: every layer sparse, `block_sparse_moe.gate` and
+    `block_sparse_moe.experts.E.w1/w3/w2` (gate/up/down), expert size
+    intermediate_size, defaults num_local_experts 8, num_experts_per_tok 2,
+    rms_norm_eps 1e-5, rope_theta 1e6, num_key_value_heads 8, sliding_window
+    as Mistral's. Qwen3-MoE: layer l sparse iff l is not in mlp_only_layers
+    and num_experts > 0 and (l + 1) % decoder_sparse_step == 0 (else a dense
+    `mlp.gate_proj/up_proj/down_proj` of intermediate_size); `mlp.gate`,
+    `mlp.experts.E.gate_proj/up_proj/down_proj` of moe_intermediate_size;
+    defaults num_experts 128, num_experts_per_tok 8, moe_intermediate_size
+    768, intermediate_size 6144, decoder_sparse_step 1, norm_topk_prob false,
+    num_key_value_heads 4; q_norm/k_norm as Qwen3, but head_dim, when absent,
+    is hidden_size / num_attention_heads (Qwen3MoeConfig has no head_dim
+    default, unlike Qwen3Config's 128). Expert tensors' shapes are checked
+    against the config, as transformers' loading would. Read from
+    github.com/huggingface/transformers src/transformers/models/
+    {mixtral/modeling_mixtral.py, mixtral/configuration_mixtral.py,
+    qwen3_moe/modeling_qwen3_moe.py, qwen3_moe/configuration_qwen3_moe.py}.
+
+    Top-k ties: the experts are chosen by a stable descending sort of the
+    probabilities, so equal probabilities go to the lower expert index -
+    ferry's rule (engine/moe.h). torch.topk leaves the order of equal values
+    unspecified: on Debian's torch 1.13, torch.topk(torch.full((8,), 0.125), 2)
+    gives indices [6, 5]. So where a tie straddles the top-k boundary,
+    transformers' choice is an accident of the kernel; the reference states
+    the rule instead (select_experts). Ties inside the top-k set give the same
+    answer under any rule.
 
 Every weight is upcast to float64 and every computation is done in float64,
 so the result is the "exact" answer for the weights as stored.
@@ -29,11 +63,15 @@ prints {"output_ids": [...]} (generated ids only). Several prompts may be given
 separated by ';' in which case output_ids is a list of lists and --dump-logits
 writes the prompts' last-position logits one after the other.
 
-Importable API: load_model(dir), forward(model, ids), last_logits(model, ids),
-greedy(model, ids, n), forward_naive(model, ids) (a slow, loop-based second
-formulation used to self-check this file), rope_parameters(cfg, head_dim)
-(the inverse frequencies and attention factor; a model's are m.inv_freq and
-m.attention_factor, which a test may swap for plain RoPE's).
+Importable API: load_model(dir), forward(model, ids, trace=None),
+last_logits(model, ids), greedy(model, ids, n), forward_naive(model, ids) (a
+slow, loop-based second formulation used to self-check this file),
+rope_parameters(cfg, head_dim) (the inverse frequencies and attention factor;
+a model's are m.inv_freq and m.attention_factor, which a test may swap for
+plain RoPE's), select_experts(probs, k, norm) (the routing rule), and for a
+mixture of experts m.n_experts, m.top_k, m.norm_topk, m.sparse (the sparse
+layers); forward(..., trace=list) appends one dict per sparse layer: layer,
+probs [T, n_experts], experts [T, top_k] and weights [T, top_k] (numpy).
 """
 
 import argparse
@@ -51,7 +89,19 @@ SUPPORTED_ARCHS = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
+
+# Config defaults where an architecture's differ from Llama's (the
+# transformers config classes: MixtralConfig, Qwen3MoeConfig).
+_ARCH_DEFAULTS = {
+    "MixtralForCausalLM": dict(rms_norm_eps=1e-5, rope_theta=1e6, num_key_value_heads=8,
+                               num_local_experts=8, num_experts_per_tok=2, intermediate_size=14336),
+    "Qwen3MoeForCausalLM": dict(rms_norm_eps=1e-6, rope_theta=10000.0, num_key_value_heads=4,
+                                num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                intermediate_size=6144, decoder_sparse_step=1, norm_topk_prob=False),
+}
 
 _ELEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 
@@ -139,17 +189,42 @@ def _cfg_get(cfg, key, default):
     return default if v is None else v
 
 
+def _arch_of(cfg):
+    archs = cfg.get("architectures") or []
+    return archs[0] if archs else None
+
+
+def _arch_default(cfg, key, default):
+    """cfg[key], else the architecture's default (_ARCH_DEFAULTS), else default."""
+    return _cfg_get(cfg, key, _ARCH_DEFAULTS.get(_arch_of(cfg), {}).get(key, default))
+
+
+def sparse_layers(cfg):
+    """The layers whose MLP is a mixture of experts (transformers' decoder
+    layer constructors): Mixtral all of them; Qwen3-MoE layer l iff l not in
+    mlp_only_layers and num_experts > 0 and (l + 1) % decoder_sparse_step == 0."""
+    arch = _arch_of(cfg)
+    n = int(cfg["num_hidden_layers"])
+    if arch == "MixtralForCausalLM":
+        return list(range(n))
+    if arch == "Qwen3MoeForCausalLM":
+        n_experts = int(_arch_default(cfg, "num_experts", None))
+        step = int(_arch_default(cfg, "decoder_sparse_step", None))
+        only = set(int(x) for x in (cfg.get("mlp_only_layers") or []))
+        return [l for l in range(n) if l not in only and n_experts > 0 and (l + 1) % step == 0]
+    return []
+
+
 def load_model(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
-    archs = cfg.get("architectures") or []
-    arch = archs[0] if archs else None
+    arch = _arch_of(cfg)
     if arch not in SUPPORTED_ARCHS:
         raise NotImplementedError("unsupported architecture %r" % (arch,))
     act = _cfg_get(cfg, "hidden_act", "silu")
     if act != "silu":
         raise NotImplementedError("hidden_act %r" % (act,))
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and cfg.get("use_sliding_window"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and cfg.get("use_sliding_window"):
         raise NotImplementedError("Qwen use_sliding_window")
 
     m = Model()
@@ -158,38 +233,55 @@ def load_model(model_dir):
     m.hidden = int(cfg["hidden_size"])
     m.n_layers = int(cfg["num_hidden_layers"])
     m.n_heads = int(cfg["num_attention_heads"])
-    m.n_kv = int(_cfg_get(cfg, "num_key_value_heads", m.n_heads))
+    m.n_kv = int(_arch_default(cfg, "num_key_value_heads", m.n_heads))
     if cfg.get("head_dim") is not None:
         m.head_dim = int(cfg["head_dim"])
     elif arch == "Qwen3ForCausalLM":
         m.head_dim = 128  # Qwen3Config's default when the field is absent
     else:
-        m.head_dim = m.hidden // m.n_heads
+        m.head_dim = m.hidden // m.n_heads  # Qwen3-MoE included: no head_dim default
     if m.n_heads % m.n_kv != 0:
         raise ValueError("num_attention_heads not a multiple of num_key_value_heads")
-    m.eps = float(_cfg_get(cfg, "rms_norm_eps", 1e-6))
+    m.eps = float(_arch_default(cfg, "rms_norm_eps", 1e-6))
     m.theta = rope_theta(cfg)
     m.inv_freq, m.attention_factor = rope_parameters(cfg, m.head_dim)
     m.vocab = int(cfg["vocab_size"])
     m.tied = bool(_cfg_get(cfg, "tie_word_embeddings", False))
     sw = cfg.get("sliding_window")
-    m.sliding_window = int(sw) if (arch == "MistralForCausalLM" and isinstance(sw, int)
+    m.sliding_window = int(sw) if (arch in ("MistralForCausalLM", "MixtralForCausalLM") and isinstance(sw, int)
                                     and not isinstance(sw, bool)) else None
     attention_bias = bool(_cfg_get(cfg, "attention_bias", False))
     if arch == "Qwen2ForCausalLM":
         m.qkv_bias, m.o_bias = True, False
-    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+    elif arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         m.qkv_bias = m.o_bias = attention_bias
     else:
         m.qkv_bias = m.o_bias = False
     m.mlp_bias = bool(_cfg_get(cfg, "mlp_bias", False)) and arch == "LlamaForCausalLM"
-    m.qk_norm = arch == "Qwen3ForCausalLM"
+    m.qk_norm = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    m.sparse = sparse_layers(cfg)
+    if arch == "MixtralForCausalLM":
+        m.n_experts = int(_arch_default(cfg, "num_local_experts", None))
+        m.moe_hidden = int(_arch_default(cfg, "intermediate_size", None))
+        m.norm_topk = True  # MixtralSparseMoeBlock always renormalizes
+    elif arch == "Qwen3MoeForCausalLM":
+        m.n_experts = int(_arch_default(cfg, "num_experts", None))
+        m.moe_hidden = int(_arch_default(cfg, "moe_intermediate_size", None))
+        m.norm_topk = bool(_arch_default(cfg, "norm_topk_prob", None))
+    else:
+        m.n_experts = m.moe_hidden = 0
+        m.norm_topk = False
+    m.top_k = int(_arch_default(cfg, "num_experts_per_tok", 0)) if m.sparse else 0
+    if m.sparse and not 0 < m.top_k <= m.n_experts:
+        raise ValueError("num_experts_per_tok %d with %d experts" % (m.top_k, m.n_experts))
 
     raw = read_checkpoint(model_dir)
 
-    def w(name):
+    def w(name, shape=None):
         if name not in raw:
             raise KeyError("checkpoint lacks tensor %s" % name)
+        if shape is not None and list(raw[name].shape) != list(shape):
+            raise ValueError("tensor %s has shape %s, the config says %s" % (name, list(raw[name].shape), list(shape)))
         return torch.from_numpy(raw[name])
 
     m.embed = w("model.embed_tokens.weight")
@@ -204,9 +296,16 @@ def load_model(model_dir):
             L[k] = w(p + "self_attn.%s_proj.weight" % k)
             has_b = m.qkv_bias if k != "o" else m.o_bias
             L[k + "_b"] = w(p + "self_attn.%s_proj.bias" % k) if has_b else None
-        for k in ("gate", "up", "down"):
-            L[k] = w(p + "mlp.%s_proj.weight" % k)
-            L[k + "_b"] = w(p + "mlp.%s_proj.bias" % k) if m.mlp_bias else None
+        if i in m.sparse:
+            _load_experts(m, L, p, w)
+        else:
+            dense = None
+            if arch == "Qwen3MoeForCausalLM":
+                dense = int(_arch_default(cfg, "intermediate_size", None))
+            for k in ("gate", "up", "down"):
+                shape = None if dense is None else ((m.hidden, dense) if k == "down" else (dense, m.hidden))
+                L[k] = w(p + "mlp.%s_proj.weight" % k, shape)
+                L[k + "_b"] = w(p + "mlp.%s_proj.bias" % k) if m.mlp_bias else None
         if m.qk_norm:
             L["q_norm"] = w(p + "self_attn.q_norm.weight")
             L["k_norm"] = w(p + "self_attn.k_norm.weight")
@@ -214,6 +313,27 @@ def load_model(model_dir):
     m.norm = w("model.norm.weight")
     m.lm_head = m.embed if m.tied else w("lm_head.weight")
     return m
+
+
+# Checkpoint names of a sparse layer's router and experts: (router, expert
+# prefix, gate, up, down) under "model.layers.L.".
+_MOE_NAMES = {
+    "MixtralForCausalLM": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.%d.", "w1", "w3", "w2"),
+    "Qwen3MoeForCausalLM": ("mlp.gate.weight", "mlp.experts.%d.", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _load_experts(m, L, p, w):
+    router, expert, gate, up, down = _MOE_NAMES[m.arch]
+    L["router"] = w(p + router, (m.n_experts, m.hidden))
+    L["experts"] = []
+    for e in range(m.n_experts):
+        q = p + expert % e
+        L["experts"].append({
+            "gate": w(q + gate + ".weight", (m.moe_hidden, m.hidden)),
+            "up": w(q + up + ".weight", (m.moe_hidden, m.hidden)),
+            "down": w(q + down + ".weight", (m.hidden, m.moe_hidden)),
+        })
 
 
 def rms_norm(x, weight, eps):
@@ -237,13 +357,14 @@ def rotate_half(x):
 # --------------------------------------------------------------------------
 
 def rope_theta(cfg):
-    """Top-level rope_theta, else v5's rope_parameters["rope_theta"], else 1e4."""
+    """Top-level rope_theta, else v5's rope_parameters["rope_theta"], else the
+    architecture's default (Mixtral 1e6), else 1e4."""
     if cfg.get("rope_theta") is not None:
         return float(cfg["rope_theta"])
     rp = cfg.get("rope_parameters")
     if isinstance(rp, dict) and rp.get("rope_theta") is not None:
         return float(rp["rope_theta"])
-    return 10000.0
+    return float(_ARCH_DEFAULTS.get(_arch_of(cfg), {}).get("rope_theta", 10000.0))
 
 
 def rope_scaling_dict(cfg):
@@ -359,8 +480,46 @@ def attention_mask(T, sliding_window):
     return allowed
 
 
-def forward(m, ids):
-    """Logits [T, vocab] (float64 torch tensor) for every position of ids."""
+def select_experts(probs, k, norm):
+    """The routing rule: probs [T, E] -> (experts [T, k] long, weights [T, k]).
+    Each token's k most probable experts by a stable descending sort (equal
+    probabilities: the lower index first; torch.topk leaves that order
+    unspecified), in that order; weights their probabilities, divided by
+    their sum where norm."""
+    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = torch.gather(probs, 1, order)
+    if norm:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return order, weights
+
+
+def _swiglu(h, gate, up, down):
+    return (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T
+
+
+def moe_block(m, L, h, trace=None, layer=None):
+    """A sparse layer's MLP on h [T, hidden], as MixtralSparseMoeBlock /
+    Qwen3MoeSparseMoeBlock: each expert on the tokens routed to it, its
+    output times the routing weight, index_add_ into zeros."""
+    probs = torch.softmax(h @ L["router"].T, dim=-1)
+    experts, weights = select_experts(probs, m.top_k, m.norm_topk)
+    out = torch.zeros_like(h)
+    for e in range(m.n_experts):
+        tok, j = torch.where(experts == e)
+        if tok.numel() == 0:
+            continue
+        E = L["experts"][e]
+        y = _swiglu(h[tok], E["gate"], E["up"], E["down"]) * weights[tok, j, None]
+        out.index_add_(0, tok, y)
+    if trace is not None:
+        trace.append({"layer": layer, "probs": probs.numpy().copy(), "experts": experts.numpy().copy(),
+                      "weights": weights.numpy().copy()})
+    return out
+
+
+def forward(m, ids, trace=None):
+    """Logits [T, vocab] (float64 torch tensor) for every position of ids.
+    trace: a list to append each sparse layer's routing to (module doc)."""
     ids = torch.as_tensor(list(ids), dtype=torch.long)
     if ids.numel() == 0:
         raise ValueError("empty prompt")
@@ -374,7 +533,7 @@ def forward(m, ids):
     scale = 1.0 / math.sqrt(hd)
 
     x = m.embed[ids]
-    for L in m.layers:
+    for li, L in enumerate(m.layers):
         h = rms_norm(x, L["in_norm"], m.eps)
         q = _linear(h, L["q"], L["q_b"]).view(T, nh, hd).transpose(0, 1)
         k = _linear(h, L["k"], L["k_b"]).view(T, nkv, hd).transpose(0, 1)
@@ -392,6 +551,9 @@ def forward(m, ids):
         attn = (probs @ v).transpose(0, 1).reshape(T, nh * hd)
         x = x + _linear(attn, L["o"], L["o_b"])
         h = rms_norm(x, L["post_norm"], m.eps)
+        if "router" in L:
+            x = x + moe_block(m, L, h, trace, li)
+            continue
         g = _linear(h, L["gate"], L["gate_b"])
         u = _linear(h, L["up"], L["up_b"])
         x = x + _linear(torch.nn.functional.silu(g) * u, L["down"], L["down_b"])
@@ -448,10 +610,25 @@ def forward_naive(m, ids):
             outv[j + half] = b * c + a * s
         return outv
 
+    def swiglu(h, W):
+        g = W["gate"].dot(h)
+        return W["down"].dot(g / (1.0 + np.exp(-g)) * W["up"].dot(h))
+
+    def route(h, Ln):
+        """One token: softmax over all experts, the top_k by (-p, index)."""
+        logits = Ln["router"].dot(h)
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        chosen = sorted(range(m.n_experts), key=lambda e: (-p[e], e))[:m.top_k]
+        total = sum(p[e] for e in chosen) if m.norm_topk else 1.0
+        return [(e, p[e] / total) for e in chosen]
+
     E = np_(m.embed)
     xs = [E[t].copy() for t in ids]
     for L in m.layers:
-        Ln = {k: np_(v) for k, v in L.items()}
+        Ln = {k: np_(v) for k, v in L.items() if k != "experts"}
+        if "experts" in L:
+            Ln["experts"] = [{k: v.numpy() for k, v in ex.items()} for ex in L["experts"]]
         qs, ks, vs = [], [], []
         for pos in range(T):
             h = rms(xs[pos], Ln["in_norm"])
@@ -477,9 +654,15 @@ def forward_naive(m, ids):
                 heads.append(sum(sc[i] * vs[kk][kvh] for i, kk in enumerate(keys)))
             x = xs[p] + lin(np.concatenate(heads), Ln["o"], Ln["o_b"])
             h = rms(x, Ln["post_norm"])
-            g = lin(h, Ln["gate"], Ln["gate_b"])
-            u = lin(h, Ln["up"], Ln["up_b"])
-            x = x + lin(g / (1.0 + np.exp(-g)) * u, Ln["down"], Ln["down_b"])
+            if "router" in Ln:
+                moe = np.zeros_like(x)
+                for e, wt in route(h, Ln):
+                    moe += wt * swiglu(h, Ln["experts"][e])
+                x = x + moe
+            else:
+                g = lin(h, Ln["gate"], Ln["gate_b"])
+                u = lin(h, Ln["up"], Ln["up_b"])
+                x = x + lin(g / (1.0 + np.exp(-g)) * u, Ln["down"], Ln["down_b"])
             new_xs.append(x)
         xs = new_xs
     lm = np_(m.lm_head)
