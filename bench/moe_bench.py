@@ -85,9 +85,9 @@ def main():
 
     print("model %s: resident %.2f GiB (attention, routers, head), %d experts of %.1f MiB = %.2f GiB on disk"
           % (a.model, dense / GiB, len(experts), experts[0] / (1 << 20), all_experts / GiB))
-    print("%-5s %-9s %-8s %9s %9s %8s %8s %8s %9s %9s %8s %8s %7s" % (
+    print("%-5s %-9s %-8s %9s %9s %8s %8s %8s %9s %9s %8s %8s %7s %8s" % (
         "batch", "cache", "prefetch", "step ms", "(min-max)", "tok/s", "routed", "fetched", "MiB/step", "raw GB/s",
-        "floor", "step/fl", "hit %"))
+        "floor", "step/fl", "hit %", "spec ok"))
     for c in configs:
         b, frac, pf, resident = c
         rs = results[c]
@@ -96,11 +96,14 @@ def main():
         x = lambda k: (lambda j: j["experts"][k])
         floor = med(x("active_floor_ms"))
         label = "resident" if resident else ("%.0f%%" % (100 * frac))
-        print("%-5d %-9s %-8s %9.1f %4.0f-%-4.0f %8.2f %8.1f %8.1f %9.1f %9.3f %8.1f %8s %7.1f" % (
+        spec = med(lambda j: j["experts"].get("prefetched_per_step", 0))
+        spec_ok = "%.0f%%" % (100 * med(lambda j: j["experts"].get("prefetch_hits_per_step", 0)) / spec) if spec else "-"
+        print("%-5d %-9s %-8s %9.1f %4.0f-%-4.0f %8.2f %8.1f %8.1f %9.1f %9.3f %8.1f %8s %7.1f %8s" % (
             b, label, "on" if pf else "off", statistics.median(steps), min(steps), max(steps),
             med(lambda j: j["decode_tokens_per_s"]), med(x("routed_per_step")), med(x("fetched_per_step")),
             med(x("fetched_bytes_per_step")) / (1 << 20), med(lambda j: j["raw_direct_read_gb_per_s"]),
-            floor, "%.2f" % (statistics.median(steps) / floor) if floor > 0 else "-", 100 * med(x("hit_rate"))))
+            floor, "%.2f" % (statistics.median(steps) / floor) if floor > 0 else "-", 100 * med(x("hit_rate")),
+            spec_ok))
     d = results[configs[0]][0]["experts"]
     print("dense floor (every expert off the device at the raw rate): %.0f ms/step" % d["dense_floor_ms"])
 

@@ -304,7 +304,8 @@ ferry_status engine_repair(engine *e)
         return FERRY_OK;
     }
     pipeline_quiesce(e->pipe); /* reads ahead may have found more: the whole list once quiet */
-    pipeline_damaged(e->pipe, damaged);
+    pipeline_damaged(e->pipe, damaged); /* sets every entry: the experts' are added after */
+    if (e->experts) experts_damaged(e->experts, damaged);
     ferry_status first = FERRY_OK;
     for (int g = 0; g < n_groups; g++) {
         if (!damaged[g]) continue;
@@ -312,13 +313,19 @@ ferry_status engine_repair(engine *e)
         fprintf(stderr, "ferry: rebuilding %s from the checkpoint\n", path);
         double t0 = util_now();
         ferry_status st = store_rebuild_group(e->storage, g);
-        if (st == FERRY_OK) pipeline_clear_damaged(e->pipe, g);
-        if (st == FERRY_OK && e->experts) experts_clear_damaged(e->experts, g);
-        if (st == FERRY_OK)
-            fprintf(stderr, "ferry: rebuilt %s in %.2f s\n", store_group_source(e->storage, g).path, util_now() - t0);
-        else
+        if (st != FERRY_OK) {
             fprintf(stderr, "ferry: could not rebuild group %d: %s\n", g, ferry_errmsg());
-        if (st != FERRY_OK && first == FERRY_OK) first = st;
+            if (first == FERRY_OK) first = st;
+            continue;
+        }
+        fprintf(stderr, "ferry: rebuilt %s in %.2f s\n", store_group_source(e->storage, g).path, util_now() - t0);
+        /* the blob rewritten whole: every group in it is sound (a run of experts shares one) */
+        for (int h = g; h < n_groups; h++) {
+            if (h != g && !store_same_blob(e->storage, g, h)) continue;
+            damaged[h] = false;
+            pipeline_clear_damaged(e->pipe, h);
+            if (e->experts) experts_clear_damaged(e->experts, h);
+        }
     }
     free(damaged);
     return first;

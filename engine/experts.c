@@ -58,6 +58,19 @@ typedef struct {
     bool in_use;
 } xbounce;
 
+/* The first failure of a run: its status and whole message. */
+typedef struct {
+    ferry_status st; /* FERRY_OK: none */
+    char msg[FERRY_MSG_MAX];
+} run_err;
+
+static void fail_run(run_err *e, ferry_status st, const char *msg)
+{
+    if (e->st != FERRY_OK) return;
+    e->st = st;
+    snprintf(e->msg, sizeof e->msg, "%s", msg);
+}
+
 /* A routed expert of the running run. */
 typedef enum { X_DEVICE, X_HIT, X_WAITING, X_READING, X_READY, X_FAILED } xstate;
 typedef struct {
@@ -84,6 +97,7 @@ struct experts {
     bool *damaged;       /* [n_groups] */
     xitem *items;        /* [n_experts] the running run */
     int reads;           /* reads in flight, claimed or speculative */
+    uint64_t keep_from;  /* experts_prefetch: slots used from this clock value on are its prediction's */
     expert_stats run;    /* the running run's figures: compute thread only */
     uint64_t step_bytes;
     pthread_mutex_t mu;  /* stats and damaged: read by metrics threads */
@@ -204,13 +218,14 @@ void experts_free(experts *x)
 
 /* ---- one run ---------------------------------------------------------------- */
 
-/* The least recently used slot no routed expert of this run is in; -1. */
-static int take_slot(experts *x)
+/* The least recently used slot no routed expert of this run is in, and
+ * (keep_from) none used at or after that clock value; -1. */
+static int take_slot(experts *x, uint64_t keep_from)
 {
     int best = -1;
     for (int i = 0; i < x->n_slots; i++) {
         const xslot *sl = &x->slots[i];
-        if (sl->busy || sl->reading) continue;
+        if (sl->busy || sl->reading || (sl->group >= 0 && sl->last_use >= keep_from)) continue;
         if (sl->group < 0) return i;
         if (best < 0 || sl->last_use < x->slots[best].last_use) best = i;
     }
@@ -238,18 +253,19 @@ static void copy_to_slot(experts *x, int s, const void *src, uint64_t bytes)
 /* Starts fetching group g into a slot taken for it: item `item` of the
  * running run, or -1 for a speculative fetch. false when it must wait (no
  * slot, bounce buffer or read to be had) or, speculative, would gain
- * nothing. *failed: the read could not even be queued (its message in
- * ferry_errmsg()). */
-static bool start_fetch(experts *x, int g, int item, bool *failed)
+ * nothing. *failed: why the read could not even be queued (its message in
+ * ferry_errmsg()), FERRY_OK when it was. */
+static bool start_fetch(experts *x, int g, int item, ferry_status *failed)
 {
     const plan_group *pg = &x->p->groups[g];
-    *failed = false;
+    *failed = FERRY_OK;
     if (pg->tier == TIER_DISK && x->reads >= x->p->expert_reads) return false;
     /* a speculative host copy on a unified backend is a memcpy on this thread: no overlap to gain */
     if (item < 0 && pg->tier == TIER_HOST && x->p->opts.unified) return false;
     int b = -1;
     if (pg->tier == TIER_DISK && !x->p->opts.unified && (b = take_bounce(x)) < 0) return false;
-    int s = take_slot(x);
+    /* a speculative fetch never evicts what this prediction keeps (x->keep_from) */
+    int s = take_slot(x, item < 0 ? x->keep_from : UINT64_MAX);
     if (s < 0) return false;
     xslot *sl = &x->slots[s];
     if (sl->group >= 0) x->slot_of[sl->group] = -1; /* evicted */
@@ -277,12 +293,11 @@ static bool start_fetch(experts *x, int g, int item, bool *failed)
     }
     /* the slot's last compute is over on a unified backend (ops finish as
      * they return), so the read may land in it now */
-    if (aio_read(x->aio, src.fd, src.path, src.offset, dst, (size_t)pg->bytes, (uint64_t)s) != FERRY_OK) {
+    if ((*failed = aio_read(x->aio, src.fd, src.path, src.offset, dst, (size_t)pg->bytes, (uint64_t)s)) != FERRY_OK) {
         if (b >= 0) x->bounce[b].in_use = false;
         sl->group = -1;
         x->slot_of[g] = -1;
         sl->busy = false;
-        *failed = true;
         return true;
     }
     if (item >= 0) x->items[item].state = X_READING;
@@ -294,8 +309,8 @@ static bool start_fetch(experts *x, int g, int item, bool *failed)
 /* Takes finished reads: verified, copied to their slot where needed, and
  * handed to their item (a speculative one stays in its slot, a cache
  * entry like any other; one that failed leaves it empty). The first
- * failure of an item's read goes to *err (malloc'd). */
-static void reap(experts *x, bool wait, char **err)
+ * failure of an item's read goes to *err. */
+static void reap(experts *x, bool wait, run_err *err)
 {
     aio_done done[8];
     double t0 = util_now();
@@ -336,7 +351,7 @@ static void reap(experts *x, bool wait, char **err)
         x->slot_of[g] = -1;
         if (it) {
             it->state = X_FAILED;
-            if (!*err) *err = strdup(msg);
+            fail_run(err, st, msg);
         }
     }
 }
@@ -386,7 +401,7 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
 {
     FERRY_ASSERT(layer >= 0 && layer < x->n_layers && x->layer_first[layer] >= 0);
     int first = x->layer_first[layer];
-    char *err = NULL;
+    run_err err = {FERRY_OK, ""};
     if (x->aio) reap(x, false, &err); /* speculative reads that have landed */
     int n_present = 0;
     xitem *items = x->items;
@@ -422,11 +437,11 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
     for (int k = 0; k < n; k++)
         if (items[k].state == X_WAITING) order[n_order++] = k;
 
-    bool failed;
-    while (next_fetch < n && !err && start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
+    ferry_status failed;
+    while (next_fetch < n && !err.st && start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
         if (failed) {
             items[order[next_fetch]].state = X_FAILED;
-            err = strdup(ferry_errmsg());
+            fail_run(&err, failed, ferry_errmsg());
         }
         next_fetch++;
     }
@@ -434,20 +449,21 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
     for (int i = n_present; i < n; i++) {
         xitem *it = &items[order[i]];
         for (;;) {
-            while (next_fetch < n && !err && start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
+            while (next_fetch < n && !err.st &&
+                   start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
                 if (failed) {
                     items[order[next_fetch]].state = X_FAILED;
-                    err = strdup(ferry_errmsg());
+                    fail_run(&err, failed, ferry_errmsg());
                 }
                 next_fetch++;
             }
             if (x->aio) reap(x, false, &err);
-            if (it->state != X_READING && (it->state != X_WAITING || err)) break;
+            if (it->state != X_READING && (it->state != X_WAITING || err.st)) break;
             /* waiting for its read, or for a slot or read that one in flight frees */
             FERRY_ASSERT(x->reads > 0);
             reap(x, true, &err);
         }
-        if (it->state == X_READY && !err) {
+        if (it->state == X_READY && !err.st) {
             compute(x, it, fn, ctx);
         } else if (it->slot >= 0 && x->slots[it->slot].item == it - items) {
             /* failed, or not computed after a failure: the slot holds nothing trusted */
@@ -461,43 +477,37 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
     while (x->reads > 0) reap(x, true, &err); /* nothing in flight between runs */
     free(order);
     publish(x, n);
-    if (err) {
-        ferry_status st = ferry_fail(FERRY_ERR_IO, "%s", err);
-        free(err);
-        return st;
-    }
-    return FERRY_OK;
+    return err.st ? ferry_fail(err.st, "%s", err.msg) : FERRY_OK;
 }
 
 void experts_prefetch(experts *x, int layer, const int32_t *ids, int n)
 {
     if (layer < 0 || layer >= x->n_layers || x->layer_first[layer] < 0) return;
     int first = x->layer_first[layer];
-    /* the predicted experts already present are the most recent: kept */
+    /* the predicted experts already present are the most recent, and kept */
+    x->keep_from = x->clock + 1;
     for (int k = 0; k < n; k++) {
         int s = x->slot_of[first + ids[k]];
         if (s >= 0) x->slots[s].last_use = ++x->clock;
     }
-    char *err = NULL;
+    run_err err = {FERRY_OK, ""}; /* a speculative read that fails leaves its slot empty: the run refetches */
     for (int k = 0; k < n; k++) {
         int g = first + ids[k];
         if (x->p->groups[g].tier == TIER_DEVICE || x->slot_of[g] >= 0) continue;
-        bool failed;
+        ferry_status failed;
         if (!start_fetch(x, g, -1, &failed)) continue;
         if (failed) continue; /* the run that needs it fetches it again and says why */
         x->run.prefetched++;
         x->slots[x->slot_of[g]].last_use = ++x->clock;
     }
     if (x->aio) reap(x, false, &err);
-    free(err);
     publish(x, 0);
 }
 
 void experts_drain(experts *x)
 {
-    char *err = NULL;
+    run_err err = {FERRY_OK, ""}; /* a speculative read that failed: its slot is empty, nothing used it */
     while (x->reads > 0) reap(x, true, &err);
-    free(err); /* a speculative read that failed: its slot is empty, nothing used it */
     publish(x, 0);
 }
 

@@ -20,9 +20,9 @@
  * (its `computed` event on the copy stream), and compute reads a slot only
  * after its copy (its `copied` event on the compute stream).
  *
- * Speculation (experts_prefetch, --expert-prefetch): after a sparse layer,
- * the next sparse layer's router applied to the current hidden state
- * predicts its experts; their fetches start before that layer's attention,
+ * Speculation (experts_prefetch, --expert-prefetch): after a sparse layer
+ * followed by another (on the device tier), that layer's router applied to
+ * the current hidden state predicts its experts; their fetches start before that layer's attention,
  * when the link would otherwise be idle. experts.c says what it measured.
  */
 #ifndef FERRY_EXPERTS_H

@@ -264,7 +264,8 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    bool any_disk = p->tier_bytes[TIER_DISK] > 0;
+    bool any_disk = false; /* a streamed group on disk (experts are read by experts.c) */
+    for (int q = 0; q < pl->n_streamed; q++) any_disk |= p->groups[pl->streamed[q]].tier == TIER_DISK;
     char b[32];
     for (int i = 0; i < pl->n_slots; i++) {
         stage_slot *sl = &pl->slots[i];

@@ -442,6 +442,11 @@ static ferry_status rebuild_group(store *s, int g)
     return st;
 }
 
+bool store_same_blob(const store *s, int g, int h)
+{
+    return s->blob[g] >= 0 && s->blob[g] == s->blob[h];
+}
+
 store_source store_group_source(const store *s, int g)
 {
     const plan_group *pg = &s->plan->groups[g];

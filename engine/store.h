@@ -92,6 +92,8 @@ store_tensor store_group_tensor(const store *s, int g, int k);
  * are waited for: they read blob descriptors between
  * store_blobs_read_begin and _end (a shared lock the rebuild takes alone). */
 ferry_status store_rebuild_group(store *s, int g);
+/* Whether disk groups g and h are in the same blob (a run of experts). */
+bool store_same_blob(const store *s, int g, int h);
 void store_blobs_read_begin(store *s);
 void store_blobs_read_end(store *s);
 

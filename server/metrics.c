@@ -151,6 +151,11 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
                       (unsigned long long)x->bytes[t]);
         help(sb, "ferry_expert_step_fetched_bytes", "gauge", "Expert bytes fetched during the last engine step");
         sb_printf(sb, "ferry_expert_step_fetched_bytes %.0f\n", x->last_step_bytes);
+        help(sb, "ferry_expert_prefetched_total", "counter",
+             "Experts fetched speculatively (--expert-prefetch: predicted for the next sparse layer)");
+        sb_printf(sb, "ferry_expert_prefetched_total %llu\n", (unsigned long long)x->prefetched);
+        help(sb, "ferry_expert_prefetch_hits_total", "counter", "Speculatively fetched experts a layer then routed to");
+        sb_printf(sb, "ferry_expert_prefetch_hits_total %llu\n", (unsigned long long)x->prefetch_hits);
         help(sb, "ferry_expert_stall_seconds_total", "counter", "Compute time spent waiting for a fetched expert");
         sb_printf(sb, "ferry_expert_stall_seconds_total %.9g\n", x->stall_s);
     }

@@ -293,10 +293,10 @@ static ferry_status parse_moe(const json_value *root, const char *label, model_c
             return ferry_fail(FERRY_ERR_INVALID, "%s: field 'mlp_only_layers' must be a list of layer indices", label);
         for (size_t i = 0; i < only->len; i++) {
             const json_value *v = &only->items[i];
-            if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 || v->integer >= cfg->n_layers)
-                return ferry_fail(FERRY_ERR_INVALID, "%s: field 'mlp_only_layers' entry %zu is not a layer index "
-                                  "(0..%d)", label, i, cfg->n_layers - 1);
-            dense_only[v->integer] = true;
+            if (v->type != JSON_NUMBER || !v->is_int)
+                return ferry_fail(FERRY_ERR_INVALID, "%s: field 'mlp_only_layers' entry %zu is not an integer", label, i);
+            /* transformers asks `layer_idx not in mlp_only_layers`: an index that is no layer changes nothing */
+            if (v->integer >= 0 && v->integer < cfg->n_layers) dense_only[v->integer] = true;
         }
     }
     for (int l = 0; l < cfg->n_layers; l++)

@@ -196,7 +196,7 @@ typedef struct {
     uint64_t bytes[TIER_COUNT];
     /* a mixture of experts: experts computed, by where they were, and
      * expert bytes fetched (in bytes[] too) */
-    uint64_t x_device, x_hits, x_misses, x_bytes;
+    uint64_t x_device, x_hits, x_misses, x_bytes, x_prefetched, x_prefetch_hits;
     double x_stall;
 } step_rec;
 
@@ -205,7 +205,8 @@ static step_rec stats_delta(const pipeline_stats *a, const pipeline_stats *b, co
 {
     step_rec r = {b->wall_s - a->wall_s, b->compute_s - a->compute_s, b->stall_s - a->stall_s,
                   b->fetch_s - a->fetch_s, {0}, xb->device_uses - xa->device_uses, xb->hits - xa->hits,
-                  xb->misses - xa->misses, 0, xb->stall_s - xa->stall_s};
+                  xb->misses - xa->misses, 0, xb->prefetched - xa->prefetched, xb->prefetch_hits - xa->prefetch_hits,
+                  xb->stall_s - xa->stall_s};
     for (int t = 0; t < TIER_COUNT; t++) {
         uint64_t x = xb->bytes[t] - xa->bytes[t];
         r.bytes[t] = b->bytes[t] - a->bytes[t] + x;
@@ -229,8 +230,18 @@ typedef struct {
 /* The timed steps. Every path that is timed runs once untimed first
  * (first-use costs: page faults, library initialisation, kernel choice):
  * a whole prefill of the prompt length, and the first decode step. */
+/* A uniform token id for sequence s at decode step `step` (--decode-input random). */
+static uint64_t mix_token(int step, int s)
+{
+    uint64_t z = ((uint64_t)(uint32_t)(step + 1) << 32 | (uint32_t)s) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
 {
+    bool random_input = !strcmp(cfg->decode_input, "random");
     engine_limits lim = engine_get_limits(e);
     int B = r->batch, plen = r->plen;
     int ntok = plen > B * 4 ? plen : B * 4;
@@ -264,7 +275,8 @@ static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
         if (step == 0 && cfg->trace && (st = engine_trace_start(e, 1u << 20)) != FERRY_OK) goto out;
         batch_builder_clear(&bb);
         for (int s = 0; s < B; s++) {
-            int32_t next = sample_argmax(logits + (size_t)s * (size_t)lim.vocab, lim.vocab);
+            int32_t next = random_input ? (int32_t)(mix_token(step, s) % (uint64_t)lim.vocab)
+                                        : sample_argmax(logits + (size_t)s * (size_t)lim.vocab, lim.vocab);
             batch_builder_add(&bb, s, 5 + step, &next, 1);
         }
         b = batch_builder_get(&bb);
@@ -293,10 +305,12 @@ static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)
         r->mean.x_device += r->rec[i].x_device;
         r->mean.x_hits += r->rec[i].x_hits;
         r->mean.x_misses += r->rec[i].x_misses;
+        r->mean.x_prefetched += r->rec[i].x_prefetched;
+        r->mean.x_prefetch_hits += r->rec[i].x_prefetch_hits;
         r->mean.x_bytes += r->rec[i].x_bytes / (uint64_t)n;
         r->mean.x_stall += r->rec[i].x_stall / n;
     }
-    r->mean_steps = n; /* x_device, x_hits, x_misses are summed over them */
+    r->mean_steps = n; /* x_device, x_hits, x_misses, x_prefetched, x_prefetch_hits are summed over them */
 out:
     batch_builder_free(&bb);
     free(tokens);
@@ -377,6 +391,7 @@ static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
  * way, must move). Per step, over the steady steps. */
 typedef struct {
     double routed, device, hits, fetched, hit_rate; /* experts per step; hits / (hits + fetched) */
+    double prefetched, prefetch_hits;               /* per step: speculative fetches, and hits on them */
     double fetched_bytes, routed_bytes;             /* per step */
     uint64_t all_bytes, off_bytes;                  /* every expert; those not on the device */
     double stall_s, active_floor_s, dense_floor_s;  /* floors 0 without a raw disk rate */
@@ -401,6 +416,8 @@ static bool expert_figures(engine *e, const bench_run *r, expert_fig *f)
     f->fetched = (double)m->x_misses / steps;
     f->routed = f->device + f->hits + f->fetched;
     f->hit_rate = f->hits + f->fetched > 0 ? f->hits / (f->hits + f->fetched) : 0;
+    f->prefetched = (double)m->x_prefetched / steps;
+    f->prefetch_hits = (double)m->x_prefetch_hits / steps;
     f->fetched_bytes = (double)m->x_bytes;
     f->routed_bytes = f->routed * per;
     f->stall_s = m->x_stall;
@@ -420,6 +437,9 @@ static void report_experts_text(engine *e, const bench_run *r)
     printf("experts          %.1f routed/step (%.1f on device, %.1f slot hits, %.1f fetched); hit rate %.0f%%; "
            "%d slots\n",
            f.routed, f.device, f.hits, f.fetched, 100 * f.hit_rate, f.slots);
+    if (f.prefetched > 0)
+        printf("expert prefetch  %.1f fetched speculatively/step, %.1f of them routed to (%.0f%%)\n", f.prefetched,
+               f.prefetch_hits, 100 * f.prefetch_hits / f.prefetched);
     printf("expert bytes     fetched %s/step of %s routed/step; all experts %s (%s off the device); stall %.2f ms\n",
            util_fmt_bytes((uint64_t)f.fetched_bytes, b1, sizeof b1), util_fmt_bytes((uint64_t)f.routed_bytes, b2, sizeof b2),
            util_fmt_bytes(f.all_bytes, b3, sizeof b3), util_fmt_bytes(f.off_bytes, b4, sizeof b4), f.stall_s * 1e3);
@@ -437,10 +457,11 @@ static void report_experts_json(strbuf *sb, engine *e, const bench_run *r)
               ", \"experts\": {\"routed_per_step\": %.3f, \"device_per_step\": %.3f, \"hits_per_step\": %.3f, "
               "\"fetched_per_step\": %.3f, \"hit_rate\": %.4f, \"fetched_bytes_per_step\": %.0f, "
               "\"routed_bytes_per_step\": %.0f, \"all_bytes\": %llu, \"off_device_bytes\": %llu, \"stall_ms\": %.3f, "
-              "\"active_floor_ms\": %.3f, \"dense_floor_ms\": %.3f, \"slots\": %d}",
+              "\"active_floor_ms\": %.3f, \"dense_floor_ms\": %.3f, \"slots\": %d, \"prefetched_per_step\": %.3f, "
+              "\"prefetch_hits_per_step\": %.3f}",
               f.routed, f.device, f.hits, f.fetched, f.hit_rate, f.fetched_bytes, f.routed_bytes,
               (unsigned long long)f.all_bytes, (unsigned long long)f.off_bytes, f.stall_s * 1e3,
-              f.active_floor_s * 1e3, f.dense_floor_s * 1e3, f.slots);
+              f.active_floor_s * 1e3, f.dense_floor_s * 1e3, f.slots, f.prefetched, f.prefetch_hits);
 }
 
 static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
@@ -490,6 +511,8 @@ int cmd_bench(const ferry_config *cfg)
     if (r.batch < 1 || r.batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
     if (r.steps < 1 || r.steps > 100000) return cli_error(EXIT_USAGE, "--steps must be in 1..100000");
     if (r.plen < 1 || r.plen > 1000000) return cli_error(EXIT_USAGE, "--prompt-len must be in 1..1000000");
+    if (strcmp(cfg->decode_input, "greedy") && strcmp(cfg->decode_input, "random"))
+        return cli_error(EXIT_USAGE, "--decode-input must be greedy or random (got '%s')", cfg->decode_input);
     r.threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (r.threads > 256) r.threads = 256;
     engine_opts eo;

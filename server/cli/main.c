@@ -45,7 +45,7 @@ static const command k_commands[] = {
      {S(model), S(device), S(batch), S(context), S(kv_memory), S(json), PLACEMENT, END},
      {S(model), END}},
     {"bench", cmd_bench, "measure prefill and decode speed, streaming and the memory roofline",
-     {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(steps), S(prompt_len), S(json), S(trace), PLACEMENT, END},
+     {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(steps), S(prompt_len), S(decode_input), S(json), S(trace), PLACEMENT, END},
      {S(model), END}},
     {"export", cmd_export, "write the loaded (converted) weights as a Hugging Face checkpoint, read from wherever they live",
      {S(model), S(out), S(layout), S(max_shard_size), S(overwrite), S(device), S(threads), S(json), PLACEMENT, END},

@@ -428,6 +428,48 @@ def test_blob_damaged_while_serving(ferry_bin, models, tmp_path, damage):
             pass
 
 
+def test_expert_blob_damaged_while_serving(ferry, ferry_bin, models, tmp_path):
+    """A mixture of experts with its experts on disk: bytes flipped in every
+    expert region of layer 0's blob while serving. The step that fetches one
+    of them fails naming the blob (checksum), the blob is rebuilt from the
+    checkpoint, and the same request then gives the tokens it gave before."""
+    model = models.get("mixtral", "tiny", seed=88, layers=3)
+    groups = json.loads(ferry.check("plan", "--model", model, "--json").stdout)["groups"]
+    dense = sum(g["bytes"] for g in groups if "expert" not in g and g["name"] != "embed")
+    expert = [g["bytes"] for g in groups if g.get("first_layer") == 0 and "expert" in g]
+    od = tmp_path / "od"
+    gen = serve(ferry_bin, model, "--max-memory", "device=%d,host=0" % dense, "--offload-dir", od, name="x")
+    s = next(gen)
+    try:
+        ids = [3, 1, 4, 1, 5, 9, 2, 6]
+        st, _, good = _gen(s, ids)
+        assert st == 200
+        blob = od / ("experts-000-000-%03d.bin" % (len(expert) - 1))
+        size = blob.stat().st_size
+        assert size == sum(expert)
+        with open(blob, "r+b") as f:
+            for k, e in enumerate(expert):  # every expert's region
+                f.seek(k * e + e // 2)
+                old = f.read(64)
+                f.seek(k * e + e // 2)
+                f.write(bytes(b ^ 0x5A for b in old))
+        st, _, body = _gen(s, ids)
+        assert st == 500, (st, body)
+        err = json.loads(body)["error"]
+        assert blob.name in err and "checksum mismatch" in err, err
+        deadline = time.monotonic() + 20
+        while not any("rebuilt" in ln and blob.name in ln for ln in s.log):
+            assert time.monotonic() < deadline, s.logtail()
+            time.sleep(0.1)
+        st, _, again = _gen(s, ids)
+        assert st == 200 and json.loads(again)["output_ids"] == json.loads(good)["output_ids"], again
+        assert sum("rebuilt" in ln for ln in s.log) == 1, s.logtail()  # one blob, rebuilt once
+        assert _wait_ready(s, 200)
+    finally:
+        for _ in gen:
+            pass
+
+
 def test_ready_503_after_failing_steps_then_back(ferry_bin, models, tmp_path):
     """With the read checks off, a blob whose weights were overwritten with
     NaN gives non-finite logits: each step fails (500, never ids sampled

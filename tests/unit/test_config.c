@@ -83,7 +83,8 @@ static void test_defaults(void)
     }
     CHECK_EQ_U64(cfg.expert_cache, 0);
     CHECK(cfg.expert_prefetch == false);
-    CHECK_EQ_INT(SETTING_COUNT, 61); /* a new setting needs a default check above */
+    CHECK_EQ_STR(cfg.decode_input, "greedy");
+    CHECK_EQ_INT(SETTING_COUNT, 62); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

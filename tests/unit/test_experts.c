@@ -17,8 +17,10 @@
  * tiers; slots from the least (2 x top_k) to every expert; routed sets from
  * one expert to all of them, repeated and varied, so that hits, misses and
  * evictions all happen; copies landing at once and 300 us late, the compute
- * stream inline and on its own thread. The stats must add up (uses = device
- * + hits + misses; bytes = misses x expert bytes), and with a slot for every
+ * stream inline and on its own thread; and on the unified cpu backend,
+ * whose disk reads land in the slots themselves. The stats must add up
+ * (uses = device + hits + misses; bytes = (misses + speculative fetches) x
+ * expert bytes), and with a slot for every
  * expert a set seen before is all hits. Faults: short reads change nothing;
  * an EIO fails exactly one run, naming the blob, the runs after it are
  * right; a byte changed in an expert blob fails the run that reads it with
@@ -55,6 +57,7 @@ typedef struct {
     uint64_t cache;        /* --expert-cache */
     const char *compute;   /* FERRY_SPLIT_COMPUTE */
     unsigned delay_us;     /* FERRY_SPLIT_DELAY_US */
+    const char *device;    /* NULL: cpu-split; "cpu": unified, reads land in the slots */
 } run_opts;
 
 typedef struct {
@@ -92,8 +95,8 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
 {
     memset(r, 0, sizeof *r);
     r->m = m;
-    snprintf(r->what, sizeof r->what, "%s cache=%llu compute=%s delay=%uus", o->budgets ? o->budgets : "resident",
-             (unsigned long long)o->cache, o->compute, o->delay_us);
+    snprintf(r->what, sizeof r->what, "%s %s cache=%llu compute=%s delay=%uus", o->device ? o->device : "cpu-split",
+             o->budgets ? o->budgets : "resident", (unsigned long long)o->cache, o->compute, o->delay_us);
     char delay[16];
     snprintf(delay, sizeof delay, "%u", o->delay_us);
     setenv("FERRY_SPLIT_DELAY_US", delay, 1);
@@ -105,7 +108,7 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
                      .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
                      .max_pos = c->max_pos, .n_experts = c->n_experts, .top_k = c->top_k,
                      .moe_hidden = c->moe_hidden, .n_moe_layers = m->n_moe, .moe_layers = m->moe_layers};
-    ferry_status st = backend_create("cpu-split", &(backend_opts){.threads = 2}, &r->be);
+    ferry_status st = backend_create(o->device ? o->device : "cpu-split", &(backend_opts){.threads = 2}, &r->be);
     if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
     po.unified = r->be ? r->be->ops->unified : false;
     if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
@@ -224,7 +227,7 @@ static void check_stats(run_fx *r, uint64_t runs, uint64_t uses, uint64_t off_de
 static void placements(const model_fx *m, const char *root, char specs[3][96])
 {
     run_fx r;
-    run_opts o = {NULL, 0, "inline", 0};
+    run_opts o = {NULL, 0, "inline", 0, NULL};
     uint64_t dense = 0, expert = 0;
     if (run_open(&r, m, &o, NULL)) {
         for (int g = 0; g < r.p.n_groups; g++)
@@ -246,10 +249,11 @@ static void test_placements(const model_fx *m, const char *root)
     int E = m->cfg.n_experts;
     for (int pl = 0; pl < 3; pl++)
         for (int cache = 0; cache < 3; cache++)
-            for (int mode = 0; mode < 2; mode++) {
+            for (int mode = 0; mode < 3; mode++) { /* cpu-split inline, on a thread with late copies; cpu */
                 char od[PATH_MAX];
                 snprintf(od, sizeof od, "%s/od-%d", root, pl);
-                run_opts o = {specs[pl], 0, mode ? "thread" : "inline", mode ? 300u : 0u};
+                run_opts o = {specs[pl], 0, mode == 1 ? "thread" : "inline", mode == 1 ? 300u : 0u,
+                              mode == 2 ? "cpu" : NULL};
                 run_fx r;
                 if (!run_open(&r, m, &o, od)) {
                     run_close(&r);
@@ -308,7 +312,7 @@ static void test_faults(const model_fx *m, const char *root)
     char specs[3][96], od[PATH_MAX];
     placements(m, root, specs);
     snprintf(od, sizeof od, "%s/od-faults", root);
-    run_opts o = {specs[1], 0, "thread", 300};
+    run_opts o = {specs[1], 0, "thread", 300, NULL};
     int32_t two[2] = {1, 6}, three[3] = {0, 3, 5};
 
     setenv("FERRY_FAULT", "read_short=1", 1); /* every completion short: resubmitted */
