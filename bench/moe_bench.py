@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--caches", default="0,0.125,0.5,1", help="expert cache sizes as fractions of all experts")
     ap.add_argument("--prefetch", action="store_true", help="also run each configuration with --expert-prefetch")
     ap.add_argument("--resident", action="store_true", help="also run with every expert resident (compute alone)")
+    ap.add_argument("--decode-input", default="random", choices=["greedy", "random"],
+                    help="decode steps' input tokens (ferry bench --decode-input): a random model's greedy text "
+                         "repeats itself, and so does its routing, which flatters the expert cache")
     a = ap.parse_args()
 
     dense, experts = resident_bytes(a.model)
@@ -75,7 +78,7 @@ def main():
         for c in configs:
             b, frac, pf, resident = c
             args = ["bench", "--model", a.model, "--batch", str(b), "--steps", str(a.steps), "--prompt-len", "16",
-                    "--json"]
+                    "--json", "--decode-input", a.decode_input]
             if not resident:
                 args += ["--max-memory", "device=%d,host=0" % dense, "--offload-dir", a.offload_dir,
                          "--expert-cache", str(int(frac * all_experts))]
@@ -83,8 +86,9 @@ def main():
                     args.append("--expert-prefetch")
             results[c].append(json.loads(run(args)))
 
-    print("model %s: resident %.2f GiB (attention, routers, head), %d experts of %.1f MiB = %.2f GiB on disk"
-          % (a.model, dense / GiB, len(experts), experts[0] / (1 << 20), all_experts / GiB))
+    print("model %s: resident %.2f GiB (attention, routers, head), %d experts of %.1f MiB = %.2f GiB on disk; "
+          "decode input %s" % (a.model, dense / GiB, len(experts), experts[0] / (1 << 20), all_experts / GiB,
+                               a.decode_input))
     print("%-5s %-9s %-8s %9s %9s %8s %8s %8s %9s %9s %8s %8s %7s %8s" % (
         "batch", "cache", "prefetch", "step ms", "(min-max)", "tok/s", "routed", "fetched", "MiB/step", "raw GB/s",
         "floor", "step/fl", "hit %", "spec ok"))
