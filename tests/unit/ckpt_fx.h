@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../../engine/backend.h"
+#include "../../engine/plan.h"
 #include "../../engine/store.h"
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/safetensors.h"
@@ -73,6 +74,56 @@ static inline void model_open(model_fx *m, const char *test, const char *root, c
         cpu->ops->convert(cpu, m->want[k], w);
     }
     backend_free(cpu);
+}
+
+/* The plan's view of the model. */
+static inline plan_model fx_plan_model(const model_fx *m)
+{
+    const model_config *c = &m->cfg;
+    return (plan_model){.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
+                        .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
+                        .max_pos = c->max_pos, .n_experts = c->n_experts, .top_k = c->top_k,
+                        .moe_hidden = c->moe_hidden, .n_moe_layers = m->n_moe, .moe_layers = m->moe_layers};
+}
+
+/* What a run of compute over the model needs below the pipeline or the
+ * experts: a backend, a plan under --max-memory `budgets` (NULL: all on the
+ * device), the compute view and its tensor list, and the store loaded as
+ * the plan says (od: the offload dir). */
+typedef struct {
+    backend *be;
+    plan p;
+    model_weights view;
+    tensor_entry *view_ents;
+    store *s;
+} store_fx;
+
+static inline ferry_status fx_store_open(store_fx *f, const model_fx *m, const char *device, plan_opts po,
+                                         const char *budgets, const char *od, const char *fingerprint)
+{
+    static const convert_opts identity = {CONVERT_KEEP, CONVERT_KEEP};
+    memset(f, 0, sizeof *f);
+    plan_model pm = fx_plan_model(m);
+    po.budget[0] = po.budget[1] = PLAN_UNLIMITED;
+    ferry_status st = backend_create(device, &(backend_opts){.threads = 2}, &f->be);
+    if (st == FERRY_OK && budgets) st = plan_parse_budgets(budgets, po.budget);
+    po.unified = f->be ? f->be->ops->unified : false;
+    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &f->p);
+    if (st == FERRY_OK) st = model_weights_alloc(&m->cfg, &f->view);
+    if (st == FERRY_OK)
+        st = store_open(&f->s, f->be, &f->p, &m->cfg, &identity, (model_weights *)&m->w, &f->view, od, fingerprint);
+    if (st == FERRY_OK) st = model_tensor_entries(&m->cfg, &f->view, &f->view_ents, &(int){0});
+    return st;
+}
+
+/* After whatever reads the store (pipeline, experts) is gone. */
+static inline void fx_store_close(store_fx *f)
+{
+    store_close(f->s);
+    backend_free(f->be);
+    plan_free(&f->p);
+    free(f->view_ents);
+    model_weights_free(&f->view);
 }
 
 static inline void model_close(model_fx *m)

@@ -46,7 +46,6 @@
 #include "check.h"
 #include "ckpt_fx.h"
 
-static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
 
 /* ---- the checkpoint and what compute must read from it ----------------------- */
 
@@ -62,11 +61,7 @@ typedef struct {
 
 typedef struct {
     const model_fx *m;
-    backend *be;
-    plan p;
-    model_weights view;
-    tensor_entry *view_ents;
-    store *s;
+    store_fx f;          /* backend, plan, view, store */
     experts *x;
     float **got;           /* [m->n] device buffers, one per tensor */
     void *poison;
@@ -85,9 +80,9 @@ static void compute_expert(void *ctx, int k)
     int e = r->ids[k];
     r->calls[k]++;
     for (int i = 0; i < r->m->n; i++) {
-        const tensor_entry *t = &r->view_ents[i];
+        const tensor_entry *t = &r->f.view_ents[i];
         if (t->unit == UNIT_EXPERT && t->layer == r->layer && t->expert == e)
-            r->be->ops->convert(r->be, r->got[i], t->dst);
+            r->f.be->ops->convert(r->f.be, r->got[i], t->dst);
     }
 }
 
@@ -101,22 +96,10 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     snprintf(delay, sizeof delay, "%u", o->delay_us);
     setenv("FERRY_SPLIT_DELAY_US", delay, 1);
     setenv("FERRY_SPLIT_COMPUTE", o->compute, 1);
-    const model_config *c = &m->cfg;
-    plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = 1, .prefetch = 1, .n_seqs = 1,
-                    .context = 64, .max_step_tokens = 4, .expert_cache = o->cache};
-    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
-                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
-                     .max_pos = c->max_pos, .n_experts = c->n_experts, .top_k = c->top_k,
-                     .moe_hidden = c->moe_hidden, .n_moe_layers = m->n_moe, .moe_layers = m->moe_layers};
-    ferry_status st = backend_create(o->device ? o->device : "cpu-split", &(backend_opts){.threads = 2}, &r->be);
-    if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
-    po.unified = r->be ? r->be->ops->unified : false;
-    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
-    if (st == FERRY_OK) st = model_weights_alloc(c, &r->view);
-    if (st == FERRY_OK)
-        st = store_open(&r->s, r->be, &r->p, c, &k_identity, (model_weights *)&m->w, &r->view, od, "test-experts");
-    if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
-    if (st == FERRY_OK) st = experts_create(&r->x, r->be, r->s, &r->p);
+    plan_opts po = {.group_size = 1, .prefetch = 1, .n_seqs = 1, .context = 64, .max_step_tokens = 4,
+                    .expert_cache = o->cache};
+    ferry_status st = fx_store_open(&r->f, m, o->device ? o->device : "cpu-split", po, o->budgets, od, "test-experts");
+    if (st == FERRY_OK) st = experts_create(&r->x, r->f.be, r->f.s, &r->f.p);
     CHECK_STATUS(st, FERRY_OK);
     if (st != FERRY_OK || !r->x) {
         fprintf(stderr, "  (%s)\n", r->what);
@@ -125,7 +108,7 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     r->got = calloc((size_t)m->n, sizeof *r->got);
     for (int k = 0; k < m->n; k++) {
         size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
-        r->got[k] = r->be->ops->alloc(r->be, bytes);
+        r->got[k] = r->f.be->ops->alloc(r->f.be, bytes);
         if (bytes > r->poison_bytes) r->poison_bytes = bytes;
     }
     r->poison = malloc(r->poison_bytes);
@@ -137,13 +120,9 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
 static void run_close(run_fx *r)
 {
     experts_free(r->x); /* before the store and backend go */
-    if (r->be)
-        for (int k = 0; r->got && k < r->m->n; k++) r->be->ops->release(r->be, r->got[k]);
-    store_close(r->s);
-    backend_free(r->be);
-    plan_free(&r->p);
-    free(r->view_ents);
-    model_weights_free(&r->view);
+    if (r->f.be)
+        for (int k = 0; r->got && k < r->m->n; k++) r->f.be->ops->release(r->f.be, r->got[k]);
+    fx_store_close(&r->f);
     free(r->got);
     free(r->poison);
 }
@@ -153,7 +132,7 @@ static void run_close(run_fx *r)
 static ferry_status run_layer(run_fx *r, int layer, const int32_t *ids, int n, bool *right)
 {
     const model_fx *m = r->m;
-    backend *be = r->be;
+    backend *be = r->f.be;
     for (int k = 0; k < m->n; k++)
         if (m->ents[k].unit == UNIT_EXPERT)
             be->ops->upload(be, r->got[k], r->poison, floats_of(m->ents[k].dst) * sizeof(float));
@@ -207,7 +186,7 @@ static int routed_set(int step, int n_experts, int32_t *ids)
 
 static uint64_t expert_bytes(const run_fx *r)
 {
-    return r->p.groups[r->p.first_expert].bytes;
+    return r->f.p.groups[r->f.p.first_expert].bytes;
 }
 
 #define RUNS 24
@@ -230,9 +209,9 @@ static void placements(const model_fx *m, const char *root, char specs[3][96])
     run_opts o = {NULL, 0, "inline", 0, NULL};
     uint64_t dense = 0, expert = 0;
     if (run_open(&r, m, &o, NULL)) {
-        for (int g = 0; g < r.p.n_groups; g++)
-            if (r.p.groups[g].kind == GROUP_EXPERT) expert = r.p.groups[g].bytes;
-            else if (r.p.groups[g].kind != GROUP_EMBED) dense += r.p.groups[g].bytes;
+        for (int g = 0; g < r.f.p.n_groups; g++)
+            if (r.f.p.groups[g].kind == GROUP_EXPERT) expert = r.f.p.groups[g].bytes;
+            else if (r.f.p.groups[g].kind != GROUP_EMBED) dense += r.f.p.groups[g].bytes;
     }
     run_close(&r);
     (void)root;
@@ -266,7 +245,7 @@ static void test_placements(const model_fx *m, const char *root)
                     run_close(&r);
                     continue;
                 }
-                if (cache == 0) CHECK_EQ_INT(r.p.n_expert_slots, 2 * m->cfg.top_k);
+                if (cache == 0) CHECK_EQ_INT(r.f.p.n_expert_slots, 2 * m->cfg.top_k);
                 uint64_t uses = 0, off = 0;
                 for (int run = 0; run < RUNS; run++) {
                     int32_t ids[MODEL_MAX_EXPERTS];
@@ -287,8 +266,8 @@ static void test_placements(const model_fx *m, const char *root)
                     CHECK(right);
                     uses += (uint64_t)n;
                     for (int k = 0; k < n; k++) {
-                        int g = r.p.first_expert + (run % m->n_moe) * E + ids[k];
-                        off += r.p.groups[g].tier != TIER_DEVICE;
+                        int g = r.f.p.first_expert + (run % m->n_moe) * E + ids[k];
+                        off += r.f.p.groups[g].tier != TIER_DEVICE;
                     }
                 }
                 check_stats(&r, RUNS, uses, off);
@@ -353,8 +332,8 @@ static void test_faults(const model_fx *m, const char *root)
 
     /* a byte changed in an expert's region: checksum mismatch, damaged, rebuilt */
     if (run_open(&r, m, &o, od)) {
-        int g = r.p.first_expert + 3; /* layer moe_layers[0], expert 3 */
-        store_source src = store_group_source(r.s, g);
+        int g = r.f.p.first_expert + 3; /* layer moe_layers[0], expert 3 */
+        store_source src = store_group_source(r.f.s, g);
         int fd = open(src.path, O_WRONLY);
         char junk[64];
         memset(junk, 0x5A, sizeof junk);
@@ -363,11 +342,11 @@ static void test_faults(const model_fx *m, const char *root)
         CHECK_EQ_INT(run_layer(&r, m->moe_layers[0], three, 3, &right), FERRY_ERR_IO);
         CHECK_MSG_HAS("checksum mismatch");
         CHECK_MSG_HAS(src.path);
-        bool damaged[r.p.n_groups];
+        bool damaged[r.f.p.n_groups];
         memset(damaged, 0, sizeof damaged);
         CHECK_EQ_INT(experts_damaged(r.x, damaged), 1);
         CHECK(damaged[g]);
-        CHECK_STATUS(store_rebuild_group(r.s, g), FERRY_OK);
+        CHECK_STATUS(store_rebuild_group(r.f.s, g), FERRY_OK);
         experts_clear_damaged(r.x, g);
         for (int run = 0; run < 3; run++) {
             CHECK_STATUS(run_layer(&r, m->moe_layers[0], run % 2 ? two : three, run % 2 ? 2 : 3, &right), FERRY_OK);

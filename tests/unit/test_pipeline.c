@@ -43,7 +43,6 @@
 #include "check.h"
 #include "ckpt_fx.h"
 
-static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
 
 #define STEPS 4
 #define MAX_VISITS 64
@@ -66,11 +65,7 @@ typedef struct {
 
 typedef struct {
     const model_fx *m;
-    backend *be;
-    plan p;
-    model_weights view; /* what store_bind points at the group's buffer */
-    tensor_entry *view_ents;
-    store *s;
+    store_fx f;          /* backend, plan, view, store */
     pipeline *pl;
     float **got;        /* [m->n] device buffers, one per tensor */
     void *rows_host, *rows_dev;
@@ -87,9 +82,9 @@ static size_t floats_of(const weight *w) { return (size_t)(w->rows * w->cols); }
 static void read_unit(run_fx *r, unit_kind kind, int layer)
 {
     for (int k = 0; k < r->m->n; k++) {
-        const tensor_entry *e = &r->view_ents[k];
+        const tensor_entry *e = &r->f.view_ents[k];
         if (e->unit == kind && (kind != UNIT_LAYER || e->layer == layer))
-            r->be->ops->convert(r->be, r->got[k], e->dst);
+            r->f.be->ops->convert(r->f.be, r->got[k], e->dst);
     }
 }
 
@@ -111,10 +106,10 @@ static ferry_status unit_embed_rows(void *ctx)
 {
     run_fx *r = ctx;
     visit(r, EMBED_VISIT);
-    FERRY_TRY(store_embed_rows(r->s, k_tokens, N_TOKENS, r->rows_host));
-    r->be->ops->upload(r->be, r->rows_dev, r->rows_host, (size_t)N_TOKENS * store_embed_row_bytes(r->s));
+    FERRY_TRY(store_embed_rows(r->f.s, k_tokens, N_TOKENS, r->rows_host));
+    r->f.be->ops->upload(r->f.be, r->rows_dev, r->rows_host, (size_t)N_TOKENS * store_embed_row_bytes(r->f.s));
     weight rows = {.dtype = r->m->w.embed.dtype, .rows = N_TOKENS, .cols = r->m->cfg.dim, .data = r->rows_dev};
-    r->be->ops->convert(r->be, r->rows_got, &rows);
+    r->f.be->ops->convert(r->f.be, r->rows_got, &rows);
     return FERRY_OK;
 }
 
@@ -144,21 +139,11 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     snprintf(delay, sizeof delay, "%u", o->delay_us);
     setenv("FERRY_SPLIT_DELAY_US", delay, 1);
     setenv("FERRY_SPLIT_COMPUTE", o->compute, 1);
-    plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = o->group_size,
-                    .prefetch = o->prefetch, .n_seqs = 1, .context = 64, .max_step_tokens = N_TOKENS};
+    plan_opts po = {.group_size = o->group_size, .prefetch = o->prefetch, .n_seqs = 1, .context = 64,
+                    .max_step_tokens = N_TOKENS};
     const model_config *c = &m->cfg;
-    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
-                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
-                     .max_pos = c->max_pos};
-    ferry_status st = backend_create("cpu-split", &(backend_opts){.threads = 2}, &r->be);
-    if (st == FERRY_OK && o->budgets) st = plan_parse_budgets(o->budgets, po.budget);
-    po.unified = r->be ? r->be->ops->unified : false;
-    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &r->p);
-    if (st == FERRY_OK) st = model_weights_alloc(c, &r->view);
-    if (st == FERRY_OK)
-        st = store_open(&r->s, r->be, &r->p, c, &k_identity, (model_weights *)&m->w, &r->view, od, "test-pipeline");
-    if (st == FERRY_OK) st = model_tensor_entries(c, &r->view, &r->view_ents, &(int){0});
-    if (st == FERRY_OK) st = pipeline_create(&r->pl, r->be, r->s, &r->p);
+    ferry_status st = fx_store_open(&r->f, m, "cpu-split", po, o->budgets, od, "test-pipeline");
+    if (st == FERRY_OK) st = pipeline_create(&r->pl, r->f.be, r->f.s, &r->f.p);
     CHECK_STATUS(st, FERRY_OK);
     if (st != FERRY_OK) {
         fprintf(stderr, "  (%s)\n", r->what);
@@ -167,14 +152,14 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
     r->got = calloc((size_t)m->n, sizeof *r->got);
     for (int k = 0; k < m->n; k++) {
         size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
-        r->got[k] = r->be->ops->alloc(r->be, bytes);
+        r->got[k] = r->f.be->ops->alloc(r->f.be, bytes);
         if (bytes > r->poison_bytes) r->poison_bytes = bytes;
     }
-    size_t row = store_embed_row_bytes(r->s);
+    size_t row = store_embed_row_bytes(r->f.s);
     bool pinned;
-    r->rows_host = r->be->ops->host_alloc(r->be, N_TOKENS * row, &pinned);
-    r->rows_dev = r->be->ops->alloc(r->be, N_TOKENS * row);
-    r->rows_got = r->be->ops->alloc(r->be, (size_t)N_TOKENS * (size_t)c->dim * sizeof(float));
+    r->rows_host = r->f.be->ops->host_alloc(r->f.be, N_TOKENS * row, &pinned);
+    r->rows_dev = r->f.be->ops->alloc(r->f.be, N_TOKENS * row);
+    r->rows_got = r->f.be->ops->alloc(r->f.be, (size_t)N_TOKENS * (size_t)c->dim * sizeof(float));
     r->poison = malloc(r->poison_bytes);
     if (!r->poison) exit(2);
     memset(r->poison, 0xFF, r->poison_bytes);
@@ -184,17 +169,13 @@ static bool run_open(run_fx *r, const model_fx *m, const run_opts *o, const char
 static void run_close(run_fx *r)
 {
     pipeline_free(r->pl); /* before the slots' store and backend go */
-    if (r->be) {
-        for (int k = 0; r->got && k < r->m->n; k++) r->be->ops->release(r->be, r->got[k]);
-        if (r->rows_host) r->be->ops->host_free(r->be, r->rows_host, 0, true);
-        r->be->ops->release(r->be, r->rows_dev);
-        r->be->ops->release(r->be, r->rows_got);
+    if (r->f.be) {
+        for (int k = 0; r->got && k < r->m->n; k++) r->f.be->ops->release(r->f.be, r->got[k]);
+        if (r->rows_host) r->f.be->ops->host_free(r->f.be, r->rows_host, 0, true);
+        r->f.be->ops->release(r->f.be, r->rows_dev);
+        r->f.be->ops->release(r->f.be, r->rows_got);
     }
-    store_close(r->s);
-    backend_free(r->be);
-    plan_free(&r->p);
-    free(r->view_ents);
-    model_weights_free(&r->view);
+    fx_store_close(&r->f);
     free(r->got);
     free(r->poison);
 }
@@ -203,7 +184,7 @@ static void run_close(run_fx *r)
 static ferry_status run_step(run_fx *r, int step, bool *right)
 {
     const model_fx *m = r->m;
-    backend *be = r->be;
+    backend *be = r->f.be;
     for (int k = 0; k < m->n; k++)
         be->ops->upload(be, r->got[k], r->poison, floats_of(m->ents[k].dst) * sizeof(float));
     be->ops->upload(be, r->rows_got, r->poison, (size_t)N_TOKENS * (size_t)m->cfg.dim * sizeof(float));
@@ -222,7 +203,7 @@ static ferry_status run_step(run_fx *r, int step, bool *right)
     int bad = 0;
     size_t cap = r->poison_bytes;
     float *host = malloc(cap);
-    bool rows = r->p.groups[store_embed_group(r->s)].tier != TIER_DEVICE;
+    bool rows = r->f.p.groups[store_embed_group(r->f.s)].tier != TIER_DEVICE;
     for (int k = 0; k < m->n; k++) {
         size_t bytes = floats_of(m->ents[k].dst) * sizeof(float);
         if (rows && m->ents[k].unit == UNIT_EMBED && !m->cfg.tied) continue; /* read by rows, below */
@@ -253,12 +234,9 @@ static ferry_status run_step(run_fx *r, int step, bool *right)
 static void placements(const model_fx *m, int g, char specs[4][96])
 {
     plan p;
-    const model_config *c = &m->cfg;
     plan_opts po = {.budget = {PLAN_UNLIMITED, PLAN_UNLIMITED}, .group_size = g, .prefetch = 1, .n_seqs = 1,
                     .context = 64, .max_step_tokens = N_TOKENS, .unified = true};
-    plan_model pm = {.n_layers = c->n_layers, .dim = c->dim, .hidden = c->hidden, .vocab = c->vocab,
-                     .q_dim = c->n_heads * c->head_dim, .kv_dim = c->n_kv_heads * c->head_dim,
-                     .max_pos = c->max_pos};
+    plan_model pm = fx_plan_model(m);
     if (plan_make(&pm, m->units, &po, &p) != FERRY_OK) exit(2);
     uint64_t rest = 0; /* every group but the embedding */
     for (int i = 0; i < p.n_groups; i++)
@@ -328,8 +306,8 @@ static void check_stats(run_fx *r, uint64_t steps, int failed)
     pipeline_stats s = pipeline_get_stats(r->pl);
     CHECK_EQ_U64(s.steps, steps);
     for (tier t = TIER_HOST; t <= TIER_DISK; t++) {
-        uint64_t per_step = streamed_bytes(&r->p, t), ahead = (uint64_t)r->p.n_stage_slots * r->p.slot_bytes;
-        uint64_t lost = t == TIER_DISK ? (uint64_t)failed * r->p.slot_bytes : 0;
+        uint64_t per_step = streamed_bytes(&r->f.p, t), ahead = (uint64_t)r->f.p.n_stage_slots * r->f.p.slot_bytes;
+        uint64_t lost = t == TIER_DISK ? (uint64_t)failed * r->f.p.slot_bytes : 0;
         CHECK(s.bytes[t] + lost >= steps * per_step && s.bytes[t] <= steps * per_step + ahead);
     }
     CHECK_EQ_U64(s.bytes[TIER_DEVICE], 0);
@@ -369,7 +347,7 @@ static void test_faults(const model_fx *m, const char *root)
             continue;
         }
         char fault[32];
-        snprintf(fault, sizeof fault, "read_eio=%d", r.p.n_streamed + 2);
+        snprintf(fault, sizeof fault, "read_eio=%d", r.f.p.n_streamed + 2);
         setenv("FERRY_FAULT", fault, 1);
         fault_reset();
         int failed = 0, failed_step = -1;
@@ -385,8 +363,8 @@ static void test_faults(const model_fx *m, const char *root)
             CHECK_EQ_INT(st, FERRY_ERR_IO);
             CHECK_MSG_HAS("Input/output error");
             bool names_blob = false;
-            for (int g = 0; g < r.p.n_groups; g++) {
-                store_source src = store_group_source(r.s, g);
+            for (int g = 0; g < r.f.p.n_groups; g++) {
+                store_source src = store_group_source(r.f.s, g);
                 if (src.tier == TIER_DISK && src.path && strstr(ferry_errmsg(), src.path)) names_blob = true;
             }
             check_count++;
@@ -418,8 +396,8 @@ static void test_repair(const model_fx *m, const char *root)
     CHECK_STATUS(run_step(&r, 0, &right), FERRY_OK);
     CHECK(right);
     int g = 0;
-    while (g < r.p.n_groups && !(r.p.groups[g].kind == GROUP_LAYERS && r.p.groups[g].tier == TIER_DISK)) g++;
-    store_source src = store_group_source(r.s, g);
+    while (g < r.f.p.n_groups && !(r.f.p.groups[g].kind == GROUP_LAYERS && r.f.p.groups[g].tier == TIER_DISK)) g++;
+    store_source src = store_group_source(r.f.s, g);
     int fd = open(src.path, O_WRONLY);
     char junk[512];
     memset(junk, 0x5A, sizeof junk);
@@ -431,11 +409,11 @@ static void test_repair(const model_fx *m, const char *root)
     CHECK_EQ_INT(st, FERRY_ERR_IO);
     CHECK_MSG_HAS("checksum mismatch");
     CHECK_MSG_HAS(src.path);
-    bool damaged[r.p.n_groups];
+    bool damaged[r.f.p.n_groups];
     pipeline_quiesce(r.pl);
     CHECK_EQ_INT(pipeline_damaged(r.pl, damaged), 1);
     CHECK(damaged[g]);
-    CHECK_STATUS(store_rebuild_group(r.s, g), FERRY_OK);
+    CHECK_STATUS(store_rebuild_group(r.f.s, g), FERRY_OK);
     pipeline_clear_damaged(r.pl, g);
     for (int step = 3; step < 5; step++) {
         CHECK_STATUS(run_step(&r, step, &right), FERRY_OK);
