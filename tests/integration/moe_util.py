@@ -131,19 +131,8 @@ def random_tensors(cfg, seed=0, scale=0.2):
     t["model.embed_tokens.weight"] = r(V, H)
     for i in range(L):
         p = "model.layers.%d." % i
-        t[p + "input_layernorm.weight"] = norm_w(H)
-        t[p + "self_attn.q_proj.weight"] = r(s["heads"] * hd, H)
-        t[p + "self_attn.k_proj.weight"] = r(s["kv_heads"] * hd, H)
-        t[p + "self_attn.v_proj.weight"] = r(s["kv_heads"] * hd, H)
-        t[p + "self_attn.o_proj.weight"] = r(H, s["heads"] * hd)
-        if bias:
-            t[p + "self_attn.q_proj.bias"] = r(s["heads"] * hd)
-            t[p + "self_attn.k_proj.bias"] = r(s["kv_heads"] * hd)
-            t[p + "self_attn.v_proj.bias"] = r(s["kv_heads"] * hd)
-            t[p + "self_attn.o_proj.bias"] = r(H)
-        if qwen:
-            t[p + "self_attn.q_norm.weight"] = norm_w(hd)
-            t[p + "self_attn.k_norm.weight"] = norm_w(hd)
+        st_util.attention_tensors(t, p, r, norm_w, H, s["heads"], s["kv_heads"], hd, qkv_bias=bias, o_bias=bias,
+                                  qk_norm=qwen)
         t[p + "post_attention_layernorm.weight"] = norm_w(H)
         if i in s["sparse"]:
             # router rows a little larger than the rest: routing that is not

@@ -199,6 +199,25 @@ ARCH_NAMES = {
 }
 
 
+def attention_tensors(t, p, r, norm_w, hidden, heads, kv_heads, hd, qkv_bias=False, o_bias=False, qk_norm=False):
+    """A decoder layer's input norm and attention tensors, named under prefix p,
+    added to t in this order (r draws a weight, norm_w a norm)."""
+    t[p + "input_layernorm.weight"] = norm_w(hidden)
+    t[p + "self_attn.q_proj.weight"] = r(heads * hd, hidden)
+    t[p + "self_attn.k_proj.weight"] = r(kv_heads * hd, hidden)
+    t[p + "self_attn.v_proj.weight"] = r(kv_heads * hd, hidden)
+    t[p + "self_attn.o_proj.weight"] = r(hidden, heads * hd)
+    if qkv_bias:
+        t[p + "self_attn.q_proj.bias"] = r(heads * hd)
+        t[p + "self_attn.k_proj.bias"] = r(kv_heads * hd)
+        t[p + "self_attn.v_proj.bias"] = r(kv_heads * hd)
+    if o_bias:
+        t[p + "self_attn.o_proj.bias"] = r(hidden)
+    if qk_norm:
+        t[p + "self_attn.q_norm.weight"] = norm_w(hd)
+        t[p + "self_attn.k_norm.weight"] = norm_w(hd)
+
+
 def random_checkpoint(model_dir, arch="llama", dtype="F32", seed=0, hidden=32, layers=2,
                       heads=4, kv_heads=2, intermediate=48, vocab=64, head_dim=None,
                       tied=False, attention_bias=False, sliding_window=None, shards=1,
@@ -231,20 +250,8 @@ def random_checkpoint(model_dir, arch="llama", dtype="F32", seed=0, hidden=32, l
     t["model.embed_tokens.weight"] = r(vocab, hidden)
     for i in range(layers):
         p = "model.layers.%d." % i
-        t[p + "input_layernorm.weight"] = norm_w(hidden)
-        t[p + "self_attn.q_proj.weight"] = r(heads * hd, hidden)
-        t[p + "self_attn.k_proj.weight"] = r(kv_heads * hd, hidden)
-        t[p + "self_attn.v_proj.weight"] = r(kv_heads * hd, hidden)
-        t[p + "self_attn.o_proj.weight"] = r(hidden, heads * hd)
-        if arch == "qwen2" or attention_bias:
-            t[p + "self_attn.q_proj.bias"] = r(heads * hd)
-            t[p + "self_attn.k_proj.bias"] = r(kv_heads * hd)
-            t[p + "self_attn.v_proj.bias"] = r(kv_heads * hd)
-        if attention_bias and arch != "qwen2":
-            t[p + "self_attn.o_proj.bias"] = r(hidden)
-        if arch == "qwen3":
-            t[p + "self_attn.q_norm.weight"] = norm_w(hd)
-            t[p + "self_attn.k_norm.weight"] = norm_w(hd)
+        attention_tensors(t, p, r, norm_w, hidden, heads, kv_heads, hd, qkv_bias=arch == "qwen2" or attention_bias,
+                          o_bias=attention_bias and arch != "qwen2", qk_norm=arch == "qwen3")
         t[p + "post_attention_layernorm.weight"] = norm_w(hidden)
         t[p + "mlp.gate_proj.weight"] = r(intermediate, hidden)
         t[p + "mlp.up_proj.weight"] = r(intermediate, hidden)
