@@ -18,9 +18,9 @@
  *      io_uring read of its region of the blob (into the slot where device
  *      memory is host memory, else into a bounce buffer and then a copy);
  *   3. the present ones are computed, while the reads run;
- *   4. the missing ones are computed in the order their fetches started,
- *      each once it has arrived; a slot freed by a computed expert takes
- *      the next fetch that had no slot.
+ *   4. the missing ones are computed as they arrive (the first arrived in
+ *      the order their fetches started); a slot freed by a computed expert
+ *      takes the next fetch that had no slot.
  * Ordering, as the layer pipeline's (pipeline.h P3, P5, P6): a slot's copy
  * waits for its `computed` event on the copy stream; compute on a slot
  * waits for its `copied` event; a bounce buffer is read into only once the
@@ -446,23 +446,33 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
         next_fetch++;
     }
     for (int i = 0; i < n_present; i++) compute(x, &items[order[i]], fn, ctx);
-    for (int i = n_present; i < n; i++) {
-        xitem *it = &items[order[i]];
-        for (;;) {
-            while (next_fetch < n && !err.st &&
-                   start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
-                if (failed) {
-                    items[order[next_fetch]].state = X_FAILED;
-                    fail_run(&err, failed, ferry_errmsg());
-                }
-                next_fetch++;
+    /* the fetched ones as they land: the first landed in fetch order (a
+     * queue served in parallel does not finish in order) */
+    for (int left = n - n_present; left > 0;) {
+        while (next_fetch < n && !err.st &&
+               start_fetch(x, items[order[next_fetch]].group, order[next_fetch], &failed)) {
+            if (failed) {
+                items[order[next_fetch]].state = X_FAILED;
+                fail_run(&err, failed, ferry_errmsg());
             }
-            if (x->aio) reap(x, false, &err);
-            if (it->state != X_READING && (it->state != X_WAITING || err.st)) break;
-            /* waiting for its read, or for a slot or read that one in flight frees */
+            next_fetch++;
+        }
+        if (x->aio) reap(x, false, &err);
+        int pick = -1;
+        for (int i = n_present; i < n && pick < 0; i++) {
+            if (order[i] < 0) continue; /* done */
+            xstate s = items[order[i]].state;
+            if (s == X_READY || s == X_FAILED || (s == X_WAITING && err.st)) pick = i;
+        }
+        if (pick < 0) {
+            /* waiting for a read, or for a slot or read that one in flight frees */
             FERRY_ASSERT(x->reads > 0);
             reap(x, true, &err);
+            continue;
         }
+        xitem *it = &items[order[pick]];
+        order[pick] = -1;
+        left--;
         if (it->state == X_READY && !err.st) {
             compute(x, it, fn, ctx);
         } else if (it->slot >= 0 && x->slots[it->slot].item == it - items) {
