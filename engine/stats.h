@@ -26,7 +26,7 @@ typedef struct {
 /* A mixture-of-experts model's experts (experts.h). */
 typedef struct {
     uint64_t layer_runs;   /* experts_run calls (sparse layers computed) */
-    uint64_t uses;         /* experts computed */
+    uint64_t uses;         /* experts routed to (all computed, unless the run failed) */
     uint64_t device_uses;  /* of which resident on the device tier */
     uint64_t hits;         /* of which found in a slot */
     uint64_t misses;       /* of which fetched */

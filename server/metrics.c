@@ -136,7 +136,7 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
     if (v->has_experts) {
         const expert_stats *x = &v->experts;
         help(sb, "ferry_expert_uses_total", "counter",
-             "Experts computed for routed tokens, by where they were: on the device tier, in an expert slot "
+             "Experts the steps routed to, by where they were: on the device tier, in an expert slot "
              "(a cache hit), or fetched from host or disk (a miss)");
         sb_printf(sb, "ferry_expert_uses_total{source=\"device\"} %llu\n", (unsigned long long)x->device_uses);
         sb_printf(sb, "ferry_expert_uses_total{source=\"cache\"} %llu\n", (unsigned long long)x->hits);
