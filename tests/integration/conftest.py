@@ -113,6 +113,19 @@ class Ferry:
                 "output_ids must be a flat list of ints: %r" % (out,)
         return out, logits
 
+    def generate_all(self, model, prompts, max_new_tokens, *extra, dump_logits):
+        """A list of prompts (one or more) in one run: (output ids per prompt,
+        logits [n_prompts, vocab]), every logit finite."""
+        if len(prompts) == 1:
+            out, logits = self.generate(model, prompts[0], max_new_tokens, *extra, dump_logits=dump_logits)
+            out = [out]
+        else:
+            out, logits = self.generate(model, prompts, max_new_tokens, *extra, dump_logits=dump_logits)
+        assert logits.shape[0] == len(prompts)
+        bad = int(np.sum(~np.isfinite(logits)))
+        assert bad == 0, "%s: %d of %d logits are not finite" % (" ".join(str(f) for f in extra), bad, logits.size)
+        return out, logits
+
 
 @pytest.fixture(scope="session")
 def ferry_bin():

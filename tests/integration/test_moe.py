@@ -135,14 +135,7 @@ def prompts_for(vocab, seed, lengths=(5, 9, 13)):
 
 def run(ferry, d, prompts, flags, dump, n_new=N_NEW):
     """ferry generate of a list of prompts: (tokens per prompt, logits [n, vocab])."""
-    if len(prompts) == 1:
-        out, logits = ferry.generate(d, prompts[0], n_new, *flags, dump_logits=dump)
-        out = [out]
-    else:
-        out, logits = ferry.generate(d, prompts, n_new, *flags, dump_logits=dump)
-    assert logits.shape[0] == len(prompts)
-    assert np.all(np.isfinite(logits)), "%s: logits not finite" % (flags,)
-    return out, logits
+    return ferry.generate_all(d, prompts, n_new, *flags, dump_logits=dump)
 
 
 def compare_ref(ferry, ref, d, prompts, tmp_path, dtype="F32", flags=(), what=""):

@@ -94,15 +94,7 @@ def _workloads(vocab, seed):
 
 
 def _run(ferry, d, prompts, flags, dump):
-    if len(prompts) == 1:
-        out, logits = ferry.generate(d, prompts[0], N_NEW, *flags, dump_logits=dump)
-        out = [out]
-    else:
-        out, logits = ferry.generate(d, prompts, N_NEW, *flags, dump_logits=dump)
-    assert logits.shape[0] == len(prompts)
-    bad = int(np.sum(~np.isfinite(logits)))
-    assert bad == 0, "%s: %d of %d logits are not finite" % (" ".join(str(f) for f in flags), bad, logits.size)
-    return out, logits
+    return ferry.generate_all(d, prompts, N_NEW, *flags, dump_logits=dump)
 
 
 def plan_json(ferry, d, *flags):
