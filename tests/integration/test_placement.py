@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import llama_ref
