@@ -51,7 +51,7 @@ ferry_status tmpl_parse(const char *src, size_t len, const char *label, chat_tem
     if (!t) return ferry_fail(FERRY_ERR_NOMEM, "out of memory parsing %s", label);
     t->arena.limit = SIZE_MAX;
     size_t ln = strlen(label);
-    t->label = tmpl_alloc(&t->arena, ln + 1);
+    t->label = arena_alloc(&t->arena, ln + 1);
     char err[512] = "";
     tmpl_tokens toks = {0};
     ferry_status st = FERRY_OK;
@@ -81,7 +81,7 @@ fail:
 void tmpl_free(chat_template *t)
 {
     if (!t) return;
-    tmpl_arena_free(&t->arena);
+    arena_free(&t->arena);
     free(t);
 }
 

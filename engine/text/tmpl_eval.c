@@ -115,14 +115,14 @@ static bool arena_fail(trender *r)
 void *tmpl_ralloc(trender *r, size_t n)
 {
     if (!tmpl_charge(r, n / 64)) return NULL;
-    void *p = tmpl_alloc(&r->arena, n);
+    void *p = arena_alloc(&r->arena, n);
     if (!p) arena_fail(r);
     return p;
 }
 
 void *tmpl_rgrow(trender *r, void *p, size_t old_n, size_t new_n)
 {
-    void *q = tmpl_grow(&r->arena, p, old_n, new_n);
+    void *q = arena_grow(&r->arena, p, old_n, new_n);
     if (!q) {
         arena_fail(r);
         return NULL;
@@ -1159,6 +1159,6 @@ done:
         if (out->oom) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory rendering the chat template");
     }
     sb_free(&main_sink.sb);
-    tmpl_arena_free(&r.arena);
+    arena_free(&r.arena);
     return st;
 }

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/arena.h"
 #include "../base/json.h"
 #include "../base/status.h"
 
@@ -53,22 +54,6 @@
 #define TMPL_MAX_WORK (40ull * 1000 * 1000) /* evaluation steps + bytes/16 scanned */
 #define TMPL_MAX_RANGE 100000             /* range() length, as jinja's sandbox    */
 
-/* ---- arena ------------------------------------------------------------ */
-
-typedef struct tmpl_block tmpl_block;
-
-typedef struct {
-    tmpl_block *head;
-    size_t held;  /* bytes of blocks allocated */
-    size_t limit; /* held may not pass this    */
-    bool over;    /* an allocation was refused because of the limit */
-} tmpl_arena;
-
-/* 16-aligned; NULL when out of memory or past the limit (then over is set) */
-void *tmpl_alloc(tmpl_arena *a, size_t n);
-/* Grows the last allocation in place when it is the newest, else copies. */
-void *tmpl_grow(tmpl_arena *a, void *p, size_t old_n, size_t new_n);
-void tmpl_arena_free(tmpl_arena *a);
 
 /* ---- tokens ----------------------------------------------------------- */
 
@@ -112,11 +97,11 @@ typedef struct {
 
 /* Normalizes \r\n and \r to \n and drops one trailing newline, as jinja's
  * lexer does; the copy lives in the arena. */
-char *tmpl_lex_prepare(tmpl_arena *a, const char *src, size_t len, size_t *out_len);
+char *tmpl_lex_prepare(mem_arena *a, const char *src, size_t len, size_t *out_len);
 /* Tokenizes src (newline-normalized by tmpl_lex_prepare), ending with
  * TK_EOF. On error returns false with a message in err ("line 3:
  * unexpected char '$'"). */
-bool tmpl_lex(tmpl_arena *a, const char *src, size_t len, tmpl_tokens *out, char *err, size_t errsz);
+bool tmpl_lex(mem_arena *a, const char *src, size_t len, tmpl_tokens *out, char *err, size_t errsz);
 
 /* ---- values ----------------------------------------------------------- */
 
@@ -347,7 +332,7 @@ typedef struct {
 } tmpl_names;
 
 struct chat_template {
-    tmpl_arena arena;  /* everything below lives here */
+    mem_arena arena;  /* everything below lives here */
     char *label;
     const char *src;   /* normalized source */
     size_t src_len;
@@ -406,7 +391,7 @@ typedef struct tmpl_sink {
 
 struct trender {
     const struct chat_template *t;
-    tmpl_arena arena;
+    mem_arena arena;
     ferry_status st;       /* first error */
     bool raised;           /* it came from raise_exception: the template's own words */
     int line;              /* line of the construct being evaluated (messages) */

@@ -29,7 +29,7 @@
 #include <string.h>
 
 typedef struct {
-    tmpl_arena *a;
+    mem_arena *a;
     const char *s;
     size_t n, pos;
     int line;
@@ -54,9 +54,9 @@ static bool lex_fail(lexer *lx, const char *fmt, ...)
     return false;
 }
 
-char *tmpl_lex_prepare(tmpl_arena *a, const char *src, size_t len, size_t *out_len)
+char *tmpl_lex_prepare(mem_arena *a, const char *src, size_t len, size_t *out_len)
 {
-    char *d = tmpl_alloc(a, len + 1);
+    char *d = arena_alloc(a, len + 1);
     if (!d) return NULL;
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
@@ -106,7 +106,7 @@ static bool push(lexer *lx, tmpl_token tok)
 {
     if (lx->out->n == lx->out->cap) {
         size_t cap = lx->out->cap ? lx->out->cap * 2 : 256;
-        tmpl_token *v = tmpl_grow(lx->a, lx->out->v, lx->out->cap * sizeof *v, cap * sizeof *v);
+        tmpl_token *v = arena_grow(lx->a, lx->out->v, lx->out->cap * sizeof *v, cap * sizeof *v);
         if (!v) return lex_fail(lx, "out of memory");
         lx->out->v = v;
         lx->out->cap = cap;
@@ -206,7 +206,7 @@ static int hexdig(char c)
  * does after jinja's backslashreplace (so non-ASCII text passes through). */
 static bool decode_string(lexer *lx, size_t i, size_t j, tmpl_token *tok)
 {
-    char *d = tmpl_alloc(lx->a, (j - i) * 4 + 1);
+    char *d = arena_alloc(lx->a, (j - i) * 4 + 1);
     if (!d) return lex_fail(lx, "out of memory");
     size_t n = 0;
     const char *s = lx->s;
@@ -518,7 +518,7 @@ static bool lex_raw(lexer *lx)
     return lex_fail(lx, "missing end of raw directive");
 }
 
-bool tmpl_lex(tmpl_arena *a, const char *src, size_t len, tmpl_tokens *out, char *err, size_t errsz)
+bool tmpl_lex(mem_arena *a, const char *src, size_t len, tmpl_tokens *out, char *err, size_t errsz)
 {
     lexer lx = {.a = a, .s = src, .n = len, .line = 1, .line_starting = true, .out = out, .err = err, .errsz = errsz};
     while (lx.pos < lx.n) {

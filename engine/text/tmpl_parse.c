@@ -119,7 +119,7 @@ static bool expect_kind(parser *p, int kind, const char *what)
 
 static void *palloc(parser *p, size_t n)
 {
-    void *v = tmpl_alloc(&p->t->arena, n);
+    void *v = arena_alloc(&p->t->arena, n);
     if (!v) pfail(p, "out of memory");
     else memset(v, 0, n);
     return v;
@@ -168,8 +168,8 @@ static int intern(parser *p, const char *s, size_t n)
     p->name_slots[slot] = (int)nm->count + 1;
     if (nm->count == nm->cap) {
         uint32_t cap = nm->cap ? nm->cap * 2 : 64;
-        const char **ns = tmpl_grow(&p->t->arena, nm->s, nm->cap * sizeof *ns, cap * sizeof *ns);
-        size_t *nn = ns ? tmpl_grow(&p->t->arena, nm->n, nm->cap * sizeof *nn, cap * sizeof *nn) : NULL;
+        const char **ns = arena_grow(&p->t->arena, nm->s, nm->cap * sizeof *ns, cap * sizeof *ns);
+        size_t *nn = ns ? arena_grow(&p->t->arena, nm->n, nm->cap * sizeof *nn, cap * sizeof *nn) : NULL;
         if (!nn) {
             pfail(p, "out of memory");
             return -1;
@@ -193,7 +193,7 @@ static bool pv_push(parser *p, ptrvec *pv, void *x)
 {
     if (pv->n == pv->cap) {
         uint32_t cap = pv->cap ? pv->cap * 2 : 4;
-        void **v = tmpl_grow(&p->t->arena, pv->v, pv->cap * sizeof *v, cap * sizeof *v);
+        void **v = arena_grow(&p->t->arena, pv->v, pv->cap * sizeof *v, cap * sizeof *v);
         if (!v) return pfail(p, "out of memory");
         pv->v = v;
         pv->cap = cap;
@@ -1434,7 +1434,7 @@ static void mark_body_folds(const tmpl_body *b)
 bool tmpl_parse_tokens(struct chat_template *t, const tmpl_tokens *toks, char *err, size_t errsz)
 {
     parser p = {.t = t, .tok = toks->v, .n = toks->n, .err = err, .errsz = errsz};
-    p.name_slots = tmpl_alloc(&t->arena, TMPL_NAME_SLOTS * sizeof *p.name_slots);
+    p.name_slots = arena_alloc(&t->arena, TMPL_NAME_SLOTS * sizeof *p.name_slots);
     if (!p.name_slots) {
         snprintf(err, errsz, "out of memory parsing the template");
         return false;

@@ -50,7 +50,7 @@ struct symtab {
 };
 
 typedef struct {
-    tmpl_arena *keep; /* the template's arena: the results */
+    mem_arena *keep; /* the template's arena: the results */
     uint32_t nnames;
     bool oom;
 } analyzer;
@@ -287,7 +287,7 @@ static bool finish_frame(analyzer *a, symtab *s, tmpl_body *body, stmtvec *child
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->nrefs; i++) n += s->load[s->refs[i]] == 1 + L_UNDEFINED;
     if (n) {
-        body->undef_ids = tmpl_alloc(a->keep, n * sizeof *body->undef_ids);
+        body->undef_ids = arena_alloc(a->keep, n * sizeof *body->undef_ids);
         if (!body->undef_ids) return !(a->oom = true);
         for (uint32_t i = 0; i < s->nrefs; i++)
             if (s->load[s->refs[i]] == 1 + L_UNDEFINED) body->undef_ids[body->nundef++] = s->refs[i];

@@ -65,7 +65,7 @@ static ferry_status add_merge(tok_bpe *m, const char *file, size_t i, const char
     return FERRY_OK;
 }
 
-static ferry_status load_vocab(tok_bpe *m, const json_value *vocab, tok_arena *arena, const char *file)
+static ferry_status load_vocab(tok_bpe *m, const json_value *vocab, mem_arena *arena, const char *file)
 {
     if (!vocab || vocab->type != JSON_OBJECT)
         return ferry_fail(FERRY_ERR_INVALID, "%s: model.vocab must be an object of token -> id", file);
@@ -82,7 +82,7 @@ static ferry_status load_vocab(tok_bpe *m, const json_value *vocab, tok_arena *a
                             (int)(e->key_len > 200 ? 200 : e->key_len), e->key, TOK_MAX_ID);
             goto done;
         }
-        keys[i] = tok_arena_strdup(arena, e->key, e->key_len);
+        keys[i] = arena_strdup(arena, e->key, e->key_len);
         if (!keys[i] || !tok_strmap_put(&m->vocab, keys[i], e->key_len, (int32_t)e->value.integer)) {
             st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
             goto done;
@@ -91,9 +91,9 @@ static ferry_status load_vocab(tok_bpe *m, const json_value *vocab, tok_arena *a
     }
     m->n_entries = m->vocab.count;
     size_t n_ids = (size_t)m->max_id + 1;
-    m->id_str = tok_arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_str);
-    m->id_len = tok_arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_len);
-    m->bmp_id = tok_arena_alloc(arena, 0x10000 * sizeof *m->bmp_id);
+    m->id_str = arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_str);
+    m->id_len = arena_alloc(arena, (n_ids ? n_ids : 1) * sizeof *m->id_len);
+    m->bmp_id = arena_alloc(arena, 0x10000 * sizeof *m->bmp_id);
     if (!m->id_str || !m->id_len || !m->bmp_id) {
         st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
         goto done;
@@ -185,7 +185,7 @@ static bool opt_bool(const json_value *obj, const char *key, const char *file, f
     return v;
 }
 
-ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, tok_arena *arena, const char *file)
+ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, mem_arena *arena, const char *file)
 {
     memset(m, 0, sizeof *m);
     m->max_id = -1;
@@ -216,7 +216,7 @@ ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, tok_arena *arena,
                           prefix);
     if (suffix && *suffix)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: model.end_of_word_suffix '%s' is not supported", file, suffix);
-    if (unk && !(m->unk_token = tok_arena_strdup(arena, unk, strlen(unk))))
+    if (unk && !(m->unk_token = arena_strdup(arena, unk, strlen(unk))))
         return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
     const json_value *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");
     if (!vocab || !merges) return ferry_fail(FERRY_ERR_INVALID, "%s: model needs vocab and merges", file);

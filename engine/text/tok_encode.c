@@ -23,7 +23,7 @@
 typedef struct {
     const tokenizer *t;
     tok_match_ctx *mc;
-    tok_arena arena;  /* strings made by normalizers and pre-tokenizers, per piece of text */
+    mem_arena arena;  /* strings made by normalizers and pre-tokenizers, per piece of text */
     tok_spans spans;
     tok_bpe_scratch *bpe;
     int32_t *ids;
@@ -291,7 +291,7 @@ static ferry_status regex_parts(work *w, const tok_regex *re, bool invert, const
 /* GPT-2's byte-to-character mapping of a piece; *zero is mapped along. */
 static const char *byte_level_map(work *w, const char *s, size_t n, size_t *out_n, size_t *zero)
 {
-    char *d = tok_arena_alloc(&w->arena, n * 2 + 1);
+    char *d = arena_alloc(&w->arena, n * 2 + 1);
     if (!d) return NULL;
     size_t k = 0, z = 0;
     for (size_t i = 0; i < n; i++) {
@@ -308,7 +308,7 @@ static ferry_status pre_byte_level(work *w, const tok_pretok *pt, const piece *p
 {
     piece src = *pc;
     if (pt->add_prefix_space && pc->p[0] != ' ') {
-        char *d = tok_arena_alloc(&w->arena, pc->n + 1);
+        char *d = arena_alloc(&w->arena, pc->n + 1);
         if (!d) return oom();
         d[0] = ' ';
         memcpy(d + 1, pc->p, pc->n);
@@ -338,7 +338,7 @@ static ferry_status pre_metaspace(work *w, const tok_pretok *pt, const piece *pc
 {
     size_t spaces = 0;
     for (size_t i = 0; i < pc->n; i++) spaces += pc->p[i] == ' ';
-    char *d = tok_arena_alloc(&w->arena, pc->n + spaces * pt->rep_len + pt->rep_len + 1);
+    char *d = arena_alloc(&w->arena, pc->n + spaces * pt->rep_len + pt->rep_len + 1);
     if (!d) return oom();
     size_t k = 0, zero = 0;
     bool starts = pc->n >= pt->rep_len && memcmp(pc->p, pt->rep, pt->rep_len) == 0;
@@ -451,7 +451,7 @@ static ferry_status encode_text(work *w, buffers *bf, const char *s, size_t n, b
         if (g->id >= 0) {
             if (!ids_push(w, g->id)) st = oom();
         } else {
-            tok_arena_reset(&w->arena);
+            arena_reset(&w->arena);
             st = encode_piece(w, bf, ns + g->start, g->end - g->start, zero > g->start ? zero - g->start : 0);
         }
     }
@@ -494,7 +494,7 @@ ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool a
 {
     *ids = NULL;
     *n = 0;
-    work w = {.t = t};
+    work w = {.t = t, .arena = {.block_min = TOK_ARENA_BLOCK}};
     buffers bf = {0};
     strbuf fixed;
     sb_init(&fixed);
@@ -531,7 +531,7 @@ done:
         free(w.ids);
     }
     tok_match_ctx_free(w.mc);
-    tok_arena_free(&w.arena);
+    arena_free(&w.arena);
     free(w.spans.v);
     tok_bpe_scratch_free(w.bpe);
     free(bf.a.v);

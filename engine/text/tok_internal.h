@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/arena.h"
 #include "../base/json.h"
 #include "../base/status.h"
 #include "tokenizer.h"
@@ -28,20 +29,9 @@
  * vocabularies hold at most a few hundred thousand tokens. */
 #define TOK_MAX_ID (1 << 24)
 
-/* ---- arena: stable allocations freed at once ------------------------- */
-
-typedef struct tok_arena_block tok_arena_block;
-typedef struct {
-    tok_arena_block *head;
-    bool oom;
-} tok_arena;
-
-void *tok_arena_alloc(tok_arena *a, size_t n);
-/* A NUL-terminated copy of s[0..n). */
-char *tok_arena_strdup(tok_arena *a, const char *s, size_t n);
-/* Forgets every allocation but keeps one block for reuse. */
-void tok_arena_reset(tok_arena *a);
-void tok_arena_free(tok_arena *a);
+/* The tokenizer's arenas (its tables, and an encode's scratch) take blocks
+ * of this size: a vocabulary's strings fill a few of them. */
+#define TOK_ARENA_BLOCK (256 * 1024)
 
 /* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
 static inline void tok_put(strbuf *sb, const void *p, size_t n)
@@ -263,7 +253,7 @@ typedef struct {
     int32_t *bmp_id;       /* single-character tokens below U+10000, -1 when absent */
 } tok_bpe;
 
-ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, tok_arena *arena, const char *file);
+ferry_status tok_bpe_load(tok_bpe *m, const json_value *model, mem_arena *arena, const char *file);
 void tok_bpe_free(tok_bpe *m);
 
 typedef struct tok_bpe_scratch tok_bpe_scratch;
@@ -275,7 +265,7 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s);
 /* ---- the tokenizer ------------------------------------------------------- */
 
 struct tokenizer {
-    tok_arena arena; /* every string and table that lives as long as the tokenizer */
+    mem_arena arena; /* every string and table that lives as long as the tokenizer */
     char *path;      /* dir/tokenizer.json, for messages */
 
     tok_bpe bpe;

@@ -193,7 +193,7 @@ static ferry_status load_normalizer(loader *L, const json_value *v, const char *
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s type '%s' is not supported", L->file, where, type);
     }
     /* the strings live in the JSON document: copy them into the tokenizer */
-    if (nz.str && !(nz.str = tok_arena_strdup(&t->arena, nz.str, nz.str_len))) {
+    if (nz.str && !(nz.str = arena_strdup(&t->arena, nz.str, nz.str_len))) {
         tok_regex_free(nz.re);
         return nomem(L);
     }
@@ -321,7 +321,7 @@ static ferry_status load_decoder(loader *L, const json_value *v, const char *whe
         const json_value *c, *lit;
         FERRY_TRY(get_str(L, v, "content", where, &c));
         FERRY_TRY(get_pattern(L, v, where, &d.re, &lit));
-        if (!(d.content = tok_arena_strdup(&t->arena, c->str, c->len))) {
+        if (!(d.content = arena_strdup(&t->arena, c->str, c->len))) {
             tok_regex_free(d.re);
             return nomem(L);
         }
@@ -329,7 +329,7 @@ static ferry_status load_decoder(loader *L, const json_value *v, const char *whe
         if (lit && lit->len) { /* a plain string is matched without PCRE2 */
             tok_regex_free(d.re);
             d.re = NULL;
-            if (!(d.lit = tok_arena_strdup(&t->arena, lit->str, lit->len))) return nomem(L);
+            if (!(d.lit = arena_strdup(&t->arena, lit->str, lit->len))) return nomem(L);
             d.lit_len = lit->len;
         }
     } else {
@@ -350,7 +350,7 @@ static ferry_status load_decoder(loader *L, const json_value *v, const char *whe
 static ferry_status add_template(loader *L, const int32_t *items, size_t n)
 {
     tokenizer *t = L->t;
-    int32_t *copy = tok_arena_alloc(&t->arena, (n ? n : 1) * sizeof *copy);
+    int32_t *copy = arena_alloc(&t->arena, (n ? n : 1) * sizeof *copy);
     tok_template *a = copy ? grow(t->post, &t->n_post, sizeof *a) : NULL;
     if (!a) return nomem(L);
     memcpy(copy, items, n * sizeof *copy);
@@ -596,7 +596,7 @@ static ferry_status load_added(loader *L, const json_value *list)
             t->n_added++;
             a->form = NULL;
         }
-        char *content = tok_arena_strdup(&t->arena, s.content, s.len);
+        char *content = arena_strdup(&t->arena, s.content, s.len);
         if (!content) goto oom;
         a->content = content;
         a->len = s.len;
@@ -613,7 +613,7 @@ static ferry_status load_added(loader *L, const json_value *list)
             if (!mc && !(mc = tok_match_ctx_new())) goto oom;
             if ((st = tok_normalize(t, mc, content, s.len, &norm, &zero)) != FERRY_OK) goto done;
             if (norm.len != s.len || memcmp(norm.data, content, s.len) != 0) {
-                char *f = tok_arena_strdup(&t->arena, norm.data ? norm.data : "", norm.len);
+                char *f = arena_strdup(&t->arena, norm.data ? norm.data : "", norm.len);
                 if (!f) goto oom;
                 a->form = f;
                 a->form_len = (uint32_t)norm.len;
@@ -660,8 +660,8 @@ static ferry_status index_ids(loader *L)
                 return ferry_fail(FERRY_ERR_INVALID, "%s: post_processor adds id %d, outside the vocabulary (0..%d)",
                                   L->file, t->post[k].items[i], t->vocab_size - 1);
     size_t n = t->vocab_size ? (size_t)t->vocab_size : 1;
-    t->added_at = tok_arena_alloc(&t->arena, n * sizeof *t->added_at);
-    t->skippable = tok_arena_alloc(&t->arena, n);
+    t->added_at = arena_alloc(&t->arena, n * sizeof *t->added_at);
+    t->skippable = arena_alloc(&t->arena, n);
     if (!t->added_at || !t->skippable) return nomem(L);
     memset(t->added_at, 0xFF, n * sizeof *t->added_at);
     for (size_t i = 0; i < t->n_added; i++) t->added_at[t->added[i].id] = (int32_t)i;
@@ -688,7 +688,7 @@ static ferry_status config_token(tokenizer *t, const json_value *root, const cha
     if (!v || v->type != JSON_STRING)
         return ferry_fail(FERRY_ERR_INVALID, "%s: %s must be a string or an object with a \"content\" string", file,
                           key);
-    if (!(*out = tok_arena_strdup(&t->arena, v->str, v->len))) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
+    if (!(*out = arena_strdup(&t->arena, v->str, v->len))) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", file);
     return FERRY_OK;
 }
 
@@ -736,7 +736,7 @@ static ferry_status load_config(tokenizer *t, const char *dir)
         st = ferry_fail(FERRY_ERR_INVALID, "%s: chat_template must be a string or a list of named templates", path);
         goto done;
     }
-    if (tmpl && !(t->chat_template = tok_arena_strdup(&t->arena, tmpl->str, tmpl->len)))
+    if (tmpl && !(t->chat_template = arena_strdup(&t->arena, tmpl->str, tmpl->len)))
         st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", path);
 done:
     json_doc_free(doc);
@@ -773,6 +773,7 @@ ferry_status tok_load(const char *dir, tokenizer **out)
     *out = NULL;
     tokenizer *t = calloc(1, sizeof *t);
     if (!t) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    t->arena.block_min = TOK_ARENA_BLOCK;
     t->bos = t->eos = "";
     char *buf = NULL;
     size_t len;
@@ -824,7 +825,7 @@ void tok_free(tokenizer *t)
     trie_free(&t->trie_raw);
     trie_free(&t->trie_norm);
     tok_bpe_free(&t->bpe);
-    tok_arena_free(&t->arena);
+    arena_free(&t->arena);
     free(t->path);
     free(t);
 }
