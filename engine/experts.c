@@ -96,6 +96,7 @@ struct experts {
     bool verify;
     bool *damaged;       /* [n_groups] */
     xitem *items;        /* [n_experts] the running run */
+    int *order;          /* [n_experts] its items: present ones, then in fetch order */
     int reads;           /* reads in flight, claimed or speculative */
     uint64_t keep_from;  /* experts_prefetch: slots used from this clock value on are its prediction's */
     expert_stats run;    /* the running run's figures: compute thread only */
@@ -125,8 +126,9 @@ ferry_status experts_create(experts **out, backend *be, store *s, const plan *p)
     x->slot_of = malloc((size_t)p->n_groups * sizeof *x->slot_of);
     x->damaged = calloc((size_t)p->n_groups, sizeof *x->damaged);
     x->items = calloc((size_t)n_experts, sizeof *x->items);
+    x->order = calloc((size_t)n_experts, sizeof *x->order);
     x->slots = calloc((size_t)p->n_expert_slots + 1, sizeof *x->slots);
-    if (!x->layer_first || !x->slot_of || !x->damaged || !x->items || !x->slots) {
+    if (!x->layer_first || !x->slot_of || !x->damaged || !x->items || !x->order || !x->slots) {
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -210,6 +212,7 @@ void experts_free(experts *x)
     free(x->bounce);
     free(x->slots);
     free(x->items);
+    free(x->order);
     free(x->damaged);
     free(x->slot_of);
     free(x->layer_first);
@@ -406,8 +409,7 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
     int n_present = 0;
     xitem *items = x->items;
     /* present ones first in order[], missing ones after, in fetch order */
-    int *order = malloc((size_t)n * sizeof *order);
-    if (!order) return ferry_fail(FERRY_ERR_NOMEM, "out of memory routing layer %d's experts", layer);
+    int *order = x->order;
     for (int k = 0; k < n; k++) {
         int g = first + ids[k], s = x->slot_of[g];
         FERRY_ASSERT(g < x->p->n_groups && x->p->groups[g].first_layer == layer);
@@ -485,7 +487,6 @@ ferry_status experts_run(experts *x, int layer, const int32_t *ids, int n, exper
         }
     }
     while (x->reads > 0) reap(x, true, &err); /* nothing in flight between runs */
-    free(order);
     publish(x, n);
     return err.st ? ferry_fail(err.st, "%s", err.msg) : FERRY_OK;
 }
