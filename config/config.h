@@ -1,6 +1,11 @@
 /*
- * config.h - ferry's settings as a struct generated from settings.def, with
- * parsing from "name" + "value" strings (the command line) and help text. Parsing errors name the setting.
+ * config.h - ferry's settings as a struct generated from settings.def, read
+ * from four sources: defaults, a JSON config file, FERRY_* environment
+ * variables and command-line flags, each overriding the ones before. Every
+ * value passes the same parser and the same range check whatever its source,
+ * and an error names where the value came from ("--threads", "FERRY_THREADS"
+ * or "ferry.json:7: threads"), suggesting the closest setting for an unknown
+ * name. The struct remembers each setting's source for `ferry config --print`.
  */
 #ifndef FERRY_CONFIG_H
 #define FERRY_CONFIG_H
@@ -9,9 +14,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../engine/base/arena.h"
+#include "../engine/base/json.h"
 #include "../engine/base/status.h"
 
 typedef enum { SET_STR, SET_INT, SET_FLOAT, SET_BOOL, SET_SIZE, SET_U64 } setting_type;
+
+/* Where a setting may come from (settings.def's `where`). */
+enum { SETTING_ANY = 0, SETTING_SECRET = 1, SETTING_NOFILE = 2 };
 
 typedef const char *setting_STR;
 typedef int64_t setting_INT;
@@ -21,37 +31,72 @@ typedef uint64_t setting_SIZE;
 typedef uint64_t setting_U64;
 
 typedef enum {
-#define FERRY_SETTING(name, type, def, doc) SETTING_##name,
+#define FERRY_SETTING(name, type, def, valid, where, doc) SETTING_##name,
 #include "settings.def"
 #undef FERRY_SETTING
     SETTING_COUNT
 } setting_id;
 
+/* Precedence order: a source overrides every source before it. */
+typedef enum { SOURCE_DEFAULT, SOURCE_FILE, SOURCE_ENV, SOURCE_FLAG } setting_source;
+
 typedef struct {
-#define FERRY_SETTING(name, type, def, doc) setting_##type name;
+#define FERRY_SETTING(name, type, def, valid, where, doc) setting_##type name;
 #include "settings.def"
 #undef FERRY_SETTING
-    bool given[SETTING_COUNT]; /* set explicitly (not a default) */
+    bool given[SETTING_COUNT];            /* set by a file, the environment or a flag */
+    setting_source source[SETTING_COUNT]; /* which of them                            */
+    int line[SETTING_COUNT];              /* SOURCE_FILE: the line of its key         */
+    const char *config_file;              /* the config file read, or NULL           */
+    mem_arena strings;                    /* the file's string values                */
 } ferry_config;
 
 typedef struct {
     const char *name;
     setting_type type;
     const char *def;
+    const char *valid; /* "LO..HI", "a|b|c" or NULL */
+    int where;         /* SETTING_ANY, _SECRET or _NOFILE */
     const char *doc;
 } setting_def;
 
 extern const setting_def config_settings[SETTING_COUNT];
 
-/* Fills every setting with its default. */
+/* Fills every setting with its default; the config owns nothing yet. */
 void config_defaults(ferry_config *cfg);
+/* Frees what config_load_file kept (the file's strings). */
+void config_free(ferry_config *cfg);
+
 /* Looks a setting up by name ('-' and '_' are the same); -1 if unknown. */
 int config_find(const char *name);
-/* Parses value into setting id. */
-ferry_status config_set(ferry_config *cfg, int id, const char *value);
+/* The setting whose name is nearest to name (edit distance, '-' and '_'
+ * the same), when near enough to be a likely typo; -1 otherwise. */
+int config_closest(const char *name);
+
+/* Parses value for setting id, checks it against its valid range and
+ * records source (line: the file's line, else 0). The error names the source:
+ * "--threads: must be in 0..1024 (got 2000)". */
+ferry_status config_set(ferry_config *cfg, int id, const char *value, setting_source source, int line);
+
+/* Reads a JSON config file: one object of setting names. Unknown keys,
+ * settings that are not read from files, wrong JSON types, out-of-range
+ * values, duplicate keys and syntax errors are errors naming the file and
+ * line. A file holding a secret must not be readable by other users. */
+ferry_status config_load_file(ferry_config *cfg, const char *path);
+/* Reads FERRY_<NAME> for every setting with wanted[id] (NULL: all). */
+ferry_status config_load_env(ferry_config *cfg, const bool *wanted);
+
 /* "--max-new-tokens" for SETTING_max_new_tokens. */
 const char *config_flag(int id, char *buf, size_t cap);
+/* "FERRY_MAX_NEW_TOKENS". */
+const char *config_env(int id, char *buf, size_t cap);
+
 /* One line per listed setting: flag, type, default, doc. */
 void config_print_help(FILE *f, const int *ids, int n);
+/* The effective configuration as a JSON object: the file read, and for each
+ * setting its value (secrets "<redacted>") and source. */
+void config_print_json(strbuf *sb, const ferry_config *cfg);
+/* The settings table of the README, in Markdown. */
+void config_print_markdown(FILE *f);
 
 #endif

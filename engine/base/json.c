@@ -81,10 +81,16 @@ typedef struct {
     size_t nodes;
 } parser;
 
+static _Thread_local size_t t_error_pos;
+
+size_t json_error_pos(void) { return t_error_pos; }
+
 static bool perr(parser *p, const char *what)
 {
-    if (p->st == FERRY_OK)
+    if (p->st == FERRY_OK) {
+        t_error_pos = p->pos;
         p->st = ferry_fail(FERRY_ERR_INVALID, "invalid JSON at byte %zu: %s", p->pos, what);
+    }
     return false;
 }
 
@@ -365,7 +371,11 @@ static bool parse_object(parser *p, json_value *v, int depth)
             json_member *m = vec_push(p->doc, &mem);
             if (!m) { vec_drop(p->doc, &mem); return oom(p); }
             memset(m, 0, sizeof *m);
-            if (!parse_string(p, &m->key, &m->key_len)) { vec_drop(p->doc, &mem); return false; }
+            m->offset = p->pos > UINT32_MAX ? UINT32_MAX : (uint32_t)p->pos;
+            size_t key_len;
+            if (!parse_string(p, &m->key, &key_len)) { vec_drop(p->doc, &mem); return false; }
+            if (key_len > UINT32_MAX) { vec_drop(p->doc, &mem); return perr(p, "object key of 4 GiB or more"); }
+            m->key_len = (uint32_t)key_len;
             skip_ws(p);
             if (p->pos >= p->len || p->s[p->pos] != ':') { vec_drop(p->doc, &mem); return perr(p, "expected ':'"); }
             p->pos++;

@@ -41,9 +41,10 @@ struct json_value {
 };
 
 struct json_member {
-    const char *key; /* decoded, NUL-terminated */
-    size_t key_len;
-    json_value value;
+    const char *key;  /* decoded, NUL-terminated                                 */
+    uint32_t key_len; /* keys of 4 GiB and more are refused                      */
+    uint32_t offset;  /* byte offset of the key's '"', for line numbers (at most */
+    json_value value; /* UINT32_MAX: further on, the offset saturates)           */
 };
 
 typedef struct json_doc json_doc;
@@ -51,6 +52,9 @@ typedef struct json_doc json_doc;
 /* Parses text[0..len). On error returns FERRY_ERR_INVALID with a message
  * giving the byte offset ("at byte 17: expected ':'"). */
 ferry_status json_parse(const char *text, size_t len, json_doc **out);
+/* The byte offset where this thread's last failed parse stopped, for callers
+ * that report a line and column instead. */
+size_t json_error_pos(void);
 /* The same, failing with FERRY_ERR_TOO_LARGE ("... more than N bytes to
  * parse") once the memory the parse holds at any moment - tree, strings and
  * growing lists - would pass max_bytes. */

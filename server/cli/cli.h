@@ -29,6 +29,7 @@ int cmd_serve(const ferry_config *cfg);
 int cmd_export(const ferry_config *cfg);
 int cmd_tokenize(const ferry_config *cfg);
 int cmd_detokenize(const ferry_config *cfg);
+int cmd_config(const ferry_config *cfg);
 
 /* Resolves --model once for every command that takes it (model_dir.h): a
  * directory stays itself; a Hugging Face repo id org/name[@revision] becomes

@@ -26,13 +26,6 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->device = cfg->device;
     eo->threads = (int)cfg->threads;
     eo->offload_dir = cfg->offload_dir;
-    if (cfg->threads < 0 || cfg->threads > 1024) return cli_error(EXIT_USAGE, "--threads must be in 0..1024 (0 = one per core)");
-    if (cfg->group_size < 1) return cli_error(EXIT_USAGE, "--group-size must be >= 1");
-    if (cfg->prefetch < 1) return cli_error(EXIT_USAGE, "--prefetch must be >= 1");
-    if (cfg->max_step_tokens < 1 || cfg->max_step_tokens > (1 << 20))
-        return cli_error(EXIT_USAGE, "--max-step-tokens must be in 1..1048576");
-    if (cfg->batch < 1 || cfg->batch > 4096) return cli_error(EXIT_USAGE, "--batch must be in 1..4096");
-    if (cfg->context < 0 || cfg->context > (1 << 24)) return cli_error(EXIT_USAGE, "--context must be in 0..16777216");
     eo->max_seqs = (int)cfg->batch;
     eo->max_ctx = (int)cfg->context;
     eo->kv_memory = cfg->kv_memory;

@@ -302,8 +302,6 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
 
 int cmd_chat(const ferry_config *cfg)
 {
-    if (cfg->max_new_tokens < 1 || cfg->max_new_tokens > (1 << 24))
-        return cli_error(EXIT_USAGE, "--max-new-tokens must be in 1..16777216");
     sampling_params sp = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed};
     if (sampling_params_check(&sp) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     engine_opts eo;

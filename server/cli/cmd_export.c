@@ -79,7 +79,6 @@ int cmd_export(const ferry_config *cfg)
     export_opts o = {.max_shard_bytes = cfg->max_shard_size, .overwrite = cfg->overwrite};
     if (!export_layout_parse(cfg->layout, &o.layout))
         return cli_error(EXIT_USAGE, "--layout must be converted or original (got '%s')", cfg->layout);
-    if (cfg->max_shard_size == 0) return cli_error(EXIT_USAGE, "--max-shard-size must be > 0");
     /* --out: the root is its parent, the name its base name */
     char *out = strdup(cfg->out);
     if (!out) return cli_error(EXIT_RUNTIME, "out of memory");

@@ -314,11 +314,9 @@ static ferry_status build_config(const ferry_config *cfg, model_config *c, const
     c->top_k = p->top_k;
     c->moe_hidden = p->moe_hidden;
     c->norm_topk = p->norm_topk;
-    if (cfg->layers < 0 || cfg->layers > 4096) return ferry_fail(FERRY_ERR_INVALID, "--layers must be in 1..4096");
-    if (cfg->kv_heads < 0 || c->n_heads % c->n_kv_heads)
+    if (c->n_heads % c->n_kv_heads)
         return ferry_fail(FERRY_ERR_INVALID, "--kv-heads %d must divide the %d attention heads", c->n_kv_heads,
                           c->n_heads);
-    if (cfg->sliding_window < 0) return ferry_fail(FERRY_ERR_INVALID, "--sliding-window must be >= 0");
     if (cfg->sliding_window > 0 && c->arch != ARCH_MISTRAL && c->arch != ARCH_MIXTRAL)
         return ferry_fail(FERRY_ERR_INVALID, "--sliding-window applies to --arch mistral and mixtral only");
     c->sliding_window = (int)cfg->sliding_window;
@@ -477,7 +475,6 @@ int cmd_mkmodel(const ferry_config *cfg)
     const char *model_type = NULL;
     ferry_dtype dt = DT_F32;
     if (build_config(cfg, &c, &p, &model_type, &dt) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-    if (cfg->shard_size == 0) return cli_error(EXIT_USAGE, "--shard-size must be > 0");
     tok_info ti = {cfg->tokenizer, -1, -1};
     if (ti.dir) { /* the vocabulary and the special tokens come from the tokenizer */
         tokenizer *t = NULL;

@@ -124,26 +124,15 @@ static void default_name(const char *dir, char *out, size_t cap)
 static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[256], http_opts *ho,
                       grpc_front_opts *go)
 {
-    if (cfg->http_port < 0 || cfg->http_port > 65535) return cli_error(EXIT_USAGE, "--http-port must be in 0..65535");
-    if (cfg->grpc_port < -1 || cfg->grpc_port > 65535)
-        return cli_error(EXIT_USAGE, "--grpc-port must be in 0..65535, or -1 for no gRPC front end");
-    if (cfg->drain_timeout < 0 || cfg->drain_timeout > 86400)
-        return cli_error(EXIT_USAGE, "--drain-timeout must be in 0..86400 seconds");
     if (eo->max_seqs > eo->max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
                          eo->max_seqs, eo->max_step_tokens);
-    if (cfg->max_queued < 1 || cfg->max_queued > (1 << 20))
-        return cli_error(EXIT_USAGE, "--max-queued must be in 1..1048576");
-    if (cfg->max_body < 1) return cli_error(EXIT_USAGE, "--max-body must be at least 1 byte");
     if (cfg->request_memory < cfg->max_body)
         return cli_error(EXIT_USAGE, "--request-memory must be at least --max-body (%llu bytes)",
                          (unsigned long long)cfg->max_body);
-    if (cfg->request_timeout < 1 || cfg->request_timeout > 86400)
-        return cli_error(EXIT_USAGE, "--request-timeout must be in 1..86400 seconds");
-    if (cfg->max_connections < 8 || cfg->max_connections > 1000000)
-        return cli_error(EXIT_USAGE, "--max-connections must be in 8..1000000");
-    if (cfg->max_connections_per_ip < 1 || cfg->max_connections_per_ip > cfg->max_connections)
-        return cli_error(EXIT_USAGE, "--max-connections-per-ip must be in 1..--max-connections");
+    if (cfg->max_connections_per_ip > cfg->max_connections)
+        return cli_error(EXIT_USAGE, "--max-connections-per-ip %lld exceeds --max-connections %lld",
+                         (long long)cfg->max_connections_per_ip, (long long)cfg->max_connections);
     if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
     if (cfg->name) snprintf(name, 256, "%s", cfg->name);
     else default_name(cfg->model, name, 256);
@@ -167,8 +156,6 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
     *token = NULL;
     *ao = (admin_opts){.host = cfg->admin_host, .port = (int)cfg->admin_port, .model_name = name,
                        .export_root = cfg->export_dir};
-    if (cfg->admin_port < -1 || cfg->admin_port > 65535)
-        return cli_error(EXIT_USAGE, "--admin-port must be in 1..65535, 0 for no admin API, or -1 for any free port");
     if (cfg->admin_port == 0) return 0;
     if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
     if (!cfg->admin_host || !*cfg->admin_host) return cli_error(EXIT_USAGE, "--admin-host must not be empty");
@@ -179,13 +166,25 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
                              errno == ELOOP || errno == ENOTDIR ? " (it must be a directory, not a symlink)" : "");
         close(fd);
     }
-    if (cfg->admin_token_file) {
+    /* Both given: the one from the higher-precedence source (a flag over the
+     * environment over the file); from the same source, it is ambiguous. */
+    bool use_file = cfg->admin_token_file != NULL;
+    if (cfg->admin_token && cfg->admin_token_file) {
+        if (cfg->source[SETTING_admin_token] == cfg->source[SETTING_admin_token_file])
+            return cli_error(EXIT_USAGE, "admin_token and admin_token_file are both set%s: give one",
+                             cfg->source[SETTING_admin_token] == SOURCE_FILE ? " in the config file" : " in the environment");
+        use_file = cfg->source[SETTING_admin_token_file] > cfg->source[SETTING_admin_token];
+    }
+    if (use_file) {
         if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK)
             return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-    } else if (getenv("FERRY_ADMIN_TOKEN")) {
-        if (admin_token_check(getenv("FERRY_ADMIN_TOKEN"), "FERRY_ADMIN_TOKEN") != FERRY_OK)
-            return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-        if (!(*token = strdup(getenv("FERRY_ADMIN_TOKEN")))) return cli_error(EXIT_RUNTIME, "out of memory");
+    } else if (cfg->admin_token) {
+        char from[512];
+        if (cfg->source[SETTING_admin_token] == SOURCE_FILE)
+            snprintf(from, sizeof from, "%s:%d: admin_token", cfg->config_file, cfg->line[SETTING_admin_token]);
+        else config_env(SETTING_admin_token, from, sizeof from);
+        if (admin_token_check(cfg->admin_token, from) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+        if (!(*token = strdup(cfg->admin_token))) return cli_error(EXIT_RUNTIME, "out of memory");
     }
     if (*token) return 0;
     if (!admin_host_is_loopback(cfg->admin_host))

@@ -1,8 +1,9 @@
 /*
- * main.c - the `ferry` command line: picks the subcommand, parses its flags
- * (every flag is a setting from config/settings.def; a command accepts only
- * the settings listed for it here), resolves --model once for every command
- * that takes it (a directory or a Hugging Face repo id) and runs it.
+ * main.c - the `ferry` command line: picks the subcommand, reads its settings
+ * (config/settings.def) from a config file, the environment and its flags -
+ * a command reads only the settings listed for it here - resolves --model
+ * once for every command that takes it (a directory or a Hugging Face repo
+ * id) and runs it.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 
 #define S(x) SETTING_##x
 #define END (-1)
+#define EVERY (-2)
 #define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(expert_cache), S(expert_prefetch), S(max_step_tokens), S(verify_reads), \
                   S(weights_dtype), S(quantize)
 
@@ -21,7 +23,7 @@ typedef struct {
     const char *name;
     int (*run)(const ferry_config *cfg);
     const char *summary;
-    int settings[32]; /* END-terminated */
+    int settings[48]; /* END-terminated, or {EVERY}; every command reads --config too */
     int required[4];  /* END-terminated */
 } command;
 
@@ -59,15 +61,17 @@ static const command k_commands[] = {
     {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, OpenAI /v1, Prometheus metrics) and gRPC (KServe v2)",
      {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(http_port), S(grpc_port), S(drain_timeout), S(host), S(name), S(max_body),
       S(max_queued), S(request_memory), S(request_timeout), S(max_connections), S(max_connections_per_ip),
-      S(admin_port), S(admin_host), S(admin_token_file), S(export_dir), PLACEMENT, END},
+      S(admin_port), S(admin_host), S(admin_token), S(admin_token_file), S(export_dir), PLACEMENT, END},
      {S(model), END}},
+    {"config", cmd_config, "print the effective configuration (--print): each setting's value and where it came from",
+     {EVERY}, {END}},
 };
 #define N_COMMANDS (int)(sizeof k_commands / sizeof k_commands[0])
 
 /* Settings that name a file or directory. An empty one is a usage error
  * naming it: "" would otherwise become paths like "/config.json", or an
  * error about whatever was derived from it (serve's --name from --model). */
-static const int k_path_settings[] = {S(model), S(out), S(offload_dir), S(dump_logits), S(trace), S(admin_token_file),
+static const int k_path_settings[] = {S(config), S(model), S(out), S(offload_dir), S(dump_logits), S(trace), S(admin_token_file),
                                       S(export_dir), S(tokenizer), S(file)};
 
 int cli_error(int code, const char *fmt, ...)
@@ -96,19 +100,25 @@ static void usage(FILE *f)
     fprintf(f, "\n'ferry <command> --help' lists a command's flags.\n");
 }
 
-static void command_help(const command *c)
-{
-    int n = 0;
-    while (c->settings[n] != END) n++;
-    printf("usage: ferry %s [flags]\n%s\n\nflags:\n", c->name, c->summary);
-    config_print_help(stdout, c->settings, n);
-}
-
 static bool accepts(const command *c, int id)
 {
+    if (c->settings[0] == EVERY || id == S(config)) return true;
     for (int i = 0; c->settings[i] != END; i++)
         if (c->settings[i] == id) return true;
     return false;
+}
+
+static void command_help(const command *c)
+{
+    int ids[SETTING_COUNT], n = 0;
+    for (int id = 0; id < SETTING_COUNT; id++)
+        if (accepts(c, id)) ids[n++] = id;
+    printf("usage: ferry %s [flags]\n%s\n\n"
+           "Each setting is also read from the environment (FERRY_ and its name in upper case) and from\n"
+           "a JSON config file (--config); flags override the environment, which overrides the file.\n\n"
+           "flags:\n",
+           c->name, c->summary);
+    config_print_help(stdout, ids, n);
 }
 
 static bool is_bool_word(const char *s)
@@ -117,42 +127,87 @@ static bool is_bool_word(const char *s)
            !strcmp(s, "no");
 }
 
+/* One flag: its setting and its text, applied after the file and the
+ * environment (flags override them). Returns 0 or the exit status. */
+static int parse_flag(const command *c, int argc, char **argv, int *i, int *id, const char **value)
+{
+    const char *arg = argv[*i];
+    if (strncmp(arg, "--", 2) != 0 || !arg[2])
+        return cli_error(EXIT_USAGE, "%s: unexpected argument '%s' (flags are --name value)", c->name, arg);
+    char name[64];
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (len >= sizeof name) return cli_error(EXIT_USAGE, "%s: unknown flag '%.80s'", c->name, arg);
+    memcpy(name, arg + 2, len);
+    name[len] = '\0';
+    char flag[64];
+    *id = config_find(name);
+    if (*id >= 0 && !accepts(c, *id))
+        return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (ferry %s does not take it; see 'ferry %s --help')",
+                         c->name, name, c->name, c->name);
+    if (*id < 0) {
+        int near = config_closest(name);
+        if (near >= 0 && accepts(c, near) && config_settings[near].where != SETTING_SECRET)
+            return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (did you mean %s?)", c->name, name,
+                             config_flag(near, flag, sizeof flag));
+        return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (see 'ferry %s --help')", c->name, name, c->name);
+    }
+    if (config_settings[*id].where == SETTING_SECRET) {
+        char env[96];
+        return cli_error(EXIT_USAGE,
+                         "%s: %s is a secret and not taken as a flag (the process list and shell history show flags): "
+                         "set %s, or %s in a --config file only you can read",
+                         c->name, config_flag(*id, flag, sizeof flag), config_env(*id, env, sizeof env),
+                         config_settings[*id].name);
+    }
+    if (eq) {
+        *value = eq + 1;
+    } else if (config_settings[*id].type == SET_BOOL) {
+        *value = (*i + 1 < argc && is_bool_word(argv[*i + 1])) ? argv[++*i] : "true";
+    } else {
+        if (*i + 1 >= argc) return cli_error(EXIT_USAGE, "%s: flag '--%s' needs a value", c->name, name);
+        *value = argv[++*i];
+    }
+    return 0;
+}
+
+/* Settings from, lowest precedence first: defaults, the config file (--config
+ * or FERRY_CONFIG), the environment, the flags. */
 static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg)
 {
     config_defaults(cfg);
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strncmp(arg, "--", 2) != 0 || !arg[2])
-            return cli_error(EXIT_USAGE, "%s: unexpected argument '%s' (flags are --name value)", c->name, arg);
-        char name[64];
-        const char *eq = strchr(arg, '='), *value = NULL;
-        size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
-        if (len >= sizeof name) return cli_error(EXIT_USAGE, "%s: unknown flag '%s'", c->name, arg);
-        memcpy(name, arg + 2, len);
-        name[len] = '\0';
-        int id = config_find(name);
-        if (id < 0 || !accepts(c, id))
-            return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (see 'ferry %s --help')", c->name, name, c->name);
-        if (eq) {
-            value = eq + 1;
-        } else if (config_settings[id].type == SET_BOOL) {
-            value = (i + 1 < argc && is_bool_word(argv[i + 1])) ? argv[++i] : "true";
-        } else {
-            if (i + 1 >= argc) return cli_error(EXIT_USAGE, "%s: flag '--%s' needs a value", c->name, name);
-            value = argv[++i];
-        }
-        if (config_set(cfg, id, value) != FERRY_OK) return cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
+    int *ids = calloc((size_t)argc + 1, sizeof *ids);
+    const char **values = calloc((size_t)argc + 1, sizeof *values);
+    int n = 0, rc = 0;
+    if (!ids || !values) rc = cli_error(EXIT_RUNTIME, "out of memory");
+    const char *file = getenv("FERRY_CONFIG");
+    for (int i = 0; !rc && i < argc; i++) {
+        if (!(rc = parse_flag(c, argc, argv, &i, &ids[n], &values[n])) && ids[n] == S(config)) file = values[n];
+        n++;
     }
-    char flag[64];
+    if (!rc && file && *file && config_load_file(cfg, file) != FERRY_OK)
+        rc = cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
+    bool wanted[SETTING_COUNT];
+    for (int id = 0; id < SETTING_COUNT; id++) wanted[id] = accepts(c, id);
+    if (!rc && config_load_env(cfg, wanted) != FERRY_OK) rc = cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
+    for (int k = 0; !rc && k < n; k++)
+        if (config_set(cfg, ids[k], values[k], SOURCE_FLAG, 0) != FERRY_OK)
+            rc = cli_error(EXIT_USAGE, "%s: %s", c->name, ferry_errmsg());
+    free(ids);
+    free(values);
+    if (rc) return rc;
+    char flag[64], env[96];
     for (int i = 0; c->required[i] != END; i++) {
         if (!cfg->given[c->required[i]])
-            return cli_error(EXIT_USAGE, "%s: missing required flag %s", c->name,
-                             config_flag(c->required[i], flag, sizeof flag));
+            return cli_error(EXIT_USAGE, "%s: missing required flag %s (or %s, or \"%s\" in a --config file)",
+                             c->name, config_flag(c->required[i], flag, sizeof flag),
+                             config_env(c->required[i], env, sizeof env), config_settings[c->required[i]].name);
     }
     for (size_t i = 0; i < sizeof k_path_settings / sizeof k_path_settings[0]; i++) {
         int id = k_path_settings[i];
         const char *v = NULL;
         switch (id) { /* the settings are struct fields: no lookup by id */
+        case S(config): v = cfg->config; break;
         case S(model): v = cfg->model; break;
         case S(out): v = cfg->out; break;
         case S(offload_dir): v = cfg->offload_dir; break;
@@ -200,11 +255,18 @@ int main(int argc, char **argv)
             }
         ferry_config cfg;
         int rc = parse_args(c, argc - 2, argv + 2, &cfg);
-        if (rc) return rc;
-        char *model_dir = NULL, *model_name = NULL;
-        if (accepts(c, S(model)) && (rc = cli_model_resolve(&cfg, accepts(c, S(name)), &model_dir, &model_name)))
+        if (rc) {
+            config_free(&cfg);
             return rc;
+        }
+        char *model_dir = NULL, *model_name = NULL;
+        if (c->settings[0] != EVERY && accepts(c, S(model)) &&
+            (rc = cli_model_resolve(&cfg, accepts(c, S(name)), &model_dir, &model_name))) {
+            config_free(&cfg);
+            return rc;
+        }
         rc = finish_stdout(c->run(&cfg));
+        config_free(&cfg);
         free(model_dir);
         free(model_name);
         return rc;

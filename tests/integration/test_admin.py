@@ -309,8 +309,13 @@ def test_non_loopback_with_a_token_starts_and_warns(ferry_bin, tiny, token_file)
 
 
 def test_token_must_not_be_a_flag(ferry, tiny):
-    p = ferry.run("serve", "--model", tiny, "--admin-token", TOKEN, timeout=30)
-    assert p.returncode == 2 and b"unknown flag" in p.stderr, p.stderr
+    """A flag shows in ps and shell history: the token is refused there,
+    with the two places it may come from, and is not echoed back."""
+    for args in (["--admin-token", TOKEN], ["--admin-token=" + TOKEN]):
+        p = ferry.run("serve", "--model", tiny, *args, timeout=30)
+        assert p.returncode == 2, p.stderr
+        assert b"--admin-token is a secret and not taken as a flag" in p.stderr, p.stderr
+        assert b"FERRY_ADMIN_TOKEN" in p.stderr and TOKEN.encode() not in p.stderr, p.stderr
 
 
 def test_token_from_the_environment(ferry_bin, tiny):

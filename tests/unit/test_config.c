@@ -5,9 +5,14 @@
  * Covers: every default of settings.def as config_defaults leaves it; lookup
  * by name with '-' or '_'; config_set per type, accepting the documented
  * spellings and rejecting the rest with a message naming the flag; given[]
- * marking only explicit settings; util_parse_size and util_fmt_bytes.
+ * marking only explicit settings; valid ranges and words; names for typos;
+ * the JSON config file (types, lines, comments, duplicates, secrets) and
+ * the environment in precedence; --print's JSON; util_parse_size and
+ * util_fmt_bytes.
  */
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../../config/config.h"
 #include "../../engine/base/util.h"
@@ -84,7 +89,12 @@ static void test_defaults(void)
     CHECK_EQ_U64(cfg.expert_cache, 0);
     CHECK(cfg.expert_prefetch == false);
     CHECK_EQ_STR(cfg.decode_input, "greedy");
-    CHECK_EQ_INT(SETTING_COUNT, 62); /* a new setting needs a default check above */
+    CHECK(cfg.config == NULL);
+    CHECK(cfg.print == false);
+    CHECK(cfg.admin_token == NULL);
+    CHECK(cfg.config_file == NULL);
+    for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
+    CHECK_EQ_INT(SETTING_COUNT, 65); /* a new setting needs a default check above */
 }
 
 static void test_find(void)
@@ -115,38 +125,40 @@ static void test_set(void)
     config_defaults(&cfg);
 
     /* INT */
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "12x"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "12x", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--max-new-tokens");
     CHECK_MSG_HAS("12x");
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, ""), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--max-new-tokens");
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "1.5"), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "99999999999"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "1.5", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "99999999999", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--max-new-tokens");
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "99999999999999999999999"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "99999999999999999999999", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_EQ_INT(cfg.max_new_tokens, 16); /* failures leave the value alone */
     CHECK(!cfg.given[SETTING_max_new_tokens]);
-    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "32"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "32", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_INT(cfg.max_new_tokens, 32);
     CHECK(cfg.given[SETTING_max_new_tokens]);
-    CHECK_STATUS(config_set(&cfg, SETTING_top_k, "-3"), FERRY_OK); /* ranges are checked by the user of the value */
-    CHECK_EQ_INT(cfg.top_k, -3);
+    CHECK_STATUS(config_set(&cfg, SETTING_top_k, "-3", SOURCE_FLAG, 0), FERRY_ERR_INVALID); /* valid: "0.." */
+    CHECK_MSG_HAS("--top-k must be >= 0 (got -3)");
+    CHECK_STATUS(config_set(&cfg, SETTING_top_k, "3", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_EQ_INT(cfg.top_k, 3);
 
     /* FLOAT */
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "abc"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "abc", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--temperature");
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "nan"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "nan", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--temperature");
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "inf"), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "-infinity"), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "1e999"), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, ""), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7x"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "inf", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "-infinity", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "1e999", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7x", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK(!cfg.given[SETTING_temperature]);
-    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7", SOURCE_FLAG, 0), FERRY_OK);
     CHECK(cfg.temperature == 0.7);
     CHECK(cfg.given[SETTING_temperature]);
-    CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1e-1"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1e-1", SOURCE_FLAG, 0), FERRY_OK);
     CHECK(cfg.top_p == 0.1);
 
     /* BOOL */
@@ -154,39 +166,39 @@ static void test_set(void)
     static const char *const no[] = {"false", "no", "0", "False", "NO"};
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
         cfg.json = false;
-        CHECK_STATUS(config_set(&cfg, SETTING_json, yes[i]), FERRY_OK);
+        CHECK_STATUS(config_set(&cfg, SETTING_json, yes[i], SOURCE_FLAG, 0), FERRY_OK);
         CHECK(cfg.json == true);
-        CHECK_STATUS(config_set(&cfg, SETTING_json, no[i]), FERRY_OK);
+        CHECK_STATUS(config_set(&cfg, SETTING_json, no[i], SOURCE_FLAG, 0), FERRY_OK);
         CHECK(cfg.json == false);
     }
-    CHECK_STATUS(config_set(&cfg, SETTING_tied, "maybe"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_tied, "maybe", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--tied");
     CHECK_MSG_HAS("maybe");
-    CHECK_STATUS(config_set(&cfg, SETTING_tied, ""), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_tied, "2"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_tied, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_tied, "2", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK(!cfg.given[SETTING_tied]);
 
     /* SIZE */
-    CHECK_STATUS(config_set(&cfg, SETTING_shard_size, "512MiB"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_shard_size, "512MiB", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_U64(cfg.shard_size, 512ull << 20);
-    CHECK_STATUS(config_set(&cfg, SETTING_shard_size, "lots"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_shard_size, "lots", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--shard-size");
     CHECK_MSG_HAS("lots");
     CHECK_EQ_U64(cfg.shard_size, 512ull << 20);
 
     /* U64 */
-    CHECK_STATUS(config_set(&cfg, SETTING_seed, "18446744073709551615"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_seed, "18446744073709551615", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_U64(cfg.seed, UINT64_MAX);
-    CHECK_STATUS(config_set(&cfg, SETTING_seed, "-1"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_seed, "-1", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--seed");
-    CHECK_STATUS(config_set(&cfg, SETTING_seed, "18446744073709551616"), FERRY_ERR_INVALID);
-    CHECK_STATUS(config_set(&cfg, SETTING_seed, "7z"), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_seed, "18446744073709551616", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_seed, "7z", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_EQ_U64(cfg.seed, UINT64_MAX);
 
     /* STR */
-    CHECK_STATUS(config_set(&cfg, SETTING_device, "cuda"), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "cuda", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_STR(cfg.device, "cuda");
-    CHECK_STATUS(config_set(&cfg, SETTING_model, ""), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_model, "", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_STR(cfg.model, "");
 
     /* given[] is set by exactly the successful config_set calls above */
@@ -197,6 +209,244 @@ static void test_set(void)
         if (cfg.given[i] != want) fprintf(stderr, "given[%s] is %d\n", config_settings[i].name, cfg.given[i]);
         CHECK(cfg.given[i] == want);
     }
+}
+
+/* ---- ranges, names, sources ------------------------------------------- */
+
+static void test_ranges(void)
+{
+    ferry_config cfg;
+    config_defaults(&cfg);
+    /* both ends are valid, one past either end is not, and the message says
+     * which flag, what range and what was given */
+    CHECK_STATUS(config_set(&cfg, SETTING_threads, "0", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_threads, "1024", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_threads, "1025", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--threads must be in 0..1024 (got 1025)");
+    CHECK_STATUS(config_set(&cfg, SETTING_threads, "-1", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_EQ_INT(cfg.threads, 1024);
+    CHECK_STATUS(config_set(&cfg, SETTING_grpc_port, "-1", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_grpc_port, "-2", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_http_port, "65536", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--http-port must be in 0..65535 (got 65536)");
+    /* FLOAT: top_p in 0..1 */
+    CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1.0000001", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "-0.5", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--temperature must be >= 0");
+    /* SIZE: "1.." refuses 0 in any spelling */
+    CHECK_STATUS(config_set(&cfg, SETTING_max_body, "0", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--max-body must be >= 1");
+    CHECK_STATUS(config_set(&cfg, SETTING_max_body, "0KiB", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_STATUS(config_set(&cfg, SETTING_max_body, "1", SOURCE_FLAG, 0), FERRY_OK);
+    /* words: exact, and a near miss suggested (a swap is one edit) */
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "cpu-split", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "cdua", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--device must be one of cpu, cpu-split, cuda (got 'cdua'; did you mean cuda?)");
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "tpu-v5", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("(got 'tpu-v5')");
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "CUDA", SOURCE_FLAG, 0), FERRY_ERR_INVALID); /* words are exact */
+    CHECK_STATUS(config_set(&cfg, SETTING_device, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_EQ_STR(cfg.device, "cpu-split");
+    CHECK_STATUS(config_set(&cfg, SETTING_quantize, "int4", SOURCE_FLAG, 0), FERRY_OK);
+
+    /* the definition itself: every range well-formed for its type, every
+     * default inside its own range (config_defaults asserts it too) */
+    for (int i = 0; i < SETTING_COUNT; i++) {
+        const setting_def *d = &config_settings[i];
+        CHECK(d->doc && *d->doc);
+        CHECK(d->where == SETTING_ANY || d->where == SETTING_SECRET || d->where == SETTING_NOFILE);
+        if (!d->valid) continue;
+        bool numeric = d->type != SET_STR && d->type != SET_BOOL;
+        CHECK(d->type != SET_BOOL);
+        CHECK(numeric == (strstr(d->valid, "..") != NULL));
+        if (d->def) {
+            ferry_config c2;
+            config_defaults(&c2);
+            CHECK_STATUS(config_set(&c2, i, d->def, SOURCE_FLAG, 0), FERRY_OK);
+        }
+    }
+}
+
+static void test_names(void)
+{
+    char buf[96];
+    CHECK_EQ_STR(config_env(SETTING_max_new_tokens, buf, sizeof buf), "FERRY_MAX_NEW_TOKENS");
+    CHECK_EQ_STR(config_env(SETTING_admin_token, buf, sizeof buf), "FERRY_ADMIN_TOKEN");
+    CHECK_EQ_INT(config_closest("http_prot"), SETTING_http_port);
+    CHECK_EQ_INT(config_closest("http-prot"), SETTING_http_port);
+    CHECK_EQ_INT(config_closest("modle"), SETTING_model);
+    CHECK_EQ_INT(config_closest("max-new-token"), SETTING_max_new_tokens);
+    CHECK_EQ_INT(config_closest("MAX_MEMORY"), SETTING_max_memory);
+    CHECK_EQ_INT(config_closest("ofload_dri"), SETTING_offload_dir);
+    CHECK_EQ_INT(config_closest("xyzzy"), -1);
+    CHECK_EQ_INT(config_closest("completely-unrelated-name"), -1);
+    CHECK_EQ_INT(config_closest(""), -1);
+    /* a name of 100 characters is far from everything, and safe */
+    char long_name[101];
+    memset(long_name, 'a', 100);
+    long_name[100] = '\0';
+    CHECK_EQ_INT(config_closest(long_name), -1);
+}
+
+static const char *write_tmp(const char *name, const char *text, int mode)
+{
+    static char path[512];
+    const char *base = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ferry-test-config-%d-%s", base && *base ? base : "/tmp", (int)getpid(), name);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return path;
+    fputs(text, f);
+    fclose(f);
+    chmod(path, (mode_t)mode);
+    return path;
+}
+
+/* Loads text as a config file into a fresh config; the status. */
+static ferry_status load(ferry_config *cfg, const char *text, int mode)
+{
+    config_free(cfg);
+    config_defaults(cfg);
+    const char *path = write_tmp("cfg.json", text, mode);
+    ferry_status st = config_load_file(cfg, path);
+    unlink(path);
+    return st;
+}
+
+static void test_file(void)
+{
+    ferry_config cfg;
+    config_defaults(&cfg);
+    CHECK_STATUS(load(&cfg,
+                      "{\n"
+                      "  \"// a comment\": \"ignored\",\n"
+                      "  \"http_port\": 9000,\n"
+                      "  \"max_memory\": \"device=4GiB,host=16GiB\",\n"
+                      "  \"kv_memory\": \"2GiB\",\n"
+                      "  \"max_body\": 1048576,\n"
+                      "  \"temperature\": 0.25,\n"
+                      "  \"top_p\": 1,\n"
+                      "  \"verify_reads\": false,\n"
+                      "  \"offload_dir\": null,\n"
+                      "  \"seed\": 42\n"
+                      "}\n",
+                      0644),
+                 FERRY_OK);
+    CHECK_EQ_INT(cfg.http_port, 9000);
+    CHECK(cfg.source[SETTING_http_port] == SOURCE_FILE);
+    CHECK_EQ_INT(cfg.line[SETTING_http_port], 3);
+    CHECK(cfg.given[SETTING_http_port]);
+    CHECK_EQ_STR(cfg.max_memory, "device=4GiB,host=16GiB");
+    CHECK_EQ_U64(cfg.kv_memory, 2ull << 30);
+    CHECK_EQ_U64(cfg.max_body, 1048576);
+    CHECK(cfg.temperature == 0.25);
+    CHECK(cfg.top_p == 1.0);
+    CHECK(cfg.verify_reads == false);
+    CHECK(cfg.offload_dir == NULL && cfg.source[SETTING_offload_dir] == SOURCE_DEFAULT); /* null: the default */
+    CHECK_EQ_U64(cfg.seed, 42);
+    CHECK_EQ_INT(cfg.line[SETTING_seed], 11);
+    CHECK(cfg.config_file && strstr(cfg.config_file, "cfg.json"));
+
+    /* the environment overrides the file, a flag overrides both */
+    setenv("FERRY_HTTP_PORT", "9100", 1);
+    setenv("FERRY_KV_MEMORY", "1GiB", 1);
+    bool wanted[SETTING_COUNT] = {0};
+    wanted[SETTING_http_port] = true; /* kv_memory not wanted: left alone */
+    CHECK_STATUS(config_load_env(&cfg, wanted), FERRY_OK);
+    CHECK_EQ_INT(cfg.http_port, 9100);
+    CHECK(cfg.source[SETTING_http_port] == SOURCE_ENV);
+    CHECK_EQ_U64(cfg.kv_memory, 2ull << 30);
+    CHECK_STATUS(config_set(&cfg, SETTING_http_port, "9200", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK(cfg.source[SETTING_http_port] == SOURCE_FLAG);
+    setenv("FERRY_HTTP_PORT", "http", 1);
+    CHECK_STATUS(config_load_env(&cfg, NULL), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("FERRY_HTTP_PORT: 'http' is not an integer");
+    unsetenv("FERRY_HTTP_PORT");
+    unsetenv("FERRY_KV_MEMORY");
+
+    /* the printed configuration: values, sources, where */
+    strbuf sb;
+    sb_init(&sb);
+    config_print_json(&sb, &cfg);
+    json_doc *doc = NULL;
+    CHECK_STATUS(json_parse(sb.data, sb.len, &doc), FERRY_OK);
+    if (doc) {
+        const json_value *set = json_get(json_doc_root(doc), "settings");
+        const json_value *hp = json_get(set, "http_port"), *sd = json_get(set, "seed"), *dv = json_get(set, "device");
+        CHECK(json_get(hp, "value")->integer == 9200);
+        CHECK_EQ_STR(json_get_str(hp, "source", NULL), "flag");
+        CHECK_EQ_STR(json_get_str(hp, "from", NULL), "--http-port");
+        CHECK_EQ_STR(json_get_str(sd, "source", NULL), "file");
+        CHECK(strstr(json_get_str(sd, "from", NULL), "cfg.json:11") != NULL);
+        CHECK_EQ_STR(json_get_str(dv, "source", NULL), "default");
+        CHECK(json_get(dv, "from") == NULL);
+        CHECK_EQ_INT(json_get(json_get(set, "max_body"), "value")->integer, 1048576);
+        CHECK(json_get(json_get(set, "temperature"), "value")->number == 0.25);
+        CHECK(json_get(json_get(set, "model"), "value")->type == JSON_NULL);
+        CHECK_EQ_INT(json_get(json_doc_root(doc), "settings")->len, SETTING_COUNT);
+        json_doc_free(doc);
+    }
+    sb_free(&sb);
+
+    /* each error names the file, the line and the key */
+    CHECK_STATUS(load(&cfg, "{\n  \"threads\": 4,\n  \"http_prot\": 1\n}\n", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:3: unknown setting 'http_prot' (did you mean http_port?)");
+    CHECK_STATUS(load(&cfg, "{\"zzzzzz\": 1}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("unknown setting 'zzzzzz'");
+    CHECK_STATUS(load(&cfg, "{\n\"threads\": \"4\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:2: threads must be an integer, not a string");
+    CHECK_STATUS(load(&cfg, "{\"threads\": 1.5}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("threads must be an integer, not a number");
+    CHECK_STATUS(load(&cfg, "{\"verify_reads\": \"no\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("verify_reads must be true or false, not a string");
+    CHECK_STATUS(load(&cfg, "{\"kv_memory\": -5}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("kv_memory");
+    CHECK_STATUS(load(&cfg, "{\"kv_memory\": [1]}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("kv_memory must be a size");
+    CHECK_STATUS(load(&cfg, "{\"device\": 1}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("device must be a string, not an integer");
+    CHECK_STATUS(load(&cfg, "{\n\n\"threads\": 4000}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:3: threads must be in 0..1024 (got 4000)");
+    CHECK_STATUS(load(&cfg, "{\"device\": \"cdua\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("did you mean cuda?");
+    CHECK_STATUS(load(&cfg, "{\n\"batch\": 8,\n\"batch\": 16\n}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:3: batch is set twice (first at line 2)");
+    CHECK_STATUS(load(&cfg, "{\n  \"batch\": 8\n  \"threads\": 2\n}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:3:3: invalid JSON: expected ',' or '}'");
+    CHECK_STATUS(load(&cfg, "[1, 2]", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("one JSON object of settings, not an array");
+    CHECK_STATUS(load(&cfg, "", 0644), FERRY_ERR_INVALID);
+    CHECK_STATUS(load(&cfg, "{\"config\": \"other.json\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("config is not read from a config file");
+    CHECK_STATUS(load(&cfg, "{\"model\": \"a\\u0000b\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("cfg.json:1:19: invalid JSON"); /* the reader refuses \u0000: no string is cut short */
+
+    /* a secret only in a file other users cannot read */
+    CHECK_STATUS(load(&cfg, "{\"admin_token\": \"0123456789abcdef\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("admin_token is a secret, but other users may read the file (mode 0644)");
+    CHECK_STATUS(load(&cfg, "{\"admin_token\": \"0123456789abcdef\"}", 0600), FERRY_OK);
+    CHECK_EQ_STR(cfg.admin_token, "0123456789abcdef");
+    sb_init(&sb);
+    config_print_json(&sb, &cfg);
+    CHECK(sb.data && !strstr(sb.data, "0123456789abcdef") && strstr(sb.data, "<redacted>"));
+    sb_free(&sb);
+
+    /* not a file, no file, too large */
+    config_free(&cfg);
+    config_defaults(&cfg);
+    CHECK_STATUS(config_load_file(&cfg, "/nonexistent/ferry.json"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("config file /nonexistent/ferry.json: No such file or directory");
+    CHECK_STATUS(config_load_file(&cfg, "/tmp"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("not a regular file");
+    char *big = malloc((2u << 20) + 3);
+    if (big) {
+        memset(big, ' ', 2u << 20);
+        strcpy(big + (2u << 20), "{}");
+        CHECK_STATUS(load(&cfg, big, 0644), FERRY_ERR_INVALID);
+        CHECK_MSG_HAS("a config file holds at most");
+        free(big);
+    }
+    config_free(&cfg);
 }
 
 static void check_size(const char *s, uint64_t want, int line)
@@ -271,6 +521,9 @@ int main(void)
     test_defaults();
     test_find();
     test_set();
+    test_ranges();
+    test_names();
+    test_file();
     test_sizes();
     return check_report();
 }

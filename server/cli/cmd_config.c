@@ -1,0 +1,25 @@
+/*
+ * cmd_config.c - `ferry config --print [--config FILE] [--flag value ...]`:
+ * the configuration a command would run with, read the way every command
+ * reads it (file, environment, flags), printed as JSON with each setting's
+ * source, secrets redacted. What an operator runs before `serve` to see
+ * which of three places a value came from.
+ */
+#include <stdio.h>
+
+#include "cli.h"
+
+int cmd_config(const ferry_config *cfg)
+{
+    if (!cfg->print) return cli_error(EXIT_USAGE, "config: nothing to do (give --print)");
+    strbuf sb;
+    sb_init(&sb);
+    config_print_json(&sb, cfg);
+    if (sb.oom) {
+        sb_free(&sb);
+        return cli_error(EXIT_RUNTIME, "out of memory");
+    }
+    fwrite(sb.data, 1, sb.len, stdout);
+    sb_free(&sb);
+    return 0;
+}
