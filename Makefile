@@ -57,7 +57,7 @@ VENV_PY   := $(VENV)/bin/python
 PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai
 PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai
 
-.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean
+.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean docs
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
@@ -122,14 +122,18 @@ $(DEMO_MODEL)/tokenizer.json: $(DEMO_TOKENIZER)/tokenizer.json $(DEMO_TOKENIZER)
 	rm -rf $(DEMO_MODEL) $(BUILD)/demo-offload
 	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1 --tokenizer $(DEMO_TOKENIZER)
 
-# serve the demo model (16 MiB of weights) with part of them resident
+# serve the demo model (16 MiB of weights) as config/ferry.json says: part of them resident
 # and the rest streamed from the offload dir, on port $(HTTP_PORT)
 HTTP_PORT ?= 8000
 run: deps all $(DEMO_MODEL)/tokenizer.json
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}'"
 	@echo "      (the weights are random: the answer is random text)"
-	exec $(BUILD)/ferry serve --model $(DEMO_MODEL) --max-memory device=6MiB,host=0 \
-	  --offload-dir $(BUILD)/demo-offload --http-port $(HTTP_PORT)
+	mkdir -p build/exports
+	exec $(BUILD)/ferry serve --config config/ferry.json --model $(DEMO_MODEL) --http-port $(HTTP_PORT)
+
+# The README's settings table, from config/settings.def (a test checks it).
+docs: all
+	$(PYTHON) scripts/readme_settings.py
 
 unit: $(UNIT_BIN) $(TOOL_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

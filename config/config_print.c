@@ -115,9 +115,9 @@ void config_print_markdown(FILE *f)
             }
         }
         fprintf(f, " | ");
-        if (d->where == SETTING_SECRET) fprintf(f, "**secret**: environment or config file only, never printed. ");
-        if (d->where == SETTING_NOFILE) fprintf(f, "Flag or environment only. ");
         cell(f, d->doc);
+        if (d->where == SETTING_SECRET) fprintf(f, ". **Secret**: environment or config file only, never printed");
+        if (d->where == SETTING_NOFILE) fprintf(f, ". Flag or environment only");
         fprintf(f, " |\n");
     }
 }

@@ -3,7 +3,8 @@
  * the configuration a command would run with, read the way every command
  * reads it (file, environment, flags), printed as JSON with each setting's
  * source, secrets redacted. What an operator runs before `serve` to see
- * which of three places a value came from.
+ * which of three places a value came from. `--docs` prints the table of
+ * every setting that the README carries (`make docs`).
  */
 #include <stdio.h>
 
@@ -11,7 +12,11 @@
 
 int cmd_config(const ferry_config *cfg)
 {
-    if (!cfg->print) return cli_error(EXIT_USAGE, "config: nothing to do (give --print)");
+    if (cfg->docs) {
+        config_print_markdown(stdout);
+        return 0;
+    }
+    if (!cfg->print) return cli_error(EXIT_USAGE, "config: nothing to do (give --print, or --docs for the settings table)");
     strbuf sb;
     sb_init(&sb);
     config_print_json(&sb, cfg);

@@ -91,10 +91,11 @@ static void test_defaults(void)
     CHECK_EQ_STR(cfg.decode_input, "greedy");
     CHECK(cfg.config == NULL);
     CHECK(cfg.print == false);
+    CHECK(cfg.docs == false);
     CHECK(cfg.admin_token == NULL);
     CHECK(cfg.config_file == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 65); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 66); /* a new setting needs a default check above */
 }
 
 static void test_find(void)
