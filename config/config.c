@@ -64,8 +64,21 @@ static const char *label(const ferry_config *cfg, int id, setting_source source,
     case SOURCE_FILE: snprintf(buf, cap, "%s:%d: %s", cfg->config_file, line, config_settings[id].name); return buf;
     case SOURCE_DEFAULT: break;
     }
-    snprintf(buf, cap, "default of %s", config_settings[id].name);
+    snprintf(buf, cap, "%s", config_settings[id].name);
     return buf;
+}
+
+const char *config_where(const ferry_config *cfg, int id, char *buf, size_t cap)
+{
+    return label(cfg, id, cfg->source[id], cfg->line[id], buf, cap);
+}
+
+void config_fmt_double(double x, char *buf, size_t cap)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
 }
 
 /* ---- names: lookup and suggestions ------------------------------------ */
@@ -111,11 +124,12 @@ static bool near(int d, size_t na, size_t nb)
     return d <= 2 || (size_t)d * 3 <= n;
 }
 
-int config_closest(const char *name)
+int config_closest(const char *name, int skip_where)
 {
     int best = -1, best_d = 1 << 30;
     size_t n = strlen(name);
     for (int i = 0; i < SETTING_COUNT; i++) {
+        if (config_settings[i].where == skip_where) continue;
         const char *s = config_settings[i].name;
         int d = distance(name, n, s, strlen(s));
         if (d < best_d && near(d, n, strlen(s))) best = i, best_d = d;
@@ -152,16 +166,22 @@ static ferry_status check_word(const char *where, const char *valid, const char 
     return ferry_fail(FERRY_ERR_INVALID, "%s must be one of %s (got '%s')", where, words, v);
 }
 
-/* A number against "LO..HI" (either end may be empty). */
+/* A number against "LO..HI": either end may be left out, both ends are
+ * included, except a low end written "LO<" (top_p: 0<..1). */
 static ferry_status check_range(const char *where, const char *valid, double x, const char *v)
 {
     const char *dots = strstr(valid, "..");
     FERRY_ASSERT(dots);
     bool has_lo = dots != valid, has_hi = dots[2] != '\0';
+    bool lo_open = has_lo && dots[-1] == '<';
     double lo = has_lo ? strtod(valid, NULL) : 0, hi = has_hi ? strtod(dots + 2, NULL) : 0;
-    if ((!has_lo || x >= lo) && (!has_hi || x <= hi)) return FERRY_OK;
-    if (has_lo && has_hi) return ferry_fail(FERRY_ERR_INVALID, "%s must be in %s (got %s)", where, valid, v);
-    if (has_lo) return ferry_fail(FERRY_ERR_INVALID, "%s must be >= %.*s (got %s)", where, (int)(dots - valid), valid, v);
+    if ((!has_lo || (lo_open ? x > lo : x >= lo)) && (!has_hi || x <= hi)) return FERRY_OK;
+    int lo_len = (int)(dots - valid) - lo_open;
+    if (has_lo && has_hi && !lo_open) return ferry_fail(FERRY_ERR_INVALID, "%s must be in %s (got %s)", where, valid, v);
+    if (has_lo && has_hi)
+        return ferry_fail(FERRY_ERR_INVALID, "%s must be > %.*s and <= %s (got %s)", where, lo_len, valid, dots + 2, v);
+    if (has_lo)
+        return ferry_fail(FERRY_ERR_INVALID, "%s must be %s %.*s (got %s)", where, lo_open ? ">" : ">=", lo_len, valid, v);
     return ferry_fail(FERRY_ERR_INVALID, "%s must be <= %s (got %s)", where, dots + 2, v);
 }
 
@@ -173,13 +193,17 @@ static ferry_status parse_value(ferry_config *cfg, int id, const char *v, const 
     errno = 0;
     switch (d->type) {
     case SET_STR:
-        if (d->valid) FERRY_TRY(check_word(where, d->valid, v));
+        /* "" is "not set" where that is the default (--quantize "") */
+        if (d->valid && (*v || d->def)) FERRY_TRY(check_word(where, d->valid, v));
         *(const char **)f = v;
         return FERRY_OK;
     case SET_INT: {
         long long x = strtoll(v, &end, 10);
-        if (!*v || *end || errno) return ferry_fail(FERRY_ERR_INVALID, "%s: '%s' is not an integer", where, v);
-        if (x < -2147483647LL || x > 2147483647LL) return ferry_fail(FERRY_ERR_INVALID, "%s: %s is out of range", where, v);
+        if (!*v || *end || (errno && errno != ERANGE))
+            return ferry_fail(FERRY_ERR_INVALID, "%s: '%s' is not an integer", where, v);
+        if (errno == ERANGE || x < -2147483647LL || x > 2147483647LL)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: %s is out of range%s%s", where, v, d->valid ? " " : "",
+                              d->valid ? d->valid : "");
         if (d->valid) FERRY_TRY(check_range(where, d->valid, (double)x, v));
         *(int64_t *)f = x;
         return FERRY_OK;
@@ -246,7 +270,7 @@ ferry_status config_load_env(ferry_config *cfg, const bool *wanted)
         if (wanted && !wanted[i]) continue;
         char name[96];
         const char *v = getenv(config_env(i, name, sizeof name));
-        if (v) FERRY_TRY(config_set(cfg, i, v, SOURCE_ENV, 0));
+        if (v && *v) FERRY_TRY(config_set(cfg, i, v, SOURCE_ENV, 0));
     }
     return FERRY_OK;
 }

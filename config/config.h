@@ -70,20 +70,29 @@ void config_free(ferry_config *cfg);
 /* Looks a setting up by name ('-' and '_' are the same); -1 if unknown. */
 int config_find(const char *name);
 /* The setting whose name is nearest to name (edit distance, '-' and '_'
- * the same), when near enough to be a likely typo; -1 otherwise. */
-int config_closest(const char *name);
+ * the same, a swap of neighbours one edit), when near enough to be a likely
+ * typo, leaving out settings whose `where` is skip_where; -1 otherwise. */
+int config_closest(const char *name, int skip_where);
+/* Where setting id's value came from, as an error should name it:
+ * "--threads", "FERRY_THREADS", "ferry.json:7: threads" or "threads". */
+const char *config_where(const ferry_config *cfg, int id, char *buf, size_t cap);
+/* x in the shortest form that reads back exactly ("0.7", not
+ * "0.69999999999999996"). */
+void config_fmt_double(double x, char *buf, size_t cap);
 
 /* Parses value for setting id, checks it against its valid range and
  * records source (line: the file's line, else 0). The error names the source:
  * "--threads: must be in 0..1024 (got 2000)". */
 ferry_status config_set(ferry_config *cfg, int id, const char *value, setting_source source, int line);
 
-/* Reads a JSON config file: one object of setting names. Unknown keys,
- * settings that are not read from files, wrong JSON types, out-of-range
- * values, duplicate keys and syntax errors are errors naming the file and
- * line. A file holding a secret must not be readable by other users. */
+/* Reads a JSON config file (or a pipe: --config <(...)): one object of
+ * setting names. Unknown keys, settings that are not read from files, wrong
+ * JSON types, out-of-range values, duplicate keys and syntax errors are
+ * errors naming the file and line. A file holding a secret must be the
+ * user's own and readable by no one else (mode 0600), as a token file. */
 ferry_status config_load_file(ferry_config *cfg, const char *path);
-/* Reads FERRY_<NAME> for every setting with wanted[id] (NULL: all). */
+/* Reads FERRY_<NAME> for every setting with wanted[id] (NULL: all); a
+ * variable set to the empty string counts as unset. */
 ferry_status config_load_env(ferry_config *cfg, const bool *wanted);
 
 /* "--max-new-tokens" for SETTING_max_new_tokens. */

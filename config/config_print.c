@@ -20,17 +20,6 @@ static const void *field_of(const ferry_config *cfg, int id)
     return (const char *)cfg + offsets[id];
 }
 
-/* A double in the shortest form that reads back exactly. */
-static void put_double(strbuf *sb, double x)
-{
-    char buf[32];
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, x);
-        if (strtod(buf, NULL) == x) break;
-    }
-    sb_puts(sb, buf);
-}
-
 static void put_value(strbuf *sb, const ferry_config *cfg, int id)
 {
     const void *f = field_of(cfg, id);
@@ -43,7 +32,12 @@ static void put_value(strbuf *sb, const ferry_config *cfg, int id)
         return;
     }
     case SET_INT: sb_printf(sb, "%" PRId64, *(const int64_t *)f); return;
-    case SET_FLOAT: put_double(sb, *(const double *)f); return;
+    case SET_FLOAT: {
+        char buf[32];
+        config_fmt_double(*(const double *)f, buf, sizeof buf);
+        sb_puts(sb, buf);
+        return;
+    }
     case SET_BOOL:
         /* a BOOL without a default that nothing set (mkmodel --tied) */
         if (!cfg->given[id] && !config_settings[id].def) sb_puts(sb, "null");

@@ -103,34 +103,34 @@ ferry_status admin_token_check(const char *token, const char *from)
     return FERRY_OK;
 }
 
-ferry_status admin_token_read(const char *path, char **out)
+ferry_status admin_token_read(const char *path, const char *from, char **out)
 {
     *out = NULL;
     /* O_NOFOLLOW: the checks below must be about the file read, not a link */
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ELOOP)
-            return ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: a symbolic link (give the file itself)", path);
-        return ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: %s", path, strerror(errno));
+            return ferry_fail(FERRY_ERR_INVALID, "%s %s: a symbolic link (give the file itself)", from, path);
+        return ferry_fail(FERRY_ERR_INVALID, "%s %s: %s", from, path, strerror(errno));
     }
     struct stat sb;
     ferry_status st = FERRY_OK;
-    if (fstat(fd, &sb) != 0) st = ferry_fail(FERRY_ERR_IO, "--admin-token-file %s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) st = ferry_fail(FERRY_ERR_IO, "%s %s: %s", from, path, strerror(errno));
     else if (!S_ISREG(sb.st_mode))
-        st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: not a regular file", path);
+        st = ferry_fail(FERRY_ERR_INVALID, "%s %s: not a regular file", from, path);
     else if (sb.st_uid != geteuid())
-        st = ferry_fail(FERRY_ERR_INVALID, "--admin-token-file %s: owned by uid %u, not by this user (uid %u)", path,
+        st = ferry_fail(FERRY_ERR_INVALID, "%s %s: owned by uid %u, not by this user (uid %u)", from, path,
                         (unsigned)sb.st_uid, (unsigned)geteuid());
     else if (sb.st_mode & 077)
         st = ferry_fail(FERRY_ERR_INVALID,
-                        "--admin-token-file %s: mode %04o lets group or others read it (chmod 600 it)", path,
+                        "%s %s: mode %04o lets group or others read it (chmod 600 it)", from, path,
                         (unsigned)(sb.st_mode & 07777));
     char buf[ADMIN_TOKEN_MAX + 2];
     ssize_t n = 0;
     if (st == FERRY_OK) {
         size_t got = 0;
         while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)n;
-        if (n < 0) st = ferry_fail(FERRY_ERR_IO, "--admin-token-file %s: %s", path, strerror(errno));
+        if (n < 0) st = ferry_fail(FERRY_ERR_IO, "%s %s: %s", from, path, strerror(errno));
         buf[got] = '\0';
     }
     close(fd);
@@ -140,9 +140,9 @@ ferry_status admin_token_read(const char *path, char **out)
     while (*line == ' ' || *line == '\t') line++;
     size_t len = strlen(line);
     while (len && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r')) line[--len] = '\0';
-    char from[64 + 4096];
-    snprintf(from, sizeof from, "--admin-token-file %s", path);
-    if ((st = admin_token_check(line, from)) != FERRY_OK) return st;
+    char label[512 + 4096];
+    snprintf(label, sizeof label, "%s %s", from, path);
+    if ((st = admin_token_check(line, label)) != FERRY_OK) return st;
     if (!(*out = strdup(line))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     return FERRY_OK;
 }

@@ -14,7 +14,8 @@
  * the reason, never the token. The token is compared in constant time.
  *
  * Where the token comes from is the caller's (cmd_serve.c): a file of the
- * user's with mode 0600 or stricter (admin_token_read), or the environment.
+ * user's with mode 0600 or stricter (admin_token_read), or the admin_token
+ * setting (the environment, or a config file held to the same rule).
  * Without a token the listener is not started at all; on an address other
  * than loopback that is a startup error (admin_host_is_loopback).
  *
@@ -52,8 +53,9 @@ void admin_server_stop(admin_server *a);
 /* Reads the token from path: its first line, surrounding blanks trimmed.
  * The file must be a regular file (not a symlink) owned by this user with
  * no group or other permission bits; otherwise FERRY_ERR_INVALID with a
- * message naming the file and its mode. *out is malloc'd. */
-ferry_status admin_token_read(const char *path, char **out);
+ * message naming where the path came from (`from`: "--admin-token-file",
+ * "ferry.json:9: admin_token_file"), the file and its mode. *out is malloc'd. */
+ferry_status admin_token_read(const char *path, const char *from, char **out);
 /* Checks a token from any source (non-empty, printable, at most
  * ADMIN_TOKEN_MAX bytes); `from` names the source in the message. */
 ferry_status admin_token_check(const char *token, const char *from);

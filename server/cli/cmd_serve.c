@@ -14,8 +14,9 @@
  * after HTTP and is attached to the same engine and scheduler; so does the
  * admin API (server/admin, 127.0.0.1:8003 by default) when it has a token.
  *
- * The admin token: --admin-token-file (admin.h checks the file), else
- * FERRY_ADMIN_TOKEN; never a flag's value (it would show in ps). Without
+ * The admin token: admin_token_file (admin.h checks the file) or the
+ * admin_token setting (FERRY_ADMIN_TOKEN, or a config file of mode 0600);
+ * never a flag's value (it would show in ps). Without
  * one the admin API does not start - on loopback that is only said when an
  * admin setting was given; on another address it is a usage error, so that
  * an operator who asked for a reachable admin API is not left without one.
@@ -158,11 +159,14 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
                        .export_root = cfg->export_dir};
     if (cfg->admin_port == 0) return 0;
     if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
-    if (!cfg->admin_host || !*cfg->admin_host) return cli_error(EXIT_USAGE, "--admin-host must not be empty");
+    char where[512];
+    if (!cfg->admin_host || !*cfg->admin_host)
+        return cli_error(EXIT_USAGE, "%s must not be empty", config_where(cfg, SETTING_admin_host, where, sizeof where));
     if (cfg->export_dir) { /* checked as export_start opens it: a directory, not a symlink */
         int fd = open(cfg->export_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
-            return cli_error(EXIT_USAGE, "--export-dir %s: %s%s", cfg->export_dir, strerror(errno),
+            return cli_error(EXIT_USAGE, "%s %s: %s%s", config_where(cfg, SETTING_export_dir, where, sizeof where),
+                             cfg->export_dir, strerror(errno),
                              errno == ELOOP || errno == ENOTDIR ? " (it must be a directory, not a symlink)" : "");
         close(fd);
     }
@@ -175,25 +179,25 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
                              cfg->source[SETTING_admin_token] == SOURCE_FILE ? " in the config file" : " in the environment");
         use_file = cfg->source[SETTING_admin_token_file] > cfg->source[SETTING_admin_token];
     }
+    char from[512];
     if (use_file) {
-        if (admin_token_read(cfg->admin_token_file, token) != FERRY_OK)
+        config_where(cfg, SETTING_admin_token_file, from, sizeof from);
+        if (admin_token_read(cfg->admin_token_file, from, token) != FERRY_OK)
             return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     } else if (cfg->admin_token) {
-        char from[512];
-        if (cfg->source[SETTING_admin_token] == SOURCE_FILE)
-            snprintf(from, sizeof from, "%s:%d: admin_token", cfg->config_file, cfg->line[SETTING_admin_token]);
-        else config_env(SETTING_admin_token, from, sizeof from);
+        config_where(cfg, SETTING_admin_token, from, sizeof from);
         if (admin_token_check(cfg->admin_token, from) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
         if (!(*token = strdup(cfg->admin_token))) return cli_error(EXIT_RUNTIME, "out of memory");
     }
     if (*token) return 0;
     if (!admin_host_is_loopback(cfg->admin_host))
         return cli_error(EXIT_USAGE,
-                         "--admin-host %s is not a loopback address: the admin API needs a token there "
-                         "(--admin-token-file or FERRY_ADMIN_TOKEN), or --admin-port 0",
-                         cfg->admin_host);
+                         "%s %s is not a loopback address: the admin API needs a token there "
+                         "(--admin-token-file, FERRY_ADMIN_TOKEN or admin_token in a config file), or --admin-port 0",
+                         config_where(cfg, SETTING_admin_host, where, sizeof where), cfg->admin_host);
     if (cfg->given[SETTING_admin_port] || cfg->given[SETTING_admin_host] || cfg->given[SETTING_export_dir])
-        fprintf(stderr, "ferry: admin API off: no token (give --admin-token-file or set FERRY_ADMIN_TOKEN)\n");
+        fprintf(stderr, "ferry: admin API off: no token (give --admin-token-file, set FERRY_ADMIN_TOKEN, or admin_token "
+                        "in a config file of mode 0600)\n");
     return 0;
 }
 

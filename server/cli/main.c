@@ -146,8 +146,8 @@ static int parse_flag(const command *c, int argc, char **argv, int *i, int *id, 
         return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (ferry %s does not take it; see 'ferry %s --help')",
                          c->name, name, c->name, c->name);
     if (*id < 0) {
-        int near = config_closest(name);
-        if (near >= 0 && accepts(c, near) && config_settings[near].where != SETTING_SECRET)
+        int near = config_closest(name, SETTING_SECRET);
+        if (near >= 0 && accepts(c, near))
             return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (did you mean %s?)", c->name, name,
                              config_flag(near, flag, sizeof flag));
         return cli_error(EXIT_USAGE, "%s: unknown flag '--%s' (see 'ferry %s --help')", c->name, name, c->name);
@@ -218,9 +218,10 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         case S(tokenizer): v = cfg->tokenizer; break;
         case S(file): v = cfg->file; break;
         }
+        char where[512];
         if (cfg->given[id] && v && !*v)
             return cli_error(EXIT_USAGE, "%s: %s must not be empty (it names a file or directory)", c->name,
-                             config_flag(id, flag, sizeof flag));
+                             config_where(cfg, id, where, sizeof where));
     }
     return 0;
 }

@@ -3,9 +3,9 @@
 Run with Debian's interpreter (it has torch/numpy/pytest):
     /usr/bin/python3 -m pytest tests/integration
 The binary is $FERRY_BIN if set, else <repo>/build/ferry. A missing binary is a
-test failure (not a skip) for every test that needs it. With $FERRY_DEVICE set
+test failure (not a skip) for every test that needs it. With $FERRY_TEST_DEVICE set
 (`make test-gpu` sets cuda), generate/bench/plan runs that name no --device get
-`--device $FERRY_DEVICE` appended.
+`--device $FERRY_TEST_DEVICE` appended.
 """
 
 import json
@@ -27,7 +27,7 @@ import llama_ref  # noqa: E402
 import st_util  # noqa: E402
 
 RUN_TIMEOUT = 120  # seconds for any single ferry invocation (a hang is a failure)
-DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_DEVICE applies to
+DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_TEST_DEVICE applies to
 
 
 def ferry_path():
@@ -42,7 +42,7 @@ class Ferry:
 
     def run(self, *args, timeout=RUN_TIMEOUT, env=None):
         argv = [self.path] + [str(a) for a in args]
-        device = os.environ.get("FERRY_DEVICE")
+        device = os.environ.get("FERRY_TEST_DEVICE")
         if device and len(argv) > 1 and argv[1] in DEVICE_COMMANDS and "--device" not in argv:
             argv += ["--device", device]
         try:

@@ -36,8 +36,8 @@ def tiny(models):
 
 
 def clean_env(**extra):
-    """The test's environment without FERRY_* settings (a GPU run sets
-    FERRY_DEVICE), plus extra."""
+    """The test's environment without FERRY_* settings (a stray FERRY_MODEL
+    or FERRY_CONFIG would change what is tested), plus extra."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -94,6 +94,19 @@ def test_config_file_from_environment(ferry, tmp_path):
     out = config_print(ferry, "--config", b, env=clean_env(FERRY_CONFIG=a))  # the flag wins
     assert out["config_file"] == str(b) and out["settings"]["http_port"]["value"] == 2222
     assert config_print(ferry)["config_file"] is None
+
+
+def test_last_of_repeated_flags_wins_and_empty_environment_is_unset(ferry, tmp_path, tiny):
+    a = write_json(tmp_path / "a.json", {"batch": 3})
+    b = write_json(tmp_path / "b.json", {"batch": 5})
+    s = config_print(ferry, "--config", a, "--config", b, "--http-port", "1", "--http-port", "2")["settings"]
+    assert s["batch"]["value"] == 5 and s["http_port"]["value"] == 2
+    out = config_print(ferry, env=clean_env(FERRY_CONFIG="", FERRY_BATCH=""))
+    assert out["config_file"] is None and out["settings"]["batch"]["source"] == "default"
+    fails(ferry, ["plan"], ["missing required flag --model"], env=clean_env(FERRY_MODEL=""))
+    empty = write_json(tmp_path / "empty.json", {"offload_dir": ""})
+    fails(ferry, ["plan", "--model", tiny, "--config", empty], ["%s:2: offload_dir must not be empty" % empty])  # indent=2: line 2
+    fails(ferry, ["plan", "--model", tiny, "--offload-dir="], ["--offload-dir must not be empty"])
 
 
 def test_print_lists_every_setting_and_redacts_secrets(ferry, tmp_path):
@@ -157,7 +170,7 @@ def test_secret_in_a_readable_file_is_refused(ferry, tiny, tmp_path):
     token = "another-secret-token-0123456789"
     cfg = write_json(tmp_path / "open.json", {"admin_token": token}, mode=0o644)
     err = fails(ferry, ["serve", "--model", tiny, "--config", cfg],
-                ["admin_token is a secret, but other users may read the file (mode 0644)", "chmod o-rwx"])
+                ["admin_token is a secret, but the file's mode 0644 lets group or others read it", "chmod 600"])
     assert token not in err
 
 

@@ -110,8 +110,8 @@ _BASE = {}
 def baseline(ferry, d, cfg, name, wl, tmp, device=None):
     """The all-resident run of workload wl (no placement flags, and for the
     chunked workload no --max-step-tokens: it is compared with one-step prefill)
-    on `device` (default: ferry's, or $FERRY_DEVICE)."""
-    key = (str(d), wl, device or os.environ.get("FERRY_DEVICE") or "cpu")
+    on `device` (default: ferry's, or $FERRY_TEST_DEVICE)."""
+    key = (str(d), wl, device or os.environ.get("FERRY_TEST_DEVICE") or "cpu")
     if key not in _BASE:
         prompts, extra = _workloads(cfg["vocab_size"], MODELS[name]["seed"])[wl]
         extra = [] if wl == "chunk" else list(extra)
@@ -186,7 +186,7 @@ def placement_flags(ferry, d, placement, group, prefetch, od, device=None):
     for device, names in ((None, list(MODELS)), ("cpu-split", SPLIT_MODELS))
     for name in names for placement in PLACEMENTS])
 def test_placement_matches_resident(ferry, models, tmp_path, monkeypatch, name, placement, device):
-    """device None: ferry's default (or $FERRY_DEVICE) against its own
+    """device None: ferry's default (or $FERRY_TEST_DEVICE) against its own
     all-resident run; cpu-split: against the CPU's."""
     d, cfg = _model(models, name)
     wls = _workloads(cfg["vocab_size"], MODELS[name]["seed"])

@@ -233,7 +233,7 @@ static void test_ranges(void)
     /* FLOAT: top_p in 0..1 */
     CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1.0000001", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_STATUS(config_set(&cfg, SETTING_temperature, "-0.5", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
-    CHECK_MSG_HAS("--temperature must be >= 0");
+    CHECK_MSG_HAS("--temperature must be in 0..1e30 (got -0.5)");
     /* SIZE: "1.." refuses 0 in any spelling */
     CHECK_STATUS(config_set(&cfg, SETTING_max_body, "0", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--max-body must be >= 1");
@@ -249,6 +249,17 @@ static void test_ranges(void)
     CHECK_STATUS(config_set(&cfg, SETTING_device, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_EQ_STR(cfg.device, "cpu-split");
     CHECK_STATUS(config_set(&cfg, SETTING_quantize, "int4", SOURCE_FLAG, 0), FERRY_OK);
+    /* "" for a word whose default is "not set" is "not set" (--quantize "") */
+    CHECK_STATUS(config_set(&cfg, SETTING_quantize, "", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_weights_dtype, "", SOURCE_FLAG, 0), FERRY_OK);
+    /* an excluded low end: top_p in (0, 1] as sampling wants it */
+    CHECK_STATUS(config_set(&cfg, SETTING_top_p, "0", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--top-p must be > 0 and <= 1 (got 0)");
+    CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1e-9", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_temperature, "1e39", SOURCE_FLAG, 0), FERRY_ERR_INVALID); /* not a float */
+    /* no upper bound where the code has none */
+    CHECK_STATUS(config_set(&cfg, SETTING_prefetch, "100", SOURCE_FLAG, 0), FERRY_OK);
+    CHECK_STATUS(config_set(&cfg, SETTING_group_size, "5000", SOURCE_FLAG, 0), FERRY_OK);
 
     /* the definition itself: every range well-formed for its type, every
      * default inside its own range (config_defaults asserts it too) */
@@ -260,6 +271,24 @@ static void test_ranges(void)
         bool numeric = d->type != SET_STR && d->type != SET_BOOL;
         CHECK(d->type != SET_BOOL);
         CHECK(numeric == (strstr(d->valid, "..") != NULL));
+        if (numeric) { /* "LO..HI", "LO<..HI", "LO..", "..HI": numbers, LO < HI */
+            const char *dots = strstr(d->valid, "..");
+            char *end, low[64];
+            double lo = -1e300, hi = 1e300;
+            if (dots != d->valid) {
+                snprintf(low, sizeof low, "%.*s", (int)(dots - d->valid), d->valid);
+                lo = strtod(low, &end);
+                CHECK(end != low && (*end == '\0' || (*end == '<' && end[1] == '\0')));
+            }
+            if (dots[2]) {
+                hi = strtod(dots + 2, &end);
+                CHECK(*end == '\0');
+            }
+            if (!(lo < hi)) fprintf(stderr, "%s: valid %s is empty\n", d->name, d->valid);
+            CHECK(lo < hi);
+        } else {
+            CHECK(!strchr(d->valid, ' ') && d->valid[0] != '|' && !strstr(d->valid, "||"));
+        }
         if (d->def) {
             ferry_config c2;
             config_defaults(&c2);
@@ -273,20 +302,24 @@ static void test_names(void)
     char buf[96];
     CHECK_EQ_STR(config_env(SETTING_max_new_tokens, buf, sizeof buf), "FERRY_MAX_NEW_TOKENS");
     CHECK_EQ_STR(config_env(SETTING_admin_token, buf, sizeof buf), "FERRY_ADMIN_TOKEN");
-    CHECK_EQ_INT(config_closest("http_prot"), SETTING_http_port);
-    CHECK_EQ_INT(config_closest("http-prot"), SETTING_http_port);
-    CHECK_EQ_INT(config_closest("modle"), SETTING_model);
-    CHECK_EQ_INT(config_closest("max-new-token"), SETTING_max_new_tokens);
-    CHECK_EQ_INT(config_closest("MAX_MEMORY"), SETTING_max_memory);
-    CHECK_EQ_INT(config_closest("ofload_dri"), SETTING_offload_dir);
-    CHECK_EQ_INT(config_closest("xyzzy"), -1);
-    CHECK_EQ_INT(config_closest("completely-unrelated-name"), -1);
-    CHECK_EQ_INT(config_closest(""), -1);
+    CHECK_EQ_INT(config_closest("http_prot", -1), SETTING_http_port);
+    CHECK_EQ_INT(config_closest("http-prot", -1), SETTING_http_port);
+    CHECK_EQ_INT(config_closest("modle", -1), SETTING_model);
+    CHECK_EQ_INT(config_closest("max-new-token", -1), SETTING_max_new_tokens);
+    CHECK_EQ_INT(config_closest("MAX_MEMORY", -1), SETTING_max_memory);
+    CHECK_EQ_INT(config_closest("ofload_dri", -1), SETTING_offload_dir);
+    CHECK_EQ_INT(config_closest("xyzzy", -1), -1);
+    CHECK_EQ_INT(config_closest("confg", -1), SETTING_config);
+    CHECK(config_closest("confg", SETTING_NOFILE) != SETTING_config); /* a file cannot hold it: not suggested */
+    CHECK_EQ_INT(config_closest("admin-tokn", -1), SETTING_admin_token);
+    CHECK(config_closest("admin-tokn", SETTING_SECRET) != SETTING_admin_token);
+    CHECK_EQ_INT(config_closest("completely-unrelated-name", -1), -1);
+    CHECK_EQ_INT(config_closest("", -1), -1);
     /* a name of 100 characters is far from everything, and safe */
     char long_name[101];
     memset(long_name, 'a', 100);
     long_name[100] = '\0';
-    CHECK_EQ_INT(config_closest(long_name), -1);
+    CHECK_EQ_INT(config_closest(long_name, -1), -1);
 }
 
 static const char *write_tmp(const char *name, const char *text, int mode)
@@ -422,15 +455,72 @@ static void test_file(void)
     CHECK_STATUS(load(&cfg, "{\"model\": \"a\\u0000b\"}", 0644), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("cfg.json:1:19: invalid JSON"); /* the reader refuses \u0000: no string is cut short */
 
-    /* a secret only in a file other users cannot read */
+    /* numbers: an integer may be written 2.0; past the range the range
+     * check speaks; a seed beyond 2^53 goes as a string */
+    CHECK_STATUS(load(&cfg, "{\"threads\": 2.0}", 0644), FERRY_OK);
+    CHECK_EQ_INT(cfg.threads, 2);
+    CHECK_STATUS(load(&cfg, "{\"threads\": 99999999999999999999}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("threads: 100000000000000000000 is out of range 0..1024"); /* the double it reads as */
+    CHECK_STATUS(load(&cfg, "{\"seed\": 18446744073709551615}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("seed: a JSON number beyond 2^53 is not exact: write it as a string");
+    CHECK_STATUS(load(&cfg, "{\"seed\": \"18446744073709551615\"}", 0644), FERRY_OK);
+    CHECK_EQ_U64(cfg.seed, UINT64_MAX);
+    CHECK_STATUS(load(&cfg, "{\"seed\": \"12a\"}", 0644), FERRY_ERR_INVALID);
+    CHECK_STATUS(load(&cfg, "{\"seed\": -1}", 0644), FERRY_ERR_INVALID);
+    CHECK_STATUS(load(&cfg, "{\"top_p\": 1.1}", 0644), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("(got 1.1)"); /* as written, not 1.1000000000000001 */
+    CHECK_STATUS(load(&cfg, "{\"kv_memory\": 1.5}", 0644), FERRY_ERR_INVALID);
+    /* a UTF-8 byte-order mark is skipped; lines count as before */
+    CHECK_STATUS(load(&cfg, "\xEF\xBB\xBF{\n\"threads\": 3}", 0644), FERRY_OK);
+    CHECK_EQ_INT(cfg.threads, 3);
+    CHECK_EQ_INT(cfg.line[SETTING_threads], 2);
+
+    /* a secret only in the user's own file that no one else can read */
     CHECK_STATUS(load(&cfg, "{\"admin_token\": \"0123456789abcdef\"}", 0644), FERRY_ERR_INVALID);
-    CHECK_MSG_HAS("admin_token is a secret, but other users may read the file (mode 0644)");
+    CHECK_MSG_HAS("admin_token is a secret, but the file's mode 0644 lets group or others read it: chmod 600");
+    CHECK_STATUS(load(&cfg, "{\"admin_token\": \"0123456789abcdef\"}", 0640), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("mode 0640");
     CHECK_STATUS(load(&cfg, "{\"admin_token\": \"0123456789abcdef\"}", 0600), FERRY_OK);
     CHECK_EQ_STR(cfg.admin_token, "0123456789abcdef");
     sb_init(&sb);
     config_print_json(&sb, &cfg);
     CHECK(sb.data && !strstr(sb.data, "0123456789abcdef") && strstr(sb.data, "<redacted>"));
     sb_free(&sb);
+
+    /* owned by someone else (as root, a file given to nobody) */
+    if (geteuid() == 0) {
+        config_free(&cfg);
+        config_defaults(&cfg);
+        const char *path = write_tmp("other.json", "{\"admin_token\": \"0123456789abcdef\"}", 0600);
+        CHECK(chown(path, 65534, 65534) == 0);
+        CHECK_STATUS(config_load_file(&cfg, path), FERRY_ERR_INVALID);
+        CHECK_MSG_HAS("owned by uid 65534, not by this user");
+        unlink(path);
+    }
+
+    /* a FIFO with no writer reads as empty instead of hanging; a pipe with
+     * one is read to its end (--config <(...)) */
+    {
+        config_free(&cfg);
+        config_defaults(&cfg);
+        char fifo[512];
+        snprintf(fifo, sizeof fifo, "%s.fifo", write_tmp("fifo", "", 0600));
+        CHECK(mkfifo(fifo, 0600) == 0);
+        CHECK_STATUS(config_load_file(&cfg, fifo), FERRY_ERR_INVALID);
+        CHECK_MSG_HAS("invalid JSON");
+        int fds[2];
+        CHECK(pipe(fds) == 0);
+        CHECK(write(fds[1], "{\"batch\": 7}", 12) == 12);
+        close(fds[1]);
+        char dev[64];
+        snprintf(dev, sizeof dev, "/dev/fd/%d", fds[0]);
+        config_free(&cfg);
+        config_defaults(&cfg);
+        CHECK_STATUS(config_load_file(&cfg, dev), FERRY_OK);
+        CHECK_EQ_INT(cfg.batch, 7);
+        close(fds[0]);
+        unlink(fifo);
+    }
 
     /* not a file, no file, too large */
     config_free(&cfg);
@@ -439,12 +529,14 @@ static void test_file(void)
     CHECK_MSG_HAS("config file /nonexistent/ferry.json: No such file or directory");
     CHECK_STATUS(config_load_file(&cfg, "/tmp"), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("not a regular file");
+    CHECK_STATUS(config_load_file(&cfg, "/dev/null"), FERRY_ERR_INVALID); /* a character device */
+    CHECK_MSG_HAS("not a regular file");
     char *big = malloc((2u << 20) + 3);
     if (big) {
         memset(big, ' ', 2u << 20);
         strcpy(big + (2u << 20), "{}");
         CHECK_STATUS(load(&cfg, big, 0644), FERRY_ERR_INVALID);
-        CHECK_MSG_HAS("a config file holds at most");
+        CHECK_MSG_HAS("a config file holds at most that");
         free(big);
     }
     config_free(&cfg);
