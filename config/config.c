@@ -28,15 +28,15 @@ const setting_def config_settings[SETTING_COUNT] = {
 #undef NOFILE
 };
 
-static void *field(ferry_config *cfg, int id)
-{
-    static const size_t offsets[SETTING_COUNT] = {
+static const size_t k_offsets[SETTING_COUNT] = {
 #define FERRY_SETTING(name, type, def, valid, where, doc) offsetof(ferry_config, name),
 #include "settings.def"
 #undef FERRY_SETTING
-    };
-    return (char *)cfg + offsets[id];
-}
+};
+
+const void *config_field(const ferry_config *cfg, int id) { return (const char *)cfg + k_offsets[id]; }
+
+static void *field(ferry_config *cfg, int id) { return (char *)cfg + k_offsets[id]; }
 
 const char *config_flag(int id, char *buf, size_t cap)
 {

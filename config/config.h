@@ -62,6 +62,9 @@ typedef struct {
 
 extern const setting_def config_settings[SETTING_COUNT];
 
+/* The field of setting id (a setting_STR, setting_INT, ... by its type). */
+const void *config_field(const ferry_config *cfg, int id);
+
 /* Fills every setting with its default; the config owns nothing yet. */
 void config_defaults(ferry_config *cfg);
 /* Frees what config_load_file kept (the file's strings). */

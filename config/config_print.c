@@ -10,19 +10,9 @@
 
 #include "config.h"
 
-static const void *field_of(const ferry_config *cfg, int id)
-{
-    static const size_t offsets[SETTING_COUNT] = {
-#define FERRY_SETTING(name, type, def, valid, where, doc) offsetof(ferry_config, name),
-#include "settings.def"
-#undef FERRY_SETTING
-    };
-    return (const char *)cfg + offsets[id];
-}
-
 static void put_value(strbuf *sb, const ferry_config *cfg, int id)
 {
-    const void *f = field_of(cfg, id);
+    const void *f = config_field(cfg, id);
     switch (config_settings[id].type) {
     case SET_STR: {
         const char *s = *(const char *const *)f;

@@ -228,37 +228,42 @@ def test_default_config_loads(ferry, tiny, tmp_path):
     ferry.check("plan", "--config", path, "--model", tiny, "--offload-dir", tmp_path / "off", env=clean_env())
 
 
-def _dense_names(c):
+def _attention(p, c, hd, qk_norm):
+    H = c["hidden_size"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    out = [(p + "input_layernorm.weight", [H]), (p + "post_attention_layernorm.weight", [H]),
+           (p + "self_attn.q_proj.weight", [q, H]), (p + "self_attn.k_proj.weight", [kv, H]),
+           (p + "self_attn.v_proj.weight", [kv, H]), (p + "self_attn.o_proj.weight", [H, q])]
+    if qk_norm:
+        out += [(p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd])]
+    return out
+
+
+def _checkpoint_names(c, mlp):
+    """(name, shape) of every tensor: embedding, per layer attention and
+    mlp(prefix, layer config), final norm, head."""
+    H, V = c["hidden_size"], c["vocab_size"]
+    hd = c.get("head_dim", H // c["num_attention_heads"])
+    out = [("model.embed_tokens.weight", [V, H])]
+    for i in range(c["num_hidden_layers"]):
+        p = "model.layers.%d." % i
+        out += _attention(p, c, hd, c["model_type"].startswith("qwen3")) + mlp(p, c)
+    return out + [("model.norm.weight", [H]), ("lm_head.weight", [V, H])]
+
+
+def _dense_mlp(p, c):
     H, I = c["hidden_size"], c["intermediate_size"]
-    hd = H // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    out = [("model.embed_tokens.weight", [c["vocab_size"], H])]
-    for i in range(c["num_hidden_layers"]):
-        p = "model.layers.%d." % i
-        out += [(p + "input_layernorm.weight", [H]), (p + "post_attention_layernorm.weight", [H]),
-                (p + "self_attn.q_proj.weight", [q, H]), (p + "self_attn.k_proj.weight", [kv, H]),
-                (p + "self_attn.v_proj.weight", [kv, H]), (p + "self_attn.o_proj.weight", [H, q]),
-                (p + "mlp.gate_proj.weight", [I, H]), (p + "mlp.up_proj.weight", [I, H]),
-                (p + "mlp.down_proj.weight", [H, I])]
-    return out + [("model.norm.weight", [H]), ("lm_head.weight", [c["vocab_size"], H])]
+    return [(p + "mlp.gate_proj.weight", [I, H]), (p + "mlp.up_proj.weight", [I, H]),
+            (p + "mlp.down_proj.weight", [H, I])]
 
 
-def _moe_names(c):
-    H, hd, MI = c["hidden_size"], c["head_dim"], c["moe_intermediate_size"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    out = [("model.embed_tokens.weight", [c["vocab_size"], H])]
-    for i in range(c["num_hidden_layers"]):
-        p = "model.layers.%d." % i
-        out += [(p + "input_layernorm.weight", [H]), (p + "post_attention_layernorm.weight", [H]),
-                (p + "self_attn.q_proj.weight", [q, H]), (p + "self_attn.k_proj.weight", [kv, H]),
-                (p + "self_attn.v_proj.weight", [kv, H]), (p + "self_attn.o_proj.weight", [H, q]),
-                (p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd]),
-                (p + "mlp.gate.weight", [c["num_experts"], H])]
-        for e in range(c["num_experts"]):
-            pe = p + "mlp.experts.%d." % e
-            out += [(pe + "gate_proj.weight", [MI, H]), (pe + "up_proj.weight", [MI, H]),
-                    (pe + "down_proj.weight", [H, MI])]
-    return out + [("model.norm.weight", [H]), ("lm_head.weight", [c["vocab_size"], H])]
+def _moe_mlp(p, c):
+    H, MI = c["hidden_size"], c["moe_intermediate_size"]
+    out = [(p + "mlp.gate.weight", [c["num_experts"], H])]
+    for e in range(c["num_experts"]):
+        pe = p + "mlp.experts.%d." % e
+        out += [(pe + "gate_proj.weight", [MI, H]), (pe + "up_proj.weight", [MI, H]), (pe + "down_proj.weight", [H, MI])]
+    return out
 
 
 def sparse_checkpoint(d, cfg, names):
@@ -296,8 +301,8 @@ QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
-    return {"70b": sparse_checkpoint(root / "70b", LLAMA_70B, _dense_names(LLAMA_70B)),
-            "30b-a3b": sparse_checkpoint(root / "30b-a3b", QWEN3_30B_A3B, _moe_names(QWEN3_30B_A3B))}
+    return {"70b": sparse_checkpoint(root / "70b", LLAMA_70B, _checkpoint_names(LLAMA_70B, _dense_mlp)),
+            "30b-a3b": sparse_checkpoint(root / "30b-a3b", QWEN3_30B_A3B, _checkpoint_names(QWEN3_30B_A3B, _moe_mlp))}
 
 
 # example: (shape, device planned on, the machine its comment names: the
