@@ -9,6 +9,14 @@
 # of its own PID namespace in a network namespace of its own (port 8000 is
 # the image's, whatever else this machine runs), until the HEALTHCHECK
 # command answers; then SIGTERM, and ferry must drain and exit 0.
+# The configuration: the image must set no FERRY_<NAME> variable but
+# FERRY_CONFIG (env beats the file: it would override an operator's mounted
+# file), `ferry config --print` in the image must show every setting of
+# the image's config file as read from it, and each override an operator
+# has (-e FERRY_<NAME>, flags after the image name, their own file mounted
+# over the image's) must win; the served model's name must be the file's
+# (CMD is only "serve") and the admin API must start with FERRY_ADMIN_TOKEN
+# from the environment.
 #
 # Run as root from anywhere: docker/check-build.sh (KEEP=1 keeps the work
 # directory; MIRROR= another Debian mirror). Slow (minutes): not in `make test`.
@@ -69,6 +77,10 @@ while read -r op args; do
     WORKDIR)
         workdir=$args; mkdir -p "$root$workdir" ;;
     ENV)
+        case "$args" in
+        FERRY_CONFIG=*) ;;
+        FERRY_*) echo "check-build.sh: ENV $args: a FERRY_<NAME> variable in the image would override an operator's config file (env beats file); put it in the image's config file" >&2; exit 1 ;;
+        esac
         envs+=("${args//\$PATH/$path}")
         case "$args" in PATH=*) path=${args#PATH=}; path=${path//\$PATH/$path} ;; esac ;;
     USER)
@@ -82,6 +94,7 @@ while read -r op args; do
             if [ -d "$from/$s" ]; then mkdir -p "$root$dest"; cp -a "$from/$s/." "$root$dest/"
             else mkdir -p "$(dirname "$root$dest")"; cp -a "$from/$s" "$root$dest"; fi
         done
+        chown -R 0:0 "$root$dest"   # COPY without --chown: owned by root, modes kept
         lap "COPY $args" ;;
     RUN)
         lap "RUN $args"
@@ -106,9 +119,74 @@ lap "image root built: $(du -sh --exclude=proc "$root" | cut -f1) (the build sta
 chroot "$root" /opt/ferry/ferry mkmodel --preset tiny --out /models < /dev/null > /dev/null
 mount --bind "$root/models" "$root/models"; MOUNTS+=("$root/models")
 mount -o remount,bind,ro "$root/models"
-lap "model made; serving: ${entry[*]} ${cmd[*]} (as $user, in $workdir)"
+lap "model made"
+
+# The configuration. `config --print` with CMD's flags shows what CMD's
+# serve runs with, as `docker run IMAGE config --print` would.
+config_file=
+for e in "${envs[@]}"; do case "$e" in FERRY_CONFIG=*) config_file=${e#FERRY_CONFIG=} ;; esac; done
+[ -n "$config_file" ] && [ -f "$root$config_file" ] ||
+    { echo "check-build.sh: the image names no config file (ENV FERRY_CONFIG=...) or does not hold it" >&2; exit 1; }
+[ "${cmd[0]:-}" = serve ] || { echo "check-build.sh: CMD runs '${cmd[0]:-}', not serve" >&2; exit 1; }
+print_cmd=(config "${cmd[@]:1}" --print)
+in_image() { chroot --userspec="$user" "$root" /usr/bin/env -i HOME=/var/lib/ferry PATH="$path" "${envs[@]}" "$@"; }
+# `config --print` JSON -> one "name=value (source)" a line; a file's source is "file PATH"
+settings() {
+    python3 -c 'import json, sys
+for k, s in json.load(sys.stdin)["settings"].items():
+    v = s["value"] if isinstance(s["value"], str) else json.dumps(s["value"])
+    src = s["source"] + (" " + s["from"].rsplit(":", 1)[0] if s["source"] == "file" else "")
+    print(f"{k}={v} ({src})")'
+}
+# a config file's settings (comments left out) as settings() prints them
+file_settings() {   # FILE, the path it has in the image
+    python3 -c 'import json, sys
+for k, v in json.load(open(sys.argv[1])).items():
+    if not k.startswith("//"):
+        print(f"{k}={v if isinstance(v, str) else json.dumps(v)} (file {sys.argv[2]})")' "$@"
+}
+file_value() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$@"; }
+expect() {   # WHAT, `config --print` output, then the lines it must hold
+    local what=$1 out; out=$(settings <<< "$2"); shift 2
+    for want in "$@"; do
+        grep -qxF -- "$want" <<< "$out" ||
+            { sed 's/^/   /' <<< "$out"; echo "check-build.sh: $what: not '$want'" >&2; exit 1; }
+    done
+    echo "   $what:"; printf '     %s\n' "$@"
+}
+mapfile -t image_settings < <(file_settings "$root$config_file" "$config_file")
+for k in model name; do
+    printf '%s\n' "${image_settings[@]}" | grep -q "^$k=" ||
+        { echo "check-build.sh: $config_file sets no $k (CMD is only serve: it must)" >&2; exit 1; }
+done
+out=$(in_image "${entry[@]}" "${print_cmd[@]}") || { echo "check-build.sh: ferry ${print_cmd[*]} failed" >&2; exit 1; }
+expect "the image's $config_file, as CMD runs" "$out" "${image_settings[@]}"
+# -e FERRY_<NAME> beats the file; a flag after the image name beats both
+out=$(in_image FERRY_MAX_MEMORY=device=20GiB FERRY_NAME=env-name "${entry[@]}" config --print --name flag-name) ||
+    { echo "check-build.sh: ferry config --print with FERRY_MAX_MEMORY, FERRY_NAME and --name failed" >&2; exit 1; }
+expect "-e FERRY_MAX_MEMORY=device=20GiB -e FERRY_NAME=env-name, then serve --name flag-name" "$out" \
+    "max_memory=device=20GiB (env)" "name=flag-name (flag)" "$(printf '%s\n' "${image_settings[@]}" | grep '^model=')"
+# an operator's own file mounted over the image's replaces it (no merge)
+printf '{\n  "model": "/models",\n  "name": "operator-model",\n  "max_memory": "device=1GiB,host=0"\n}\n' > "$WORK/operator.json"
+chmod 0644 "$WORK/operator.json"
+mapfile -t operator_settings < <(file_settings "$WORK/operator.json" "$config_file")
+out=$(unshare --mount /bin/sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' _ "$WORK/operator.json" "$root$config_file" \
+        chroot --userspec="$user" "$root" /usr/bin/env -i HOME=/var/lib/ferry PATH="$path" "${envs[@]}" "${entry[@]}" "${print_cmd[@]}") ||
+    { echo "check-build.sh: ferry ${print_cmd[*]} failed with operator.json mounted at $config_file" >&2; exit 1; }
+expect "-v operator.json:$config_file:ro (it replaces the image's file: export_dir back to its default)" "$out" \
+    "${operator_settings[@]}" "export_dir=null (default)"
+lap "config: the image's file read, each override wins"
+
+# serve as the image would, plus an admin token from the environment (the
+# compose and Kubernetes files' way: a secret, never a flag)
+name=$(file_value "$root$config_file" name)
+dir_name=$(basename "$(file_value "$root$config_file" model)")
+[ "$name" != "$dir_name" ] ||
+    { echo "check-build.sh: the file's name is the model directory's: the served name would not show the file was read" >&2; exit 1; }
+token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+lap "serving: ${entry[*]} ${cmd[*]} (as $user, in $workdir; FERRY_ADMIN_TOKEN set)"
 unshare --net --pid --fork --mount-proc="$root/proc" \
-    chroot --userspec="$user" "$root" /usr/bin/env -i HOME=/var/lib/ferry PATH="$path" "${envs[@]}" \
+    chroot --userspec="$user" "$root" /usr/bin/env -i HOME=/var/lib/ferry PATH="$path" "${envs[@]}" FERRY_ADMIN_TOKEN="$token" \
     /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "${entry[@]}" "${cmd[@]}" > "$WORK/serve.log" 2>&1 &
 SERVER=$!
 FERRY=
@@ -125,6 +203,20 @@ done
 [ $ready = 1 ] || { cat "$WORK/serve.log"; echo "check-build.sh: /v2/health/ready never answered 200" >&2; exit 1; }
 lap "HEALTHCHECK passed: ${health[*]}"
 in_ns chroot --userspec="$user" "$root" curl -sS -w ' %{http_code}\n' http://127.0.0.1:8000/v2/health/ready
+in_image_ns() { in_ns chroot --userspec="$user" "$root" "$@"; }
+meta=$(in_image_ns curl -fsS "http://127.0.0.1:8000/v2/models/$name") ||
+    { cat "$WORK/serve.log"; echo "check-build.sh: no model '$name' (the config file's name) served" >&2; exit 1; }
+[ "$(python3 -c 'import json, sys; print(json.load(sys.stdin)["name"])' <<< "$meta")" = "$name" ] ||
+    { echo "$meta"; echo "check-build.sh: /v2/models/$name names another model" >&2; exit 1; }
+echo "   GET /v2/models/$name: 200, name \"$name\" (the config file's; without it, the model directory's \"$dir_name\")"
+admin=$(in_image_ns curl -fsS -H "Authorization: Bearer $token" http://127.0.0.1:8003/admin/v1/status) ||
+    { cat "$WORK/serve.log"; echo "check-build.sh: the admin API did not answer with FERRY_ADMIN_TOKEN set" >&2; exit 1; }
+code=$(in_image_ns curl -sS -o /dev/null -w '%{http_code}' http://127.0.0.1:8003/admin/v1/status)
+[ "$code" = 401 ] || { echo "check-build.sh: the admin API answered $code without the token" >&2; exit 1; }
+exports=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["export_dir"])' <<< "$admin")
+[ "$exports" = "$(file_value "$root$config_file" export_dir)" ] ||
+    { echo "$admin"; echo "check-build.sh: the admin API's export_dir is not the config file's" >&2; exit 1; }
+echo "   admin API (FERRY_ADMIN_TOKEN from the environment): status 200 with the token, 401 without; export_dir $exports (the file's)"
 echo "   ferry is PID $(awk '{ print $NF }' < <(grep NSpid "/proc/$FERRY/status")) in its namespace, user $(stat -c %u "/proc/$FERRY")"
 kill -TERM "$FERRY"
 rc=0; wait "$SERVER" || rc=$?; SERVER=
