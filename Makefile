@@ -44,7 +44,7 @@ BENCH_MODEL ?= $(BUILD)/bench-1b
 # build time into $(BUILD)/gen), python3-venv for the project venv below.
 DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest \
             python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-            libpcre2-dev libutf8proc-dev python3-jinja2
+            libpcre2-dev libutf8proc-dev python3-jinja2 wrk
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
@@ -57,7 +57,7 @@ VENV_PY   := $(VENV)/bin/python
 PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai
 PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai
 
-.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean docs
+.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean docs soak
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
@@ -130,6 +130,13 @@ run: deps all $(DEMO_MODEL)/tokenizer.json
 	@echo "      (the weights are random: the answer is random text)"
 	mkdir -p build/exports
 	exec $(BUILD)/ferry serve --config config/ferry.json --model $(DEMO_MODEL) --http-port $(HTTP_PORT)
+
+# Load and soak (bench/soak.py): every kind of client against one server for
+# SOAK_SECONDS, then a verdict (crashes, failed requests, RSS, fds, KV
+# blocks). `make test` runs a 30-second version (tests/integration/test_soak.py).
+SOAK_SECONDS ?= 600
+soak: deps all
+	$(TEST_PY) bench/soak.py --seconds $(SOAK_SECONDS) --json $(BUILD)/soak.json
 
 # The README's settings table, from config/settings.def (a test checks it).
 docs: all

@@ -1279,15 +1279,29 @@ static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving
     pthread_mutex_unlock(&srv->reg_mu);
 }
 
+/* Has the client of a connection still receiving its request closed its
+ * side? Only an end of stream with nothing left unread says so (a peek
+ * returns 0): the request can then never complete. */
+static bool sender_closed(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 /* Shuts down connections that took longer than the deadline to send a
- * request (head and body): MHD then sees the socket fail and closes it
- * itself. An idle keep-alive connection counts as receiving its next head. */
+ * request (head and body), and those whose client closed its side before
+ * the request was whole: MHD then sees the socket fail and closes it
+ * itself. (libmicrohttpd 0.9.75 leaves a connection whose client sent half
+ * a body and closed in CLOSE-WAIT until its timeout: a soak of clients
+ * that give up mid-upload piled up descriptors for --request-timeout.) An
+ * idle keep-alive connection counts as receiving its next head. */
 static void cut_slow_connections(http_server *srv)
 {
     double now = util_now();
     pthread_mutex_lock(&srv->reg_mu);
     for (conn_track *t = srv->conns; t; t = t->next)
-        if (t->receiving && !t->cut && now - t->since > srv->request_timeout_s) {
+        if (t->receiving && !t->cut && (now - t->since > srv->request_timeout_s || sender_closed(t->fd))) {
             t->cut = true;
             shutdown(t->fd, SHUT_RDWR);
         }

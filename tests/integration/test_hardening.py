@@ -260,6 +260,30 @@ def test_idle_after_head_is_cut(srv_loris):
     assert_alive(srv_loris)
 
 
+def test_half_sent_bodies_of_departed_clients_are_released(ferry_bin, models):
+    """Clients that send part of a body and close: the server closes those
+    connections at once, not after --request-timeout (libmicrohttpd alone
+    left them in CLOSE-WAIT until then; found by bench/soak.py)."""
+    srv = Server(ferry_bin, models.get("llama", "tiny", seed=84), "--request-timeout", 300, name="half")
+    try:
+        srv.wait_ready()
+        fds = lambda: len(os.listdir("/proc/%d/fd" % srv.proc.pid))  # noqa: E731
+        base = fds()
+        for _ in range(40):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+                s.sendall(b"POST /v2/models/half/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 4000\r\n\r\n{\"inputs\": [")
+            time.sleep(0.02)
+        deadline = time.monotonic() + 20  # far below --request-timeout and MHD's own 60 s
+        while fds() > base and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fds() <= base, "%d descriptors still open (%d before)" % (fds(), base)
+        assert_alive(srv)
+        assert srv.stop() == 0
+    finally:
+        srv.kill()
+
+
 # --------------------------------------------------------------------------
 # HTTP details
 # --------------------------------------------------------------------------
