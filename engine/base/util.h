@@ -56,6 +56,14 @@ double util_now(void);
 /* Seconds since the epoch (the wall clock: for reports, never for intervals). */
 double util_wall_now(void);
 
+/* n bytes of zeroed, page-aligned memory mapped for this buffer alone, so
+ * that util_map_free gives it back to the system: for the large buffers of
+ * a job that runs now and then in a long-lived server (an export), which
+ * malloc would keep in its arenas after they are freed. NULL when out of
+ * memory. */
+void *util_map_alloc(size_t n);
+void util_map_free(void *p, size_t n);
+
 /* Writes code point cp (<= U+10FFFF) as UTF-8 at dst (room for 4 bytes);
  * returns the bytes written. */
 size_t util_utf8_put(char *dst, uint32_t cp);
