@@ -132,7 +132,7 @@ static void split_sync(backend *be) { split_stream_drain(split_of(be)->compute);
 /* Ordinary memory, reported pinned: the copy thread reads it directly while
  * the host goes on, which is what pinning buys a GPU's copy engine (a
  * pageable source would be staged). 4096-aligned: bounce buffers receive
- * O_DIRECT reads. The host_pin fault reports it pageable, as cuda's
+ * O_DIRECT reads. The host_pin fault reports it pageable (and warns), as cuda's
  * fallback does, so that the callers' pageable paths run here too. */
 static void *split_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
@@ -141,6 +141,7 @@ static void *split_host_alloc(backend *be, size_t bytes, bool *pinned)
     bool fail = fault_hit(FAULT_HOST_ALLOC), unpinned = fault_hit(FAULT_HOST_PIN);
     *pinned = !unpinned;
     if (fail || posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) return NULL;
+    if (unpinned) backend_warn_unpinned(bytes);
     return p;
 }
 

@@ -116,7 +116,7 @@ static void cuda_sync(backend *be)
 }
 
 /* Pinned when it can be; pageable (4096-aligned: disk bounce buffers take
- * O_DIRECT reads) otherwise - the callers warn. */
+ * O_DIRECT reads) otherwise, with a warning. */
 static void *cuda_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
     cuda_bind(cuda_of(be));
@@ -130,6 +130,7 @@ static void *cuda_host_alloc(backend *be, size_t bytes, bool *pinned)
     }
     (void)cudaGetLastError();
     if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) return NULL;
+    backend_warn_unpinned(bytes);
     return p;
 }
 
