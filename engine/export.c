@@ -56,6 +56,7 @@
 #include "base/json.h"
 #include "base/util.h"
 #include "io/crc32c.h"
+#include "io/fault.h"
 #include "store.h"
 #include "weights/model_dir.h"
 #include "weights/st_writer.h"
@@ -412,6 +413,15 @@ static ferry_status read_blob(export_job *j, int g, const char **base)
         uint64_t want = src.bytes - at < EXPORT_READ_CHUNK ? src.bytes - at : EXPORT_READ_CHUNK;
         ssize_t r = pread(src.fd, j->group_buf + at, (size_t)want, (off_t)(src.offset + at));
         if (r < 0 && errno == EINTR) continue;
+        /* the I/O layer's read faults (fault.h), on the result as there: a
+         * short read stays block-aligned, as one of O_DIRECT would be */
+        bool eio = fault_hit(FAULT_READ_EIO), short_read = fault_hit(FAULT_READ_SHORT);
+        if (eio) {
+            r = -1;
+            errno = EIO;
+        } else if (short_read && r > (ssize_t)OFFLOAD_ALIGN) {
+            r = (r / 2) & ~(ssize_t)(OFFLOAD_ALIGN - 1);
+        }
         if (r <= 0)
             return ferry_fail(FERRY_ERR_IO, "%s: read at %llu: %s", src.path, (unsigned long long)(src.offset + at),
                               r < 0 ? strerror(errno) : "unexpected end of file");

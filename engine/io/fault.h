@@ -9,9 +9,11 @@
  * where there is one (a read, a write, an fsync): the hook alters its
  * result, it does not mock the system. Unset, every check is one load.
  *
- *   read_short    an io_uring read completion comes back short (half its
- *                 length, block-aligned); the rest must be resubmitted
- *   read_eio      an io_uring read completion fails with EIO
+ *   read_short    a read of the offload dir comes back short (half its
+ *                 length, block-aligned); the rest must be asked for again.
+ *                 Reads: io_uring completions (aio.c: the layer pipeline,
+ *                 expert fetches) and an export's reads of disk-tier blobs
+ *   read_eio      such a read fails with EIO
  *   write_enospc  a write (util_write_all: offload blobs and manifest,
  *                 exports, --dump-logits) fails with ENOSPC
  *   write_eio     the same write fails with EIO
