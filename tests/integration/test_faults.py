@@ -69,6 +69,13 @@ def want(ferry, tiny, prompts):
     return ferry.generate(tiny, prompts, N_NEW)[0]
 
 
+@pytest.fixture(scope="module")
+def moe(models):
+    """A mixture of experts (8 experts a layer): expert slots, expert read
+    buffers and expert activations are allocated too."""
+    return models.get("mixtral", "tiny", seed=1807)
+
+
 def env_with(fault=None):
     """The environment of a run: FERRY_FAULT as given (or none), no other
     test knob leaking in."""
@@ -138,6 +145,19 @@ def serve_fails(ferry_bin, model, *flags, fault):
     return lines[0]
 
 
+def sweep(ferry_bin, kind, flags, fired, passed):
+    """Runs the command `flags` with KIND=N for N = 1, 2, ... until a run
+    meets no fault: fired(N, process) checks a run and says whether the
+    fault fired in it; passed(process) checks the first run where it did
+    not. Returns that N."""
+    for n in range(1, MAX_SWEEP):
+        p = run(ferry_bin, *flags, fault="%s=%d" % (kind, n))
+        if not fired(n, p):
+            passed(p)
+            return n
+    pytest.fail("%s: still failing at N=%d" % (kind, MAX_SWEEP))
+
+
 def check_answers(srv, prompts, want):
     """Both front-end forms (KServe infer, Triton generate) give `want`."""
     assert infer(srv, prompts, N_NEW)[0] == want
@@ -182,6 +202,36 @@ def test_read_eio_serving(ferry_bin, tiny, prompts, want, tmp_path):
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
+    assert offload_files(od) == before
+
+
+def test_read_eio_every_read_moe(ferry_bin, moe, tmp_path):
+    """A mixture of experts on disk, `ferry generate`: the Nth read fails,
+    for every N until a run meets none - reads of the layer pipeline and
+    on-demand expert fetches alike: one line naming the blob and the cause,
+    exit 1, the offload dir untouched; then the answers of a run without
+    faults."""
+    od = tmp_path / "od"
+    flags = ["generate", "--model", moe, "--prompt-ids", "1,2,3;4,5,6,7", "--max-new-tokens", 3, "--json", *DISK,
+             "--offload-dir", od]
+    want = gen_ok(run(ferry_bin, *flags))
+    before = offload_files(od)
+    named = set()
+
+    def failed(n, p):
+        if p.returncode == 0:
+            return False
+        line = assert_ferry_error(p, "Input/output error", rcs=(1,))
+        m = names_blob(line, od, r"read at \d+: Input/output error")
+        assert m, line
+        named.add(re.search(r"/([a-z]+)-?[0-9-]*\.bin", m.group(0)).group(1))
+        return True
+
+    def passed(p):
+        assert gen_ok(p) == want
+
+    sweep(ferry_bin, "read_eio", flags, failed, passed)
+    assert {"layers", "experts"} <= named, named
     assert offload_files(od) == before
 
 
@@ -450,26 +500,6 @@ def test_cli_export_every_event_fails(ferry_bin, tiny, tmp_path, kind, cause):
 # allocators
 # --------------------------------------------------------------------------
 
-def alloc_sweep(ferry_bin, kind, flags, fired, passed):
-    """Runs the command `flags` with KIND=N for N = 1, 2, ... until a run
-    meets no fault: fired(N, process) checks a run and says whether the
-    fault fired in it; passed(process) checks the first run where it did
-    not. Returns that N."""
-    for n in range(1, MAX_SWEEP):
-        p = run(ferry_bin, *flags, fault="%s=%d" % (kind, n))
-        if not fired(n, p):
-            passed(p)
-            return n
-    pytest.fail("%s: still failing at N=%d" % (kind, MAX_SWEEP))
-
-
-@pytest.fixture(scope="module")
-def moe(models):
-    """A mixture of experts (8 experts a layer): expert slots, expert read
-    buffers and expert activations are allocated too."""
-    return models.get("mixtral", "tiny", seed=1807)
-
-
 @pytest.mark.parametrize("kind,device,arch", [("dev_alloc", "cpu", "llama"), ("dev_alloc", "cpu-split", "llama"),
                                               ("host_alloc", "cpu", "llama"), ("host_alloc", "cpu-split", "llama"),
                                               ("dev_alloc", "cpu-split", "moe"), ("host_alloc", "cpu-split", "moe")])
@@ -497,7 +527,7 @@ def test_startup_alloc_fails(request, ferry_bin, prompts, tmp_path, kind, device
         assert gen_ok(p) == want
         assert stderr_lines(p) == []
 
-    n = alloc_sweep(ferry_bin, kind, flags, failed, passed)
+    n = sweep(ferry_bin, kind, flags, failed, passed)
     assert len(seen) >= 2, (n, seen)  # several sites, not one allocation seen many times
 
 
@@ -527,7 +557,7 @@ def test_host_pin_fails(ferry_bin, tiny, prompts, want, tmp_path):
                                             r"using pageable memory", lines[0]), lines
         return True
 
-    n = alloc_sweep(ferry_bin, "host_pin", flags, failed, lambda p: None)
+    n = sweep(ferry_bin, "host_pin", flags, failed, lambda p: None)
     assert n > 3, n
 
 
@@ -581,14 +611,14 @@ def test_cuda_fault_dev_alloc(ferry_bin, tiny, prompts, tmp_path):
     def passed(p):
         assert gen_ok(p) == want
 
-    alloc_sweep(ferry_bin, "dev_alloc", base, failed, passed)
+    sweep(ferry_bin, "dev_alloc", base, failed, passed)
     assert step, "no step allocated device memory"
 
     def unpinned(n, p):
         assert gen_ok(p) == want
         return bool(stderr_lines(p))
 
-    alloc_sweep(ferry_bin, "host_pin", base, unpinned, lambda p: None)
+    sweep(ferry_bin, "host_pin", base, unpinned, lambda p: None)
     srv = Server(ferry_bin, tiny, "--device", "cuda", *MIXED, "--offload-dir", tmp_path / "od", name="gpu",
                  env=env_with("dev_alloc=%d" % step[0]))
     try:
