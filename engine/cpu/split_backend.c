@@ -132,8 +132,8 @@ static void split_sync(backend *be) { split_stream_drain(split_of(be)->compute);
 /* Ordinary memory, reported pinned: the copy thread reads it directly while
  * the host goes on, which is what pinning buys a GPU's copy engine (a
  * pageable source would be staged). 4096-aligned: bounce buffers receive
- * O_DIRECT reads. The host_pin fault reports it pageable (and warns), as cuda's
- * fallback does, so that the callers' pageable paths run here too. */
+ * O_DIRECT reads. The host_pin fault reports it pageable (and warns), as
+ * cuda's fallback does, so that the callers' pageable paths run here too. */
 static void *split_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
     (void)be;
