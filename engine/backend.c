@@ -12,10 +12,13 @@
  */
 #define _GNU_SOURCE
 #include "backend.h"
+#include "base/util.h"
 #include "cpu/split.h"
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -77,4 +80,13 @@ void backend_prefault(backend *be, void *dst, size_t bytes)
     for (size_t off = 0; off < bytes; off += sizeof zeros)
         be->ops->upload(be, (char *)dst + off, zeros, bytes - off < sizeof zeros ? bytes - off : sizeof zeros);
     be->ops->sync(be);
+}
+
+void backend_warn_unpinned(size_t bytes)
+{
+    static atomic_bool said;
+    if (atomic_exchange(&said, true)) return;
+    char b[32];
+    fprintf(stderr, "ferry: warning: could not pin %s of host memory; using pageable memory (host -> device copies "
+                    "from it are slower)\n", util_fmt_bytes(bytes, b, sizeof b));
 }

@@ -117,7 +117,7 @@ struct backend_ops {
      * the CPU copies are memcpy on the calling thread and events are no-ops,
      * because every op has finished when it returns. */
     bool unified;
-    void *(*host_alloc)(backend *be, size_t bytes, bool *pinned); /* pinned when it can be */
+    void *(*host_alloc)(backend *be, size_t bytes, bool *pinned); /* pinned when it can be (else warns) */
     void (*host_free)(backend *be, void *p, size_t bytes, bool pinned);
     void (*copy_async)(backend *be, void *dst, const void *src, size_t bytes); /* host -> device, copy stream */
     be_event *(*event_create)(backend *be);
@@ -189,6 +189,11 @@ ferry_status backend_create(const char *name, const backend_opts *opts, backend 
  * by the first steps that reach them (on the CPU a first touch is a page
  * fault and a 2 MiB clear; measured: half of a cold burst's time). */
 void backend_prefault(backend *be, void *dst, size_t bytes);
+
+/* host_alloc's fallback, said once per process on stderr: host memory that
+ * could not be pinned is pageable. It works (copies from it are staged, or
+ * slower), so it is a warning, not an error. */
+void backend_warn_unpinned(size_t bytes);
 
 static inline void backend_free(backend *be)
 {

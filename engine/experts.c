@@ -172,9 +172,7 @@ ferry_status experts_create(experts **out, backend *be, store *s, const plan *p)
                                     util_fmt_bytes(bytes, b, sizeof b));
                     goto fail;
                 }
-                if (!bb->pinned) memset(bb->host, 0, (size_t)bytes);
-                if (!bb->pinned && i == 0)
-                    fprintf(stderr, "ferry: warning: could not pin the expert read buffers; using pageable memory\n");
+                if (!bb->pinned) memset(bb->host, 0, (size_t)bytes); /* pageable: fault it in now */
             }
         }
     }

@@ -56,6 +56,7 @@
 #include "base/json.h"
 #include "base/util.h"
 #include "io/crc32c.h"
+#include "io/fault.h"
 #include "store.h"
 #include "weights/model_dir.h"
 #include "weights/st_writer.h"
@@ -412,6 +413,15 @@ static ferry_status read_blob(export_job *j, int g, const char **base)
         uint64_t want = src.bytes - at < EXPORT_READ_CHUNK ? src.bytes - at : EXPORT_READ_CHUNK;
         ssize_t r = pread(src.fd, j->group_buf + at, (size_t)want, (off_t)(src.offset + at));
         if (r < 0 && errno == EINTR) continue;
+        /* the I/O layer's read faults (fault.h), on the result as there: a
+         * short read stays block-aligned, as one of O_DIRECT would be */
+        bool eio = fault_hit(FAULT_READ_EIO), short_read = fault_hit(FAULT_READ_SHORT);
+        if (eio) {
+            r = -1;
+            errno = EIO;
+        } else if (short_read && r > (ssize_t)OFFLOAD_ALIGN) {
+            r = (r / 2) & ~(ssize_t)(OFFLOAD_ALIGN - 1);
+        }
         if (r <= 0)
             return ferry_fail(FERRY_ERR_IO, "%s: read at %llu: %s", src.path, (unsigned long long)(src.offset + at),
                               r < 0 ? strerror(errno) : "unexpected end of file");
@@ -514,7 +524,7 @@ static ferry_status write_file_at(export_job *j, const char *name, const void *d
     int fd = openat(j->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", name, strerror(errno));
     ferry_status st = util_write_all(fd, name, data, len);
-    if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
+    if (st == FERRY_OK && util_fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
     if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", name, strerror(errno));
     return st;
 }
@@ -559,7 +569,7 @@ static ferry_status copy_model_file(export_job *j, const char *name)
         if (r <= 0) break;
         st = util_write_all(out, name, j->wbuf, (size_t)r);
     }
-    if (st == FERRY_OK && fsync(out) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
+    if (st == FERRY_OK && util_fsync(out) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", name, strerror(errno));
     if (out >= 0) close(out);
     close(in);
     free(path);
@@ -718,7 +728,7 @@ static const char *const k_copied[] = {"generation_config.json", "tokenizer.json
  * renamed aside first; the old one is then removed. */
 static ferry_status publish(export_job *j)
 {
-    if (fsync(j->dirfd) != 0) return ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", j->tmp, strerror(errno));
+    if (util_fsync(j->dirfd) != 0) return ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", j->tmp, strerror(errno));
     struct stat sbuf;
     bool exists = fstatat(j->rootfd, j->name, &sbuf, AT_SYMLINK_NOFOLLOW) == 0;
     if (exists && !S_ISDIR(sbuf.st_mode))
@@ -733,7 +743,7 @@ static ferry_status publish(export_job *j)
             (errno != EINVAL && errno != ENOSYS ? true : renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0))
             return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(errno));
     } else if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_EXCHANGE) == 0) {
-        fsync(j->rootfd);
+        util_fsync(j->rootfd);
         remove_tree_at(j->rootfd, j->tmp, 0); /* the previous export, under the temporary name now */
     } else {
         /* two renames: the previous export is held (flock) while it is aside,
@@ -760,12 +770,12 @@ static ferry_status publish(export_job *j)
             close(ofd);
             return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(err));
         }
-        fsync(j->rootfd);
+        util_fsync(j->rootfd);
         remove_tree_at(j->rootfd, old, 0);
         close(ofd);
     }
     /* the export is in place: a failed sync of the root is not a failed export */
-    if (fsync(j->rootfd) != 0)
+    if (util_fsync(j->rootfd) != 0)
         fprintf(stderr, "ferry: export '%s': syncing the export root: %s (the export is in place)\n", j->name,
                 strerror(errno));
     return FERRY_OK;

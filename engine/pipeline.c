@@ -288,8 +288,6 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
                 goto fail;
             }
             if (!sl->host_pinned) memset(sl->host, 0, (size_t)p->slot_bytes); /* pageable: fault it in now */
-            if (!sl->host_pinned && i == 0)
-                fprintf(stderr, "ferry: warning: could not pin the disk bounce buffers; using pageable memory\n");
         }
     }
     if (any_disk && (st = aio_create(AIO_DEPTH, &pl->aio)) != FERRY_OK) goto fail;

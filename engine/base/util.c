@@ -60,11 +60,14 @@ ferry_status util_write_all(int fd, const char *path, const void *buf, size_t n)
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
-        /* The hook goes on the result: the write really happened, but the
-         * caller must behave as if the disk had filled up. */
-        if (fault_hit(FAULT_WRITE_ENOSPC)) {
+        /* The hooks go on the result: the write really happened, but the
+         * caller must behave as if the disk had filled up or failed. Both
+         * count every write, so "the Nth write" means the same thing
+         * whichever are armed together. */
+        bool nospc = fault_hit(FAULT_WRITE_ENOSPC), eio = fault_hit(FAULT_WRITE_EIO);
+        if (nospc || eio) {
             w = -1;
-            errno = ENOSPC;
+            errno = nospc ? ENOSPC : EIO;
         }
         if (w < 0) return ferry_fail(FERRY_ERR_IO, "%s: write: %s", path, strerror(errno));
         p += w;
@@ -88,7 +91,7 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
         return st;
     }
     st = util_write_all(fd, path, data, len);
-    if (st == FERRY_OK && fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+    if (st == FERRY_OK && util_fsync(fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) != 0 && st == FERRY_OK) st = ferry_fail(FERRY_ERR_IO, "%s: close: %s", path, strerror(errno));
     if (st == FERRY_OK && rename(tmp, path) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", path, strerror(errno));
     if (st == FERRY_OK) util_fsync_dir_of(path);
@@ -140,6 +143,16 @@ ferry_status util_write_output(const char *path, const void *data, size_t len)
     return st;
 }
 
+int util_fsync(int fd)
+{
+    int r = fsync(fd);
+    if (fault_hit(FAULT_FSYNC_EIO)) { /* on the result, as the write hooks */
+        r = -1;
+        errno = EIO;
+    }
+    return r;
+}
+
 void util_fsync_dir_of(const char *path)
 {
     char *dir = strdup(path);
@@ -150,7 +163,7 @@ void util_fsync_dir_of(const char *path)
     else strcpy(dir, ".");
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
-        fsync(fd);
+        util_fsync(fd);
         close(fd);
     }
     free(dir);

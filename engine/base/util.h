@@ -18,7 +18,8 @@ ferry_status util_read_file(const char *path, char **out, size_t *len);
 ferry_status util_read_fd(int fd, const char *path, char **out, size_t *len);
 
 /* Writes all of buf to fd at its position, retrying short writes and EINTR;
- * errors name path. Honours the write_enospc fault (fault.h). */
+ * errors name path. Honours the write_enospc and write_eio faults (fault.h):
+ * every write of ferry's goes through here. */
 ferry_status util_write_all(int fd, const char *path, const void *buf, size_t n);
 
 /* Writes data to path atomically: a temporary file in the same directory,
@@ -38,7 +39,12 @@ ferry_status util_write_file_atomic(const char *path, const void *data, size_t l
  * Errors name path. */
 ferry_status util_write_output(const char *path, const void *data, size_t len);
 
-/* fsyncs the directory holding path, so that a rename into it is durable. */
+/* fsync(fd), honouring the fsync_eio fault (fault.h): every fsync of
+ * ferry's goes through here. */
+int util_fsync(int fd);
+
+/* fsyncs the directory holding path, so that a rename into it is durable.
+ * A failure is not reported: the rename it is for has happened. */
 void util_fsync_dir_of(const char *path);
 
 /* dir + "/" + name, malloc'd (NULL when out of memory). */

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../io/fault.h"
 #include "../plan.h"
 #include "cpu.h"
 
@@ -31,9 +32,8 @@ float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n)
 /* Large buffers (weights, KV cache) are 2 MiB aligned and ask for
  * transparent huge pages: a decode step streams gigabytes through them, and
  * 4 KiB pages would cost a TLB miss and a prefetcher restart every 4 KiB. */
-static void *cpu_alloc(backend *be, size_t bytes)
+static void *cpu_mem(size_t bytes)
 {
-    (void)be;
     void *p = NULL;
     if (bytes >= 2 * HUGE_PAGE) {
         size_t n = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
@@ -44,6 +44,12 @@ static void *cpu_alloc(backend *be, size_t bytes)
     /* page-aligned: staging slots receive O_DIRECT reads */
     if (posix_memalign(&p, bytes >= 4096 ? 4096 : 64, bytes ? bytes : 64) != 0) return NULL;
     return p;
+}
+
+static void *cpu_alloc(backend *be, size_t bytes)
+{
+    (void)be;
+    return fault_hit(FAULT_DEV_ALLOC) ? NULL : cpu_mem(bytes);
 }
 
 static void cpu_release(backend *be, void *p)
@@ -63,8 +69,9 @@ static void cpu_sync(backend *be) { (void)be; }
 /* Host and device are the same RAM: host buffers are backend buffers. */
 static void *cpu_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
+    (void)be;
     *pinned = false;
-    return cpu_alloc(be, bytes);
+    return fault_hit(FAULT_HOST_ALLOC) ? NULL : cpu_mem(bytes);
 }
 
 static void cpu_host_free(backend *be, void *p, size_t bytes, bool pinned)

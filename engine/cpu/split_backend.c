@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../io/fault.h"
 #include "../plan.h"
 #include "split.h"
 
@@ -89,7 +90,10 @@ static void host(split_backend *sb, const void *p, size_t bytes, const char *who
 
 /* ---- memory ---------------------------------------------------------------- */
 
-static void *split_alloc(backend *be, size_t bytes) { return split_mem_alloc(split_of(be)->mem, bytes); }
+static void *split_alloc(backend *be, size_t bytes)
+{
+    return fault_hit(FAULT_DEV_ALLOC) ? NULL : split_mem_alloc(split_of(be)->mem, bytes);
+}
 
 static void drain_all(split_backend *sb)
 {
@@ -128,13 +132,17 @@ static void split_sync(backend *be) { split_stream_drain(split_of(be)->compute);
 /* Ordinary memory, reported pinned: the copy thread reads it directly while
  * the host goes on, which is what pinning buys a GPU's copy engine (a
  * pageable source would be staged). 4096-aligned: bounce buffers receive
- * O_DIRECT reads. */
+ * O_DIRECT reads. The host_pin fault reports it pageable (and warns), as
+ * cuda's fallback does, so that the callers' pageable paths run here too. */
 static void *split_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
     (void)be;
     void *p = NULL;
-    *pinned = true;
-    return posix_memalign(&p, 4096, bytes ? bytes : 4096) == 0 ? p : NULL;
+    bool fail = fault_hit(FAULT_HOST_ALLOC), unpinned = fault_hit(FAULT_HOST_PIN);
+    *pinned = !unpinned;
+    if (fail || posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) return NULL;
+    if (unpinned) backend_warn_unpinned(bytes);
+    return p;
 }
 
 static void split_host_free(backend *be, void *p, size_t bytes, bool pinned)

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../io/fault.h"
 #include "cuda.h"
 
 /* The library's one export; engine/backend.c resolves it with dlsym. */
@@ -73,6 +74,7 @@ static void *cuda_alloc(backend *be, size_t bytes)
     cuda_backend *cb = cuda_of(be);
     cuda_bind(cb);
     void *p = NULL;
+    if (fault_hit(FAULT_DEV_ALLOC)) return NULL;
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
         (void)cudaGetLastError(); /* not sticky; keep it from blaming the next launch */
         return NULL;
@@ -114,18 +116,21 @@ static void cuda_sync(backend *be)
 }
 
 /* Pinned when it can be; pageable (4096-aligned: disk bounce buffers take
- * O_DIRECT reads) otherwise - the callers warn. */
+ * O_DIRECT reads) otherwise, with a warning. */
 static void *cuda_host_alloc(backend *be, size_t bytes, bool *pinned)
 {
     cuda_bind(cuda_of(be));
     void *p = NULL;
-    if (cudaHostAlloc(&p, bytes ? bytes : 4096, cudaHostAllocPortable) == cudaSuccess) {
+    bool fail = fault_hit(FAULT_HOST_ALLOC), unpinned = fault_hit(FAULT_HOST_PIN);
+    *pinned = false;
+    if (fail) return NULL;
+    if (!unpinned && cudaHostAlloc(&p, bytes ? bytes : 4096, cudaHostAllocPortable) == cudaSuccess) {
         *pinned = true;
         return p;
     }
     (void)cudaGetLastError();
-    *pinned = false;
     if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) return NULL;
+    backend_warn_unpinned(bytes);
     return p;
 }
 
@@ -224,12 +229,13 @@ static ferry_status tables_grow(cuda_backend *cb, size_t need)
     cb->tables_dev = NULL;
     cb->tables_cap = 0;
     void *h = NULL, *d = NULL;
-    cb->tables_pinned = cudaHostAlloc(&h, cap * sizeof(int32_t), cudaHostAllocPortable) == cudaSuccess;
+    bool unpinned = fault_hit(FAULT_HOST_PIN), no_dev = fault_hit(FAULT_DEV_ALLOC);
+    cb->tables_pinned = !unpinned && cudaHostAlloc(&h, cap * sizeof(int32_t), cudaHostAllocPortable) == cudaSuccess;
     if (!cb->tables_pinned) {
         (void)cudaGetLastError();
         h = malloc(cap * sizeof(int32_t));
     }
-    if (!h || cudaMalloc(&d, cap * sizeof(int32_t)) != cudaSuccess) {
+    if (!h || no_dev || cudaMalloc(&d, cap * sizeof(int32_t)) != cudaSuccess) {
         (void)cudaGetLastError();
         if (h && cb->tables_pinned) (void)cudaFreeHost(h);
         else free(h);

@@ -20,7 +20,11 @@
 
 enum { STATE_UNPARSED, STATE_OFF, STATE_ARMED };
 
-static const char *const g_names[FAULT_COUNT] = {"read_short", "read_eio", "write_enospc"};
+static const char *const g_names[FAULT_COUNT] = {
+    [FAULT_READ_SHORT] = "read_short", [FAULT_READ_EIO] = "read_eio",   [FAULT_WRITE_ENOSPC] = "write_enospc",
+    [FAULT_WRITE_EIO] = "write_eio",   [FAULT_FSYNC_EIO] = "fsync_eio", [FAULT_HOST_ALLOC] = "host_alloc",
+    [FAULT_HOST_PIN] = "host_pin",     [FAULT_DEV_ALLOC] = "dev_alloc", [FAULT_KV_BLOCK] = "kv_block",
+};
 
 static _Atomic int g_state = STATE_UNPARSED;
 static _Atomic unsigned long g_every[FAULT_COUNT]; /* N from FERRY_FAULT; 0: not armed */
@@ -52,8 +56,11 @@ static void parse_env(void)
         unsigned long n = eq ? strtoul(eq + 1, &end, 10) : 0;
         if (kind < 0 || n == 0 || end == eq + 1 || *end != '\0') {
             if (eq) *eq = '=';
-            fprintf(stderr, "ferry: warning: FERRY_FAULT: ignoring '%s' (expected read_short=N, read_eio=N or "
-                            "write_enospc=N with N >= 1)\n", item);
+            char kinds[256] = "";
+            for (int k = 0; k < FAULT_COUNT; k++)
+                snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", k ? ", " : "", g_names[k]);
+            fprintf(stderr, "ferry: warning: FERRY_FAULT: ignoring '%s' (expected KIND=N with N >= 1, KIND one of %s)\n",
+                    item, kinds);
             continue;
         }
         atomic_store(&g_every[kind], n);

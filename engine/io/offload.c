@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include "crc32c.h"
-#include "fault.h"
 #include "../base/json.h"
 #include "../base/util.h"
 
@@ -193,7 +192,7 @@ static ferry_status blob_build(offload_blob *b, const offload_spec *spec, int i,
                         spec->key, w.written, spec->size);
         goto fail;
     }
-    if (fsync(w.fd) != 0) {
+    if (util_fsync(w.fd) != 0) {
         st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", b->path, strerror(errno));
         goto fail;
     }

@@ -102,7 +102,7 @@ ferry_status st_writer_finish(st_writer *w)
     if (w->written != w->expect)
         st = ferry_fail(FERRY_ERR_INTERNAL, "%s: %llu of %llu data bytes written", w->path,
                         (unsigned long long)w->written, (unsigned long long)w->expect);
-    if (st == FERRY_OK && fsync(w->fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", w->path, strerror(errno));
+    if (st == FERRY_OK && util_fsync(w->fd) != 0) st = ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", w->path, strerror(errno));
     if (st == FERRY_OK) {
         int fd = w->fd;
         w->fd = -1;
@@ -111,7 +111,7 @@ ferry_status st_writer_finish(st_writer *w)
     if (st == FERRY_OK && renameat(w->dirfd, w->tmp, w->dirfd, w->path) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: rename: %s", w->path, strerror(errno));
     if (st == FERRY_OK && w->dirfd == AT_FDCWD) util_fsync_dir_of(w->path);
-    if (st == FERRY_OK && w->dirfd != AT_FDCWD && fsync(w->dirfd) != 0)
+    if (st == FERRY_OK && w->dirfd != AT_FDCWD && util_fsync(w->dirfd) != 0)
         st = ferry_fail(FERRY_ERR_IO, "%s: fsync of its directory: %s", w->path, strerror(errno));
     if (st != FERRY_OK) {
         st_writer_abort(w);

@@ -47,11 +47,13 @@ struct grpc_front {
     const text_model *tm;    /* the model's text files (text_input, text_output); outlives the front */
     bool shutdown_done;      /* the shutdown tag came */
     int live_rpcs;           /* R3 */
+    int live_calls;          /* of those, the calls that arrived (not the one asked for next) */
 };
 
 struct rpc {
     grpc_front *g;
     rpc_tag t_new, t_recv, t_sent, t_closed, t_write;
+    bool arrived;            /* a call came into it (counted in live_calls) */
     grpc_call *call;
     grpc_call_details details;
     grpc_metadata_array md;

@@ -77,6 +77,7 @@ static rpc *rpc_new(grpc_front *g)
 static void rpc_free(rpc *r)
 {
     grpc_front *g = r->g;
+    bool arrived = r->arrived;
     if (r->stream) rpc_stream_free(r);
     if (r->call) grpc_call_unref(r->call);
     grpc_call_details_destroy(&r->details);
@@ -99,6 +100,7 @@ static void rpc_free(rpc *r)
     free(r);
     pthread_mutex_lock(&g->mu);
     g->live_rpcs--;
+    if (arrived) g->live_calls--;
     pthread_cond_broadcast(&g->cond);
     pthread_mutex_unlock(&g->mu);
 }
@@ -487,6 +489,10 @@ static void on_new_call(rpc *r, bool ok)
         rpc_free(r);
         return;
     }
+    pthread_mutex_lock(&g->mu);
+    r->arrived = true;
+    g->live_calls++;
+    pthread_mutex_unlock(&g->mu);
     request_next_call(g);
     r->refs = 2; /* R1: CLOSED and the main flow */
     grpc_op close_op;
@@ -666,9 +672,14 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     pthread_mutex_lock(&g->mu);
     while (!g->shutdown_done && pthread_cond_timedwait(&g->cond, &g->mu, &until) != ETIMEDOUT) {}
     bool late = !g->shutdown_done;
+    int running = g->live_calls;
     pthread_mutex_unlock(&g->mu);
     if (late) {
-        fprintf(stderr, "ferry: grpc: calls still running after %d s: cancelled\n", grace_s);
+        /* with no call running the shutdown is merely on its way (grace 0:
+         * a failed start): nothing to say */
+        if (running > 0)
+            fprintf(stderr, "ferry: grpc: %d call%s still running after %d s: cancelled\n", running,
+                    running == 1 ? "" : "s", grace_s);
         grpc_server_cancel_all_calls(g->server);
     }
     pthread_mutex_lock(&g->mu);

@@ -3,13 +3,23 @@
  * as sequences grow, given back on release, refusal when the pool is
  * exhausted (nothing taken), no leaks after any mix, and the memory of a
  * pool on the CPU and cpu-split backends (every block addressable through
- * the table the kernels read).
+ * the table the kernels read); the faults of engine/io/fault.h that reach
+ * it (kv_block: a reservation finds the pool empty; dev_alloc: its memory
+ * cannot be had).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../engine/io/fault.h"
 #include "../../engine/kv.h"
 #include "check.h"
+
+static void set_fault(const char *spec)
+{
+    if (spec) setenv("FERRY_FAULT", spec, 1);
+    else unsetenv("FERRY_FAULT");
+    fault_reset();
+}
 
 static void test_reserve_release(void)
 {
@@ -137,6 +147,51 @@ static void test_memory(const char *device)
     backend_free(be);
 }
 
+/* kv_block: the Nth reservation that takes blocks is refused as if the
+ * pool were empty, taking nothing; one that takes none is not counted, and
+ * the next succeeds. */
+static void test_fault_kv_block(void)
+{
+    kv_pool *p;
+    CHECK_STATUS(kv_pool_create(&p, 8, 2, 4), FERRY_OK);
+    set_fault("kv_block=2");
+    CHECK_STATUS(kv_reserve(p, 0, 1), FERRY_OK);                  /* the first: takes a block */
+    CHECK_STATUS(kv_reserve(p, 0, KV_BLOCK_POSITIONS), FERRY_OK); /* takes none: not counted */
+    CHECK_STATUS(kv_reserve(p, 1, 3 * KV_BLOCK_POSITIONS), FERRY_ERR_BUSY);
+    CHECK_MSG_HAS("0 free blocks, 3 more are needed");
+    CHECK_EQ_INT(kv_free_blocks(p), 7);
+    CHECK_EQ_INT(kv_capacity(p, 1), 0);
+    CHECK_STATUS(kv_reserve(p, 1, 3 * KV_BLOCK_POSITIONS), FERRY_OK); /* it fires once */
+    CHECK_EQ_INT(kv_free_blocks(p), 4);
+    set_fault(NULL);
+    kv_release(p, 0);
+    kv_release(p, 1);
+    CHECK_EQ_INT(kv_free_blocks(p), 8);
+    kv_pool_free(p);
+}
+
+/* dev_alloc on any of the pool's allocations (the table, then K and V of
+ * each layer): a whole-pool error naming its size, and what was had is
+ * given back by kv_pool_free. */
+static void test_fault_dev_alloc(const char *device)
+{
+    backend *be;
+    backend_opts bo = {2};
+    CHECK_STATUS(backend_create(device, &bo, &be), FERRY_OK);
+    for (int n = 1; n <= 5; n++) { /* 1 table + 2 layers x (K, V) */
+        char spec[32];
+        snprintf(spec, sizeof spec, "dev_alloc=%d", n);
+        set_fault(spec);
+        kv_pool *p;
+        CHECK_STATUS(kv_pool_create(&p, 6, 2, 3), FERRY_OK);
+        CHECK_STATUS(kv_pool_alloc_memory(p, be, 2, 8), FERRY_ERR_NOMEM);
+        CHECK_MSG_HAS("KV cache of 12.00 KiB (6 blocks of 16 positions) cannot be allocated");
+        kv_pool_free(p);
+    }
+    set_fault(NULL);
+    backend_free(be);
+}
+
 int main(void)
 {
     test_reserve_release();
@@ -144,5 +199,8 @@ int main(void)
     test_no_leaks();
     test_memory("cpu");
     test_memory("cpu-split");
+    test_fault_kv_block();
+    test_fault_dev_alloc("cpu");
+    test_fault_dev_alloc("cpu-split");
     return check_report();
 }

@@ -408,6 +408,44 @@ static void run_sequence_(const char *base, bool expect_direct)
     CHECK_EQ_INT(g_ctx.calls, 3);
     CHECK_BLOBS(dir, "fp-C", 3, 7);
 
+    /* A write or an fsync fails for other inputs: of a blob (fsync 3 is the
+     * second blob's; each blob's rename is followed by an fsync of the
+     * directory, whose failure is not one) or of the new manifest (fsync
+     * 7). The failure names the file; no temporary stays; the old manifest
+     * stays, and vouches by checksum only for the blobs still holding what
+     * it lists. */
+    static const struct {
+        const char *spec, *file, *what;
+    } faults[] = {{"fsync_eio=3", "layers-003-005.bin", ": fsync: Input/output error"},
+                  {"fsync_eio=7", OFFLOAD_MANIFEST, ": fsync: Input/output error"},
+                  {"write_eio=1", "layers-000-002.bin", ": write: Input/output error"}};
+    for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) {
+        mtext = read_all(manifest, &mlen);
+        set_fault(faults[k].spec);
+        CHECK_STATUS(open_with(dir, "fp-E", 3, 0), FERRY_ERR_IO);
+        set_fault(NULL);
+        char *named = file_in(dir, faults[k].file);
+        CHECK_MSG_HAS(named);
+        CHECK_MSG_HAS(faults[k].what);
+        free(named);
+        CHECK_EQ_INT(temp_files(dir), 0);
+        mtext2 = read_all(manifest, &mlen2);
+        CHECK(mtext && mtext2 && mlen == mlen2 && memcmp(mtext, mtext2, mlen) == 0);
+        free(mtext);
+        free(mtext2);
+        CHECK_STATUS(open_with(dir, "fp-C", 3, 0), FERRY_OK);
+        CHECK_EQ_INT(g_ctx.calls, k == 0 ? 1 : k == 1 ? 3 : 0); /* the blobs rewritten for fp-E */
+        CHECK_BLOBS(dir, "fp-C", 3, k == 0 ? 1 : k == 1 ? 7 : 0);
+    }
+    /* The fsync of the directory after a rename fails: not a failure (the
+     * rename happened; what a crash could undo, the checksums catch). */
+    set_fault("fsync_eio=2");
+    CHECK_STATUS(open_with(dir, "fp-E", 3, 0), FERRY_OK);
+    set_fault(NULL);
+    CHECK_BLOBS(dir, "fp-E", 3, 7);
+    CHECK_STATUS(open_with(dir, "fp-C", 3, 0), FERRY_OK);
+    CHECK_BLOBS(dir, "fp-C", 3, 7);
+
     /* A fill that writes too little or too much is a bug, named; nothing
      * of it is kept. */
     mtext = read_all(manifest, &mlen);
@@ -731,6 +769,23 @@ static void test_rebuild_(const char *base)
     CHECK_MSG_HAS("the manifest says");
     CHECK(a && a->blobs[1].fd == old_fd);
 
+    /* the disk fails while it is rewritten (a write, then the fsync):
+     * refused naming the blob, the file in place and its descriptor kept,
+     * no temporary left - a later rebuild can still succeed */
+    static const char *const disk_faults[] = {"write_enospc=1", "fsync_eio=1"};
+    ino = inode_of(dir, "layers-003-005.bin"); /* fp-X's, renamed in place: refused by checksum only after */
+    for (int k = 0; k < 2; k++) {
+        set_fault(disk_faults[k]);
+        if (a) CHECK_STATUS(offload_rebuild(a, 1, fill, &ca), FERRY_ERR_IO);
+        set_fault(NULL);
+        CHECK_MSG_HAS(victim);
+        CHECK_MSG_HAS(k == 0 ? "write: No space left on device" : "fsync: Input/output error");
+        CHECK(a && a->blobs[1].fd == old_fd);
+        CHECK(inode_of(dir, "layers-003-005.bin") == ino);
+        CHECK_EQ_INT(temp_files(dir), 0);
+    }
+    ca.calls = 0;
+
     /* alone: rebuilt, read through the new file */
     if (a) CHECK_STATUS(offload_rebuild(a, 1, fill, &ca), FERRY_OK);
     CHECK_EQ_INT(ca.calls, 1);
@@ -779,10 +834,30 @@ static void test_write_all(void)
     CHECK_MSG_HAS(path);
     CHECK_MSG_HAS("write: No space left on device");
     CHECK_STATUS(util_write_all(fd, path, "ghi", 3), FERRY_OK); /* it fires once */
+    set_fault("write_eio=2");
+    CHECK_STATUS(util_write_all(fd, path, "jkl", 3), FERRY_OK);
+    CHECK_STATUS(util_write_all(fd, path, "mno", 3), FERRY_ERR_IO);
+    CHECK_MSG_HAS("write: Input/output error");
+    set_fault("fsync_eio=1");
+    errno = 0;
+    CHECK(util_fsync(fd) == -1 && errno == EIO);
+    CHECK(util_fsync(fd) == 0);
     set_fault(NULL);
     close(fd);
     CHECK_STATUS(util_write_all(fd, path, "x", 1), FERRY_ERR_IO);
     CHECK_MSG_HAS("Bad file descriptor");
+    /* util_write_file_atomic: a failed fsync leaves the old file and no
+     * temporary */
+    CHECK_STATUS(util_write_file_atomic(path, "old", 3), FERRY_OK);
+    set_fault("fsync_eio=1");
+    CHECK_STATUS(util_write_file_atomic(path, "new", 3), FERRY_ERR_IO);
+    set_fault(NULL);
+    CHECK_MSG_HAS("w.bin: fsync: Input/output error");
+    size_t len = 0;
+    char *text = read_all(path, &len);
+    CHECK(text && len == 3 && memcmp(text, "old", 3) == 0);
+    free(text);
+    CHECK_EQ_INT(temp_files(top), 0);
     free(path);
     remove_tree(top);
 }
