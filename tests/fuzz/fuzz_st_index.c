@@ -6,7 +6,8 @@
  * the shards' headers).
  *
  * The input is the index's text, written into a model directory that
- * LLVMFuzzerInitialize made once under $TMPDIR (removed at exit), beside:
+ * LLVMFuzzerInitialize made once under $TMPDIR, else /dev/shm, else /tmp
+ * (removed at exit), beside:
  *   model-00001-of-00002.safetensors   model.embed_tokens.weight, model.norm.weight
  *   model-00002-of-00002.safetensors   lm_head.weight
  *   escape.safetensors                 a link to a valid shard outside the directory
@@ -77,8 +78,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
+    /* a file is written per input: in memory where there is a tmpfs */
+    struct stat sb;
     const char *tmp = getenv("TMPDIR");
-    snprintf(g_root, sizeof g_root, "%s/fuzz-st-index-XXXXXX", tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
+    if (!tmp || !*tmp || strlen(tmp) >= 32) tmp = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) ? "/dev/shm" : "/tmp";
+    snprintf(g_root, sizeof g_root, "%s/fuzz-st-index-XXXXXX", tmp);
     if (!mkdtemp(g_root)) abort();
     path_in(g_model, sizeof g_model, g_root, "model");
     path_in(g_index, sizeof g_index, g_model, "model.safetensors.index.json");

@@ -16,7 +16,8 @@
  * Promises: a refused tokenizer.json leaves no tokenizer and says why,
  * naming the file. With a tokenizer: encoding gives ids inside the
  * vocabulary, the same twice; the ids, and ids made from the text's bytes
- * (two bytes each, modulo the vocabulary), decode - and the streaming
+ * (two bytes each, modulo the vocabulary; one in a hole of the vocabulary
+ * is refused by tok_decode and the stream alike), decode - and the streaming
  * decoder, fed them one by one and flushed, gives exactly what tok_decode
  * gives, with or without special tokens. With the two real tokenizers the
  * text comes back: decode(encode(text)) is text when it is valid UTF-8 (in
@@ -120,9 +121,22 @@ static ferry_status exercise(const tokenizer *t, const char *text, size_t len, b
     if (vocab == 0) return st;
     int32_t raw[MAX_IDS];
     int n = 0;
-    for (size_t i = 0; i + 1 < len && n < MAX_IDS; i += 2)
-        raw[n++] = (int32_t)(((uint32_t)(uint8_t)text[i] << 8 | (uint8_t)text[i + 1]) % (uint32_t)vocab);
-    for (int i = 0; i < n; i++) (void)tok_is_special(t, raw[i]);
+    strbuf one;
+    sb_init(&one);
+    for (size_t i = 0; i + 1 < len && n < MAX_IDS; i += 2) {
+        int32_t id = (int32_t)(((uint32_t)(uint8_t)text[i] << 8 | (uint8_t)text[i + 1]) % (uint32_t)vocab);
+        (void)tok_is_special(t, id);
+        /* an id in a hole of the vocabulary is refused, by the stream too */
+        one.len = 0;
+        if (tok_decode(t, &id, 1, false, &one) == FERRY_OK) {
+            raw[n++] = id;
+            continue;
+        }
+        tok_stream *s = tok_stream_new(t, false);
+        if (!s || tok_stream_push(s, id, &one) == FERRY_OK) abort();
+        tok_stream_free(s);
+    }
+    sb_free(&one);
     strbuf a, b;
     decode_both(t, raw, n, false, &a);
     decode_both(t, raw, n, true, &b);

@@ -27,13 +27,14 @@ for t in "$@"; do
     rc=$?
     after=$(ls "$out" | grep -c -E '^(crash|timeout|oom|leak)-' || true)
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
     new=$(sed -n 's/^stat::new_units_added: *//p' "$log" | tail -1)
     corpus=$(ls "$out/corpus/$t" | wc -l)
     crashes=$((after - before))
     if [ "$rc" != 0 ] && [ "$crashes" = 0 ]; then crashes="failed (rc $rc)"; fi
     [ "$rc" != 0 ] && { status=1; tail -40 "$log"; }
     line=$(printf '%-24s %8s execs %8s exec/s %6s new %6s corpus   crashes: %s' "$t" "${execs:-?}" \
-        "$(( ${execs:-0} / (secs > 0 ? secs : 1) ))" "${new:-?}" "$corpus" "$crashes")
+        "${rate:-?}" "${new:-?}" "$corpus" "$crashes")
     summary="$summary$line
 "
 done
