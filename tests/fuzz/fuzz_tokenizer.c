@@ -22,7 +22,11 @@
  * gives, with or without special tokens. With the two real tokenizers the
  * text comes back: decode(encode(text)) is text when it is valid UTF-8 (in
  * NFC for the demo one; without U+2581, which Llama 2 writes spaces as, and
- * special-token text not parsed, for Llama 2). A broken promise aborts,
+ * special-token text not parsed, for Llama 2), and encoding it holds no
+ * more memory than text_encode_bound (server/text.h), what the server
+ * reserves for it (checked through the AddressSanitizer allocator's hooks;
+ * a build without ASan skips it; FUZZ_TOKENIZER_NO_ENCODE_BOUND=1 turns it
+ * off, to fuzz the rest while such a finding is open). A broken promise aborts,
  * which libFuzzer reports as a crash. FUZZ_ROOT (set by the Makefile) is
  * where the fixed tokenizers are read from. Build: README.md.
  */
@@ -35,6 +39,24 @@
 
 #include "../../engine/base/util.h"
 #include "../../engine/text/tokenizer.h"
+#include "../../server/text.h"
+
+#if defined(__SANITIZE_ADDRESS__) /* gcc */
+#define FUZZ_HAVE_ASAN 1
+#elif defined(__has_feature)      /* clang */
+#if __has_feature(address_sanitizer)
+#define FUZZ_HAVE_ASAN 1
+#endif
+#endif
+#ifdef FUZZ_HAVE_ASAN
+#if __has_include(<sanitizer/allocator_interface.h>)
+#include <sanitizer/allocator_interface.h>
+#else /* gcc ships no header for them; libasan has the functions */
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
+size_t __sanitizer_get_allocated_size(const volatile void *p);
+#endif
+#endif
 
 #ifndef FUZZ_ROOT
 #define FUZZ_ROOT "."
@@ -43,6 +65,27 @@
 #define MAX_IDS 512 /* ids made from the text's bytes */
 
 static tokenizer *g_demo, *g_llama2;
+
+/* ---- the memory an encode holds ----------------------------------------- */
+
+/* Bytes live on the heap, and their peak since the last reset: the
+ * sanitizer allocator's hooks keep them (the target has one thread). */
+static size_t g_live, g_peak;
+static bool g_encode_bound = true; /* FUZZ_TOKENIZER_NO_ENCODE_BOUND=1: off */
+
+#ifdef FUZZ_HAVE_ASAN
+static void malloc_hook(const volatile void *p, size_t size)
+{
+    (void)p;
+    g_live += size;
+    if (g_live > g_peak) g_peak = g_live;
+}
+
+static void free_hook(const volatile void *p)
+{
+    if (p) g_live -= __sanitizer_get_allocated_size(p);
+}
+#endif
 
 static tokenizer *load_fixed(const char *path)
 {
@@ -61,6 +104,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
+    const char *off = getenv("FUZZ_TOKENIZER_NO_ENCODE_BOUND");
+    g_encode_bound = !(off && *off && strcmp(off, "0") != 0);
+#ifdef FUZZ_HAVE_ASAN
+    if (g_encode_bound && !__sanitizer_install_malloc_and_free_hooks(malloc_hook, free_hook)) abort();
+#endif
     g_demo = load_fixed(FUZZ_ROOT "/config/demo-tokenizer/tokenizer.json");
     g_llama2 = load_fixed(FUZZ_ROOT "/tests/fuzz/tokenizers/llama2-small.json");
     return 0;
@@ -88,9 +136,10 @@ static void decode_both(const tokenizer *t, const int32_t *ids, int n, bool skip
 
 /* Encodes text (when given) and decodes its ids and ids from its bytes;
  * the text decoded from its own ids (skip_special false) goes to back.
- * Returns the encoding's status. */
+ * bounded: the encode must hold no more than text_encode_bound. Returns the
+ * encoding's status. */
 static ferry_status exercise(const tokenizer *t, const char *text, size_t len, bool has_text, bool add, bool special,
-                     strbuf *back)
+                             bool bounded, strbuf *back)
 {
     int vocab = tok_vocab_size(t);
     if (vocab < 0) abort();
@@ -99,7 +148,16 @@ static ferry_status exercise(const tokenizer *t, const char *text, size_t len, b
     if (has_text) {
         int32_t *ids = NULL, *again = NULL;
         int n = -1, m = -1;
+        size_t base = g_peak = g_live;
         st = tok_encode(t, text, len, add, special, &ids, &n);
+#ifdef FUZZ_HAVE_ASAN
+        /* what the server reserves for an encode, for a real tokenizer */
+        if (bounded && g_encode_bound && g_peak - base > text_encode_bound(len)) {
+            fprintf(stderr, "fuzz_tokenizer: encoding %zu bytes held %zu bytes (text_encode_bound: %zu)\n", len,
+                    g_peak - base, text_encode_bound(len));
+            abort();
+        }
+#endif
         if (st == FERRY_OK) {
             if (n < 0 || (n && !ids)) abort();
             for (int i = 0; i < n; i++)
@@ -201,13 +259,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             return 0;
         }
-        exercise(t, text, (size_t)(rest + len - text), jlen < len, add, special, &back);
+        exercise(t, text, (size_t)(rest + len - text), jlen < len, add, special, false, &back);
         sb_free(&back);
         tok_free(t);
         return 0;
     }
     const tokenizer *t = mode == 1 ? g_demo : g_llama2;
-    ferry_status st = exercise(t, rest, len, true, add, special, &back);
+    ferry_status st = exercise(t, rest, len, true, add, special, true, &back);
     if (st != FERRY_OK && st != FERRY_ERR_NOMEM && st != FERRY_ERR_TOO_LARGE) abort(); /* any bytes encode */
     if (!add && valid_utf8(rest, len)) {
         if (mode == 1 && nfc_stable(rest, len)) round_trip(rest, len, &back);
