@@ -44,7 +44,7 @@ BENCH_MODEL ?= $(BUILD)/bench-1b
 # build time into $(BUILD)/gen), python3-venv for the project venv below.
 DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torch python3-numpy python3-pytest \
             python3-venv libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-            libpcre2-dev libutf8proc-dev python3-jinja2 wrk
+            libpcre2-dev libutf8proc-dev python3-jinja2 wrk clang libclang-rt-dev
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
@@ -186,21 +186,24 @@ test-asan: asan
 # needed) and runs it once over its seed corpus tests/fuzz/corpus/<target>/,
 # so the targets keep compiling and their promises hold on the seeds. `make
 # fuzz` builds the real libFuzzer binaries with clang and runs each for
-# FUZZ_SECONDS (new inputs go to $(BUILD)/fuzz/corpus/<target>, crashes to
-# $(BUILD)/fuzz/). The targets link the engine and server/kserve.c objects,
-# built apart with the sanitizers; the linker takes what each one calls.
+# FUZZ_SECONDS, one after the other (tests/fuzz/run.sh: new inputs go to
+# $(BUILD)/fuzz/corpus/<target>, crashes to $(BUILD)/fuzz/, a summary line
+# per target at the end). The targets link the engine and the front ends'
+# protocol objects, built apart with the sanitizers; the linker takes what
+# each one calls.
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
 # code generated for it (no gRPC: it reads and writes bytes)
-FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/text.c server/budget.c server/grpc/grpc_messages.c $(PROTO_C)
+FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/openai.c server/text.c server/budget.c \
+                server/grpc/grpc_messages.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)
 FUZZ_SA_BIN  := $(FUZZ_TARGETS:%=$(FUZZ_DIR)/sa/%)
 FUZZ_CC      ?= clang
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 15
 # clang 14 has no x86 _Float16; no target converts halves
 FUZZ_LF_FLAGS = -std=gnu11 -O1 -g -pthread $(ARCH_FLAGS) -MMD -MP -D_Float16=__fp16 $(FUZZ_SAN)
 FUZZ_LF_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/lf/%.o)
@@ -214,6 +217,9 @@ fuzz-seeds: fuzz-build
 	  UBSAN_OPTIONS=halt_on_error=1 $(FUZZ_DIR)/sa/$$t tests/fuzz/corpus/$$t; \
 	done
 
+# the targets read their fixed inputs (the demo tokenizer, ...) from the tree
+$(FUZZ_DIR)/sa/tests/fuzz/%.o $(FUZZ_DIR)/lf/tests/fuzz/%.o: FUZZ_INC += -DFUZZ_ROOT='"$(CURDIR)"'
+
 $(FUZZ_DIR)/sa/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O1 $(FUZZ_SAN) $(FUZZ_INC) -c -o $@ $<
@@ -226,13 +232,7 @@ $(FUZZ_DIR)/sa/server/grpc/grpc_messages.o $(FUZZ_DIR)/lf/server/grpc/grpc_messa
 $(FUZZ_DIR)/sa/tests/fuzz/fuzz_grpc.o $(FUZZ_DIR)/lf/tests/fuzz/fuzz_grpc.o: | $(PROTO_C:.c=.h)
 
 fuzz: $(FUZZ_LF_BIN)
-	@set -e; for t in $(FUZZ_TARGETS); do \
-	  mkdir -p $(FUZZ_DIR)/corpus/$$t; \
-	  dict=tests/fuzz/$${t#fuzz_}.dict; [ -f $$dict ] && dict=-dict=$$dict || dict=; \
-	  echo "== $$t for $(FUZZ_SECONDS) s"; \
-	  UBSAN_OPTIONS=halt_on_error=1 $(FUZZ_DIR)/lf/$$t -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_DIR)/ \
-	    $$dict $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t; \
-	done
+	@tests/fuzz/run.sh $(FUZZ_DIR)/lf $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 $(FUZZ_DIR)/lf/%.o: %.c
 	@command -v $(FUZZ_CC) >/dev/null || { echo "make fuzz: $(FUZZ_CC) not found (set FUZZ_CC to a clang with libFuzzer)" >&2; exit 1; }

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "../engine/base/arena.h"
 #include "../engine/base/json.h"
@@ -94,6 +95,11 @@ ferry_status config_set(ferry_config *cfg, int id, const char *value, setting_so
  * errors naming the file and line. A file holding a secret must be the
  * user's own and readable by no one else (mode 0600), as a token file. */
 ferry_status config_load_file(ferry_config *cfg, const char *path);
+/* The same for text already read: name stands for the file in errors, and
+ * sb is the file's stat for the rule on secrets (NULL: the text came from no
+ * file, and a secret in it is refused). */
+ferry_status config_load_text(ferry_config *cfg, const char *name, const char *text, size_t len,
+                              const struct stat *sb);
 /* Reads FERRY_<NAME> for every setting with wanted[id] (NULL: all); a
  * variable set to the empty string counts as unset. */
 ferry_status config_load_env(ferry_config *cfg, const bool *wanted);

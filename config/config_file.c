@@ -8,6 +8,10 @@
  * is checked exactly as flags are. Every error names the file and the line:
  * an operator reading "ferry.json:12: http_prot: unknown setting (did you
  * mean http_port?)" knows what to change without reading code.
+ *
+ * config_load_file reads the bytes (read_file) and hands them to
+ * config_load_text, which parses and applies them: the fuzz target
+ * (tests/fuzz/fuzz_config_file.c) calls the latter with no file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -162,6 +166,9 @@ static ferry_status check_secrets(const ferry_config *cfg, const struct stat *sb
 {
     for (int i = 0; i < SETTING_COUNT; i++) {
         if (config_settings[i].where != SETTING_SECRET || cfg->source[i] != SOURCE_FILE) continue;
+        if (!sb)
+            return ferry_fail(FERRY_ERR_INVALID, "%s:%d: %s is a secret, which only a file of this user's, mode 0600, "
+                              "may hold", cfg->config_file, cfg->line[i], config_settings[i].name);
         if (sb->st_uid != geteuid())
             return ferry_fail(FERRY_ERR_INVALID, "%s:%d: %s is a secret, but the file is owned by uid %u, not by this user (uid %u)",
                               cfg->config_file, cfg->line[i], config_settings[i].name, (unsigned)sb->st_uid,
@@ -175,25 +182,17 @@ static ferry_status check_secrets(const ferry_config *cfg, const struct stat *sb
     return FERRY_OK;
 }
 
-ferry_status config_load_file(ferry_config *cfg, const char *path)
+ferry_status config_load_text(ferry_config *cfg, const char *name, const char *text, size_t len,
+                              const struct stat *sb)
 {
-    char *text;
-    size_t len = 0;
-    struct stat sb;
-    FERRY_TRY(read_file(path, &text, &len, &sb));
-    if (!(cfg->config_file = arena_strdup(&cfg->strings, path, strlen(path)))) {
-        free(text);
+    if (!(cfg->config_file = arena_strdup(&cfg->strings, name, strlen(name))))
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    }
     /* a UTF-8 byte-order mark, as some editors write, is not JSON: skip it
      * (offsets, and so lines and columns, count from after it) */
     size_t bom = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
     json_doc *doc;
     ferry_status st = json_parse(text + bom, len - bom, &doc);
-    if (st != FERRY_OK && st != FERRY_ERR_INVALID) {
-        free(text);
-        return ferry_fail_context(st, "config file %s", path);
-    }
+    if (st != FERRY_OK && st != FERRY_ERR_INVALID) return ferry_fail_context(st, "config file %s", name);
     if (st != FERRY_OK) {
         const char *t = text + bom;
         size_t pos = json_error_pos();
@@ -204,18 +203,26 @@ ferry_status config_load_file(ferry_config *cfg, const char *path)
         char msg[FERRY_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", ferry_errmsg());
         const char *what = strstr(msg, ": ");
-        st = ferry_fail(FERRY_ERR_INVALID, "%s:%d:%zu: invalid JSON: %s", path, line, col, what ? what + 2 : msg);
-        free(text);
-        return st;
+        return ferry_fail(FERRY_ERR_INVALID, "%s:%d:%zu: invalid JSON: %s", name, line, col, what ? what + 2 : msg);
     }
     const json_value *root = json_doc_root(doc);
     if (root->type != JSON_OBJECT)
-        st = ferry_fail(FERRY_ERR_INVALID, "%s: a config file holds one JSON object of settings, not %s", path,
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: a config file holds one JSON object of settings, not %s", name,
                         json_type_name(root));
     else
         st = apply(cfg, root, text + bom, len - bom);
-    if (st == FERRY_OK) st = check_secrets(cfg, &sb);
+    if (st == FERRY_OK) st = check_secrets(cfg, sb);
     json_doc_free(doc);
+    return st;
+}
+
+ferry_status config_load_file(ferry_config *cfg, const char *path)
+{
+    char *text;
+    size_t len = 0;
+    struct stat sb;
+    FERRY_TRY(read_file(path, &text, &len, &sb));
+    ferry_status st = config_load_text(cfg, path, text, len, &sb);
     free(text);
     return st;
 }

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "offload_manifest.h"
 #include "../base/json.h"
 #include "../base/util.h"
 
@@ -231,151 +232,29 @@ fail:
     return st;
 }
 
-/* ---- the old manifest ----------------------------------------------------- */
-
-typedef struct {
-    char *key;
-    uint64_t size;
-    uint32_t crc;
-} old_entry;
-
-typedef struct {
-    char *text; /* as read, to skip rewriting an unchanged manifest */
-    size_t len;
-    char *fingerprint;
-    old_entry *entries;
-    int n;
-} old_manifest;
-
-static bool key_valid(const char *key)
-{
-    if (!key || !*key) return false;
-    for (const char *p = key; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-')) return false;
-    return true;
-}
-
-static bool parse_crc(const char *s, uint32_t *out)
-{
-    if (!s || strlen(s) != 8) return false;
-    uint32_t v = 0;
-    for (int k = 0; k < 8; k++) {
-        char ch = s[k];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-              : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-        if (d < 0) return false;
-        v = v << 4 | (uint32_t)d;
-    }
-    *out = v;
-    return true;
-}
-
-static void manifest_clear(old_manifest *m)
-{
-    for (int i = 0; i < m->n; i++) free(m->entries[i].key);
-    free(m->entries);
-    free(m->fingerprint);
-    free(m->text);
-    *m = (old_manifest){0};
-}
-
-static const old_entry *manifest_find(const old_manifest *m, const char *key)
-{
-    for (int i = 0; i < m->n; i++)
-        if (strcmp(m->entries[i].key, key) == 0) return &m->entries[i];
-    return NULL;
-}
-
-/* Fills m's entries from its text; returns why it cannot, or NULL. */
-static const char *manifest_parse(old_manifest *m)
-{
-    json_doc *doc = NULL;
-    const char *why = NULL;
-    if (json_parse(m->text, m->len, &doc) != FERRY_OK) return "not valid JSON";
-    const json_value *root = json_doc_root(doc);
-    const json_value *format = json_get(root, "format");
-    const json_value *fp = json_get(root, "fingerprint");
-    const json_value *blobs = json_get(root, "blobs");
-    if (!format || !format->is_int || format->integer != 1) {
-        why = "format is not 1";
-        goto done;
-    }
-    if (!fp || fp->type != JSON_STRING || !blobs || blobs->type != JSON_ARRAY) {
-        why = "missing fingerprint or blobs";
-        goto done;
-    }
-    m->fingerprint = strdup(fp->str);
-    m->entries = calloc(blobs->len ? blobs->len : 1, sizeof *m->entries);
-    if (!m->fingerprint || !m->entries) {
-        why = "out of memory";
-        goto done;
-    }
-    for (size_t k = 0; k < blobs->len; k++) {
-        const json_value *e = &blobs->items[k];
-        bool bad = false;
-        const char *key = json_get_str(e, "key", &bad);
-        const char *file = json_get_str(e, "file", &bad);
-        const char *crc = json_get_str(e, "crc32c", &bad);
-        int64_t size = -1;
-        json_get_int(e, "size", &size, &bad);
-        old_entry ent = {0};
-        /* The file name must be exactly what ferry would have written (and
-         * only names of that form are ever deleted). */
-        if (bad || !key_valid(key) || !file || strlen(file) != strlen(key) + 4 || strncmp(file, key, strlen(key)) ||
-            strcmp(file + strlen(key), ".bin") || size < 0 || !parse_crc(crc, &ent.crc) || manifest_find(m, key)) {
-            why = "a malformed blob entry";
-            goto done;
-        }
-        ent.size = (uint64_t)size;
-        if (!(ent.key = strdup(key))) {
-            why = "out of memory";
-            goto done;
-        }
-        m->entries[m->n++] = ent;
-    }
-done:
-    json_doc_free(doc);
-    return why;
-}
+/* ---- the old manifest (offload_manifest.h) ------------------------------- */
 
 /* Reads dir's manifest into m. A missing or unusable one leaves m empty:
  * then nothing is reusable, which costs a rebuild but is never wrong. */
-static void manifest_load(const char *path, old_manifest *m)
+static void manifest_load(const char *path, offload_manifest *m)
 {
-    *m = (old_manifest){0};
+    *m = (offload_manifest){0};
     ferry_status st = util_read_file(path, &m->text, &m->len);
     if (st == FERRY_ERR_NOT_FOUND) return;
     if (st != FERRY_OK) {
         fprintf(stderr, "ferry: warning: %s; rebuilding every offload blob\n", ferry_errmsg());
         return;
     }
-    const char *why = manifest_parse(m);
+    const char *why = offload_manifest_parse(m);
     if (why) {
         fprintf(stderr, "ferry: warning: %s: unusable manifest (%s); rebuilding every offload blob\n", path, why);
         char *text = m->text;
         size_t len = m->len;
         m->text = NULL;
-        manifest_clear(m);
+        offload_manifest_clear(m);
         m->text = text; /* kept only so that it is replaced, never trusted */
         m->len = len;
     }
-}
-
-static ferry_status manifest_render(const char *fingerprint, const offload_dir *od, const offload_spec *specs,
-                                    strbuf *sb)
-{
-    sb_puts(sb, "{\n  \"format\": 1,\n  \"fingerprint\": ");
-    sb_json_str(sb, fingerprint);
-    sb_puts(sb, ",\n  \"blobs\": [");
-    for (int i = 0; i < od->n; i++) {
-        sb_puts(sb, i ? ",\n    {\"key\": " : "\n    {\"key\": ");
-        sb_json_str(sb, specs[i].key);
-        sb_printf(sb, ", \"file\": \"%s.bin\", \"size\": %" PRIu64 ", \"crc32c\": \"%08" PRIx32 "\"}", specs[i].key,
-                  od->blobs[i].size, od->blobs[i].crc);
-    }
-    sb_puts(sb, od->n ? "\n  ]\n}\n" : "]\n}\n");
-    if (sb->oom) return ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", OFFLOAD_MANIFEST);
-    return FERRY_OK;
 }
 
 /* ---- the lock (offload.h, L1-L3) ------------------------------------------ */
@@ -516,7 +395,7 @@ static bool is_key_name(const char *name, size_t len, const char *suffix)
     char key[128];
     memcpy(key, name, len - n);
     key[len - n] = '\0';
-    return key_valid(key);
+    return offload_key_valid(key);
 }
 
 /* True for NAME.tmp.PID, the temporary files of blob_build (NAME is
@@ -538,7 +417,7 @@ static bool is_temp_name(const char *name)
  * temporary files (their writers are dead: no live process writes without
  * the lock). A KEY.bin must be a regular file, listed in the old manifest or
  * of whole 4096-byte blocks as every blob is; anything else is left alone. */
-static void remove_unused(const char *dir, const offload_spec *specs, int n, const old_manifest *old)
+static void remove_unused(const char *dir, const offload_spec *specs, int n, const offload_manifest *old)
 {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -557,7 +436,7 @@ static void remove_unused(const char *dir, const offload_spec *specs, int n, con
         if (blob && sb.st_size % OFFLOAD_ALIGN) {
             char key[128];
             snprintf(key, sizeof key, "%.*s", (int)(len - 4), name);
-            if (!manifest_find(old, key)) continue;
+            if (!offload_manifest_find(old, key)) continue;
         }
         if (unlinkat(dirfd(d), name, 0) != 0 && errno != ENOENT)
             fprintf(stderr, "ferry: warning: %s/%s: cannot delete unused file: %s\n", dir, name, strerror(errno));
@@ -592,7 +471,7 @@ static ferry_status mkdir_p(const char *dir)
 static ferry_status specs_check(const offload_spec *specs, int n)
 {
     for (int i = 0; i < n; i++) {
-        if (!key_valid(specs[i].key))
+        if (!offload_key_valid(specs[i].key))
             return ferry_fail(FERRY_ERR_INTERNAL, "offload: blob key '%s' is not [a-z0-9-]+",
                               specs[i].key ? specs[i].key : "(null)");
         if (specs[i].size % OFFLOAD_ALIGN)
@@ -634,7 +513,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
     FERRY_TRY(mkdir_p(dir));
 
     ferry_status st = FERRY_OK;
-    old_manifest old = {0};
+    offload_manifest old = {0};
     strbuf sb;
     sb_init(&sb);
     uint8_t *buf = NULL;
@@ -673,7 +552,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
             st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", dir);
             goto fail;
         }
-        const old_entry *e = same_inputs ? manifest_find(&old, specs[i].key) : NULL;
+        const offload_entry *e = same_inputs ? offload_manifest_find(&old, specs[i].key) : NULL;
         region_sum rs;
         if ((st = regions_alloc(b, &specs[i])) != FERRY_OK) goto fail;
         region_start(&rs, &specs[i], b->region_crc);
@@ -695,7 +574,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
 
     if (lk.exclusive) {
         /* Phase 2: the new manifest vouches for exactly these blobs. */
-        if ((st = manifest_render(fingerprint, od, specs, &sb)) != FERRY_OK) goto fail;
+        if ((st = offload_manifest_render(fingerprint, od->blobs, od->n, &sb)) != FERRY_OK) goto fail;
         if (!old.text || old.len != sb.len || memcmp(old.text, sb.data, sb.len) != 0)
             if ((st = util_write_file_atomic(mpath, sb.data, sb.len)) != FERRY_OK) goto fail;
         /* Phase 3: what no manifest vouches for any more goes. */
@@ -710,7 +589,7 @@ ferry_status offload_open(const char *dir, const char *fingerprint, const offloa
 
 fail:
     offload_close(od);
-    manifest_clear(&old);
+    offload_manifest_clear(&old);
     sb_free(&sb);
     free(buf);
     free(mpath);

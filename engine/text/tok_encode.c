@@ -494,7 +494,10 @@ ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool a
 {
     *ids = NULL;
     *n = 0;
-    work w = {.t = t, .arena = {.block_min = TOK_ARENA_BLOCK}};
+    /* the scratch holds a piece of text at a time, at most a few times its
+     * bytes (byte-level: 2 a byte): blocks in proportion to the text */
+    size_t block = len < TOK_ARENA_BLOCK / 4 ? 4 * len + 4096 : TOK_ARENA_BLOCK;
+    work w = {.t = t, .arena = {.block_min = block}};
     buffers bf = {0};
     strbuf fixed;
     sb_init(&fixed);

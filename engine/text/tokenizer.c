@@ -768,45 +768,57 @@ static ferry_status load_json(loader *L, const json_value *root)
     return index_ids(L);
 }
 
-ferry_status tok_load(const char *dir, tokenizer **out)
+ferry_status tok_parse(const char *json, size_t len, const char *label, tokenizer **out)
 {
     *out = NULL;
     tokenizer *t = calloc(1, sizeof *t);
     if (!t) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
     t->arena.block_min = TOK_ARENA_BLOCK;
     t->bos = t->eos = "";
-    char *buf = NULL;
-    size_t len;
     json_doc *doc = NULL;
     ferry_status st;
-    t->path = util_path_join(dir, "tokenizer.json");
-    if (!t->path) {
+    if (!(t->path = strdup(label))) {
         st = ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
         goto fail;
     }
-    if ((st = model_dir_read(dir, "tokenizer.json", &buf, &len)) != FERRY_OK) goto fail;
-    if ((st = json_parse(buf, len, &doc)) != FERRY_OK) {
+    if ((st = json_parse(json, len, &doc)) != FERRY_OK) {
         st = ferry_fail_context(st, "%s", t->path);
         goto fail;
     }
-    free(buf);
-    buf = NULL;
     loader L = {t, t->path};
     if ((st = load_json(&L, json_doc_root(doc))) != FERRY_OK) goto fail;
-    json_doc_free(doc);
-    doc = NULL;
-    if ((st = load_config(t, dir)) != FERRY_OK) goto fail;
     if (t->arena.oom) {
         st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", t->path);
         goto fail;
     }
+    json_doc_free(doc);
     *out = t;
     return FERRY_OK;
 fail:
     json_doc_free(doc);
-    free(buf);
     tok_free(t);
     return st;
+}
+
+ferry_status tok_load(const char *dir, tokenizer **out)
+{
+    *out = NULL;
+    char *path = util_path_join(dir, "tokenizer.json"), *buf = NULL;
+    if (!path) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    size_t len;
+    tokenizer *t = NULL;
+    ferry_status st = model_dir_read(dir, "tokenizer.json", &buf, &len);
+    if (st == FERRY_OK) st = tok_parse(buf, len, path, &t);
+    free(buf);
+    free(path);
+    if (st == FERRY_OK) st = load_config(t, dir);
+    if (st == FERRY_OK && t->arena.oom) st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", t->path);
+    if (st != FERRY_OK) {
+        tok_free(t);
+        return st;
+    }
+    *out = t;
+    return FERRY_OK;
 }
 
 void tok_free(tokenizer *t)

@@ -56,6 +56,9 @@ typedef struct tokenizer tokenizer;
 /* Reads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
  * FERRY_ERR_NOT_FOUND when dir has no tokenizer.json. */
 ferry_status tok_load(const char *dir, tokenizer **out);
+/* Parses the text of a tokenizer.json alone (no tokenizer_config.json: no
+ * BOS/EOS token names, no chat template); label names it in errors. */
+ferry_status tok_parse(const char *json, size_t len, const char *label, tokenizer **out);
 void tok_free(tokenizer *t);
 
 /* Highest token id + 1 (added tokens included). */

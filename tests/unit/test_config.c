@@ -487,6 +487,19 @@ static void test_file(void)
     CHECK(sb.data && !strstr(sb.data, "0123456789abcdef") && strstr(sb.data, "<redacted>"));
     sb_free(&sb);
 
+    /* text with no file behind it (config_load_text): named as given, and no
+     * place for a secret */
+    config_free(&cfg);
+    config_defaults(&cfg);
+    static const char text[] = "{\n\"batch\": 5}";
+    CHECK_STATUS(config_load_text(&cfg, "inline.json", text, sizeof text - 1, NULL), FERRY_OK);
+    CHECK_EQ_INT(cfg.batch, 5);
+    CHECK_EQ_INT(cfg.line[SETTING_batch], 2);
+    CHECK_EQ_STR(cfg.config_file, "inline.json");
+    static const char secret[] = "{\"admin_token\": \"0123456789abcdef\"}";
+    CHECK_STATUS(config_load_text(&cfg, "inline.json", secret, sizeof secret - 1, NULL), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("inline.json:1: admin_token is a secret, which only a file of this user's, mode 0600, may hold");
+
     /* owned by someone else (as root, a file given to nobody) */
     if (geteuid() == 0) {
         config_free(&cfg);

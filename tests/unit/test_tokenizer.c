@@ -507,6 +507,36 @@ static void test_post_and_config(void)
 
 #define MODEL "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}"
 
+/* tok_parse: a tokenizer.json's text, no file (the fuzz target's entry);
+ * the same tokenizer as tok_load reads from the file, errors naming the
+ * label given. */
+static void test_parse_text(void)
+{
+    static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
+                               "\"merges\": [\"a b\"]}}";
+    tokenizer *t = NULL, *f = NULL;
+    CHECK_STATUS(tok_parse(json, sizeof json - 1, "inline.json", &t), FERRY_OK);
+    CHECK_STATUS(load_json(json, &f), FERRY_OK);
+    if (t && f) {
+        int32_t *a = NULL, *b = NULL;
+        int na = 0, nb = 0;
+        CHECK_STATUS(tok_encode(t, "abab", 4, true, true, &a, &na), FERRY_OK);
+        CHECK_STATUS(tok_encode(f, "abab", 4, true, true, &b, &nb), FERRY_OK);
+        CHECK_EQ_INT(na, 2);
+        CHECK(na == nb && a && b && !memcmp(a, b, (size_t)na * sizeof *a) && a[0] == 2 && a[1] == 2);
+        CHECK_EQ_INT(tok_vocab_size(t), 3);
+        CHECK_EQ_STR(tok_eos_token(t), ""); /* no tokenizer_config.json */
+        free(a);
+        free(b);
+    }
+    tok_free(t);
+    tok_free(f);
+    t = (tokenizer *)1;
+    CHECK_STATUS(tok_parse("{\"model\": 1}", 12, "inline.json", &t), FERRY_ERR_INVALID);
+    CHECK(t == NULL);
+    CHECK_MSG_HAS("inline.json");
+}
+
 static void test_errors(void)
 {
     LOAD_ERR("{" MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
@@ -690,6 +720,7 @@ int main(void)
     test_pretokenizers();
     test_normalizers();
     test_post_and_config();
+    test_parse_text();
     test_errors();
     test_long_word();
     test_threads();
