@@ -158,9 +158,21 @@ typedef struct {
     size_t n, cap;
 } tok_spans;
 
-/* All matches of re in s[0..n), in order, with the Oniguruma find_iter
- * rules HF relies on (an empty match right after the previous match is
- * skipped one character on). Replaces the contents of *out. */
+/* Where a search through one text stands (zeroed to start). */
+typedef struct {
+    size_t pos;      /* where the next search starts; past the text: ended */
+    size_t last_end; /* the end of the last match given */
+    bool have_last;
+} tok_regex_iter;
+
+/* The next match of re in s[0..n), with the Oniguruma find_iter rules HF
+ * relies on (an empty match right after the previous match is skipped one
+ * character on): *found, and its span in *m. The same s and n each call;
+ * mc may serve other searches in between. */
+ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_regex_iter *it,
+                           tok_span *m, bool *found);
+/* All matches of re in s[0..n), in order (tok_regex_next's). Replaces the
+ * contents of *out. */
 ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_spans *out);
 bool tok_spans_push(tok_spans *sp, size_t start, size_t end);
 
