@@ -313,7 +313,8 @@ struct tokenizer {
     const char *bos, *eos, *chat_template;
 };
 
-/* Runs the normalizers on s[0..n), appending the result to out.
+/* Runs the normalizers on s[0..n) and sets out to the result (s must not
+ * point into out).
  *
  * *zero tracks what HF's alignments decide for the Metaspace "first"
  * prepend scheme: on entry the number of leading bytes of s that come from
