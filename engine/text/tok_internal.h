@@ -30,11 +30,9 @@
 #define TOK_MAX_ID (1 << 24)
 
 /* The tokenizer's arena (its tables) takes blocks of this size: a
- * vocabulary's strings fill a few of them. An encode's scratch takes blocks
- * sized by its text (tok_encode), at most this: the memory an encode holds
- * is what a front end reserves for it (text_encode_bound in server/text.h:
- * 16 bytes a byte of text, and 64 KiB), so a short prompt must not cost a
- * whole block. */
+ * vocabulary's strings fill a few of them. (An encode holds no arena: what
+ * it holds must stay within what a front end reserves for it, see
+ * tok_encode.c.) */
 #define TOK_ARENA_BLOCK (256 * 1024)
 
 /* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
