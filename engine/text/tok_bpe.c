@@ -383,13 +383,27 @@ static bool room(void **a, size_t *cap, size_t want, size_t size)
     return *a != NULL;
 }
 
-/* Room in s->sym for need more symbols after k: the array is sized for one
- * a character, which only byte tokens outgrow; then it takes one a byte of
- * the word (n), which no word outgrows. */
-static bool sym_fit(tok_bpe_scratch *s, size_t k, size_t need, size_t n)
+/* At most how many symbols w[i..n) makes (one a character, or its bytes). */
+static size_t symbols_left(const tok_bpe *m, const char *w, size_t i, size_t n)
+{
+    size_t count = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t k = tok_utf8_next(w + i, n - i, &cp);
+        int32_t id = cp < 0x10000 ? m->bmp_id[cp] : tok_strmap_get(&m->vocab, w + i, k);
+        count += id < 0 && m->byte_fallback ? k : 1;
+        i += k;
+    }
+    return count;
+}
+
+/* Room in s->sym for need more symbols after k, at byte i of the word: the
+ * array is sized for one symbol a character, which only byte tokens
+ * outgrow; then it takes what the rest of the word can make. */
+static bool sym_fit(const tok_bpe *m, tok_bpe_scratch *s, const char *w, size_t i, size_t n, size_t k, size_t need)
 {
     if (s->sym_cap - k >= need) return true;
-    size_t cap = n > k + need ? n : k + need;
+    size_t cap = k + need + 1 + symbols_left(m, w, i, n);
     int32_t *v = realloc(s->sym, cap * sizeof *v);
     if (!v) return false;
     s->sym = v;
@@ -408,7 +422,7 @@ static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const 
         size_t k = tok_utf8_next(w + i, n - i, &cp);
         int32_t id = cp < 0x10000 ? m->bmp_id[cp] : tok_strmap_get(&m->vocab, w + i, k);
         if (id >= 0) {
-            if (!sym_fit(s, k_sym, 1 + have_unk, n)) return oom();
+            if (!sym_fit(m, s, w, i + k, n, k_sym, 1 + have_unk)) return oom();
             if (have_unk) s->sym[k_sym++] = unk_id;
             have_unk = false;
             s->sym[k_sym++] = id;
@@ -419,7 +433,7 @@ static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const 
             bool all = true;
             for (size_t b = 0; b < k; b++) all = all && m->byte_id[(unsigned char)w[i + b]] >= 0;
             if (all) {
-                if (!sym_fit(s, k_sym, k, n)) return oom();
+                if (!sym_fit(m, s, w, i + k, n, k_sym, k)) return oom();
                 /* a pending unk stays pending across byte tokens, as in HF */
                 for (size_t b = 0; b < k; b++) s->sym[k_sym++] = m->byte_id[(unsigned char)w[i + b]];
                 i += k;
@@ -428,7 +442,7 @@ static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const 
         }
         if (m->unk_token && !(have_unk && m->fuse_unk)) {
             if (have_unk) {
-                if (!sym_fit(s, k_sym, 1, n)) return oom();
+                if (!sym_fit(m, s, w, i + k, n, k_sym, 1)) return oom();
                 s->sym[k_sym++] = unk_id;
             }
             unk_id = tok_strmap_get(&m->vocab, m->unk_token, strlen(m->unk_token));
@@ -440,7 +454,7 @@ static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const 
         i += k;
     }
     if (have_unk) {
-        if (!sym_fit(s, k_sym, 1, n)) return oom();
+        if (!sym_fit(m, s, w, n, n, k_sym, 1)) return oom();
         s->sym[k_sym++] = unk_id;
     }
     *n_sym = k_sym;
