@@ -626,6 +626,8 @@ ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool a
             st = oom();
             goto done;
         }
+        char *d = realloc(fixed.data, fixed.len + 1); /* held throughout: without the doubling's room */
+        if (d) fixed.data = d;
         text = fixed.data;
         len = fixed.len;
     }
