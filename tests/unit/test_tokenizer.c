@@ -629,7 +629,13 @@ static void test_errors(void)
     LOAD_ERR("{" MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
              "{\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [], "
              "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [7], \"tokens\": [\"<s>\"]}}}}",
-             FERRY_ERR_INVALID, "post_processor adds id 7, outside the vocabulary");
+             FERRY_ERR_INVALID, "post_processor adds id 7, which is not in the vocabulary");
+    /* nor in a hole of it (found by fuzz_tokenizer: encode added an id decode refused) */
+    LOAD_ERR("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2}, \"merges\": []}, \"post_processor\": "
+             "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+             "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [], \"special_tokens\": {\"<s>\": "
+             "{\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}}}",
+             FERRY_ERR_INVALID, "post_processor adds id 1, which is not in the vocabulary");
     LOAD_ERR("{" MODEL ", \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
              "\"[\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\W]\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
              FERRY_ERR_UNSUPPORTED, "more than 8 negated escapes");
