@@ -97,6 +97,8 @@ $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(ENGINE_OBJ)
 $(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o $(BUILD)/obj/server/text.o
 # test_text: the text layer (server/text.c) on the demo tokenizer
 $(BUILD)/tests/test_text: $(BUILD)/obj/server/text.o
+# test_tokenizer: an encode's memory against what the front ends reserve for it (text_encode_bound)
+$(BUILD)/tests/test_tokenizer: $(BUILD)/obj/server/text.o
 # test_budget: the request-memory budget of the front ends
 $(BUILD)/tests/test_budget: $(BUILD)/obj/server/budget.o
 

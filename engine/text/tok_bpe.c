@@ -6,12 +6,15 @@
  * <0xNN> tokens under byte_fallback; else unk, fused under fuse_unk; else
  * nothing, as HF drops it). Merges then run lowest rank first, leftmost
  * first among equal ranks, from a binary heap of candidate pairs over a
- * doubly linked list of symbols: O(n log n) in the word's length, so one
- * 1 MB "word" costs a fraction of a second, not minutes. The invariants are
- * HF's (models/bpe/word.rs merge_all):
- *   1. A heap entry (rank, pos, new_id) is stale when the symbol at pos was
- *      merged away (len 0), is last, or no longer forms the pair that makes
- *      new_id with its right neighbour; stale entries are dropped on pop.
+ * list of symbols: O(n log n) in the word's length, so one 1 MB "word"
+ * costs a fraction of a second, not minutes. The symbols are an array of
+ * ids by initial position, -1 where one was merged into its left neighbour,
+ * so that a long word holds 4 bytes a symbol and 8 a candidate (see
+ * tok_bpe_scratch). The invariants are HF's (models/bpe/word.rs merge_all):
+ *   1. A heap entry (rank, pos) is stale when the symbol at pos was merged
+ *      away (-1), is last, or no longer forms the pair of that rank with its
+ *      right neighbour; stale entries are dropped on pop, and all of them
+ *      when the heap is full.
  *   2. A merge keeps the left symbol's position, so array order is word
  *      order, and the pairs it creates are pushed with their left position.
  */
@@ -232,24 +235,19 @@ void tok_bpe_free(tok_bpe *m)
 
 /* ---- one word ------------------------------------------------------------------ */
 
-typedef struct {
-    int32_t id;
-    int32_t prev, next; /* -1 at the ends */
-    uint32_t len;       /* bytes of the word it covers; 0: merged into its left neighbour */
-} symbol;
-
-typedef struct {
-    uint32_t rank;
-    uint32_t pos;
-    int32_t new_id;
-} candidate;
-
+/* A word's working memory, kept from word to word (a long word's is let go
+ * after it): 4 bytes a symbol and 8 a candidate merge, all of it within
+ * what a front end reserves for an encode (text_encode_bound: 16 bytes a
+ * byte of text) for a word as long as the text. */
 struct tok_bpe_scratch {
-    symbol *sym;
+    int32_t *sym;   /* by initial position: the symbol's id; -1 once merged into the live symbol on its left */
     size_t sym_cap;
-    candidate *heap;
+    uint64_t *heap; /* candidate merges, min-heap: rank << 32 | the position of the pair's left symbol */
     size_t heap_n, heap_cap;
 };
+
+/* A word's scratch past this is freed after it, not kept for the next. */
+#define TOK_BPE_KEEP (64 * 1024)
 
 void tok_bpe_scratch_free(tok_bpe_scratch *s)
 {
@@ -259,64 +257,91 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s)
     free(s);
 }
 
-static inline bool cand_less(const candidate *a, const candidate *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
+static ferry_status oom(void) { return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"); }
 
-static bool heap_push(tok_bpe_scratch *s, uint32_t rank, uint32_t pos, int32_t new_id)
-{
-    if (s->heap_n == s->heap_cap) {
-        size_t cap = s->heap_cap ? s->heap_cap * 2 : 64;
-        candidate *h = realloc(s->heap, cap * sizeof *h);
-        if (!h) return false;
-        s->heap = h;
-        s->heap_cap = cap;
-    }
-    size_t i = s->heap_n++;
-    candidate c = {rank, pos, new_id};
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!cand_less(&c, &s->heap[parent])) break;
-        s->heap[i] = s->heap[parent];
-        i = parent;
-    }
-    s->heap[i] = c;
-    return true;
-}
+static inline uint64_t cand(uint32_t rank, size_t pos) { return (uint64_t)rank << 32 | (uint32_t)pos; }
 
-static candidate heap_pop(tok_bpe_scratch *s)
+static void heap_down(uint64_t *h, size_t n, size_t i)
 {
-    candidate top = s->heap[0], last = s->heap[--s->heap_n];
-    size_t i = 0, n = s->heap_n;
+    uint64_t x = h[i];
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const candidate *best = &last;
-        if (l < n && cand_less(&s->heap[l], best)) {
-            m = l;
-            best = &s->heap[l];
-        }
-        if (r < n && cand_less(&s->heap[r], best)) m = r;
-        if (m == i) break;
-        s->heap[i] = s->heap[m];
+        size_t l = 2 * i + 1, m = l;
+        if (l >= n) break;
+        if (l + 1 < n && h[l + 1] < h[l]) m = l + 1;
+        if (h[m] >= x) break;
+        h[i] = h[m];
         i = m;
     }
-    if (n) s->heap[i] = last;
+    h[i] = x;
+}
+
+static void heapify(uint64_t *h, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;) heap_down(h, n, i);
+}
+
+static uint64_t heap_pop(tok_bpe_scratch *s)
+{
+    uint64_t top = s->heap[0];
+    s->heap[0] = s->heap[--s->heap_n];
+    if (s->heap_n) heap_down(s->heap, s->heap_n, 0);
     return top;
 }
 
-static bool sym_add(tok_bpe_scratch *s, size_t *n, int32_t id, uint32_t len)
+/* The live symbol after position i, or n. The dead ones skipped are those
+ * merged into i: no more than its token's characters. */
+static inline size_t next_live(const int32_t *sym, size_t n, size_t i)
 {
-    if (*n == s->sym_cap) {
-        size_t cap = s->sym_cap ? s->sym_cap * 2 : 64;
-        symbol *v = realloc(s->sym, cap * sizeof *v);
-        if (!v) return false;
-        s->sym = v;
-        s->sym_cap = cap;
+    do i++;
+    while (i < n && sym[i] < 0);
+    return i;
+}
+
+/* The live symbol before position i (> 0): position 0 is never merged away. */
+static inline size_t prev_live(const int32_t *sym, size_t i)
+{
+    do i--;
+    while (sym[i] < 0);
+    return i;
+}
+
+/* Whether a candidate still stands (invariant 1). */
+static bool cand_live(const tok_bpe *m, const int32_t *sym, size_t n, uint64_t c)
+{
+    size_t pos = (uint32_t)c, nx;
+    if (sym[pos] < 0 || (nx = next_live(sym, n, pos)) == n) return false;
+    const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)sym[pos], (uint32_t)sym[nx]);
+    return p && p->rank == (uint32_t)(c >> 32);
+}
+
+/* Adds a candidate. A full heap first drops its stale candidates, and grows
+ * (at most to one a symbol, which always leaves room: the live candidates
+ * are fewer than the live symbols) when that freed less than a quarter. */
+static bool heap_push(const tok_bpe *m, tok_bpe_scratch *s, size_t n, uint64_t c)
+{
+    if (s->heap_n == s->heap_cap) {
+        size_t k = 0;
+        for (size_t i = 0; i < s->heap_n; i++)
+            if (cand_live(m, s->sym, n, s->heap[i])) s->heap[k++] = s->heap[i];
+        s->heap_n = k;
+        heapify(s->heap, k);
+        /* (full after all: a vocabulary whose ids name several strings
+         * can hold one pair twice) */
+        if ((k > s->heap_cap - s->heap_cap / 4 && s->heap_cap < n) || k == s->heap_cap) {
+            size_t cap = s->heap_cap + s->heap_cap / 2 + 16;
+            if (cap > n && k < n) cap = n;
+            uint64_t *h = realloc(s->heap, cap * sizeof *h);
+            if (!h) return false;
+            s->heap = h;
+            s->heap_cap = cap;
+        }
     }
-    s->sym[*n] = (symbol){id, (int32_t)*n - 1, -1, len};
-    if (*n > 0) s->sym[*n - 1].next = (int32_t)*n;
-    (*n)++;
+    size_t i = s->heap_n++;
+    while (i > 0 && c < s->heap[(i - 1) / 2]) {
+        s->heap[i] = s->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    s->heap[i] = c;
     return true;
 }
 
@@ -333,21 +358,74 @@ static bool ids_push(int32_t **ids, size_t *n, size_t *cap, int32_t id)
     return true;
 }
 
-/* The initial symbols of w, as HF's merge_word builds them. */
+/* Room for k more ids: exactly when the array is empty (a text of one word
+ * holds its ids once), else at least doubled. */
+static bool ids_reserve(int32_t **ids, size_t n, size_t *cap, size_t k)
+{
+    if (*cap - n >= k) return true;
+    size_t c = *cap ? *cap * 2 : 0;
+    if (c < n + k) c = n + k;
+    int32_t *v = realloc(*ids, c * sizeof *v);
+    if (!v) return false;
+    *ids = v;
+    *cap = c;
+    return true;
+}
+
+/* Makes room for want entries in *a (of *cap, each size bytes), its old
+ * contents not kept. */
+static bool room(void **a, size_t *cap, size_t want, size_t size)
+{
+    if (*cap >= want) return true;
+    free(*a);
+    *a = malloc(want * size);
+    *cap = *a ? want : 0;
+    return *a != NULL;
+}
+
+/* At most how many symbols w[i..n) makes (one a character, or its bytes). */
+static size_t symbols_left(const tok_bpe *m, const char *w, size_t i, size_t n)
+{
+    size_t count = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t k = tok_utf8_next(w + i, n - i, &cp);
+        int32_t id = cp < 0x10000 ? m->bmp_id[cp] : tok_strmap_get(&m->vocab, w + i, k);
+        count += id < 0 && m->byte_fallback ? k : 1;
+        i += k;
+    }
+    return count;
+}
+
+/* Room in s->sym for need more symbols after k, at byte i of the word: the
+ * array is sized for one symbol a character, which only byte tokens
+ * outgrow; then it takes what the rest of the word can make. */
+static bool sym_fit(const tok_bpe *m, tok_bpe_scratch *s, const char *w, size_t i, size_t n, size_t k, size_t need)
+{
+    if (s->sym_cap - k >= need) return true;
+    size_t cap = k + need + 1 + symbols_left(m, w, i, n);
+    int32_t *v = realloc(s->sym, cap * sizeof *v);
+    if (!v) return false;
+    s->sym = v;
+    s->sym_cap = cap;
+    return true;
+}
+
+/* The initial symbols of w, as HF's merge_word builds them, into s->sym. */
 static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const char *w, size_t n, size_t *n_sym)
 {
     bool have_unk = false;
     int32_t unk_id = -1;
-    uint32_t unk_len = 0;
-    *n_sym = 0;
+    size_t k_sym = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t k = tok_utf8_next(w + i, n - i, &cp);
         int32_t id = cp < 0x10000 ? m->bmp_id[cp] : tok_strmap_get(&m->vocab, w + i, k);
         if (id >= 0) {
-            if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
+            if (!sym_fit(m, s, w, i + k, n, k_sym, 1 + have_unk)) return oom();
+            if (have_unk) s->sym[k_sym++] = unk_id;
             have_unk = false;
-            if (!sym_add(s, n_sym, id, (uint32_t)k)) goto oom;
+            s->sym[k_sym++] = id;
             i += k;
             continue;
         }
@@ -355,32 +433,83 @@ static ferry_status initial_symbols(const tok_bpe *m, tok_bpe_scratch *s, const 
             bool all = true;
             for (size_t b = 0; b < k; b++) all = all && m->byte_id[(unsigned char)w[i + b]] >= 0;
             if (all) {
+                if (!sym_fit(m, s, w, i + k, n, k_sym, k)) return oom();
                 /* a pending unk stays pending across byte tokens, as in HF */
-                for (size_t b = 0; b < k; b++)
-                    if (!sym_add(s, n_sym, m->byte_id[(unsigned char)w[i + b]], 1)) goto oom;
+                for (size_t b = 0; b < k; b++) s->sym[k_sym++] = m->byte_id[(unsigned char)w[i + b]];
                 i += k;
                 continue;
             }
         }
-        if (m->unk_token) {
-            if (have_unk && m->fuse_unk) {
-                unk_len += (uint32_t)k;
-            } else {
-                if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
-                unk_id = tok_strmap_get(&m->vocab, m->unk_token, strlen(m->unk_token));
-                if (unk_id < 0)
-                    return ferry_fail(FERRY_ERR_INVALID, "tokenizer: unk_token '%s' is not in the vocabulary",
-                                      m->unk_token);
-                unk_len = (uint32_t)k;
-                have_unk = true;
+        if (m->unk_token && !(have_unk && m->fuse_unk)) {
+            if (have_unk) {
+                if (!sym_fit(m, s, w, i + k, n, k_sym, 1)) return oom();
+                s->sym[k_sym++] = unk_id;
             }
+            unk_id = tok_strmap_get(&m->vocab, m->unk_token, strlen(m->unk_token));
+            if (unk_id < 0)
+                return ferry_fail(FERRY_ERR_INVALID, "tokenizer: unk_token '%s' is not in the vocabulary",
+                                  m->unk_token);
+            have_unk = true;
         }
         i += k;
     }
-    if (have_unk && !sym_add(s, n_sym, unk_id, unk_len)) goto oom;
+    if (have_unk) {
+        if (!sym_fit(m, s, w, n, n, k_sym, 1)) return oom();
+        s->sym[k_sym++] = unk_id;
+    }
+    *n_sym = k_sym;
     return FERRY_OK;
-oom:
-    return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+}
+
+/* The merges of a word of n symbols, lowest rank first, leftmost first
+ * among equal ranks. A candidate is (rank, left position): since a merge
+ * line has a rank of its own, the rank names the pair, and a pair at a
+ * position, once changed, never comes back (its symbols only grow), so a
+ * candidate whose position still holds its pair is the one HF would take
+ * (HF compares the merged id instead; the same test for a vocabulary whose
+ * ids name one string each). */
+static ferry_status merge_all(const tok_bpe *m, tok_bpe_scratch *s, size_t n)
+{
+    int32_t *sym = s->sym;
+    s->heap_n = 0;
+    /* the first candidates, counted before they are stored when the word is
+     * long: a word of few merges keeps a small heap */
+    size_t want = n - 1;
+    if (n > 4096) {
+        want = 0;
+        for (size_t i = 0; i + 1 < n; i++) want += tok_pairmap_get(&m->merges, (uint32_t)sym[i], (uint32_t)sym[i + 1]) != NULL;
+        if (want == 0) return FERRY_OK;
+        want += want / 8;
+        if (want > n) want = n;
+    }
+    if (want < 64) want = 64;
+    if (!room((void **)&s->heap, &s->heap_cap, want, sizeof *s->heap)) return oom();
+    for (size_t i = 0; i + 1 < n; i++) {
+        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)sym[i], (uint32_t)sym[i + 1]);
+        if (p) s->heap[s->heap_n++] = cand(p->rank, i);
+    }
+    heapify(s->heap, s->heap_n);
+    while (s->heap_n) {
+        uint64_t top = heap_pop(s);
+        size_t pos = (uint32_t)top, right;
+        if (sym[pos] < 0 || (right = next_live(sym, n, pos)) == n) continue; /* invariant 1 */
+        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)sym[pos], (uint32_t)sym[right]);
+        if (!p || p->rank != (uint32_t)(top >> 32)) continue;
+        sym[pos] = p->id;
+        sym[right] = -1;
+        /* invariant 2: the new pairs, keyed by their left symbol */
+        if (pos > 0) {
+            size_t prev = prev_live(sym, pos);
+            p = tok_pairmap_get(&m->merges, (uint32_t)sym[prev], (uint32_t)sym[pos]);
+            if (p && !heap_push(m, s, n, cand(p->rank, prev))) return oom();
+        }
+        size_t next = next_live(sym, n, right);
+        if (next < n) {
+            p = tok_pairmap_get(&m->merges, (uint32_t)sym[pos], (uint32_t)sym[next]);
+            if (p && !heap_push(m, s, n, cand(p->rank, pos))) return oom();
+        }
+    }
+    return FERRY_OK;
 }
 
 ferry_status tok_bpe_word(const tok_bpe *m, const char *w, size_t n, tok_bpe_scratch **scratch, int32_t **ids,
@@ -389,44 +518,36 @@ ferry_status tok_bpe_word(const tok_bpe *m, const char *w, size_t n, tok_bpe_scr
     if (n == 0) return FERRY_OK;
     if (m->ignore_merges) {
         int32_t id = tok_strmap_get(&m->vocab, w, n);
-        if (id >= 0) return ids_push(ids, n_ids, cap, id) ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+        if (id >= 0) return ids_push(ids, n_ids, cap, id) ? FERRY_OK : oom();
     }
-    if (!*scratch && !(*scratch = calloc(1, sizeof **scratch)))
-        return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    if (n >= UINT32_MAX)
+        return ferry_fail(FERRY_ERR_TOO_LARGE, "tokenizer: a word of %zu bytes is past the 4 GiB a word", n);
+    if (!*scratch && !(*scratch = calloc(1, sizeof **scratch))) return oom();
     tok_bpe_scratch *s = *scratch;
-    size_t n_sym;
+    /* one symbol a character, unless byte tokens stand for some (sym_fit) */
+    size_t chars = 0;
+    for (size_t i = 0; i < n; i++) chars += ((unsigned char)w[i] & 0xC0) != 0x80;
+    if (!room((void **)&s->sym, &s->sym_cap, chars ? chars : 1, sizeof *s->sym)) return oom();
+    size_t n_sym = 0;
     FERRY_TRY(initial_symbols(m, s, w, n, &n_sym));
-    symbol *sym = s->sym;
-    s->heap_n = 0;
-    for (size_t i = 0; i + 1 < n_sym; i++) {
-        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)sym[i].id, (uint32_t)sym[i + 1].id);
-        if (p && !heap_push(s, p->rank, (uint32_t)i, p->id)) goto oom;
+    ferry_status st = n_sym > 1 ? merge_all(m, s, n_sym) : FERRY_OK;
+    if (s->heap_cap * sizeof *s->heap > TOK_BPE_KEEP) {
+        free(s->heap);
+        s->heap = NULL;
+        s->heap_cap = 0;
     }
-    while (s->heap_n) {
-        candidate top = heap_pop(s);
-        symbol *cur = &sym[top.pos];
-        if (cur->len == 0 || cur->next < 0) continue; /* invariant 1 */
-        symbol right = sym[cur->next];
-        const tok_pairmap_slot *p = tok_pairmap_get(&m->merges, (uint32_t)cur->id, (uint32_t)right.id);
-        if (!p || p->id != top.new_id) continue;
-        sym[cur->next].len = 0;
-        cur->id = top.new_id;
-        cur->len += right.len;
-        cur->next = right.next;
-        if (right.next >= 0) sym[right.next].prev = (int32_t)top.pos;
-        /* invariant 2: the new pairs, keyed by their left symbol */
-        if (cur->prev >= 0) {
-            p = tok_pairmap_get(&m->merges, (uint32_t)sym[cur->prev].id, (uint32_t)cur->id);
-            if (p && !heap_push(s, p->rank, (uint32_t)cur->prev, p->id)) goto oom;
-        }
-        if (cur->next >= 0) {
-            p = tok_pairmap_get(&m->merges, (uint32_t)cur->id, (uint32_t)sym[cur->next].id);
-            if (p && !heap_push(s, p->rank, top.pos, p->id)) goto oom;
-        }
+    if (st == FERRY_OK) {
+        size_t k = 0;
+        for (size_t i = 0; i < n_sym; i++)
+            if (s->sym[i] >= 0) s->sym[k++] = s->sym[i];
+        if (!ids_reserve(ids, *n_ids, cap, k)) st = oom();
+        else if (k) memcpy(*ids + *n_ids, s->sym, k * sizeof **ids);
+        if (st == FERRY_OK) *n_ids += k;
     }
-    for (size_t i = 0; i < n_sym; i++)
-        if (sym[i].len && !ids_push(ids, n_ids, cap, sym[i].id)) goto oom;
-    return FERRY_OK;
-oom:
-    return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    if (s->sym_cap * sizeof *s->sym > TOK_BPE_KEEP) {
+        free(s->sym);
+        s->sym = NULL;
+        s->sym_cap = 0;
+    }
+    return st;
 }

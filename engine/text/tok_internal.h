@@ -30,11 +30,9 @@
 #define TOK_MAX_ID (1 << 24)
 
 /* The tokenizer's arena (its tables) takes blocks of this size: a
- * vocabulary's strings fill a few of them. An encode's scratch takes blocks
- * sized by its text (tok_encode), at most this: the memory an encode holds
- * is what a front end reserves for it (text_encode_bound in server/text.h:
- * 16 bytes a byte of text, and 64 KiB), so a short prompt must not cost a
- * whole block. */
+ * vocabulary's strings fill a few of them. (An encode holds no arena: what
+ * it holds must stay within what a front end reserves for it, see
+ * tok_encode.c.) */
 #define TOK_ARENA_BLOCK (256 * 1024)
 
 /* Appends p[0..n); p may be NULL when n is 0 (an empty strbuf's data). */
@@ -158,9 +156,21 @@ typedef struct {
     size_t n, cap;
 } tok_spans;
 
-/* All matches of re in s[0..n), in order, with the Oniguruma find_iter
- * rules HF relies on (an empty match right after the previous match is
- * skipped one character on). Replaces the contents of *out. */
+/* Where a search through one text stands (zeroed to start). */
+typedef struct {
+    size_t pos;      /* where the next search starts; past the text: ended */
+    size_t last_end; /* the end of the last match given */
+    bool have_last;
+} tok_regex_iter;
+
+/* The next match of re in s[0..n), with the Oniguruma find_iter rules HF
+ * relies on (an empty match right after the previous match is skipped one
+ * character on): *found, and its span in *m. The same s and n each call;
+ * mc may serve other searches in between. */
+ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_regex_iter *it,
+                           tok_span *m, bool *found);
+/* All matches of re in s[0..n), in order (tok_regex_next's). Replaces the
+ * contents of *out. */
 ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_spans *out);
 bool tok_spans_push(tok_spans *sp, size_t start, size_t end);
 
@@ -301,7 +311,8 @@ struct tokenizer {
     const char *bos, *eos, *chat_template;
 };
 
-/* Runs the normalizers on s[0..n), appending the result to out.
+/* Runs the normalizers on s[0..n) and sets out to the result (s must not
+ * point into out).
  *
  * *zero tracks what HF's alignments decide for the Metaspace "first"
  * prepend scheme: on entry the number of leading bytes of s that come from

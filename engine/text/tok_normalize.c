@@ -36,6 +36,14 @@ static ferry_status norm_unicode(tok_norm_kind kind, const char *s, size_t n, st
                                          : ferry_fail(FERRY_ERR_INTERNAL, "tokenizer: normalization failed: %s",
                                                       utf8proc_errmsg(r));
     }
+    if (out->len == 0 && !out->oom) {
+        /* utf8proc's buffer (r bytes and a NUL) becomes out's: no copy of the text */
+        free(out->data);
+        out->data = (char *)dst;
+        out->len = (size_t)r;
+        out->cap = (size_t)r + 1;
+        return FERRY_OK;
+    }
     tok_put(out, dst, (size_t)r);
     free(dst);
     return FERRY_OK;
@@ -62,17 +70,20 @@ static void norm_lowercase(const char *s, size_t n, strbuf *out)
 
 /* HF replace(): every match of the pattern becomes the content, aligned
  * with the last character it replaces (with the text's start when the
- * match is empty and at 0). */
+ * match is empty and at 0). The matches are taken one at a time: a text of
+ * spaces is one match a byte. */
 static ferry_status norm_replace(tok_match_ctx *mc, const tok_normalizer *nz, const char *s, size_t n, strbuf *out,
                                  size_t *zero)
 {
-    tok_spans sp = {0};
-    ferry_status st = tok_regex_find_all(nz->re, mc, s, n, &sp);
-    if (st != FERRY_OK) goto done;
+    tok_regex_iter it = {0};
     size_t last = 0, z = 0, base = out->len;
     bool zeroing = *zero > 0;
-    for (size_t i = 0; i < sp.n; i++) {
-        size_t a = sp.v[i].start, b = sp.v[i].end;
+    for (;;) {
+        tok_span m;
+        bool found;
+        FERRY_TRY(tok_regex_next(nz->re, mc, s, n, &it, &m, &found));
+        if (!found) break;
+        size_t a = m.start, b = m.end;
         tok_put(out, s + last, a - last);
         if (zeroing) {
             if (a > *zero) {
@@ -92,9 +103,7 @@ static ferry_status norm_replace(tok_match_ctx *mc, const tok_normalizer *nz, co
     tok_put(out, s + last, n - last);
     if (zeroing) z += *zero > last ? *zero - last : 0;
     *zero = z > out->len - base ? out->len - base : z;
-done:
-    free(sp.v);
-    return st;
+    return FERRY_OK;
 }
 
 static void norm_strip(const tok_normalizer *nz, const char *s, size_t n, strbuf *out, size_t *zero)
@@ -139,15 +148,17 @@ static ferry_status zero_after(const tok_normalizer *nz, const char *s, size_t z
 ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
                            size_t *zero)
 {
-    strbuf a, b;
-    sb_init(&a);
-    sb_init(&b);
+    /* the steps write to out and tmp in turn, the last one to out */
+    strbuf tmp;
+    sb_init(&tmp);
     ferry_status st = FERRY_OK;
     const char *cur = s;
     size_t cur_n = n;
+    out->len = 0;
+    if (t->n_norm == 0) tok_put(out, s, n);
     for (size_t i = 0; i < t->n_norm; i++) {
         const tok_normalizer *nz = &t->norm[i];
-        strbuf *dst = (i % 2) ? &b : &a;
+        strbuf *dst = (t->n_norm - 1 - i) % 2 ? &tmp : out;
         dst->len = 0;
         if (dst->data) dst->data[0] = '\0';
         switch (nz->kind) {
@@ -185,10 +196,16 @@ ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s,
         cur_n = dst->len;
         if (*zero > cur_n) *zero = cur_n;
     }
-    tok_put(out, cur, cur_n);
     if (out->oom) st = oom();
+    /* the text is held while it is encoded: without the room doubling left */
+    if (st == FERRY_OK && out->cap > out->len + out->len / 8 + 4096) {
+        char *d = realloc(out->data, out->len + 1);
+        if (d) {
+            out->data = d;
+            out->cap = out->len + 1;
+        }
+    }
 done:
-    sb_free(&a);
-    sb_free(&b);
+    sb_free(&tmp);
     return st;
 }

@@ -352,14 +352,12 @@ bool tok_spans_push(tok_spans *sp, size_t start, size_t end)
     return true;
 }
 
-ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_spans *out)
+ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_regex_iter *it,
+                           tok_span *m, bool *found)
 {
-    out->n = 0;
-    size_t last_end = 0;
-    bool have_last = false;
-    size_t last_match_end = 0;
-    while (last_end <= n) {
-        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK, mc->md, mc->mctx);
+    *found = false;
+    while (it->pos <= n) {
+        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, it->pos, PCRE2_NO_UTF_CHECK, mc->md, mc->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !mc->stack) {
             /* deep backtracking over a long input: JIT's default 32 KiB
              * stack is too small, so give it one that grows to 16 MiB */
@@ -371,7 +369,7 @@ ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const ch
         }
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
             /* still too deep: the interpreter keeps its backtracking on the heap */
-            rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, mc->md,
+            rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, it->pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, mc->md,
                              mc->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
@@ -384,15 +382,30 @@ ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const ch
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(mc->md);
         size_t ms = ov[0], me = ov[1];
         if (me < ms) me = ms; /* \K past the end: treat as empty */
-        if (ms == me && have_last && last_match_end == me) {
+        if (ms == me && it->have_last && it->last_end == me) {
             /* onig: an empty match right after the last one moves on a character */
-            last_end += last_end < n ? tok_utf8_len((unsigned char)s[last_end]) : 1;
+            it->pos += it->pos < n ? tok_utf8_len((unsigned char)s[it->pos]) : 1;
             continue;
         }
-        last_end = me;
-        last_match_end = me;
-        have_last = true;
-        if (!tok_spans_push(out, ms, me)) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+        it->pos = it->last_end = me;
+        it->have_last = true;
+        *m = (tok_span){ms, me};
+        *found = true;
+        return FERRY_OK;
     }
+    it->pos = n + 1; /* ended: later calls find nothing */
     return FERRY_OK;
+}
+
+ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_spans *out)
+{
+    out->n = 0;
+    tok_regex_iter it = {0};
+    for (;;) {
+        tok_span m;
+        bool found;
+        FERRY_TRY(tok_regex_next(re, mc, s, n, &it, &m, &found));
+        if (!found) return FERRY_OK;
+        if (!tok_spans_push(out, m.start, m.end)) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
+    }
 }

@@ -653,18 +653,22 @@ static ferry_status index_ids(loader *L)
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].id > max) max = t->added[i].id;
     t->vocab_size = (int32_t)(max + 1);
-    /* a post-processor's ids must be tokens: what encode adds, decode reads */
-    for (size_t k = 0; k < t->n_post; k++)
-        for (size_t i = 0; i < t->post[k].n; i++)
-            if (t->post[k].items[i] >= t->vocab_size)
-                return ferry_fail(FERRY_ERR_INVALID, "%s: post_processor adds id %d, outside the vocabulary (0..%d)",
-                                  L->file, t->post[k].items[i], t->vocab_size - 1);
     size_t n = t->vocab_size ? (size_t)t->vocab_size : 1;
     t->added_at = arena_alloc(&t->arena, n * sizeof *t->added_at);
     t->skippable = arena_alloc(&t->arena, n);
     if (!t->added_at || !t->skippable) return nomem(L);
     memset(t->added_at, 0xFF, n * sizeof *t->added_at);
     for (size_t i = 0; i < t->n_added; i++) t->added_at[t->added[i].id] = (int32_t)i;
+    /* a post-processor's ids must be tokens, not past the vocabulary nor in
+     * a hole of it: what encode adds, decode reads */
+    for (size_t k = 0; k < t->n_post; k++)
+        for (size_t i = 0; i < t->post[k].n; i++) {
+            size_t len;
+            int32_t id = t->post[k].items[i];
+            if (id >= 0 && !tok_id_text(t, id, &len))
+                return ferry_fail(FERRY_ERR_INVALID, "%s: post_processor adds id %d, which is not in the vocabulary",
+                                  L->file, id);
+        }
     /* decode(skip_special) drops a token whose text, as decode finds it, is
      * the content of a special token: an added token's normalized form is
      * not (HF 0.23 keeps Llama 2's "▁<s>") */

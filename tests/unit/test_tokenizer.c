@@ -11,16 +11,103 @@
  * chains, special tokens skipped, invalid bytes as U+FFFD, and the stream
  * (a split UTF-8 character held back, the leading-space rule, pushes + flush
  * equal to the whole decode); tokenizer_config.json; every unsupported part
- * and malformed file as an error naming the field; a 1 MB word; concurrent
- * encodes. The ids expected here were checked against HF tokenizers 0.23.
+ * and malformed file as an error naming the field; a 1 MB word; the memory
+ * an encode holds, against what the front ends reserve for it (the demo
+ * tokenizer and the fuzzer's small Llama 2 one, read from the repository:
+ * run from its root, as `make unit` does); concurrent encodes. The ids
+ * expected here were checked against HF tokenizers 0.23.
  */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "../../engine/base/util.h"
 #include "../../engine/text/tokenizer.h"
+#include "../../server/text.h"
 #include "check.h"
+
+/* ---- the memory an encode holds ----------------------------------------------------------- */
+
+/* Bytes allocated and not yet freed while g_counting, and their peak: as
+ * fuzz_tokenizer counts them, through the AddressSanitizer allocator's hooks
+ * in an ASan build (`make asan`), else by wrapping glibc's allocator, a
+ * realloc counted as the new block and the old one at once (as ASan's
+ * moves it). Counted only while one thread encodes. */
+static long long g_live, g_peak;
+static bool g_counting;
+
+static void counted(long long n)
+{
+    g_live += n;
+    if (g_live > g_peak) g_peak = g_live;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
+#ifdef TEST_ASAN
+int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                              void (*free_hook)(const volatile void *));
+size_t __sanitizer_get_allocated_size(const volatile void *p);
+
+static void malloc_hook(const volatile void *p, size_t size)
+{
+    (void)p;
+    if (g_counting) counted((long long)size);
+}
+
+static void free_hook(const volatile void *p)
+{
+    if (p && g_counting) g_live -= (long long)__sanitizer_get_allocated_size(p);
+}
+
+static void count_init(void)
+{
+    if (!__sanitizer_install_malloc_and_free_hooks(malloc_hook, free_hook)) abort();
+}
+#else
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+void __libc_free(void *p);
+
+void *malloc(size_t n)
+{
+    void *p = __libc_malloc(n);
+    if (p && g_counting) counted((long long)malloc_usable_size(p));
+    return p;
+}
+
+void *calloc(size_t n, size_t size)
+{
+    void *p = __libc_calloc(n, size);
+    if (p && g_counting) counted((long long)malloc_usable_size(p));
+    return p;
+}
+
+void *realloc(void *p, size_t n)
+{
+    long long old = p && g_counting ? (long long)malloc_usable_size(p) : 0;
+    void *q = __libc_realloc(p, n);
+    if (q && g_counting) counted((long long)malloc_usable_size(q));
+    if ((q || n == 0) && g_counting) g_live -= old; /* realloc(p, 0) frees p */
+    return q;
+}
+
+void free(void *p)
+{
+    if (p && g_counting) g_live -= (long long)malloc_usable_size(p);
+    __libc_free(p);
+}
+
+static void count_init(void) {}
+#endif
 
 static char g_dir[64];
 
@@ -542,7 +629,13 @@ static void test_errors(void)
     LOAD_ERR("{" MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
              "{\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [], "
              "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [7], \"tokens\": [\"<s>\"]}}}}",
-             FERRY_ERR_INVALID, "post_processor adds id 7, outside the vocabulary");
+             FERRY_ERR_INVALID, "post_processor adds id 7, which is not in the vocabulary");
+    /* nor in a hole of it (found by fuzz_tokenizer: encode added an id decode refused) */
+    LOAD_ERR("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2}, \"merges\": []}, \"post_processor\": "
+             "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, "
+             "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [], \"special_tokens\": {\"<s>\": "
+             "{\"id\": \"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}}}",
+             FERRY_ERR_INVALID, "post_processor adds id 1, which is not in the vocabulary");
     LOAD_ERR("{" MODEL ", \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": "
              "\"[\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\S\\\\W]\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
              FERRY_ERR_UNSUPPORTED, "more than 8 negated escapes");
@@ -659,6 +752,72 @@ static void test_long_word(void)
     tok_free(t);
 }
 
+static tokenizer *load_file(const char *path)
+{
+    char *text;
+    size_t len;
+    tokenizer *t = NULL;
+    if (util_read_file(path, &text, &len) != FERRY_OK || tok_parse(text, len, path, &t) != FERRY_OK) {
+        fprintf(stderr, "%s: %s\n", path, ferry_errmsg());
+        check_failures++;
+        return NULL;
+    }
+    free(text);
+    return t;
+}
+
+/* The most tok_encode holds at once, the ids it returns included. */
+static long long encode_peak(const tokenizer *t, const char *text, size_t len)
+{
+    int32_t *ids = NULL;
+    int n;
+    g_live = g_peak = 0;
+    g_counting = true;
+    ferry_status st = tok_encode(t, text, len, false, true, &ids, &n);
+    g_counting = false;
+    CHECK_EQ_INT(st, FERRY_OK);
+    free(ids);
+    return g_peak;
+}
+
+static void test_encode_memory(void)
+{
+    /* A text that splits into one word a byte (digits, under Qwen2's \p{N}
+     * rule) held ~270 bytes a byte of it, the words' pieces all at once:
+     * 145 KB for 1,000 digits, 8.7 MB for 32,769. Long words hold their
+     * BPE scratch (4 bytes a symbol and 8 a candidate merge) and the text
+     * they are made from: spaces take the most (15 bytes a byte), mapped to
+     * "\u0120" (2 bytes) by ByteLevel, or to "\u2581" (3) by Llama 2's
+     * normalizer, every pair of them a merge. */
+    count_init();
+    tokenizer *demo = load_file("config/demo-tokenizer/tokenizer.json");
+    tokenizer *llama2 = load_file("tests/fuzz/tokenizers/llama2-small.json");
+    if (!demo || !llama2) return;
+    const struct {
+        const tokenizer *t;
+        const char *what;
+        char fill;
+        size_t len;
+    } cases[] = {
+        {demo, "demo, digits", '7', 1000},      {demo, "demo, digits", '7', 32769},
+        {demo, "demo, spaces", ' ', 32769},     {demo, "demo, one letter", 'a', 32769},
+        {llama2, "llama2, digits", '7', 32769}, {llama2, "llama2, spaces", ' ', 32769},
+        {llama2, "llama2, one letter", 'a', 32769},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *text = malloc(cases[i].len);
+        memset(text, cases[i].fill, cases[i].len);
+        long long held = encode_peak(cases[i].t, text, cases[i].len);
+        size_t bound = text_encode_bound(cases[i].len);
+        printf("encode of %zu bytes (%s): %lld bytes held, %.1f a byte (bound %zu)\n", cases[i].len, cases[i].what,
+               held, (double)held / (double)cases[i].len, bound);
+        CHECK(held > 0 && (size_t)held <= bound);
+        free(text);
+    }
+    tok_free(demo);
+    tok_free(llama2);
+}
+
 typedef struct {
     const tokenizer *t;
     const char *text;
@@ -723,6 +882,7 @@ int main(void)
     test_parse_text();
     test_errors();
     test_long_word();
+    test_encode_memory();
     test_threads();
     remove_file("tokenizer.json");
     remove_file("tokenizer_config.json");
