@@ -172,14 +172,71 @@ bench-offload: all $(BENCH_BIG)/config.json
 	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 1 --steps 4 --prompt-len 16
 	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 8 --steps 4 --prompt-len 16
 
-# AddressSanitizer + UBSan build of the binary and the unit tests, and the
-# bad-input tests run against it.
-asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread -fsanitize=address,undefined" all unit
+# ---- sanitizers (docs/sanitizers.md) -----------------------------------------
+# check-asan: the unit tests (asan) and the integration suite (test-asan)
+# against a build in build-asan under AddressSanitizer, UndefinedBehavior-
+# Sanitizer and LeakSanitizer. check-tsan: the concurrency tests (the
+# scheduler, the pipeline on cpu-split, the HTTP and gRPC servers) against a
+# ThreadSanitizer build in build-tsan. Every sanitized process - unit test,
+# server, tool - writes its reports to <dir>/reports/<run>/ (log_path), so
+# that a report from a server the tests stopped with SIGTERM, or a leak found
+# at its exit, fails the run as surely as a failed test: scripts/
+# sanitizer_reports.sh prints them and fails when there is one. Third-party
+# false positives are suppressed in tests/sanitizers/*.supp, one comment per
+# entry. Neither build has the CUDA library (NVCC=): nvcc code is not
+# sanitized, and the GPU tests do not run here.
+SAN_SUPP    := $(CURDIR)/tests/sanitizers
+SAN_LIBS    := -lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread
+ASAN_DIR    := build-asan
+ASAN_FLAGS  := -fsanitize=address,undefined -fno-omit-frame-pointer
+ASAN_MAKE    = $(MAKE) --no-print-directory BUILD=$(ASAN_DIR) NVCC= OPT="-O1 $(ASAN_FLAGS)" LDLIBS="$(SAN_LIBS) $(ASAN_FLAGS)"
+ASAN_ENV     = ASAN_OPTIONS=detect_leaks=1:log_path=$(CURDIR)/$(ASAN_DIR)/reports/$(1)/asan \
+               LSAN_OPTIONS=suppressions=$(SAN_SUPP)/lsan.supp:print_suppressions=0 \
+               UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$(CURDIR)/$(ASAN_DIR)/reports/$(1)/ubsan \
+               FERRY_SANITIZER=address
+TSAN_DIR    := build-tsan
+TSAN_FLAGS  := -fsanitize=thread
+TSAN_MAKE    = $(MAKE) --no-print-directory BUILD=$(TSAN_DIR) NVCC= OPT="-O1 $(TSAN_FLAGS)" LDLIBS="$(SAN_LIBS) $(TSAN_FLAGS)"
+TSAN_ENV     = TSAN_OPTIONS=suppressions=$(SAN_SUPP)/tsan.supp:log_path=$(CURDIR)/$(TSAN_DIR)/reports/$(1)/tsan:second_deadlock_stack=1 \
+               FERRY_SANITIZER=thread
+# the integration tests that drive concurrency: the HTTP and gRPC servers
+# (many clients, streams, cancellation, drain) and the pipeline on cpu-split
+TSAN_PYTEST ?= tests/integration/test_http.py tests/integration/test_grpc.py tests/integration/test_openai.py \
+               tests/integration/test_hardening.py tests/integration/test_placement.py
+TSAN_K      ?= not placement or split
+# what test-asan runs of the integration suite (all of it; CI: ci-sanitizers)
+ASAN_PYTEST ?= tests/integration
+SAN_REPORTS := scripts/sanitizer_reports.sh
 
-test-asan: asan
-	FERRY_BIN=$(CURDIR)/build-asan/ferry UBSAN_OPTIONS=halt_on_error=1 $(TEST_PY) -m pytest -q tests/integration
+.PHONY: check-asan check-tsan tsan
+# one after the other (under -j the two would build build-asan at once)
+check-asan:
+	+@$(MAKE) --no-print-directory asan
+	+@$(MAKE) --no-print-directory test-asan
+
+# the unit tests, each under the sanitizers
+asan:
+	@rm -rf $(ASAN_DIR)/reports/unit && mkdir -p $(ASAN_DIR)/reports/unit
+	+$(ASAN_MAKE) all $(UNIT_BIN:$(BUILD)/%=$(ASAN_DIR)/%) $(TOOL_BIN:$(BUILD)/%=$(ASAN_DIR)/%)
+	@rc=0; for t in $(UNIT_BIN:$(BUILD)/%=$(ASAN_DIR)/%); do echo "== $$t"; \
+	  $(call ASAN_ENV,unit) $$t || { rc=1; break; }; done; $(SAN_REPORTS) $(ASAN_DIR)/reports/unit && exit $$rc
+
+test-asan:
+	@rm -rf $(ASAN_DIR)/reports/integration && mkdir -p $(ASAN_DIR)/reports/integration
+	+$(ASAN_MAKE) all $(TOOL_BIN:$(BUILD)/%=$(ASAN_DIR)/%)
+	@$(call ASAN_ENV,integration) FERRY_BIN=$(CURDIR)/$(ASAN_DIR)/ferry $(TEST_PY) -m pytest -q -p no:cacheprovider \
+	  $(ASAN_PYTEST); rc=$$?; $(SAN_REPORTS) $(ASAN_DIR)/reports/integration && exit $$rc
+
+tsan:
+	+$(TSAN_MAKE) all $(TSAN_DIR)/tests/test_sched $(TSAN_DIR)/tests/test_pipeline
+
+check-tsan: tsan
+	@rm -rf $(TSAN_DIR)/reports && mkdir -p $(TSAN_DIR)/reports/unit $(TSAN_DIR)/reports/integration
+	@rc=0; for t in test_sched test_pipeline; do echo "== $(TSAN_DIR)/tests/$$t"; \
+	  $(call TSAN_ENV,unit) $(TSAN_DIR)/tests/$$t || { rc=1; break; }; done; \
+	  $(SAN_REPORTS) $(TSAN_DIR)/reports/unit && exit $$rc
+	@$(call TSAN_ENV,integration) FERRY_BIN=$(CURDIR)/$(TSAN_DIR)/ferry $(TEST_PY) -m pytest -q -p no:cacheprovider \
+	  $(TSAN_PYTEST) $(if $(TSAN_K),-k "$(TSAN_K)"); rc=$$?; $(SAN_REPORTS) $(TSAN_DIR)/reports/integration && exit $$rc
 
 # ---- fuzz targets -------------------------------------------------------------
 # tests/fuzz/fuzz_*.c are libFuzzer targets (tests/fuzz/README.md). fuzz-seeds,
@@ -248,7 +305,7 @@ FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 -include $(FUZZ_SA_OBJ:.o=.d) $(FUZZ_LF_OBJ:.o=.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/sa/%.d) $(FUZZ_MAIN_SRC:%.c=$(FUZZ_DIR)/lf/%.d)
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) $(ASAN_DIR) $(TSAN_DIR)
 
 -include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(UNIT_BIN:=.d)
 

@@ -229,6 +229,8 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     backend_opts bo = {opts->threads};
     char fp[40];
     e->convert = opts->convert;
+    e->max_prompt = opts->max_prompt;
+    e->max_new = opts->max_new;
     if ((st = model_config_load(opts->model_dir, &e->cfg)) != FERRY_OK) goto fail;
     if ((st = st_checkpoint_open(opts->model_dir, &e->ck)) != FERRY_OK) goto fail;
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
@@ -341,7 +343,7 @@ engine_info engine_get_info(const engine *e)
 engine_limits engine_get_limits(const engine *e)
 {
     return (engine_limits){e->cfg.vocab, e->popts.context, e->popts.n_seqs, e->popts.max_step_tokens,
-                           (int64_t)kv_total_blocks(e->kvp) * KV_BLOCK_POSITIONS};
+                           (int64_t)kv_total_blocks(e->kvp) * KV_BLOCK_POSITIONS, e->max_prompt, e->max_new};
 }
 
 const plan *engine_get_plan(const engine *e) { return &e->placement; }

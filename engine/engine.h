@@ -44,6 +44,8 @@ typedef struct {
     int prefetch;
     bool verify_reads;       /* check every read of the disk tier against its CRC-32C */
     convert_opts convert;    /* --weights-dtype, --quantize (weights/convert.h) */
+    int max_prompt;          /* a server's per-request caps (engine_limits); 0 = none */
+    int max_new;
 } engine_opts;
 
 /* The defaults of config/settings.def, budgets unlimited, no model. */

@@ -24,6 +24,7 @@ struct engine {
     backend *be;
     convert_opts convert; /* the conversion the weights were loaded with */
     plan_opts popts;
+    int max_prompt, max_new; /* engine_opts' per-request caps, reported by engine_get_limits */
     plan placement;
     store *storage;
     pipeline *pipe;

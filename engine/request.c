@@ -21,6 +21,14 @@ ferry_status request_check(const gen_request *r, const engine_limits *lim, const
                           "(raise --kv-memory)",
                           what, r->prompt_len, r->max_new_tokens, (long long)r->prompt_len + r->max_new_tokens,
                           (long long)lim->kv_positions);
+    /* a server's caps, after the context: past both, the context is the message */
+    if (lim->max_prompt > 0 && r->prompt_len > lim->max_prompt)
+        return ferry_fail(FERRY_ERR_INVALID, "%s is %d tokens, more than this server takes in one prompt (%d, --max-prompt-tokens)",
+                          what, r->prompt_len, lim->max_prompt);
+    if (lim->max_new > 0 && r->max_new_tokens > lim->max_new)
+        return ferry_fail(FERRY_ERR_INVALID,
+                          "max_new_tokens is %d, more than this server generates for one sequence (%d, --max-output-tokens)",
+                          r->max_new_tokens, lim->max_new);
     if (r->n_stop < 0 || r->n_stop > REQUEST_MAX_STOP)
         return ferry_fail(FERRY_ERR_INVALID, "at most %d stop_token_ids (got %d)", REQUEST_MAX_STOP, r->n_stop);
     for (int k = 0; k < r->n_stop; k++)

@@ -6,7 +6,7 @@
  * scheduler; the engine's limits (engine_limits) are all a front end needs
  * to know of the model to validate and describe it. request_check is the
  * one validator: token ids in the vocabulary, prompt + new tokens within
- * the context, generation and sampling parameters in range. This header is
+ * the context and the server's per-request caps, generation and sampling parameters in range. This header is
  * what a transport-neutral protocol layer (server/kserve) includes: no
  * scheduler, engine or backend internals.
  */
@@ -41,6 +41,8 @@ typedef struct {
     int max_step_tokens;     /* token rows in one step */
     int64_t kv_positions;    /* positions the whole KV pool holds (blocks x block positions): a sequence
                               * longer than that could never run; 0 = no bound beyond max_ctx */
+    int max_prompt;          /* a server's cap on one prompt's tokens (--max-prompt-tokens); 0 = none */
+    int max_new;             /* a server's cap on one sequence's new tokens (--max-output-tokens); 0 = none */
 } engine_limits;
 
 /* The outcome of one gen_request. */

@@ -71,7 +71,6 @@ static int hexval(char c)
 }
 
 #define WORKER_THREADS 4
-#define CONNECTION_TIMEOUT_S 60
 #define STREAM_BLOCK 4096
 #define STOP_GRACE_MS 2000
 #define DRAIN_MIN (1u << 20) /* body bytes past --max-body read to answer 413 */
@@ -998,7 +997,7 @@ static enum MHD_Result start_inference(request *rq)
 /* ---- /tokenize and /detokenize --------------------------------------------------- */
 
 /* {"content": "...", "add_special": false, "parse_special": true} -> {"tokens": [...]} */
-static ferry_status tokenize_body(const tokenizer *t, const json_value *root, strbuf *sb)
+static ferry_status tokenize_body(const text_model *tm, const json_value *root, strbuf *sb)
 {
     bool bad = false, add_special = false, parse_special = true, pieces = false;
     const json_value *content = json_get(root, "content");
@@ -1011,7 +1010,7 @@ static ferry_status tokenize_body(const tokenizer *t, const json_value *root, st
     if (!content || content->type != JSON_STRING) return ferry_fail(FERRY_ERR_INVALID, "content must be a string");
     int32_t *ids = NULL;
     int n = 0;
-    FERRY_TRY(tok_encode(t, content->str, content->len, add_special, parse_special, &ids, &n));
+    FERRY_TRY(text_tokenize(tm, content->str, content->len, add_special, parse_special, &ids, &n));
     sb_puts(sb, "{\"tokens\": [");
     for (int i = 0; i < n; i++) sb_printf(sb, "%s%d", i ? ", " : "", ids[i]);
     sb_puts(sb, "]}");
@@ -1075,7 +1074,7 @@ static enum MHD_Result answer_tokens(request *rq)
     const json_value *root = st == FERRY_OK ? json_doc_root(doc) : NULL;
     if (st == FERRY_OK && root->type != JSON_OBJECT) st = ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
     if (st == FERRY_OK)
-        st = rq->ep == EP_TOKENIZE ? tokenize_body(text_tokenizer(tm), root, &sb)
+        st = rq->ep == EP_TOKENIZE ? tokenize_body(tm, root, &sb)
                                    : detokenize_body(text_tokenizer(tm), root, vocab, &sb);
     json_doc_free(doc);
     body_release(rq);
@@ -1419,7 +1418,8 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_ip,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)WORKER_THREADS,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_S,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->connection_timeout_s,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)o->max_header,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)512,
                               MHD_OPTION_EXTERNAL_LOGGER, on_log, srv,
                               MHD_OPTION_END);

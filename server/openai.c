@@ -429,7 +429,10 @@ static ferry_status check_lengths(oai_request *r, const engine_limits *lim, bool
     if (lim->kv_positions > 0 && lim->kv_positions < cap) cap = lim->kv_positions;
     for (int p = 0; p < r->n_prompts; p++) {
         int64_t len = r->len[p];
-        if (!max_given && r->kind == OAI_CHAT) r->max_new = (int)(cap - len > 0 ? cap - len : 0); /* one prompt */
+        if (!max_given && r->kind == OAI_CHAT) { /* one prompt: what the context leaves, within the server's cap */
+            int64_t room = cap - len > 0 ? cap - len : 0;
+            r->max_new = (int)(lim->max_new > 0 && room > lim->max_new ? lim->max_new : room);
+        }
         if (len == 0) return fail(e, 400, param, NULL, FERRY_ERR_INVALID, "%s encodes to no tokens", param);
         if (len + r->max_new > cap || r->max_new < 1)
             return fail(e, 400, param, "context_length_exceeded", FERRY_ERR_INVALID,

@@ -24,6 +24,7 @@ struct text_model {
     int32_t eos[REQUEST_MAX_STOP];
     int n_eos;
     size_t max_token_bytes;
+    size_t max_text;              /* the longest text encoded, the most rendered (SIZE_MAX: no limit) */
 };
 
 /* sb_append of what may be an empty strbuf's NULL data */
@@ -189,11 +190,12 @@ static ferry_status measure_tokens(text_model *m)
     return FERRY_OK;
 }
 
-ferry_status text_model_load(const char *dir, text_model **out)
+ferry_status text_model_load(const char *dir, size_t max_text, text_model **out)
 {
     *out = NULL;
     text_model *m = calloc(1, sizeof *m);
     if (!m) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    m->max_text = max_text ? max_text : SIZE_MAX;
     ferry_status st = tok_load(dir, &m->tok);
     if (st == FERRY_ERR_NOT_FOUND)
         st = set_msg(&m->error, "%s has no tokenizer.json: text needs the checkpoint's tokenizer (token ids still work)", dir);
@@ -243,12 +245,23 @@ size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 32 ? SIZE_MAX : 1
 
 /* ---- prompts ------------------------------------------------------------------------ */
 
-ferry_status text_encode(const text_model *m, const char *s, size_t len, bool add_special, int32_t **ids, int *n)
+/* The tokenizer's time grows with its input (about 0.1 s a MiB): the limit
+ * keeps one request from holding a front end's thread for seconds. */
+ferry_status text_tokenize(const text_model *m, const char *s, size_t len, bool add_special, bool parse_special,
+                           int32_t **ids, int *n)
 {
     *ids = NULL;
     *n = 0;
     if (m->error) return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s", m->error);
-    return tok_encode(m->tok, s, len, add_special, true, ids, n);
+    if (len > m->max_text)
+        return ferry_fail(FERRY_ERR_TOO_LARGE, "the text is %zu bytes, more than this server encodes at once (%zu, --max-text-bytes)",
+                          len, m->max_text);
+    return tok_encode(m->tok, s, len, add_special, parse_special, ids, n);
+}
+
+ferry_status text_encode(const text_model *m, const char *s, size_t len, bool add_special, int32_t **ids, int *n)
+{
+    return text_tokenize(m, s, len, add_special, true, ids, n);
 }
 
 /* A message's content as the template sees it: a string. */
@@ -358,7 +371,12 @@ ferry_status text_render_chat(const text_model *m, const json_value *messages, c
     ferry_status st = build_vars(m, messages, tools, kwargs, &vars);
     if (st == FERRY_OK) st = json_parse(vars.data, vars.len, &doc);
     sb_free(&vars);
-    if (st == FERRY_OK) st = tmpl_render(m->tmpl, json_doc_root(doc), max_out, out);
+    /* what the template writes is encoded next: no more than the tokenizer takes */
+    size_t max = max_out < m->max_text ? max_out : m->max_text;
+    if (st == FERRY_OK) st = tmpl_render(m->tmpl, json_doc_root(doc), max, out);
+    if (st == FERRY_ERR_TOO_LARGE && max == m->max_text && strstr(ferry_errmsg(), "chat template output exceeds"))
+        st = ferry_fail(st, "the chat template's output is more than this server encodes at once (%zu bytes, --max-text-bytes)",
+                        max);
     json_doc_free(doc);
     return st;
 }

@@ -54,8 +54,10 @@ typedef struct text_model text_model;
 /* ---- the model's text files ------------------------------------------------------- */
 
 /* Reads what dir holds (see the top). Fails only when memory runs out;
- * what is missing or malformed is reported by text_error / text_chat_error. */
-ferry_status text_model_load(const char *dir, text_model **out);
+ * what is missing or malformed is reported by text_error / text_chat_error.
+ * max_text: the longest text the model encodes at once and the most a chat
+ * template may write (a server's --max-text-bytes); 0 = no limit. */
+ferry_status text_model_load(const char *dir, size_t max_text, text_model **out);
 void text_model_free(text_model *m);
 
 /* NULL when text works, else why not, naming the file ("DIR has no
@@ -97,6 +99,10 @@ size_t text_encode_bound(size_t len);
  * prompts: true; rendered chat prompts: false); special-token text is
  * always parsed (see the top). *ids is malloc'd. */
 ferry_status text_encode(const text_model *m, const char *s, size_t len, bool add_special, int32_t **ids, int *n);
+/* The same with special-token parsing chosen (/tokenize's parse_special).
+ * Both refuse text longer than the model's max_text (FERRY_ERR_TOO_LARGE). */
+ferry_status text_tokenize(const text_model *m, const char *s, size_t len, bool add_special, bool parse_special,
+                           int32_t **ids, int *n);
 
 /* Renders a chat prompt with add_generation_prompt true. messages is the
  * OpenAI list: objects with a role (system, user, assistant, tool, ...)
@@ -107,7 +113,8 @@ ferry_status text_encode(const text_model *m, const char *s, size_t len, bool ad
  * kwargs (an object, or NULL: vLLM's chat_template_kwargs, e.g.
  * enable_thinking) become template variables too. FERRY_ERR_INVALID names
  * the message at fault ("messages[1].content ..."); output past max_out
- * bytes is FERRY_ERR_TOO_LARGE. */
+ * bytes, or past the model's max_text (text_model_load), is
+ * FERRY_ERR_TOO_LARGE. */
 ferry_status text_render_chat(const text_model *m, const json_value *messages, const json_value *tools,
                               const json_value *kwargs, size_t max_out, strbuf *out);
 

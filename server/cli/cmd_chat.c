@@ -311,7 +311,7 @@ int cmd_chat(const ferry_config *cfg)
     if (eo.max_step_tokens < 1) eo.max_step_tokens = 1;
 
     text_model *tm = NULL;
-    if (text_model_load(cfg->model, &tm) != FERRY_OK) return cli_fail(FERRY_ERR_NOMEM);
+    if (text_model_load(cfg->model, 0, &tm) != FERRY_OK) return cli_fail(FERRY_ERR_NOMEM);
     if (text_chat_error(tm)) {
         rc = cli_error(EXIT_RUNTIME, "%s", text_chat_error(tm));
         text_model_free(tm);

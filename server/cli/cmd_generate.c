@@ -103,7 +103,8 @@ static ferry_status engine_check_requests(const engine_opts *eo, const prompt_se
 {
     model_config mc;
     FERRY_TRY(model_config_load(eo->model_dir, &mc));
-    engine_limits lim = {mc.vocab, mc.max_pos, ps->n, eo->max_step_tokens, 0}; /* the pool: checked once the engine is open */
+    engine_limits lim = {.vocab = mc.vocab, .max_ctx = mc.max_pos, .max_seqs = ps->n, .max_step_tokens = eo->max_step_tokens};
+    /* kv_positions 0: the pool is checked once the engine is open; no server caps */
     char what[48];
     for (int i = 0; i < ps->n; i++) {
         gen_request r = *proto;
@@ -258,7 +259,7 @@ int cmd_generate(const ferry_config *cfg)
     if (sampling_params_check(&proto.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     /* the text files: needed for --prompt, and for --json's "text" when there */
     text_model *tm = NULL;
-    if ((cfg->prompt || cfg->json) && text_model_load(cfg->model, &tm) != FERRY_OK) return cli_fail(FERRY_ERR_NOMEM);
+    if ((cfg->prompt || cfg->json) && text_model_load(cfg->model, 0, &tm) != FERRY_OK) return cli_fail(FERRY_ERR_NOMEM);
     if (cfg->prompt && text_error(tm)) {
         int rc = cli_error(EXIT_RUNTIME, "--prompt: %s", text_error(tm));
         text_model_free(tm);

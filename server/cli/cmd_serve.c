@@ -59,6 +59,7 @@ enum { LOAD_RUNNING, LOAD_READY, LOAD_FAILED };
 typedef struct {
     engine_opts eo;
     int max_queued;
+    size_t max_text;    /* --max-text-bytes */
     pthread_t main_thread;
     int state;          /* atomic: LOAD_* */
     engine *e;          /* valid once state is LOAD_READY */
@@ -70,7 +71,7 @@ typedef struct {
 static void *load_main(void *arg)
 {
     loader *l = arg;
-    ferry_status st = text_model_load(l->eo.model_dir, &l->tm);
+    ferry_status st = text_model_load(l->eo.model_dir, l->max_text, &l->tm);
     if (st == FERRY_OK) st = engine_open(&l->eo, &l->e);
     if (st == FERRY_OK) {
         sched_opts so = {.max_queued = l->max_queued, .serving = true};
@@ -121,9 +122,9 @@ static void default_name(const char *dir, char *out, size_t cap)
 }
 
 /* The flags of serve alone, checked; fills the front end's options
- * (counters set by the caller). Returns 0 or the exit status it printed. */
-static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[256], http_opts *ho,
-                      grpc_front_opts *go)
+ * (counters set by the caller) and the engine's per-request caps. Returns
+ * 0 or the exit status it printed. */
+static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], http_opts *ho, grpc_front_opts *go)
 {
     if (eo->max_seqs > eo->max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
@@ -134,6 +135,13 @@ static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[
     if (cfg->max_connections_per_ip > cfg->max_connections)
         return cli_error(EXIT_USAGE, "--max-connections-per-ip %lld exceeds --max-connections %lld",
                          (long long)cfg->max_connections_per_ip, (long long)cfg->max_connections);
+    ferry_config d;
+    config_defaults(&d);
+    if (cfg->max_output_tokens < d.max_new_tokens) /* what a request that names none asks for */
+        return cli_error(EXIT_USAGE, "--max-output-tokens must be at least %lld, the max_new_tokens of a request that names none",
+                         (long long)d.max_new_tokens);
+    eo->max_prompt = (int)cfg->max_prompt_tokens;
+    eo->max_new = (int)cfg->max_output_tokens;
     if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
     if (cfg->name) snprintf(name, 256, "%s", cfg->name);
     else default_name(cfg->model, name, 256);
@@ -144,6 +152,8 @@ static int serve_opts(const ferry_config *cfg, const engine_opts *eo, char name[
                       .model_name = name,
                       .max_body = cfg->max_body,
                       .request_timeout_s = (int)cfg->request_timeout,
+                      .connection_timeout_s = (int)cfg->connection_timeout,
+                      .max_header = cfg->max_header,
                       .max_connections = (int)cfg->max_connections,
                       .max_connections_per_ip = (int)cfg->max_connections_per_ip};
     *go = (grpc_front_opts){.host = cfg->host, .port = (int)cfg->grpc_port, .model_name = name, .max_message = cfg->max_body};
@@ -275,7 +285,7 @@ int cmd_serve(const ferry_config *cfg)
                     cfg->admin_host);
     }
 
-    loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .main_thread = pthread_self()};
+    loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .max_text = cfg->max_text_bytes, .main_thread = pthread_self()};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
         admin_server_stop(adm);

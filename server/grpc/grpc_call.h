@@ -91,6 +91,38 @@ struct rpc {
     struct grpc_stream *stream;
 };
 
+/* Every batch starts through rpc_batch. gRPC orders a batch's start before
+ * the CQ thread's handling of its completion, with its own atomics, which
+ * ThreadSanitizer cannot see in a gRPC not built with it: so what the engine
+ * thread wrote into an rpc before rpc_finish started the answer's batch
+ * (r->send, r->status_details) looked raced with rpc_free on the CQ thread.
+ * rpc_batch releases the tag and cq_main acquires it, the edge gRPC
+ * guarantees; nothing is emitted without -fsanitize=thread
+ * (docs/sanitizers.md). */
+#if defined(__SANITIZE_THREAD__)
+#define RPC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RPC_TSAN 1
+#endif
+#endif
+#ifdef RPC_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define RPC_TAG_RELEASE(tag) __tsan_release(tag)
+#define RPC_TAG_ACQUIRE(tag) __tsan_acquire(tag)
+#else
+#define RPC_TAG_RELEASE(tag) ((void)(tag))
+#define RPC_TAG_ACQUIRE(tag) ((void)(tag))
+#endif
+
+static inline grpc_call_error rpc_batch(rpc *r, const grpc_op *ops, size_t n, rpc_tag *tag)
+{
+    grpc_call *call = r->call; /* read before the release: the CQ thread may free r once it is started */
+    RPC_TAG_RELEASE(tag);
+    return grpc_call_start_batch(call, ops, n, tag, NULL);
+}
+
 /* Ends the main flow with body (malloc'd, taken over; NULL: none) and the
  * status; the answer's batch holds the main flow's reference (R1). */
 void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, size_t len);

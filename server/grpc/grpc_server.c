@@ -121,6 +121,7 @@ static void request_next_call(grpc_front *g)
         fprintf(stderr, "ferry: grpc: out of memory: no further calls accepted\n");
         return;
     }
+    RPC_TAG_RELEASE(&r->t_new);
     grpc_call_error ce = grpc_server_request_call(g->server, &r->call, &r->details, &r->md, g->cq, g->cq, &r->t_new);
     if (ce != GRPC_CALL_OK) {
         fprintf(stderr, "ferry: grpc: request_call failed (%d)\n", (int)ce);
@@ -164,7 +165,7 @@ void rpc_finish(rpc *r, grpc_status_code code, const char *msg, uint8_t *body, s
         ops[n].data.send_status_from_server.status_details = &r->status_details;
     }
     n++;
-    if (grpc_call_start_batch(r->call, ops, n, &r->t_sent, NULL) != GRPC_CALL_OK) rpc_unref(r);
+    if (rpc_batch(r, ops, n, &r->t_sent) != GRPC_CALL_OK) rpc_unref(r);
 }
 
 bool rpc_mem_take(rpc *r, uint64_t n, char *busy, size_t cap)
@@ -499,12 +500,12 @@ static void on_new_call(rpc *r, bool ok)
     memset(&close_op, 0, sizeof close_op);
     close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     close_op.data.recv_close_on_server.cancelled = &r->cancelled;
-    if (grpc_call_start_batch(r->call, &close_op, 1, &r->t_closed, NULL) != GRPC_CALL_OK) r->refs--;
+    if (rpc_batch(r, &close_op, 1, &r->t_closed) != GRPC_CALL_OK) r->refs--;
     grpc_op recv_op;
     memset(&recv_op, 0, sizeof recv_op);
     recv_op.op = GRPC_OP_RECV_MESSAGE;
     recv_op.data.recv_message.recv_message = &r->recv;
-    if (grpc_call_start_batch(r->call, &recv_op, 1, &r->t_recv, NULL) != GRPC_CALL_OK) rpc_unref(r);
+    if (rpc_batch(r, &recv_op, 1, &r->t_recv) != GRPC_CALL_OK) rpc_unref(r);
 }
 
 /* The metrics' endpoint names of the methods (literals: metrics keeps them). */
@@ -569,6 +570,7 @@ static void *cq_main(void *arg)
         grpc_event ev = grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
+        RPC_TAG_ACQUIRE(ev.tag); /* rpc_batch */
         rpc_tag *t = ev.tag;
         switch (t->kind) {
         case TAG_NEW: on_new_call(t->r, ev.success); break;

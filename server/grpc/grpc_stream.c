@@ -154,7 +154,7 @@ static bool settle(rpc *r)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = s->writing;
         s->meta_sent = true;
-        if (grpc_call_start_batch(r->call, ops, n, &r->t_write, NULL) != GRPC_CALL_OK) {
+        if (rpc_batch(r, ops, n, &r->t_write) != GRPC_CALL_OK) {
             grpc_byte_buffer_destroy(s->writing);
             s->writing = NULL;
             msg_done(r, s->writing_mem);
@@ -167,7 +167,7 @@ static bool settle(rpc *r)
         s->status_started = s->meta_sent = true;
         ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
         ops[n++].data.send_status_from_server.status = GRPC_STATUS_OK;
-        return grpc_call_start_batch(r->call, ops, n, &r->t_sent, NULL) != GRPC_CALL_OK;
+        return rpc_batch(r, ops, n, &r->t_sent) != GRPC_CALL_OK;
     }
     return false;
 }
@@ -305,7 +305,7 @@ static void read_next(rpc *r)
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &r->recv;
-    if (grpc_call_start_batch(r->call, &op, 1, &r->t_recv, NULL) != GRPC_CALL_OK) rpc_stream_read_end(r);
+    if (rpc_batch(r, &op, 1, &r->t_recv) != GRPC_CALL_OK) rpc_stream_read_end(r);
 }
 
 /* One request of the stream: submitted, or answered with its error. */

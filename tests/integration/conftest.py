@@ -26,6 +26,11 @@ sys.path.insert(0, str(REPO / "tests" / "reference"))
 import llama_ref  # noqa: E402
 import st_util  # noqa: E402
 
+# "address" or "thread" when the binary is a sanitized build (make check-asan,
+# make check-tsan; docs/sanitizers.md): a few bounds on time and memory that
+# such a build cannot keep (ASan's quarantine holds freed memory, ThreadSanitizer
+# runs 5-15x slower) are widened or left out there - never a functional check.
+SANITIZER = os.environ.get("FERRY_SANITIZER", "")
 RUN_TIMEOUT = 120  # seconds for any single ferry invocation (a hang is a failure)
 DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_TEST_DEVICE applies to
 

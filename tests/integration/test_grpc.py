@@ -747,3 +747,26 @@ def test_grpc_draws_from_request_memory(ferry_bin, slow_model, pb, tmp_path):
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
+
+
+def test_request_caps(ferry_bin, tiny, pb):
+    """--max-prompt-tokens and --max-output-tokens over gRPC: INVALID_ARGUMENT
+    naming the setting (the one validator, request_check, as over HTTP:
+    test_limits.py); the server serves on."""
+    msgs = pb[0]
+    srv = Server(ferry_bin, tiny, "--max-prompt-tokens", 8, "--max-output-tokens", 16)
+    try:
+        srv.wait_ready()
+        ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv))
+        stub = pb[1](ch)
+        expect_code(lambda: stub.ModelInfer(infer_request(msgs, srv.name, [list(range(1, 10))], 2), timeout=TIMEOUT),
+                    grpc.StatusCode.INVALID_ARGUMENT, ["9 tokens", "(8, --max-prompt-tokens)"])
+        expect_code(lambda: stub.ModelInfer(infer_request(msgs, srv.name, [[1, 2]], 17), timeout=TIMEOUT),
+                    grpc.StatusCode.INVALID_ARGUMENT, ["max_new_tokens is 17", "(16, --max-output-tokens)"])
+        resp = stub.ModelInfer(infer_request(msgs, srv.name, [list(range(1, 9))], 16), timeout=TIMEOUT)
+        assert len(output_rows(resp, 1)[0]) <= 16
+        assert_alive(stub, msgs)
+        ch.close()
+        assert srv.stop() == 0
+    finally:
+        srv.kill()

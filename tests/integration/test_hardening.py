@@ -30,6 +30,7 @@ import time
 
 import pytest
 
+from conftest import SANITIZER
 from test_http import (REQ_TIMEOUT, Server, assert_alive, expect_error, infer_body, jreq, metrics, msum, request,
                        serve)
 
@@ -148,8 +149,10 @@ def test_clients_that_do_not_read_stay_within_the_budget(srv_mem):
         codes = {k: v for k, v in m.items() if k[0] == "ferry_requests_total" and ("endpoint", "infer") in k[1]}
         assert 0 < used <= 8 * MIB, (used, codes)
         rss = rss_bytes(srv_mem.proc.pid)
-        # the budget, MHD's per-connection buffers and allocator slack
-        assert rss - base < 8 * MIB + 24 * MIB, "RSS grew by %d bytes (budget 8 MiB)" % (rss - base)
+        # the budget, MHD's per-connection buffers and allocator slack (not
+        # under ASan, whose quarantine keeps what is freed)
+        if not SANITIZER:
+            assert rss - base < 8 * MIB + 24 * MIB, "RSS grew by %d bytes (budget 8 MiB)" % (rss - base)
         # some were refused rather than held
         assert msum(m, "ferry_requests_total", endpoint="infer", code="503") > 0
     finally:

@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 import st_util
-from conftest import prompt_ids, rel_err
+from conftest import SANITIZER, prompt_ids, rel_err
 
 SAME = 1e-6            # rel logit error allowed between two ferry runs of the same maths
 READY_TIMEOUT = 60     # seconds for a server to become ready
@@ -1693,7 +1693,7 @@ def test_sigterm_drains_http(ferry_bin, slow_model, tmp_path):
     connections are refused at once, the request runs to its end (200, all
     its tokens) and the process exits 0."""
     s = Server(ferry_bin, slow_model, "--batch", 1, "--max-memory", "device=0,host=0", "--offload-dir",
-               tmp_path / "od", "--drain-timeout", 30, name="drain")
+               tmp_path / "od", "--drain-timeout", 300 if SANITIZER else 30, name="drain")  # 300 tokens under TSan
     try:
         s.wait_ready()
         result = {}

@@ -61,6 +61,21 @@ static void test_request_check(void)
     CHECK_STATUS(request_check(&r, &k_lim, "input_ids"), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("28 prompt + 5 new tokens exceed the context of 32 positions");
 
+    /* a server's caps (--max-prompt-tokens, --max-output-tokens), exact too */
+    engine_limits capped = k_lim;
+    capped.max_prompt = 10;
+    capped.max_new = 6;
+    r = good(p, 10);
+    r.max_new_tokens = 6;
+    CHECK_STATUS(request_check(&r, &capped, "prompt"), FERRY_OK);
+    r = good(p, 11);
+    CHECK_STATUS(request_check(&r, &capped, "prompt"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("prompt is 11 tokens, more than this server takes in one prompt (10, --max-prompt-tokens)");
+    r = good(p, 10);
+    r.max_new_tokens = 7;
+    CHECK_STATUS(request_check(&r, &capped, "prompt"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("max_new_tokens is 7, more than this server generates for one sequence (6, --max-output-tokens)");
+
     r = good(p, 5);
     r.n_stop = REQUEST_MAX_STOP + 1;
     CHECK_STATUS(request_check(&r, &k_lim, "input_ids"), FERRY_ERR_INVALID);

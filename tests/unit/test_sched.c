@@ -9,6 +9,7 @@
  * The model is a tiny random checkpoint written by `ferry mkmodel`.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,11 +128,17 @@ int main(void)
 {
     char dir[] = "/tmp/ferry-test-sched-XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    char cmd[1024], model[600];
+    /* the ferry of this build (build/, build-asan/, build-tsan/): .../tests/test_sched -> .../ferry */
+    char exe[PATH_MAX], cmd[PATH_MAX + 1024], model[600];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return 1;
+    exe[len] = '\0';
+    *strrchr(exe, '/') = '\0';
+    *strrchr(exe, '/') = '\0';
     snprintf(model, sizeof model, "%s/m", dir);
-    snprintf(cmd, sizeof cmd, "build/ferry mkmodel --out %s --arch qwen2 --preset tiny --seed 9 >/dev/null", model);
+    snprintf(cmd, sizeof cmd, "%s/ferry mkmodel --out %s --arch qwen2 --preset tiny --seed 9 >/dev/null", exe, model);
     if (system(cmd) != 0) {
-        fprintf(stderr, "test_sched: `%s` failed (run from the repository root after `make`)\n", cmd);
+        fprintf(stderr, "test_sched: `%s` failed (build ferry first)\n", cmd);
         return 1;
     }
     engine *e;

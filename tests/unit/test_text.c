@@ -86,7 +86,7 @@ static char *stream_through(const char *text, const char *stops_json, int max_ne
 
 static void test_load(void)
 {
-    CHECK_STATUS(text_model_load(DEMO, &g_m), FERRY_OK);
+    CHECK_STATUS(text_model_load(DEMO, 0, &g_m), FERRY_OK);
     CHECK(text_error(g_m) == NULL);
     CHECK(text_chat_error(g_m) == NULL);
     const int32_t *eos = NULL;
@@ -96,7 +96,7 @@ static void test_load(void)
 
     /* no tokenizer.json: ids only, and every text call says why */
     text_model *bare = NULL;
-    CHECK_STATUS(text_model_load("tests/unit", &bare), FERRY_OK);
+    CHECK_STATUS(text_model_load("tests/unit", 0, &bare), FERRY_OK);
     CHECK(bare && text_error(bare) && strstr(text_error(bare), "tokenizer.json"));
     CHECK(bare && text_chat_error(bare) != NULL);
     int32_t *ids = NULL;
@@ -140,7 +140,7 @@ static void test_generation_config(void)
 {
     char *dir = dir_with_generation_config("{\"eos_token_id\": [0, 2], \"temperature\": 0.6, \"top_k\": 20}");
     text_model *m = NULL;
-    CHECK_STATUS(text_model_load(dir, &m), FERRY_OK);
+    CHECK_STATUS(text_model_load(dir, 0, &m), FERRY_OK);
     CHECK(m && !text_error(m));
     if (m) {
         const int32_t *eos = NULL;
@@ -169,7 +169,7 @@ static void test_generation_config(void)
     remove_dir(dir);
 
     dir = dir_with_generation_config("{\"eos_token_id\": \"</s>\"}");
-    CHECK_STATUS(text_model_load(dir, &m), FERRY_OK);
+    CHECK_STATUS(text_model_load(dir, 0, &m), FERRY_OK);
     CHECK(m && text_error(m) && strstr(text_error(m), "eos_token_id"));
     text_model_free(m);
     remove_dir(dir);
@@ -299,6 +299,42 @@ static void test_render_chat(void)
     sb_free(&out);
 }
 
+/* max_text (a server's --max-text-bytes): the tokenizer's input and the
+ * chat template's output, exact at the bound. */
+static void test_max_text(void)
+{
+    text_model *m = NULL;
+    CHECK_STATUS(text_model_load(DEMO, 8, &m), FERRY_OK);
+    if (!m) return;
+    int32_t *ids = NULL;
+    int n = 0;
+    CHECK_STATUS(text_encode(m, "12345678", 8, false, &ids, &n), FERRY_OK);
+    free(ids);
+    CHECK_STATUS(text_encode(m, "123456789", 9, false, &ids, &n), FERRY_ERR_TOO_LARGE);
+    CHECK_MSG_HAS("the text is 9 bytes, more than this server encodes at once (8, --max-text-bytes)");
+    CHECK(ids == NULL && n == 0);
+    CHECK_STATUS(text_tokenize(m, "123456789", 9, false, false, &ids, &n), FERRY_ERR_TOO_LARGE);
+    text_model_free(m);
+
+    const char *msgs = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+    json_doc *doc = NULL;
+    CHECK_STATUS(json_parse(msgs, strlen(msgs), &doc), FERRY_OK);
+    strbuf out;
+    sb_init(&out);
+    /* "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n": 52 bytes */
+    CHECK_STATUS(text_model_load(DEMO, 52, &m), FERRY_OK);
+    if (m && doc) CHECK_STATUS(text_render_chat(m, json_doc_root(doc), NULL, NULL, 1 << 20, &out), FERRY_OK);
+    CHECK_EQ_INT((int)out.len, 52);
+    text_model_free(m);
+    CHECK_STATUS(text_model_load(DEMO, 51, &m), FERRY_OK);
+    out.len = 0;
+    if (m && doc) CHECK_STATUS(text_render_chat(m, json_doc_root(doc), NULL, NULL, 1 << 20, &out), FERRY_ERR_TOO_LARGE);
+    CHECK_MSG_HAS("the chat template's output is more than this server encodes at once (51 bytes, --max-text-bytes)");
+    text_model_free(m);
+    json_doc_free(doc);
+    sb_free(&out);
+}
+
 static void test_put_json(void)
 {
     strbuf sb;
@@ -317,6 +353,7 @@ int main(void)
         test_stream_and_stops();
         test_stops_parse();
         test_render_chat();
+        test_max_text();
     }
     test_put_json();
     text_model_free(g_m);
