@@ -204,7 +204,7 @@ TSAN_ENV     = TSAN_OPTIONS=suppressions=$(SAN_SUPP)/tsan.supp:log_path=$(CURDIR
 TSAN_PYTEST ?= tests/integration/test_http.py tests/integration/test_grpc.py tests/integration/test_openai.py \
                tests/integration/test_hardening.py tests/integration/test_placement.py
 TSAN_K      ?= not placement or split
-# what test-asan runs of the integration suite (all of it; CI: ci-sanitizers)
+# what test-asan runs of the integration suite (all of it)
 ASAN_PYTEST ?= tests/integration
 SAN_REPORTS := scripts/sanitizer_reports.sh
 
