@@ -43,7 +43,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    if (text_model_load(FUZZ_ROOT "/config/demo-tokenizer", &g_tm) != FERRY_OK || text_error(g_tm) ||
+    if (text_model_load(FUZZ_ROOT "/config/demo-tokenizer", 0, &g_tm) != FERRY_OK || text_error(g_tm) ||
         text_chat_error(g_tm)) {
         fprintf(stderr, "fuzz_openai: the demo tokenizer does not load from %s\n", FUZZ_ROOT);
         abort();

@@ -41,13 +41,7 @@
 #include "../../engine/text/tokenizer.h"
 #include "../../server/text.h"
 
-#if defined(__SANITIZE_ADDRESS__) /* gcc */
-#define FUZZ_HAVE_ASAN 1
-#elif defined(__has_feature)      /* clang */
-#if __has_feature(address_sanitizer)
-#define FUZZ_HAVE_ASAN 1
-#endif
-#endif
+#include "fuzz_asan.h"
 #ifdef FUZZ_HAVE_ASAN
 #if __has_include(<sanitizer/allocator_interface.h>)
 #include <sanitizer/allocator_interface.h>
