@@ -197,6 +197,17 @@ def grpc_client(port, tally, stop):
     c.close()
 
 
+def read_until(s, marker):
+    """What the socket sends until marker has come, or it closes."""
+    buf = b""
+    while marker not in buf:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def raw(port, data, read=True):
     """Sends raw bytes; the status line's code, or None when the server
     closed without one."""
@@ -204,13 +215,7 @@ def raw(port, data, read=True):
         s.sendall(data)
         if not read:
             return None
-        buf = b""
-        while b"\r\n" not in buf:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            buf += chunk
-        m = re.match(rb"HTTP/1\.[01] (\d+)", buf)
+        m = re.match(rb"HTTP/1\.[01] (\d+)", read_until(s, b"\r\n"))
         return int(m.group(1)) if m else None
 
 
@@ -257,12 +262,7 @@ def disconnect_client(port, tally, stop):
                 body = json.dumps({"input_ids": [1, 2, 3], "parameters": {"max_new_tokens": 64}}).encode()
                 with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
                     s.sendall(post(b"/v2/models/soak/generate_stream", body))
-                    buf = b""
-                    while b"data: " not in buf:
-                        chunk = s.recv(4096)
-                        if not chunk:
-                            break
-                        buf += chunk
+                    buf = read_until(s, b"data: ")
                 tally.add("disconnect_stream", b"data: " in buf, buf[:100])
             else:  # a body cut short: the connection closes before the rest
                 raw(port, post(b"/v2/models/soak/infer", b'{"inputs": [', length=4000), read=False)

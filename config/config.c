@@ -258,7 +258,6 @@ ferry_status config_set(ferry_config *cfg, int id, const char *value, setting_so
 {
     char where[512];
     FERRY_TRY(parse_value(cfg, id, value, label(cfg, id, source, line, where, sizeof where)));
-    cfg->given[id] = source != SOURCE_DEFAULT;
     cfg->source[id] = source;
     cfg->line[id] = line;
     return FERRY_OK;

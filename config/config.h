@@ -45,8 +45,7 @@ typedef struct {
 #define FERRY_SETTING(name, type, def, valid, where, doc) setting_##type name;
 #include "settings.def"
 #undef FERRY_SETTING
-    bool given[SETTING_COUNT];            /* set by a file, the environment or a flag */
-    setting_source source[SETTING_COUNT]; /* which of them                            */
+    setting_source source[SETTING_COUNT]; /* where each value came from              */
     int line[SETTING_COUNT];              /* SOURCE_FILE: the line of its key         */
     const char *config_file;              /* the config file read, or NULL           */
     mem_arena strings;                    /* the file's string values                */
@@ -62,6 +61,9 @@ typedef struct {
 } setting_def;
 
 extern const setting_def config_settings[SETTING_COUNT];
+
+/* Set by a file, the environment or a flag (not its default). */
+static inline bool config_given(const ferry_config *cfg, int id) { return cfg->source[id] != SOURCE_DEFAULT; }
 
 /* The field of setting id (a setting_STR, setting_INT, ... by its type). */
 const void *config_field(const ferry_config *cfg, int id);

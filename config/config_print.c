@@ -30,7 +30,7 @@ static void put_value(strbuf *sb, const ferry_config *cfg, int id)
     }
     case SET_BOOL:
         /* a BOOL without a default that nothing set (mkmodel --tied) */
-        if (!cfg->given[id] && !config_settings[id].def) sb_puts(sb, "null");
+        if (!config_given(cfg, id) && !config_settings[id].def) sb_puts(sb, "null");
         else sb_puts(sb, *(const bool *)f ? "true" : "false");
         return;
     case SET_SIZE:

@@ -15,7 +15,7 @@ int cli_model_resolve(ferry_config *cfg, bool sets_name, char **dir, char **name
     if (!cfg->model) return 0;
     if (model_dir_resolve(cfg->model, dir, name) != FERRY_OK) return cli_error(EXIT_RUNTIME, "%s", ferry_errmsg());
     cfg->model = *dir;
-    if (sets_name && *name && !cfg->given[SETTING_name]) cfg->name = *name;
+    if (sets_name && *name && !config_given(cfg, SETTING_name)) cfg->name = *name;
     return 0;
 }
 

@@ -269,7 +269,7 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
     ferry_status st = render(tm, history, &prompt, &ids, &n);
     int64_t room = lim->max_ctx - (int64_t)n;
     if (lim->kv_positions > 0 && lim->kv_positions - n < room) room = lim->kv_positions - n;
-    int max_new = cfg->given[SETTING_max_new_tokens] ? (int)cfg->max_new_tokens : (int)(room > 0 ? room : 0);
+    int max_new = config_given(cfg, SETTING_max_new_tokens) ? (int)cfg->max_new_tokens : (int)(room > 0 ? room : 0);
     if (st == FERRY_OK && (max_new < 1 || n + (int64_t)max_new > lim->max_ctx)) {
         st = ferry_fail(FERRY_ERR_INVALID, "the conversation is %d tokens and the answer may take %d: more than the "
                         "context of %d (/clear starts over)", n, max_new, lim->max_ctx);
@@ -278,7 +278,7 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
         gen_request g = {.prompt = ids, .prompt_len = n, .max_new_tokens = max_new,
                          .sampling = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed},
                          .stream = (uint64_t)turn_no};
-        text_given given = {cfg->given[SETTING_temperature], cfg->given[SETTING_top_p], cfg->given[SETTING_top_k]};
+        text_given given = {config_given(cfg, SETTING_temperature), config_given(cfg, SETTING_top_p), config_given(cfg, SETTING_top_k)};
         st = text_request_defaults(tm, &given, false, &g.sampling, g.stop_ids, &g.n_stop);
         started = true;
         if (st == FERRY_OK) st = run_answer(s, tm, &g, cfg->json, &text, &a);

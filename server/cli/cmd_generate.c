@@ -85,7 +85,7 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
  * defaults where the flags left them, and its end-of-sequence ids. */
 static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, prompt_set *ps, gen_request *proto)
 {
-    text_given given = {cfg->given[SETTING_temperature], cfg->given[SETTING_top_p], cfg->given[SETTING_top_k]};
+    text_given given = {config_given(cfg, SETTING_temperature), config_given(cfg, SETTING_top_p), config_given(cfg, SETTING_top_k)};
     memset(ps, 0, sizeof *ps);
     ps->ids = calloc(1, sizeof *ps->ids);
     ps->lens = calloc(1, sizeof *ps->lens);

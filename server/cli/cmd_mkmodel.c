@@ -300,7 +300,7 @@ static ferry_status build_config(const ferry_config *cfg, model_config *c, const
     c->head_dim = p->head_dim ? p->head_dim : p->dim / p->heads;
     if (c->arch == ARCH_QWEN3 && !p->head_dim) c->head_dim *= 2; /* Qwen3 sets head_dim independently of hidden/heads */
     c->max_pos = p->max_pos;
-    c->tied = cfg->given[SETTING_tied] ? cfg->tied : p->tied;
+    c->tied = config_given(cfg, SETTING_tied) ? cfg->tied : p->tied;
     bool qwen = c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
     c->rope = (rope_config){.type = ROPE_DEFAULT,
                             .theta = qwen || c->arch == ARCH_MIXTRAL ? 1000000.0

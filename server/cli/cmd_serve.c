@@ -205,7 +205,7 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
                          "%s %s is not a loopback address: the admin API needs a token there "
                          "(--admin-token-file, FERRY_ADMIN_TOKEN or admin_token in a config file), or --admin-port 0",
                          config_where(cfg, SETTING_admin_host, where, sizeof where), cfg->admin_host);
-    if (cfg->given[SETTING_admin_port] || cfg->given[SETTING_admin_host] || cfg->given[SETTING_export_dir])
+    if (config_given(cfg, SETTING_admin_port) || config_given(cfg, SETTING_admin_host) || config_given(cfg, SETTING_export_dir))
         fprintf(stderr, "ferry: admin API off: no token (give --admin-token-file, set FERRY_ADMIN_TOKEN, or admin_token "
                         "in a config file of mode 0600)\n");
     return 0;

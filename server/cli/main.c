@@ -198,7 +198,7 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
     if (rc) return rc;
     char flag[64], env[96];
     for (int i = 0; c->required[i] != END; i++) {
-        if (!cfg->given[c->required[i]])
+        if (!config_given(cfg, c->required[i]))
             return cli_error(EXIT_USAGE, "%s: missing required flag %s (or %s, or \"%s\" in a --config file)",
                              c->name, config_flag(c->required[i], flag, sizeof flag),
                              config_env(c->required[i], env, sizeof env), config_settings[c->required[i]].name);
@@ -219,7 +219,7 @@ static int parse_args(const command *c, int argc, char **argv, ferry_config *cfg
         case S(file): v = cfg->file; break;
         }
         char where[512];
-        if (cfg->given[id] && v && !*v)
+        if (config_given(cfg, id) && v && !*v)
             return cli_error(EXIT_USAGE, "%s: %s must not be empty (it names a file or directory)", c->name,
                              config_where(cfg, id, where, sizeof where));
     }

@@ -122,7 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     keys_of(text, size, line);
     for (int id = 0; id < SETTING_COUNT; id++) {
         bool set = line[id] > 0;
-        if (set != (a.source[id] == SOURCE_FILE) || set != a.given[id]) abort();
+        if (set != (a.source[id] == SOURCE_FILE) || set != config_given(&a, id)) abort();
         if (set && a.line[id] != line[id]) abort();
         if (!set && !same_value(&a, &g_defaults, id)) abort();
         if (set && config_settings[id].where != SETTING_ANY) abort();

@@ -4,7 +4,7 @@
  *
  * Covers: every default of settings.def as config_defaults leaves it; lookup
  * by name with '-' or '_'; config_set per type, accepting the documented
- * spellings and rejecting the rest with a message naming the flag; given[]
+ * spellings and rejecting the rest with a message naming the flag; config_given
  * marking only explicit settings; valid ranges and words; names for typos;
  * the JSON config file (types, lines, comments, duplicates, secrets) and
  * the environment in precedence; --print's JSON; util_parse_size and
@@ -88,8 +88,8 @@ static void test_defaults(void)
     CHECK(cfg.add_special == false);
     CHECK(cfg.ids == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) {
-        if (cfg.given[i]) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
-        CHECK(!cfg.given[i]);
+        if (config_given(&cfg, i)) fprintf(stderr, "default of %s counted as given\n", config_settings[i].name);
+        CHECK(!config_given(&cfg, i));
     }
     CHECK_EQ_U64(cfg.expert_cache, 0);
     CHECK(cfg.expert_prefetch == false);
@@ -141,10 +141,10 @@ static void test_set(void)
     CHECK_MSG_HAS("--max-new-tokens");
     CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "99999999999999999999999", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_EQ_INT(cfg.max_new_tokens, 16); /* failures leave the value alone */
-    CHECK(!cfg.given[SETTING_max_new_tokens]);
+    CHECK(!config_given(&cfg, SETTING_max_new_tokens));
     CHECK_STATUS(config_set(&cfg, SETTING_max_new_tokens, "32", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_INT(cfg.max_new_tokens, 32);
-    CHECK(cfg.given[SETTING_max_new_tokens]);
+    CHECK(config_given(&cfg, SETTING_max_new_tokens));
     CHECK_STATUS(config_set(&cfg, SETTING_top_k, "-3", SOURCE_FLAG, 0), FERRY_ERR_INVALID); /* valid: "0.." */
     CHECK_MSG_HAS("--top-k must be >= 0 (got -3)");
     CHECK_STATUS(config_set(&cfg, SETTING_top_k, "3", SOURCE_FLAG, 0), FERRY_OK);
@@ -160,10 +160,10 @@ static void test_set(void)
     CHECK_STATUS(config_set(&cfg, SETTING_temperature, "1e999", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_STATUS(config_set(&cfg, SETTING_temperature, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7x", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
-    CHECK(!cfg.given[SETTING_temperature]);
+    CHECK(!config_given(&cfg, SETTING_temperature));
     CHECK_STATUS(config_set(&cfg, SETTING_temperature, "0.7", SOURCE_FLAG, 0), FERRY_OK);
     CHECK(cfg.temperature == 0.7);
-    CHECK(cfg.given[SETTING_temperature]);
+    CHECK(config_given(&cfg, SETTING_temperature));
     CHECK_STATUS(config_set(&cfg, SETTING_top_p, "1e-1", SOURCE_FLAG, 0), FERRY_OK);
     CHECK(cfg.top_p == 0.1);
 
@@ -182,7 +182,7 @@ static void test_set(void)
     CHECK_MSG_HAS("maybe");
     CHECK_STATUS(config_set(&cfg, SETTING_tied, "", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
     CHECK_STATUS(config_set(&cfg, SETTING_tied, "2", SOURCE_FLAG, 0), FERRY_ERR_INVALID);
-    CHECK(!cfg.given[SETTING_tied]);
+    CHECK(!config_given(&cfg, SETTING_tied));
 
     /* SIZE */
     CHECK_STATUS(config_set(&cfg, SETTING_shard_size, "512MiB", SOURCE_FLAG, 0), FERRY_OK);
@@ -207,13 +207,13 @@ static void test_set(void)
     CHECK_STATUS(config_set(&cfg, SETTING_model, "", SOURCE_FLAG, 0), FERRY_OK);
     CHECK_EQ_STR(cfg.model, "");
 
-    /* given[] is set by exactly the successful config_set calls above */
+    /* config_given holds for exactly the successful config_set calls above */
     for (int i = 0; i < SETTING_COUNT; i++) {
         bool want = i == SETTING_max_new_tokens || i == SETTING_top_k || i == SETTING_temperature ||
                     i == SETTING_top_p || i == SETTING_json || i == SETTING_shard_size || i == SETTING_seed ||
                     i == SETTING_device || i == SETTING_model;
-        if (cfg.given[i] != want) fprintf(stderr, "given[%s] is %d\n", config_settings[i].name, cfg.given[i]);
-        CHECK(cfg.given[i] == want);
+        if (config_given(&cfg, i) != want) fprintf(stderr, "given[%s] is %d\n", config_settings[i].name, config_given(&cfg, i));
+        CHECK(config_given(&cfg, i) == want);
     }
 }
 
@@ -374,7 +374,7 @@ static void test_file(void)
     CHECK_EQ_INT(cfg.http_port, 9000);
     CHECK(cfg.source[SETTING_http_port] == SOURCE_FILE);
     CHECK_EQ_INT(cfg.line[SETTING_http_port], 3);
-    CHECK(cfg.given[SETTING_http_port]);
+    CHECK(config_given(&cfg, SETTING_http_port));
     CHECK_EQ_STR(cfg.max_memory, "device=4GiB,host=16GiB");
     CHECK_EQ_U64(cfg.kv_memory, 2ull << 30);
     CHECK_EQ_U64(cfg.max_body, 1048576);
