@@ -163,6 +163,7 @@ struct request {
     bool too_large, over_budget;
     uint64_t received;           /* body bytes received, kept or not */
     uint64_t mem;                /* bytes of the budget this request holds (MHD thread; last unref) */
+    uint64_t encode_held;        /* of mem: the OpenAI prompts' encodes, until the parse is done */
     /* work: fixed once submitted */
     kserve_request kr;
     oai_request *oai;            /* the OpenAI endpoints' parse, else NULL */
@@ -837,15 +838,34 @@ static int64_t header_length(struct MHD_Connection *c)
 
 static uint64_t render_bound(size_t len) { return (uint64_t)RENDER_RATIO * len + RENDER_SLACK; }
 
-/* What parsing a body may hold at once: its JSON tree; for the OpenAI
- * endpoints also the prompts' encoding, and for chat the template's
- * variables (a second tree) and the rendered prompt. */
+/* What parsing a body may hold at once: its JSON tree; for chat also the
+ * template's variables (a second tree) and the rendered prompt. The OpenAI
+ * prompts' encodes take theirs as they come (take_encode): only then is
+ * the text the tokenizer works on known. */
 static uint64_t parse_hold(const request *rq, size_t len)
 {
     uint64_t parse = kserve_parse_bound(len);
-    if (rq->ep == EP_OAI_CHAT) return 2 * parse + render_bound(len) + text_encode_bound(render_bound(len));
-    if (rq->ep == EP_OAI_COMPLETIONS) return parse + text_encode_bound(len);
+    if (rq->ep == EP_OAI_CHAT) return 2 * parse + render_bound(len);
     return parse;
+}
+
+/* oai_ctx.hold: an encode's budget, held in rq->encode_held until the
+ * parse is done. */
+static int take_encode(void *arg, uint64_t n, char *msg, size_t cap)
+{
+    request *rq = arg;
+    req_budget *b = rq->srv->budget;
+    if (rq->mem + n > b->limit) {
+        snprintf(msg, cap, "parsing and encoding the prompt may need %llu bytes, more than --request-memory (%llu)",
+                 (unsigned long long)(rq->mem + n), (unsigned long long)b->limit);
+        return 413;
+    }
+    if (!mem_take(rq, n)) {
+        req_budget_busy_msg(b, msg, cap);
+        return 503;
+    }
+    rq->encode_held += n;
+    return 0;
 }
 
 /* Parses the body into rq->kr or rq->oai (the budget for it is held by
@@ -855,7 +875,7 @@ static bool parse_body(request *rq, const engine_limits *lim, enum MHD_Result *r
     ferry_status st;
     const char *body = rq->body ? rq->body : "";
     if (rq->ep == EP_OAI_COMPLETIONS || rq->ep == EP_OAI_CHAT) {
-        oai_ctx ctx = {rq->srv->name, rq->tm, lim, kserve_parse_bound(rq->len), render_bound(rq->len)};
+        oai_ctx ctx = {rq->srv->name, rq->tm, lim, kserve_parse_bound(rq->len), render_bound(rq->len), take_encode, rq};
         oai_error err;
         st = oai_parse(rq->ep == EP_OAI_CHAT ? OAI_CHAT : OAI_COMPLETIONS, body, rq->len, &ctx, &rq->oai, &err);
         if (st != FERRY_OK) *ret = respond_fail(rq, err.status, ferry_errmsg(), err.param, err.code, NULL, NULL);
@@ -871,7 +891,14 @@ static bool parse_body(request *rq, const engine_limits *lim, enum MHD_Result *r
 /* A generate request with text_input: its prompt encoded, within the budget. */
 static bool encode_text(request *rq, const engine_limits *lim, enum MHD_Result *ret)
 {
-    uint64_t hold = text_encode_bound(rq->kr.text_len);
+    uint64_t hold = kserve_encode_bound(&rq->kr, rq->tm);
+    if (rq->mem + hold > rq->srv->budget->limit) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "encoding text_input may need %llu bytes, more than --request-memory (%llu)",
+                 (unsigned long long)(rq->mem + hold), (unsigned long long)rq->srv->budget->limit);
+        *ret = respond_error(rq, 413, msg, NULL, NULL);
+        return false;
+    }
     if (!mem_take(rq, hold)) {
         *ret = respond_busy(rq);
         return false;
@@ -924,7 +951,8 @@ static enum MHD_Result start_inference(request *rq)
     if (!mem_take(rq, parse)) return respond_busy(rq);
     enum MHD_Result ret = MHD_NO;
     bool parsed = parse_body(rq, &lim, &ret);
-    mem_give(rq, parse);
+    mem_give(rq, parse + rq->encode_held);
+    rq->encode_held = 0;
     body_release(rq);
     if (!parsed) return ret;
     if (!rq->oai && rq->kr.text_out && !encode_text(rq, &lim, &ret)) return ret;
@@ -1018,6 +1046,28 @@ static ferry_status tokenize_body(const text_model *tm, const json_value *root, 
     return FERRY_OK;
 }
 
+/* /tokenize's hold counts a byte of content a byte of the body; a content
+ * that grows before it is tokenized (NFC, lowercase) needs more: taken into
+ * *hold here. */
+static ferry_status hold_grown_text(request *rq, const text_model *tm, const json_value *content, size_t len,
+                                    uint64_t *hold)
+{
+    if (!content || content->type != JSON_STRING) return FERRY_OK; /* tokenize_body refuses it */
+    size_t size = text_encode_size(tm, content->str, content->len);
+    if (size <= len) return FERRY_OK;
+    uint64_t more = text_encode_bound(size) - text_encode_bound(len) + (uint64_t)(size - len) * 12;
+    if (*hold + more > rq->srv->budget->limit)
+        return ferry_fail(FERRY_ERR_TOO_LARGE, "the content grows to %zu bytes when normalized: the request is too large "
+                          "for --request-memory", size);
+    if (!mem_take(rq, more)) {
+        char msg[160];
+        req_budget_busy_msg(rq->srv->budget, msg, sizeof msg);
+        return ferry_fail(FERRY_ERR_BUSY, "%s", msg);
+    }
+    *hold += more;
+    return FERRY_OK;
+}
+
 /* {"tokens": [...]} -> {"content": "..."}, special tokens written out */
 static ferry_status detokenize_body(const tokenizer *t, const json_value *root, int vocab, strbuf *sb)
 {
@@ -1059,7 +1109,8 @@ static enum MHD_Result answer_tokens(request *rq)
     if (text_error(tm)) return respond_error(rq, 400, text_error(tm), NULL, NULL);
     size_t len = rq->len;
     /* the tree, and: the ids and their JSON (12 bytes each; a byte of text
-     * makes at most one id, BOS/EOS aside); or the text of at most len / 2
+     * makes at most one id, BOS/EOS aside; text that grows when normalized
+     * takes more, hold_grown_text); or the text of at most len / 2
      * ids ("1," each) and its JSON (6 bytes a byte at worst) */
     uint64_t hold = kserve_parse_bound(len) + 4096 +
                     (rq->ep == EP_TOKENIZE ? text_encode_bound(len) + ((uint64_t)len + 8) * 12
@@ -1073,6 +1124,7 @@ static enum MHD_Result answer_tokens(request *rq)
     if (st == FERRY_ERR_INVALID) ferry_fail_context(st, "malformed JSON");
     const json_value *root = st == FERRY_OK ? json_doc_root(doc) : NULL;
     if (st == FERRY_OK && root->type != JSON_OBJECT) st = ferry_fail(FERRY_ERR_INVALID, "the request must be a JSON object");
+    if (st == FERRY_OK && rq->ep == EP_TOKENIZE) st = hold_grown_text(rq, tm, json_get(root, "content"), len, &hold);
     if (st == FERRY_OK)
         st = rq->ep == EP_TOKENIZE ? tokenize_body(tm, root, &sb)
                                    : detokenize_body(text_tokenizer(tm), root, vocab, &sb);

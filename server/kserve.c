@@ -656,6 +656,16 @@ ferry_status kserve_parse_generate(const char *body, size_t len, const engine_li
     return st;
 }
 
+uint64_t kserve_encode_bound(const kserve_request *r, const text_model *tm)
+{
+    size_t size = 0;
+    for (int i = 0; r->text_input && i < r->n_texts; i++) {
+        size_t n = text_encode_size(tm, r->text_input + r->text_off[i], r->text_off[i + 1] - r->text_off[i]);
+        size = size > SIZE_MAX - n ? SIZE_MAX : size + n;
+    }
+    return text_encode_bound(size);
+}
+
 ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim)
 {
     if (!r->text_out) return ferry_fail(FERRY_ERR_INTERNAL, "kserve_encode_text: the request is not answered with text");

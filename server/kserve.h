@@ -116,6 +116,9 @@ ferry_status kserve_set_texts(kserve_request *r, int64_t b, const kserve_bytes *
  * (text_request_defaults); every row checked against lim.
  * FERRY_ERR_UNSUPPORTED with text_error when the model has no tokenizer. */
 ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const engine_limits *lim);
+/* What kserve_encode_text may hold, for the budget: text_encode_bound of
+ * the rows' text as the tokenizer will see it (text_encode_size). */
+uint64_t kserve_encode_bound(const kserve_request *r, const text_model *tm);
 void kserve_request_free(kserve_request *r);
 /* An empty request with the settings' defaults (settings.def): what every
  * transport starts from before it reads a request's parameters. */

@@ -46,6 +46,11 @@ typedef struct {
     const engine_limits *lim;
     size_t max_parse;            /* bytes parsing the body may hold (json_parse_limited) */
     size_t max_render;           /* chat: bytes the rendered prompt may have */
+    /* The budget for each prompt's encode, taken before it and held until
+     * the caller is done with the parse: 0 when taken, else the HTTP status
+     * to answer (503 busy, 413 never fits) with msg set. NULL: unbounded. */
+    int (*hold)(void *arg, uint64_t bytes, char *msg, size_t cap);
+    void *hold_arg;
 } oai_ctx;
 
 /* How an error is reported, beside ferry_errmsg's message. */

@@ -239,9 +239,15 @@ int text_eos_ids(const text_model *m, const int32_t **ids)
 
 size_t text_max_token_bytes(const text_model *m) { return m->max_token_bytes; }
 
-/* ids (4 bytes for at most a token a byte) and the tokenizer's pieces and
- * matches, a few times the text */
-size_t text_encode_bound(size_t len) { return len > SIZE_MAX / 32 ? SIZE_MAX : 16 * len + (64u << 10); }
+size_t text_encode_size(const text_model *m, const char *s, size_t len)
+{
+    return m && !m->error ? tok_encode_size(m->tok, s, len) : len;
+}
+
+/* ids (4 bytes for at most a token a byte of the text the tokenizer works
+ * on, room to grow included) and the tokenizer's pieces and matches, a few
+ * times that text */
+size_t text_encode_bound(size_t size) { return size > SIZE_MAX / 32 ? SIZE_MAX : 16 * size + (64u << 10); }
 
 /* ---- prompts ------------------------------------------------------------------------ */
 

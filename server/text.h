@@ -89,9 +89,15 @@ int text_eos_ids(const text_model *m, const int32_t **ids);
  * front end reserves per token of its budget. */
 size_t text_max_token_bytes(const text_model *m);
 
-/* Memory an encode of len bytes of text may hold (ids and the tokenizer's
- * work), for the budget. */
-size_t text_encode_bound(size_t len);
+/* The bytes of text the tokenizer works on for s[0..len): len, or more
+ * when the text grows before it is tokenized (ill-formed UTF-8 becomes
+ * U+FFFD; the tokenizer's NFC/NFKC/lowercase lengthen some characters):
+ * tok_encode_size. len when m has no tokenizer. */
+size_t text_encode_size(const text_model *m, const char *s, size_t len);
+/* Memory an encode may hold (ids and the tokenizer's work), for the
+ * budget, given text_encode_size of its text (not its length: 32 KiB of
+ * 0xFF bytes is 96 KiB of U+FFFD to the tokenizer). */
+size_t text_encode_bound(size_t size);
 
 /* ---- prompts ---------------------------------------------------------------------- */
 

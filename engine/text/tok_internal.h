@@ -118,6 +118,9 @@ static inline size_t tok_utf8_len(unsigned char b)
  * converted: its length is stored in *hold and the caller keeps those bytes
  * for later. Returns the number of bytes consumed. */
 size_t tok_utf8_lossy(const char *s, size_t n, strbuf *out, size_t *hold);
+/* The character at s[0..n) as tok_utf8_lossy reads it: its code point
+ * (U+FFFD for an ill-formed sequence) and the bytes it spans (n > 0). */
+size_t tok_utf8_char(const char *s, size_t n, uint32_t *cp);
 /* Whether s[0..n) is well-formed UTF-8. */
 bool tok_utf8_valid(const char *s, size_t n);
 

@@ -145,6 +145,65 @@ static ferry_status zero_after(const tok_normalizer *nz, const char *s, size_t z
     return st;
 }
 
+/* What one character becomes through the normalizers' Unicode forms and
+ * lowercase: each form at the character's full decomposition (what
+ * composition then does only shortens it), lowercase as norm_lowercase
+ * maps. Returns its bytes. */
+enum { GROWN_MAX_CPS = 64 }; /* U+FDFA's compatibility decomposition is 18 */
+
+static size_t char_grown(const tokenizer *t, uint32_t cp)
+{
+    utf8proc_int32_t a[GROWN_MAX_CPS], b[GROWN_MAX_CPS];
+    size_t n = 1;
+    a[0] = (utf8proc_int32_t)cp;
+    for (size_t i = 0; i < t->n_norm; i++) {
+        tok_norm_kind kind = t->norm[i].kind;
+        size_t m = 0;
+        if (kind == TOK_NORM_LOWERCASE) {
+            for (size_t j = 0; j < n && m + 2 <= GROWN_MAX_CPS; j++) {
+                if (a[j] == 0x130) b[m++] = 'i', b[m++] = 0x307;
+                else b[m++] = utf8proc_tolower(a[j]);
+            }
+        } else if (kind <= TOK_NORM_NFKD) {
+            int opt = UTF8PROC_DECOMPOSE | (kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD ? UTF8PROC_COMPAT : 0);
+            for (size_t j = 0; j < n; j++) {
+                int last = 0;
+                utf8proc_ssize_t r = utf8proc_decompose_char(a[j], b + m, (utf8proc_ssize_t)(GROWN_MAX_CPS - m),
+                                                             (utf8proc_option_t)opt, &last);
+                if (r < 0 || (size_t)r > GROWN_MAX_CPS - m) return 4 * GROWN_MAX_CPS; /* not reached: at most 18 */
+                m += (size_t)r;
+            }
+        } else {
+            continue; /* Prepend, Replace, Strip: see tok_encode_size */
+        }
+        memcpy(a, b, m * sizeof *a);
+        n = m;
+    }
+    size_t bytes = 0;
+    char tmp[4];
+    for (size_t j = 0; j < n; j++) bytes += util_utf8_put(tmp, (uint32_t)a[j]);
+    return bytes;
+}
+
+size_t tok_encode_size(const tokenizer *t, const char *s, size_t n)
+{
+    bool maps = false; /* a step that can lengthen a character */
+    for (size_t i = 0; i < t->n_norm; i++) maps |= t->norm[i].kind <= TOK_NORM_LOWERCASE;
+    size_t size = 0;
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) {
+            size++, i++;
+            continue;
+        }
+        uint32_t cp;
+        size_t k = tok_utf8_char(s + i, n - i, &cp);
+        size_t grown = maps ? char_grown(t, cp) : cp == 0xFFFD ? 3 : k;
+        size = size > SIZE_MAX - grown ? SIZE_MAX : size + grown;
+        i += k;
+    }
+    return size;
+}
+
 ferry_status tok_normalize(const tokenizer *t, tok_match_ctx *mc, const char *s, size_t n, strbuf *out,
                            size_t *zero)
 {

@@ -212,6 +212,17 @@ static size_t utf8_prefix(const unsigned char *s, size_t n, bool *complete)
     return k;
 }
 
+size_t tok_utf8_char(const char *s, size_t n, uint32_t *cp)
+{
+    bool complete;
+    size_t k = utf8_prefix((const unsigned char *)s, n, &complete);
+    if (!complete) {
+        *cp = 0xFFFD;
+        return k ? k : 1;
+    }
+    return tok_utf8_next(s, k, cp);
+}
+
 size_t tok_utf8_lossy(const char *s, size_t n, strbuf *out, size_t *hold)
 {
     const unsigned char *u = (const unsigned char *)s;

@@ -75,6 +75,17 @@ int tok_vocab_size(const tokenizer *t);
 ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
                         int32_t **ids, int *n);
 
+/* An upper bound on the bytes of text tok_encode works on for
+ * text[0..len): the text after each ill-formed sequence becomes U+FFFD (3
+ * bytes) and the normalizers' Unicode forms and lowercase have run, each
+ * character counted at its full decomposition (NFC turns U+1D160 into 3
+ * characters of 4 bytes; NFKC U+FDFA into 18). Prepend, Replace and Strip
+ * are counted at a byte a byte: what they add is within the per-byte room a
+ * front end reserves (server/text.h text_encode_bound). A front end reserves
+ * by this, not len: the text the encoder holds, and the ids it makes, grow
+ * with it. O(len), a table lookup a character outside ASCII. */
+size_t tok_encode_size(const tokenizer *t, const char *text, size_t len);
+
 /* Appends the text of ids to out, as HF's decode(skip_special_tokens) does.
  * An id outside the vocabulary is FERRY_ERR_INVALID naming it. */
 ferry_status tok_decode(const tokenizer *t, const int32_t *ids, int n, bool skip_special, strbuf *out);

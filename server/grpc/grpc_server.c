@@ -283,7 +283,7 @@ static uint64_t infer_held_bytes(const kserve_request *kr, int vocab, const text
 /* A text answer: the prompts encoded (within the budget), each row's stream. */
 static ferry_status text_start(rpc *r, const text_model *tm, const engine_limits *lim, char *busy, size_t cap)
 {
-    uint64_t hold = text_encode_bound(r->kr.text_len);
+    uint64_t hold = kserve_encode_bound(&r->kr, tm);
     if (!rpc_mem_take(r, hold, busy, cap)) return FERRY_ERR_BUSY;
     ferry_status st = tm ? kserve_encode_text(&r->kr, tm, lim) : ferry_fail(FERRY_ERR_UNSUPPORTED, "text: no text model");
     if (r->g->budget) req_budget_give(r->g->budget, &r->mem, hold);

@@ -342,7 +342,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     }
     free(model);
     if (!*err && q->kr.text_out) { /* the prompt encoded (within the budget), and the request's text stream */
-        uint64_t hold = text_encode_bound(q->kr.text_len);
+        uint64_t hold = kserve_encode_bound(&q->kr, tm);
         if (g->budget && !req_budget_take(g->budget, &q->mem, hold)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             req_budget_busy_msg(g->budget, err, sizeof err);

@@ -23,8 +23,8 @@
  * text comes back: decode(encode(text)) is text when it is valid UTF-8 (in
  * NFC for the demo one; without U+2581, which Llama 2 writes spaces as, and
  * special-token text not parsed, for Llama 2), and encoding it holds no
- * more memory than text_encode_bound (server/text.h), what the server
- * reserves for it (checked through the AddressSanitizer allocator's hooks;
+ * more memory than text_encode_bound of its tok_encode_size (server/text.h),
+ * what the server reserves for it (checked through the AddressSanitizer allocator's hooks;
  * a build without ASan skips it; FUZZ_TOKENIZER_NO_ENCODE_BOUND=1 turns it
  * off, to fuzz the rest while such a finding is open). A broken promise aborts,
  * which libFuzzer reports as a crash. FUZZ_ROOT (set by the Makefile) is
@@ -130,7 +130,8 @@ static void decode_both(const tokenizer *t, const int32_t *ids, int n, bool skip
 
 /* Encodes text (when given) and decodes its ids and ids from its bytes;
  * the text decoded from its own ids (skip_special false) goes to back.
- * bounded: the encode must hold no more than text_encode_bound. Returns the
+ * bounded: the encode must hold no more than text_encode_bound (of the text's
+ * tok_encode_size). Returns the
  * encoding's status. */
 static ferry_status exercise(const tokenizer *t, const char *text, size_t len, bool has_text, bool add, bool special,
                              bool bounded, strbuf *back)
@@ -146,10 +147,13 @@ static ferry_status exercise(const tokenizer *t, const char *text, size_t len, b
         st = tok_encode(t, text, len, add, special, &ids, &n);
 #ifdef FUZZ_HAVE_ASAN
         /* what the server reserves for an encode, for a real tokenizer */
-        if (bounded && g_encode_bound && g_peak - base > text_encode_bound(len)) {
-            fprintf(stderr, "fuzz_tokenizer: encoding %zu bytes held %zu bytes (text_encode_bound: %zu)\n", len,
-                    g_peak - base, text_encode_bound(len));
-            abort();
+        if (bounded && g_encode_bound) {
+            size_t size = tok_encode_size(t, text, len), peak = g_peak - base;
+            if (peak > text_encode_bound(size)) {
+                fprintf(stderr, "fuzz_tokenizer: encoding %zu bytes (%zu to encode) held %zu bytes (text_encode_bound: %zu)\n",
+                        len, size, peak, text_encode_bound(size));
+                abort();
+            }
         }
 #endif
         if (st == FERRY_OK) {

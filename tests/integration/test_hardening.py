@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -33,6 +34,8 @@ import pytest
 from conftest import SANITIZER
 from test_http import (REQ_TIMEOUT, Server, assert_alive, expect_error, infer_body, jreq, metrics, msum, request,
                        serve)
+from test_grpc import grpc_port, pb  # noqa: F401 (pb: a fixture)
+from text_util import DEMO_TOKENIZER, text_model
 
 MIB = 1 << 20
 
@@ -526,3 +529,105 @@ def test_ready_503_after_failing_steps_then_back(ferry_bin, models, tmp_path):
     finally:
         for _ in gen:
             pass
+
+
+# --------------------------------------------------------------------------
+# text that grows before it is tokenized
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def srv_grow(ferry_bin, ferry, tmp_path_factory):
+    # the demo tokenizer normalizes with NFC; 5 MiB holds the parse and the
+    # encode of 128 KiB of ASCII, not of the same bytes tripled
+    m = text_model(ferry, tmp_path_factory.mktemp("grow") / "grow", DEMO_TOKENIZER, seed=93)
+    yield from serve(ferry_bin, m, "--request-memory", "5MiB", "--max-body", "1MiB", name="grow")
+
+
+U1D160 = "\U0001D160"  # 4 bytes; NFC makes it 3 characters, 12 bytes
+
+
+def _bytes_infer(srv, text):
+    blob = struct.pack("<I", len(text)) + text
+    head = json.dumps({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": len(blob)}}],
+                       "parameters": {"max_new_tokens": 1}}).encode()
+    st, _, body = request(srv, "POST", "/v2/models/%s/infer" % srv.name, head + blob,
+                          {"Inference-Header-Content-Length": str(len(head)),
+                           "Content-Type": "application/octet-stream"})
+    return st, json.loads(body)
+
+
+def _post_utf8(srv, path, body):
+    """(status, JSON answer) for body sent as UTF-8 (no \\u escapes: a
+    character outside the BMP would be 12 bytes of body)."""
+    st, _, data = request(srv, "POST", path, json.dumps(body, ensure_ascii=False).encode(),
+                          {"Content-Type": "application/json"})
+    return st, json.loads(data)
+
+
+def _refused_for_memory(st, obj, *needles):
+    err = obj["error"]
+    msg = err["message"] if isinstance(err, dict) else err
+    assert st == 413 and "--request-memory" in msg and "to parse" not in msg, (st, obj)
+    for n in needles:
+        assert n in msg, (n, obj)
+
+
+def test_text_that_grows_is_reserved_for(srv_grow):
+    """An encode's budget is reserved by the text the tokenizer works on,
+    not by the bytes that came: bytes that are not UTF-8 become U+FFFD (3
+    bytes each) and NFC lengthens some characters, and the ids (and the
+    tokenizer's work) grow with that text. The same number of bytes of
+    ASCII passes the budget (and is then refused for the model's context,
+    400); the text that triples is 413 naming --request-memory. Each front
+    end: KServe generate (JSON) and infer (binary BYTES), OpenAI
+    completions, /tokenize."""
+    n = 128 << 10
+    gen = "/v2/models/grow/generate"
+    st, obj = _post_utf8(srv_grow, gen, {"text_input": "a" * n, "parameters": {"max_new_tokens": 1}})
+    assert st == 400 and "request-memory" not in obj["error"], (st, obj)
+    st, obj = _post_utf8(srv_grow, gen, {"text_input": U1D160 * (n // 4), "parameters": {"max_new_tokens": 1}})
+    _refused_for_memory(st, obj, "text_input")
+    st, obj = _bytes_infer(srv_grow, b"a" * n)
+    assert st == 400 and "request-memory" not in obj["error"], (st, obj)
+    st, obj = _bytes_infer(srv_grow, b"\xff" * n)
+    _refused_for_memory(st, obj, "text_input")
+    m = 64 << 10
+    st, obj = _post_utf8(srv_grow, "/v1/completions", {"prompt": "a" * m, "max_tokens": 1})
+    assert st == 400 and obj["error"]["code"] == "context_length_exceeded", (st, obj)
+    st, obj = _post_utf8(srv_grow, "/v1/completions", {"prompt": U1D160 * (m // 4), "max_tokens": 1})
+    _refused_for_memory(st, obj)
+    assert obj["error"]["param"] == "prompt", obj
+    st, obj = _post_utf8(srv_grow, "/tokenize", {"content": "a" * m})
+    assert st == 200 and obj["tokens"], obj
+    st, obj = _post_utf8(srv_grow, "/tokenize", {"content": U1D160 * (m // 4)})
+    _refused_for_memory(st, obj, "content")
+    # text that grows, within the budget, is served: a reservation, not a ban
+    st, obj = _post_utf8(srv_grow, "/tokenize", {"content": U1D160 * 1000})
+    assert st == 200 and len(obj["tokens"]) >= 1000, obj
+    st, obj = _post_utf8(srv_grow, "/v1/completions", {"prompt": U1D160 * 1000, "max_tokens": 1})
+    assert st == 400 and obj["error"]["code"] == "context_length_exceeded", (st, obj)
+    assert_alive(srv_grow)
+
+
+def test_text_that_grows_is_reserved_for_grpc(srv_grow, pb):
+    """The same over gRPC: ModelInfer with 128 KiB of text_input bytes that
+    are not UTF-8 is RESOURCE_EXHAUSTED naming --request-memory; as many
+    bytes of ASCII get past the budget to the model's context check."""
+    import grpc
+    msgs, stub_cls = pb[0], pb[1]
+    ch = grpc.insecure_channel("127.0.0.1:%d" % grpc_port(srv_grow))
+    try:
+        stub = stub_cls(ch)
+        for text, code in ((b"a" * (128 << 10), grpc.StatusCode.INVALID_ARGUMENT),
+                           (b"\xff" * (128 << 10), grpc.StatusCode.RESOURCE_EXHAUSTED)):
+            req = msgs.ModelInferRequest(model_name=srv_grow.name)
+            req.parameters["max_new_tokens"].int64_param = 1
+            req.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(text)
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.ModelInfer(req, timeout=REQ_TIMEOUT)
+            assert ei.value.code() == code, (ei.value.code(), ei.value.details())
+            assert ("--request-memory" in ei.value.details()) == (code == grpc.StatusCode.RESOURCE_EXHAUSTED)
+    finally:
+        ch.close()
+    assert_alive(srv_grow)

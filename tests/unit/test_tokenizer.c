@@ -788,34 +788,98 @@ static void test_encode_memory(void)
      * BPE scratch (4 bytes a symbol and 8 a candidate merge) and the text
      * they are made from: spaces take the most (15 bytes a byte), mapped to
      * "\u0120" (2 bytes) by ByteLevel, or to "\u2581" (3) by Llama 2's
-     * normalizer, every pair of them a merge. */
+     * normalizer, every pair of them a merge.
+     * Text that grows before it is tokenized makes more than a token a byte
+     * of it: 0xFF becomes U+FFFD (3 tokens through the demo tokenizer: 37
+     * bytes held a byte), NFC makes U+1D160 three characters (33 a byte),
+     * NFKC U+FDFA eighteen; the bound is by tok_encode_size, not len. */
     count_init();
     tokenizer *demo = load_file("config/demo-tokenizer/tokenizer.json");
     tokenizer *llama2 = load_file("tests/fuzz/tokenizers/llama2-small.json");
-    if (!demo || !llama2) return;
+    tokenizer *nfkc = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Sequence\", "
+                           "\"normalizers\": [{\"type\": \"NFKC\"}, {\"type\": \"Lowercase\"}]}, "
+                           "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
+    if (!demo || !llama2 || !nfkc) return;
     const struct {
         const tokenizer *t;
         const char *what;
-        char fill;
+        const char *unit; /* repeated to len bytes */
         size_t len;
     } cases[] = {
-        {demo, "demo, digits", '7', 1000},      {demo, "demo, digits", '7', 32769},
-        {demo, "demo, spaces", ' ', 32769},     {demo, "demo, one letter", 'a', 32769},
-        {llama2, "llama2, digits", '7', 32769}, {llama2, "llama2, spaces", ' ', 32769},
-        {llama2, "llama2, one letter", 'a', 32769},
+        {demo, "demo, digits", "7", 1000},
+        {demo, "demo, digits", "7", 32769},
+        {demo, "demo, spaces", " ", 32769},
+        {demo, "demo, one letter", "a", 32769},
+        {llama2, "llama2, digits", "7", 32769},
+        {llama2, "llama2, spaces", " ", 32769},
+        {llama2, "llama2, one letter", "a", 32769},
+        {demo, "demo, 0xFF", "\xFF", 32768},
+        {demo, "demo, cut sequences", "\xE4\xB8", 32768},
+        {llama2, "llama2, 0xFF", "\xFF", 32768},
+        {demo, "demo (NFC), U+1D160", "\xF0\x9D\x85\xA0", 32768},
+        {demo, "demo (NFC), U+0958", "\xE0\xA5\x98", 32769},
+        {demo, "demo (NFC), U+0390 and spaces", "\xCE\x90 ", 32769},
+        {nfkc, "NFKC+lowercase, U+FDFA", "\xEF\xB7\xBA", 32769},
+        {nfkc, "NFKC+lowercase, U+0130", "\xC4\xB0", 32768},
+        {nfkc, "NFKC+lowercase, 0xFF", "\xFF", 32768},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *text = malloc(cases[i].len);
-        memset(text, cases[i].fill, cases[i].len);
-        long long held = encode_peak(cases[i].t, text, cases[i].len);
-        size_t bound = text_encode_bound(cases[i].len);
-        printf("encode of %zu bytes (%s): %lld bytes held, %.1f a byte (bound %zu)\n", cases[i].len, cases[i].what,
-               held, (double)held / (double)cases[i].len, bound);
+        size_t len = cases[i].len, k = strlen(cases[i].unit);
+        char *text = malloc(len);
+        for (size_t j = 0; j < len; j++) text[j] = cases[i].unit[j % k];
+        long long held = encode_peak(cases[i].t, text, len);
+        size_t size = tok_encode_size(cases[i].t, text, len);
+        size_t bound = text_encode_bound(size);
+        printf("encode of %zu bytes (%s): %zu to encode, %lld bytes held, %.1f a byte (bound %zu)\n", len,
+               cases[i].what, size, held, (double)held / (double)len, bound);
         CHECK(held > 0 && (size_t)held <= bound);
+        CHECK(size >= len);
         free(text);
     }
     tok_free(demo);
     tok_free(llama2);
+    tok_free(nfkc);
+}
+
+/* tok_encode_size: a byte a byte of ASCII and of what no normalizer
+ * lengthens; the replacement and the unicode forms counted. */
+static void test_encode_size(void)
+{
+    tokenizer *plain = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}}");
+    tokenizer *nfc = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"NFC\"}}");
+    tokenizer *nfkc = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"NFKC\"}}");
+    tokenizer *lower = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Lowercase\"}}");
+    if (!plain || !nfc || !nfkc || !lower) return;
+    const struct {
+        const tokenizer *t;
+        const char *text;
+        size_t size;
+    } cases[] = {
+        {plain, "hello world", 11},
+        {plain, "\xE4\xB8\xAD", 3},                 /* U+4E2D: as is */
+        {plain, "\xFF", 3},                         /* U+FFFD */
+        {plain, "a\xE4\xB8", 4},                    /* a cut sequence: one U+FFFD */
+        {plain, "\xF0\x9D\x85\xA0", 4},              /* no normalizer: as is */
+        {nfc, "\xF0\x9D\x85\xA0", 12},               /* U+1D160: U+1D158 U+1D165 U+1D16E */
+        {nfc, "\xE0\xA5\x98", 6},                    /* U+0958: U+0915 U+093C */
+        {nfc, "\xC3\xA9", 3},                        /* U+00E9 decomposes (and composes back) */
+        {nfc, "\xEF\xB7\xBA", 3},                    /* U+FDFA: no canonical decomposition */
+        {nfkc, "\xEF\xB7\xBA", 33},                  /* U+FDFA: 18 characters */
+        {nfc, "\xFF\xFF", 6},
+        {lower, "\xC4\xB0", 3},                      /* U+0130: "i" U+0307 */
+        {lower, "ABC", 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t got = tok_encode_size(cases[i].t, cases[i].text, strlen(cases[i].text));
+        if (got != cases[i].size) {
+            fprintf(stderr, "tok_encode_size case %zu: %zu, want %zu\n", i, got, cases[i].size);
+            check_failures++;
+        }
+    }
+    tok_free(plain);
+    tok_free(nfc);
+    tok_free(nfkc);
+    tok_free(lower);
 }
 
 typedef struct {
@@ -883,6 +947,7 @@ int main(void)
     test_errors();
     test_long_word();
     test_encode_memory();
+    test_encode_size();
     test_threads();
     remove_file("tokenizer.json");
     remove_file("tokenizer_config.json");
