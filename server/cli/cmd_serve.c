@@ -90,23 +90,27 @@ static void *load_main(void *arg)
 }
 
 /* Every connection is a descriptor: raise the soft limit to what
- * max_connections needs (plus the engine's own files), up to the hard
- * limit, and say so when that is not enough. */
-static int fit_fd_limit(int *max_connections)
+ * max_connections needs on each front end (HTTP, and gRPC unless it is
+ * off) plus the engine's own files, up to the hard limit, and say so when
+ * that is not enough: the front ends then share what there is. */
+static int fit_fd_limit(http_opts *ho, grpc_front_opts *go, bool grpc_on)
 {
+    int fronts = grpc_on ? 2 : 1;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-    rlim_t want = (rlim_t)*max_connections + 256;
+    rlim_t want = (rlim_t)ho->max_connections * fronts + 256;
     if (rl.rlim_cur < want) {
         rl.rlim_cur = want < rl.rlim_max ? want : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
         getrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rl.rlim_cur < want) {
-        if (rl.rlim_cur < 256 + 8) return cli_error(EXIT_RUNTIME, "the open-file limit (%llu) is too low to serve", (unsigned long long)rl.rlim_cur);
-        *max_connections = (int)(rl.rlim_cur - 256);
-        fprintf(stderr, "ferry: warning: open-file limit %llu: at most %d connections\n", (unsigned long long)rl.rlim_cur,
-                *max_connections);
+        if (rl.rlim_cur < 256 + 8 * (rlim_t)fronts)
+            return cli_error(EXIT_RUNTIME, "the open-file limit (%llu) is too low to serve", (unsigned long long)rl.rlim_cur);
+        int each = (int)((rl.rlim_cur - 256) / (rlim_t)fronts);
+        ho->max_connections = go->max_connections = each;
+        fprintf(stderr, "ferry: warning: open-file limit %llu: at most %d connections%s\n", (unsigned long long)rl.rlim_cur,
+                each, grpc_on ? " to each front end" : "");
     }
     return 0;
 }
@@ -156,8 +160,17 @@ static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], 
                       .max_header = cfg->max_header,
                       .max_connections = (int)cfg->max_connections,
                       .max_connections_per_ip = (int)cfg->max_connections_per_ip};
-    *go = (grpc_front_opts){.host = cfg->host, .port = (int)cfg->grpc_port, .model_name = name, .max_message = cfg->max_body};
-    return fit_fd_limit(&ho->max_connections);
+    /* the connection limits and timeouts are each front end's (docs/limits.md) */
+    *go = (grpc_front_opts){.host = cfg->host,
+                            .port = (int)cfg->grpc_port,
+                            .model_name = name,
+                            .max_message = cfg->max_body,
+                            .max_streams = (int)cfg->grpc_max_streams,
+                            .connection_timeout_s = (int)cfg->connection_timeout,
+                            .request_timeout_s = (int)cfg->request_timeout,
+                            .max_connections = (int)cfg->max_connections,
+                            .max_connections_per_ip = (int)cfg->max_connections_per_ip};
+    return fit_fd_limit(ho, go, cfg->grpc_port >= 0);
 }
 
 /* The admin API's options: *token is NULL when it is not to start.

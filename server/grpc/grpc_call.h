@@ -30,6 +30,7 @@ typedef struct {
 struct grpc_front {
     grpc_server *server;
     grpc_completion_queue *cq;
+    struct grpc_listener *listener; /* grpc_listen.c: accepts, and hands connections to server */
     pthread_t thread;
     int port;
     char *model_name;

@@ -20,7 +20,8 @@
  *           frees their KV sequence at the next step boundary)
  *
  * ModelStreamInfer calls read and write many messages: grpc_stream.c (its
- * WRITE tag is one SEND_MESSAGE).
+ * WRITE tag is one SEND_MESSAGE). Connections come from grpc_listen.c's
+ * thread, which accepts them and hands them to the server.
  *
  * Invariants of an rpc:
  *   R1. refs counts the tags and flows still to come: the CLOSED batch, and
@@ -51,6 +52,7 @@
 
 #include "../kserve.h"
 #include "grpc_call.h"
+#include "grpc_listen.h"
 #include "grpc_messages.h"
 
 /* ---- rpc life ------------------------------------------------------------------- */
@@ -591,6 +593,12 @@ static void *cq_main(void *arg)
 
 /* ---- start and stop ------------------------------------------------------------- */
 
+/* Triton's keepalive settings (README); core's listener also set the
+ * accepted sockets' TCP_USER_TIMEOUT to the keepalive timeout, and so does
+ * grpc_listen.c */
+#define KEEPALIVE_TIME_MS 7200000
+#define KEEPALIVE_TIMEOUT_MS 20000
+
 ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
 {
     grpc_front *g = calloc(1, sizeof *g);
@@ -598,6 +606,19 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         free(g);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
+    grpc_listen_opts lo = {.host = o->host,
+                           .port = o->port,
+                           .max_conns = o->max_connections,
+                           .max_conns_per_ip = o->max_connections_per_ip,
+                           .preface_timeout_s = o->request_timeout_s,
+                           .user_timeout_ms = KEEPALIVE_TIMEOUT_MS};
+    ferry_status lst = grpc_listener_open(&lo, &g->listener);
+    if (lst != FERRY_OK) {
+        free(g->model_name);
+        free(g);
+        return lst;
+    }
+    g->port = grpc_listener_port(g->listener);
     g->counters = o->counters;
     g->budget = o->budget;
     const char *qmax = getenv("FERRY_GRPC_STREAM_QUEUE_MAX");
@@ -607,14 +628,21 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
     grpc_init();
     int max_msg = o->max_message > INT_MAX ? INT_MAX : (int)o->max_message;
-    /* keepalive: Triton's defaults (README) */
+    int idle_ms = o->connection_timeout_s > INT_MAX / 1000 ? INT_MAX : o->connection_timeout_s * 1000;
+    /* No GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS: core's handshake runs only in
+     * its own listener; grpc_listen.c holds a connection to --request-timeout
+     * until its preface came. No GRPC_ARG_MAX_CONNECTION_AGE_MS either: idle
+     * connections go after --connection-timeout, and an age limit's grace
+     * would cut a long generation (docs/limits.md). */
     struct {
         const char *key;
         int value;
     } k_args[] = {
         {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_msg},
-        {GRPC_ARG_KEEPALIVE_TIME_MS, 7200000},
-        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000},
+        {GRPC_ARG_MAX_CONCURRENT_STREAMS, o->max_streams},
+        {GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_ms},
+        {GRPC_ARG_KEEPALIVE_TIME_MS, KEEPALIVE_TIME_MS},
+        {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, KEEPALIVE_TIMEOUT_MS},
         {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0},
         {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 300000},
         {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2},
@@ -627,29 +655,18 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->server = grpc_server_create(&ca, NULL);
     g->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
-    char addr[300];
-    bool v6 = strchr(o->host, ':') != NULL;
-    snprintf(addr, sizeof addr, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "", o->port);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    g->port = grpc_server_add_http2_port(g->server, addr, creds);
-    grpc_server_credentials_release(creds);
-    if (g->port <= 0) {
-        grpc_server_destroy(g->server);
-        grpc_completion_queue_shutdown(g->cq);
-        while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {}
-        grpc_completion_queue_destroy(g->cq);
-        grpc_shutdown();
-        free(g->model_name);
-        free(g);
-        return ferry_fail(FERRY_ERR_IO, "grpc: cannot listen on %s", addr);
-    }
-    grpc_server_start(g->server);
+    grpc_server_start(g->server); /* no port of core's: grpc_listen.c hands it the connections */
     request_next_call(g);
     if (pthread_create(&g->thread, NULL, cq_main, g) != 0) {
         /* not reached in practice; leave the process to exit */
         return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the completion-queue thread");
     }
     *out = g;
+    if (grpc_listener_start(g->listener, g->server) != FERRY_OK) {
+        grpc_front_stop(g, 0); /* keeps the listener's message */
+        *out = NULL;
+        return FERRY_ERR_IO;
+    }
     return FERRY_OK;
 }
 
@@ -667,6 +684,7 @@ void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm
 
 void grpc_front_stop(grpc_front *g, int grace_s)
 {
+    grpc_listener_stop(g->listener); /* no new connections; core's get its GOAWAY below */
     grpc_server_shutdown_and_notify(g->server, g->cq, &g->shutdown_tag);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);

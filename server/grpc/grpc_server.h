@@ -8,6 +8,8 @@
  * scheduler. One thread drives the completion queue; no thread waits for
  * the engine: ModelInfer submits its rows to the scheduler and the last
  * row's on_done (engine thread) sends the answer. See grpc_server.c.
+ * Connections are accepted by ferry, not core (grpc_listen.c), so that
+ * their number is bounded; core bounds each one's calls and idle time.
  *
  * Shutdown order: grpc_front_stop (stops accepting, lets calls in flight
  * finish within the grace period, then cancels them; every call has ended
@@ -30,6 +32,11 @@ typedef struct {
     int port;                /* 0 = any free port (grpc_front_port says which) */
     const char *model_name;
     uint64_t max_message;    /* largest request message; larger ones get RESOURCE_EXHAUSTED */
+    int max_streams;         /* calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS) */
+    int connection_timeout_s; /* a connection with no call open this long is closed (GOAWAY) */
+    int request_timeout_s;   /* a connection's HTTP/2 preface must come within it */
+    int max_connections;     /* connections held at once; more wait in the listen queue */
+    int max_connections_per_ip; /* of those, from one client address; more are closed at once */
     req_budget *budget;      /* --request-memory, shared with the HTTP front end (NULL: unbounded);
                               * owned by the caller, outlives the front end */
     metrics *counters;       /* ferry_requests_total{endpoint="grpc_...", code=<gRPC code>}; owned by
@@ -38,7 +45,7 @@ typedef struct {
 
 typedef struct grpc_front grpc_front;
 
-/* Binds and starts the completion-queue thread. */
+/* Binds, and starts the completion-queue thread and the accepting one. */
 ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out);
 int grpc_front_port(const grpc_front *g);
 

@@ -96,12 +96,15 @@ message ModelStatisticsResponse { repeated ModelStatistics model_stats = 1; }
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
+    return kserve_stubs(tmp_path_factory.mktemp("kserve_stubs"))
+
+
+def kserve_stubs(out):
     """(messages module, stub class, stream response class, Triton's config
     and statistics messages module) generated from the official proto (and
-    Triton's messages beside it)."""
+    Triton's messages beside it) in the directory out."""
     if not PROTO.is_file():
         pytest.fail("the official KServe proto is missing: %s (set FERRY_KSERVE_PROTO)" % PROTO)
-    out = tmp_path_factory.mktemp("kserve_stubs")
     (out / "triton_stream.proto").write_text(TRITON_STREAM_PROTO)
     (out / "triton_config.proto").write_text(TRITON_CONFIG_PROTO)
     # compiled by grpcio-tools' protoc into a descriptor set, and the message

@@ -184,3 +184,290 @@ def test_bad_limit_flags(ferry, m_lim, flags, needle):
     p = ferry.run("serve", "--model", m_lim, "--http-port", 0, "--grpc-port", -1, *flags)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert needle in p.stderr.decode(), p.stderr
+
+
+# --------------------------------------------------------------------------
+# gRPC connections (docs/limits.md): ferry accepts them itself
+# (server/grpc/grpc_listen.c) and hands them to gRPC core once their HTTP/2
+# preface came. A raw socket shows what the server does on the wire (its
+# SETTINGS frame says the connection was handed over; a close with nothing
+# sent says it never was); grpcio is the client that must be served after
+# each refusal. One server (`gsrv_lim`) with 2 s for the preface
+# (--request-timeout), 3 s without a call (--connection-timeout), 2 calls
+# per connection (--grpc-max-streams) and 3 connections per address; the
+# total (--max-connections 8) on `srv_conn`. Other clients than 127.0.0.1
+# are other loopback addresses (127.0.0.2, 127.0.0.3).
+# --------------------------------------------------------------------------
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + an empty SETTINGS
+SETTINGS_MAX_CONCURRENT_STREAMS = 3
+
+
+@pytest.fixture(scope="module")
+def gpb(tmp_path_factory):
+    """test_grpc (its helpers) and the KServe stubs; skipped without grpcio."""
+    tg = pytest.importorskip("test_grpc", reason="grpcio is not installed for this python")
+    return tg, tg.kserve_stubs(tmp_path_factory.mktemp("kserve_stubs"))
+
+
+@pytest.fixture(scope="module")
+def gsrv_lim(ferry_bin, models):
+    yield from serve(ferry_bin, models.get("llama", "tiny", seed=93), "--request-timeout", 2,
+                     "--connection-timeout", 3, "--grpc-max-streams", 2, "--max-connections", 8,
+                     "--max-connections-per-ip", 3, name="glim")
+
+
+def gchannel(gpb, srv):
+    """A grpcio channel with a connection of its own (grpcio shares one
+    between channels to the same address by default)."""
+    tg, _ = gpb
+    return tg.grpc.insecure_channel("127.0.0.1:%d" % tg.grpc_port(srv), options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def grpc_alive(gpb, srv):
+    """A normal ModelInfer on a new connection is answered."""
+    tg, pb = gpb
+    with gchannel(gpb, srv) as ch:
+        resp = pb[1](ch).ModelInfer(tg.infer_request(pb[0], srv.name, [[1, 2]], 2), timeout=tg.TIMEOUT)
+        assert len(tg.output_rows(resp, 1)[0]) == 2
+
+
+def h2_conn(gpb, srv, src="127.0.0.1", preface=H2_PREFACE):
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(20)
+    s.connect(("127.0.0.1", gpb[0].grpc_port(srv)))
+    if preface:
+        s.sendall(preface)
+    return s
+
+
+def h2_frames(s, timeout=20):
+    """The frames the server sends, (type, flags, stream, payload), until it
+    closes the connection (a reset is a close too); fails if it is still
+    open and silent after timeout seconds."""
+    s.settimeout(timeout)
+    buf = b""
+    while True:
+        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+            n = int.from_bytes(buf[:3], "big")
+            yield buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7fffffff, buf[9:9 + n]
+            buf = buf[9 + n:]
+        try:
+            got = s.recv(4096)
+        except ConnectionResetError:
+            return
+        except socket.timeout:
+            pytest.fail("the connection is still open after %s s" % timeout)
+        if not got:
+            return
+        buf += got
+
+
+def h2_settings(s):
+    """The server's SETTINGS frame: {identifier: value}."""
+    for kind, flags, _, payload in h2_frames(s):
+        if kind == 4 and not flags & 1:
+            return {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+                    for i in range(0, len(payload), 6)}
+    raise AssertionError("the server closed the connection without its SETTINGS frame")
+
+
+def h2_frame(kind, flags, stream, payload=b""):
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def h2_call_headers(method):
+    """A HEADERS block opening a gRPC call (HPACK: static-table :method POST
+    and :scheme http, the rest literal without indexing)."""
+    lit = lambda n, v: b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v  # noqa: E731
+    path = b"/inference.GRPCInferenceService/" + method
+    return (b"\x83\x86" + b"\x04" + bytes([len(path)]) + path + lit(b":authority", b"x") +
+            lit(b"content-type", b"application/grpc") + lit(b"te", b"trailers"))
+
+
+def read_to_close(s, timeout):
+    """What the server sends until it closes s (a reset is a close too)."""
+    s.settimeout(timeout)
+    got = b""
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                return got
+            got += d
+    except ConnectionResetError:
+        return got
+    except socket.timeout:
+        pytest.fail("the connection is still open after %s s (got %d bytes)" % (timeout, len(got)))
+
+
+def test_grpc_preface_timeout(gsrv_lim, gpb):
+    """A connection that does not send the HTTP/2 preface within
+    --request-timeout (2 s) is closed, never handed to gRPC core (the
+    server sends nothing, not even its SETTINGS); so is one whose first
+    bytes are not HTTP/2's."""
+    for preface in (None, H2_PREFACE[:10], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 40):
+        s = h2_conn(gpb, gsrv_lim, preface=preface)
+        try:
+            assert read_to_close(s, 20) == b"", preface
+        finally:
+            s.close()
+    s = h2_conn(gpb, gsrv_lim)  # a preface that comes: the server answers with its SETTINGS
+    try:
+        assert h2_settings(s)
+    finally:
+        s.close()
+    grpc_alive(gpb, gsrv_lim)
+
+
+def test_grpc_idle_connection(gsrv_lim, gpb):
+    """A connection with no call open for --connection-timeout (3 s) is
+    closed by the server (GOAWAY, then the close); a grpcio channel goes
+    back to IDLE and its next call connects again."""
+    import threading
+    tg, pb = gpb
+    grpc = tg.grpc
+    s = h2_conn(gpb, gsrv_lim)
+    try:
+        h2_settings(s)
+        read_to_close(s, 30)
+    finally:
+        s.close()
+    ch = gchannel(gpb, gsrv_lim)
+    try:
+        states, idle_again = [], threading.Event()
+
+        def seen(st):
+            states.append(st)
+            if st == grpc.ChannelConnectivity.IDLE and grpc.ChannelConnectivity.READY in states:
+                idle_again.set()
+
+        ch.subscribe(seen)
+        stub = pb[1](ch)
+        assert stub.ServerLive(pb[0].ServerLiveRequest(), timeout=tg.TIMEOUT).live
+        assert idle_again.wait(30), "the channel stayed connected: %s" % states
+        resp = stub.ModelInfer(tg.infer_request(pb[0], gsrv_lim.name, [[1, 2]], 2), timeout=tg.TIMEOUT)
+        assert len(tg.output_rows(resp, 1)[0]) == 2
+        ch.unsubscribe(seen)
+    finally:
+        ch.close()
+    grpc_alive(gpb, gsrv_lim)
+
+
+def test_grpc_streams_per_connection(gsrv_lim, gpb):
+    """--grpc-max-streams 2: the server's SETTINGS say 2; a client that
+    opens a third call regardless loses that connection (gRPC core 1.51);
+    with two calls open on a connection, grpcio holds a third back (here
+    until its deadline) and sends it once one ends; other connections are
+    served."""
+    import queue
+    tg, pb = gpb
+    grpc = tg.grpc
+    s = h2_conn(gpb, gsrv_lim)
+    try:
+        assert h2_settings(s).get(SETTINGS_MAX_CONCURRENT_STREAMS) == 2
+        # a client that ignores them and opens a third call: gRPC core 1.51
+        # closes the connection (later releases refuse the stream alone)
+        s.sendall(h2_frame(4, 1, 0))  # SETTINGS ACK: the limit is in force
+        time.sleep(0.2)
+        s.sendall(b"".join(h2_frame(1, 4, sid, h2_call_headers(b"ModelStreamInfer")) for sid in (1, 3, 5)))
+        for kind, _, stream, payload in h2_frames(s):
+            assert not (kind == 1 and stream == 5), "the third call was answered"
+            if kind == 3 and stream == 5:  # RST_STREAM
+                assert payload == (7).to_bytes(4, "big"), "not REFUSED_STREAM: %r" % payload
+                break
+    finally:
+        s.close()
+    ch = gchannel(gpb, gsrv_lim)
+    try:
+        stub = pb[1](ch)
+        open_calls = []
+        for _ in range(2):  # two ModelStreamInfer calls, open with no request yet
+            q = queue.Queue()
+            call = ch.stream_stream(tg.STREAM_METHOD, request_serializer=pb[0].ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb[2].FromString)(iter(q.get, None), timeout=tg.TIMEOUT)
+            open_calls.append((q, call))
+        tg.expect_code(lambda: stub.ServerLive(pb[0].ServerLiveRequest(), timeout=3), grpc.StatusCode.DEADLINE_EXCEEDED)
+        grpc_alive(gpb, gsrv_lim)  # another connection
+        q, call = open_calls.pop()
+        q.put(None)  # half-close: the stream ends
+        assert list(call) == [] and call.code() == grpc.StatusCode.OK
+        assert stub.ServerLive(pb[0].ServerLiveRequest(), timeout=tg.TIMEOUT).live
+        for q, call in open_calls:
+            q.put(None)
+            list(call)
+    finally:
+        ch.close()
+    grpc_alive(gpb, gsrv_lim)
+
+
+def test_grpc_connections_per_ip(gsrv_lim, gpb):
+    """--max-connections-per-ip 3: a fourth connection from 127.0.0.2 is
+    accepted and closed at once, with nothing sent; 127.0.0.3 and
+    127.0.0.1 are served meanwhile, and 127.0.0.2 again once its
+    connections are gone."""
+    held = [h2_conn(gpb, gsrv_lim, src="127.0.0.2") for _ in range(3)]
+    try:
+        for s in held:
+            h2_settings(s)
+        s = h2_conn(gpb, gsrv_lim, src="127.0.0.2")
+        try:
+            assert read_to_close(s, 20) == b""
+        finally:
+            s.close()
+        other = h2_conn(gpb, gsrv_lim, src="127.0.0.3")
+        try:
+            h2_settings(other)
+        finally:
+            other.close()
+        grpc_alive(gpb, gsrv_lim)
+    finally:
+        for s in held:
+            s.close()
+    # gRPC core closes its end of each as it reads the client's close: a try may still be refused
+    for _ in range(50):
+        s = h2_conn(gpb, gsrv_lim, src="127.0.0.2")
+        try:
+            h2_settings(s)
+            break
+        except AssertionError:
+            time.sleep(0.1)
+        finally:
+            s.close()
+    else:
+        pytest.fail("127.0.0.2 is still refused after its connections closed")
+    assert any("refused a connection from 127.0.0.2" in ln and "--max-connections-per-ip" in ln
+               for ln in gsrv_lim.log), gsrv_lim.logtail()
+    grpc_alive(gpb, gsrv_lim)
+
+
+def test_grpc_max_connections(srv_conn, gpb):
+    """--max-connections 8 (gRPC's own count, apart from HTTP's): with 8
+    held - 4 handed to gRPC core, 4 still without their preface, from two
+    addresses - a ninth from a third waits in the listen queue, unanswered,
+    and is served once one closes."""
+    held = [h2_conn(gpb, srv_conn, src="127.0.0.2") for _ in range(4)] + \
+        [h2_conn(gpb, srv_conn, src="127.0.0.3", preface=None) for _ in range(4)]
+    s = None
+    try:
+        for h in held[:4]:
+            h2_settings(h)
+        s = h2_conn(gpb, srv_conn, src="127.0.0.4")
+        s.settimeout(1.5)
+        with pytest.raises(socket.timeout):
+            s.recv(100)
+        held.pop(0).close()  # a handed one: gRPC core closes it, the listener sees it gone
+        s.settimeout(20)
+        assert h2_settings(s)
+    finally:
+        for h in held + ([s] if s else []):
+            h.close()
+    assert any("8 connections open (--max-connections)" in ln for ln in srv_conn.log), srv_conn.logtail()
+    grpc_alive(gpb, srv_conn)
+
+
+def test_grpc_bad_limit_flags(ferry, m_lim):
+    p = ferry.run("serve", "--model", m_lim, "--http-port", 0, "--grpc-port", 0, "--grpc-max-streams", 0)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "--grpc-max-streams must be in 1..1000000" in p.stderr.decode(), p.stderr

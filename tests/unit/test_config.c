@@ -71,6 +71,7 @@ static void test_defaults(void)
     CHECK_EQ_INT(cfg.request_timeout, 30);
     CHECK_EQ_INT(cfg.max_connections, 2048);
     CHECK_EQ_INT(cfg.max_connections_per_ip, 256);
+    CHECK_EQ_INT(cfg.grpc_max_streams, 128);
     CHECK_EQ_U64(cfg.max_header, 32ull << 10);
     CHECK_EQ_INT(cfg.connection_timeout, 60);
     CHECK_EQ_INT(cfg.max_prompt_tokens, 0);
@@ -100,7 +101,7 @@ static void test_defaults(void)
     CHECK(cfg.admin_token == NULL);
     CHECK(cfg.config_file == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 71); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 72); /* a new setting needs a default check above */
 }
 
 static void test_find(void)
