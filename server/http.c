@@ -1052,7 +1052,8 @@ static ferry_status tokenize_body(const text_model *tm, const json_value *root, 
 static ferry_status hold_grown_text(request *rq, const text_model *tm, const json_value *content, size_t len,
                                     uint64_t *hold)
 {
-    if (!content || content->type != JSON_STRING) return FERRY_OK; /* tokenize_body refuses it */
+    if (!content || content->type != JSON_STRING || content->len > text_max_bytes(tm))
+        return FERRY_OK; /* tokenize_body refuses it */
     size_t size = text_encode_size(tm, content->str, content->len);
     if (size <= len) return FERRY_OK;
     uint64_t more = text_encode_bound(size) - text_encode_bound(len) + (uint64_t)(size - len) * 12;

@@ -660,7 +660,9 @@ uint64_t kserve_encode_bound(const kserve_request *r, const text_model *tm)
 {
     size_t size = 0;
     for (int i = 0; r->text_input && i < r->n_texts; i++) {
-        size_t n = text_encode_size(tm, r->text_input + r->text_off[i], r->text_off[i + 1] - r->text_off[i]);
+        size_t len = r->text_off[i + 1] - r->text_off[i];
+        if (len > text_max_bytes(tm)) break; /* refused there (--max-text-bytes), before anything past it */
+        size_t n = text_encode_size(tm, r->text_input + r->text_off[i], len);
         size = size > SIZE_MAX - n ? SIZE_MAX : size + n;
     }
     return text_encode_bound(size);

@@ -242,12 +242,18 @@ static int status_of(ferry_status st)
 }
 
 /* The budget for encoding s[0..len) as param (ctx->hold): by the text the
- * tokenizer will work on, known only once the text is. */
-static ferry_status hold_encode(const oai_ctx *ctx, const char *s, size_t len, const char *param, oai_error *e)
+ * tokenizer will work on, known only once the text is. The prompts of a
+ * list are encoded one after the other: the encoder's fixed working room
+ * (TEXT_ENCODE_SLACK) is taken with the first, what grows with the text
+ * (its ids, kept to the end of the parse) with each. A text past
+ * --max-text-bytes takes nothing: text_encode refuses it, naming that. */
+static ferry_status hold_encode(const oai_ctx *ctx, const char *s, size_t len, bool first, const char *param,
+                                oai_error *e)
 {
-    if (!ctx->hold) return FERRY_OK;
+    if (!ctx->hold || len > text_max_bytes(ctx->tm)) return FERRY_OK;
+    uint64_t n = text_encode_bound(text_encode_size(ctx->tm, s, len)) - (first ? 0 : TEXT_ENCODE_SLACK);
     char msg[200];
-    int status = ctx->hold(ctx->hold_arg, text_encode_bound(text_encode_size(ctx->tm, s, len)), msg, sizeof msg);
+    int status = ctx->hold(ctx->hold_arg, n, msg, sizeof msg);
     if (status == 0) return FERRY_OK;
     return fail(e, status, param, NULL, status == 413 ? FERRY_ERR_TOO_LARGE : FERRY_ERR_BUSY, "%s", msg);
 }
@@ -278,7 +284,7 @@ static ferry_status parse_prompt(const json_value *root, const oai_ctx *ctx, boo
                 st = fail(e, 400, "prompt", NULL, FERRY_ERR_INVALID, "prompt[%zu] must be a string like prompt[0]", i);
                 break;
             }
-            st = hold_encode(ctx, list[i].str, list[i].len, "prompt", e);
+            st = hold_encode(ctx, list[i].str, list[i].len, i == 0, "prompt", e);
             if (st != FERRY_OK) break;
             st = text_encode(ctx->tm, list[i].str, list[i].len, true, &enc[i], &lens[i]);
             if (st != FERRY_OK) st = fail(e, status_of(st), "prompt", NULL, st, "prompt: %s", ferry_errmsg());
@@ -335,7 +341,7 @@ static ferry_status parse_messages(const json_value *root, const oai_ctx *ctx, o
     if (st == FERRY_OK && prompt.oom) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     int32_t *ids = NULL;
     int n = 0;
-    if (st == FERRY_OK) st = hold_encode(ctx, prompt.data ? prompt.data : "", prompt.len, "messages", e);
+    if (st == FERRY_OK) st = hold_encode(ctx, prompt.data ? prompt.data : "", prompt.len, true, "messages", e);
     if (st == FERRY_OK) st = text_encode(ctx->tm, prompt.data ? prompt.data : "", prompt.len, false, &ids, &n);
     sb_free(&prompt);
     if (st == FERRY_OK) st = alloc_prompts(r, 1, (size_t)n, false);

@@ -247,7 +247,9 @@ size_t text_encode_size(const text_model *m, const char *s, size_t len)
 /* ids (4 bytes for at most a token a byte of the text the tokenizer works
  * on, room to grow included) and the tokenizer's pieces and matches, a few
  * times that text */
-size_t text_encode_bound(size_t size) { return size > SIZE_MAX / 32 ? SIZE_MAX : 16 * size + (64u << 10); }
+size_t text_encode_bound(size_t size) { return size > SIZE_MAX / 32 ? SIZE_MAX : 16 * size + TEXT_ENCODE_SLACK; }
+
+size_t text_max_bytes(const text_model *m) { return m ? m->max_text : SIZE_MAX; }
 
 /* ---- prompts ------------------------------------------------------------------------ */
 

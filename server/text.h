@@ -98,6 +98,11 @@ size_t text_encode_size(const text_model *m, const char *s, size_t len);
  * budget, given text_encode_size of its text (not its length: 32 KiB of
  * 0xFF bytes is 96 KiB of U+FFFD to the tokenizer). */
 size_t text_encode_bound(size_t size);
+#define TEXT_ENCODE_SLACK (64u << 10) /* of text_encode_bound: what an encode holds whatever its text */
+/* The longest text the model encodes at once (--max-text-bytes; SIZE_MAX:
+ * no limit): a front end need not reserve for a longer one, text_tokenize
+ * refuses it. */
+size_t text_max_bytes(const text_model *m);
 
 /* ---- prompts ---------------------------------------------------------------------- */
 

@@ -145,6 +145,9 @@ typedef struct tok_match_ctx tok_match_ctx;
  * errors ("tokenizer.json: pre_tokenizer.pattern.Regex"). */
 ferry_status tok_regex_compile(const char *pat, size_t len, bool literal, const char *what, tok_regex **out);
 void tok_regex_free(tok_regex *re);
+/* Whether re may match the empty string (PCRE2's lower bound on a match's
+ * length is 0; true when unsure). */
+bool tok_regex_may_match_empty(const tok_regex *re);
 
 /* Per-call matching state (match data, JIT stack): one per thread at a time. */
 tok_match_ctx *tok_match_ctx_new(void);
@@ -195,6 +198,8 @@ typedef struct {
     const char *str; /* Prepend: the text; Replace: the content */
     size_t str_len;
     tok_regex *re;   /* Replace */
+    int32_t lit_cp;  /* Replace: the pattern when it is one character (a String), else -1 */
+    bool may_match_empty; /* Replace: re may match "" (content at every position) */
     bool left, right; /* Strip */
 } tok_normalizer;
 

@@ -145,36 +145,67 @@ static ferry_status zero_after(const tok_normalizer *nz, const char *s, size_t z
     return st;
 }
 
-/* What one character becomes through the normalizers' Unicode forms and
- * lowercase: each form at the character's full decomposition (what
- * composition then does only shortens it), lowercase as norm_lowercase
- * maps. Returns its bytes. */
-enum { GROWN_MAX_CPS = 64 }; /* U+FDFA's compatibility decomposition is 18 */
+/* ---- tok_encode_size: an upper bound on the normalized text's bytes ---- */
 
-static size_t char_grown(const tokenizer *t, uint32_t cp)
+enum { GROWN_MAX_CPS = 256 }; /* U+FDFA's compatibility decomposition is 18 */
+
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t mul_sat(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+
+/* What one character becomes through the normalizers from step `from` on:
+ * a Unicode form at the character's full decomposition (what composition
+ * then does only shortens it), lowercase as norm_lowercase maps, a Replace
+ * of that one character by its content. Replaces of other patterns,
+ * Prepend and Strip leave it as it is here (tok_encode_size adds theirs).
+ * Returns its bytes (SIZE_MAX past the scratch: no bound). */
+static size_t char_grown(const tokenizer *t, size_t from, uint32_t cp)
 {
     utf8proc_int32_t a[GROWN_MAX_CPS], b[GROWN_MAX_CPS];
     size_t n = 1;
     a[0] = (utf8proc_int32_t)cp;
-    for (size_t i = 0; i < t->n_norm; i++) {
-        tok_norm_kind kind = t->norm[i].kind;
+    for (size_t i = from; i < t->n_norm; i++) {
+        const tok_normalizer *nz = &t->norm[i];
         size_t m = 0;
-        if (kind == TOK_NORM_LOWERCASE) {
-            for (size_t j = 0; j < n && m + 2 <= GROWN_MAX_CPS; j++) {
+        switch (nz->kind) {
+        case TOK_NORM_LOWERCASE:
+            for (size_t j = 0; j < n; j++) {
+                if (m + 2 > GROWN_MAX_CPS) return SIZE_MAX;
                 if (a[j] == 0x130) b[m++] = 'i', b[m++] = 0x307;
                 else b[m++] = utf8proc_tolower(a[j]);
             }
-        } else if (kind <= TOK_NORM_NFKD) {
-            int opt = UTF8PROC_DECOMPOSE | (kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD ? UTF8PROC_COMPAT : 0);
+            break;
+        case TOK_NORM_NFC:
+        case TOK_NORM_NFD:
+        case TOK_NORM_NFKC:
+        case TOK_NORM_NFKD: {
+            int opt = UTF8PROC_DECOMPOSE | (nz->kind == TOK_NORM_NFKC || nz->kind == TOK_NORM_NFKD ? UTF8PROC_COMPAT : 0);
             for (size_t j = 0; j < n; j++) {
                 int last = 0;
                 utf8proc_ssize_t r = utf8proc_decompose_char(a[j], b + m, (utf8proc_ssize_t)(GROWN_MAX_CPS - m),
                                                              (utf8proc_option_t)opt, &last);
-                if (r < 0 || (size_t)r > GROWN_MAX_CPS - m) return 4 * GROWN_MAX_CPS; /* not reached: at most 18 */
+                if (r < 0 || (size_t)r > GROWN_MAX_CPS - m) return SIZE_MAX;
                 m += (size_t)r;
             }
-        } else {
-            continue; /* Prepend, Replace, Strip: see tok_encode_size */
+            break;
+        }
+        case TOK_NORM_REPLACE:
+            if (nz->lit_cp < 0) continue;
+            for (size_t j = 0; j < n; j++) {
+                if (a[j] != nz->lit_cp) {
+                    if (m == GROWN_MAX_CPS) return SIZE_MAX;
+                    b[m++] = a[j];
+                    continue;
+                }
+                for (size_t k = 0; k < nz->str_len;) {
+                    uint32_t c;
+                    k += tok_utf8_next(nz->str + k, nz->str_len - k, &c);
+                    if (m == GROWN_MAX_CPS) return SIZE_MAX;
+                    b[m++] = (utf8proc_int32_t)c;
+                }
+            }
+            break;
+        default:
+            continue;
         }
         memcpy(a, b, m * sizeof *a);
         n = m;
@@ -185,21 +216,58 @@ static size_t char_grown(const tokenizer *t, uint32_t cp)
     return bytes;
 }
 
+/* The bytes s[0..n) (valid UTF-8: a normalizer's text) becomes through the
+ * normalizers from step `from` on, as char_grown counts. */
+static size_t text_grown(const tokenizer *t, size_t from, const char *s, size_t n)
+{
+    size_t bytes = 0;
+    for (size_t k = 0; k < n;) {
+        uint32_t c;
+        k += tok_utf8_next(s + k, n - k, &c);
+        bytes = add_sat(bytes, char_grown(t, from, c));
+    }
+    return bytes;
+}
+
 size_t tok_encode_size(const tokenizer *t, const char *s, size_t n)
 {
     bool maps = false; /* a step that can lengthen a character */
-    for (size_t i = 0; i < t->n_norm; i++) maps |= t->norm[i].kind <= TOK_NORM_LOWERCASE;
+    for (size_t i = 0; i < t->n_norm; i++)
+        maps |= t->norm[i].kind <= TOK_NORM_LOWERCASE || (t->norm[i].kind == TOK_NORM_REPLACE && t->norm[i].lit_cp >= 0);
+    size_t ascii[128];
+    for (uint32_t c = 0; c < 128; c++) ascii[c] = maps ? char_grown(t, 0, c) : 1;
     size_t size = 0;
     for (size_t i = 0; i < n;) {
-        if ((unsigned char)s[i] < 0x80) {
-            size++, i++;
+        unsigned char b = (unsigned char)s[i];
+        if (b < 0x80) {
+            size = add_sat(size, ascii[b]);
+            i++;
             continue;
         }
         uint32_t cp;
         size_t k = tok_utf8_char(s + i, n - i, &cp);
-        size_t grown = maps ? char_grown(t, cp) : cp == 0xFFFD ? 3 : k;
-        size = size > SIZE_MAX - grown ? SIZE_MAX : size + grown;
+        size = add_sat(size, maps ? char_grown(t, 0, cp) : cp == 0xFFFD ? 3 : k);
         i += k;
+    }
+    /* Prepend: its text once a stretch, the stretches cut by the added
+     * tokens matched before normalizing (each at least min_raw bytes) */
+    size_t min_raw = 0;
+    for (size_t i = 0; i < t->n_added; i++)
+        if (!t->added[i].normalized && t->added[i].len && (!min_raw || t->added[i].len < min_raw))
+            min_raw = t->added[i].len;
+    size_t stretches = 1 + (min_raw ? n / min_raw : 0);
+    for (size_t i = 0; i < t->n_norm; i++)
+        if (t->norm[i].kind == TOK_NORM_PREPEND)
+            size = add_sat(size, mul_sat(stretches, text_grown(t, i + 1, t->norm[i].str, t->norm[i].str_len)));
+    /* a Replace of any other pattern: any byte it sees may be (part of) a
+     * match made into its content; one that may match "" also adds the
+     * content at every position */
+    for (size_t i = 0; i < t->n_norm; i++) {
+        const tok_normalizer *nz = &t->norm[i];
+        if (nz->kind != TOK_NORM_REPLACE || nz->lit_cp >= 0) continue;
+        size_t c = text_grown(t, i + 1, nz->str, nz->str_len);
+        size_t per = (c > 1 ? c : 1) + (nz->may_match_empty ? c : 0);
+        size = add_sat(mul_sat(size, per), nz->may_match_empty ? c : 0);
     }
     return size;
 }

@@ -305,6 +305,12 @@ fail:
     return st;
 }
 
+bool tok_regex_may_match_empty(const tok_regex *re)
+{
+    uint32_t min = 0;
+    return pcre2_pattern_info(re->code, PCRE2_INFO_MINLENGTH, &min) != 0 || min == 0;
+}
+
 void tok_regex_free(tok_regex *re)
 {
     if (!re) return;

@@ -181,10 +181,16 @@ static ferry_status load_normalizer(loader *L, const json_value *v, const char *
     } else if (!strcmp(type, "Replace")) {
         const json_value *c;
         FERRY_TRY(get_str(L, v, "content", where, &c));
+        const json_value *lit;
         nz.kind = TOK_NORM_REPLACE;
         nz.str = c->str;
         nz.str_len = c->len;
-        FERRY_TRY(get_pattern(L, v, where, &nz.re, NULL));
+        FERRY_TRY(get_pattern(L, v, where, &nz.re, &lit));
+        nz.may_match_empty = tok_regex_may_match_empty(nz.re);
+        nz.lit_cp = -1;
+        uint32_t cp;
+        if (lit && lit->len && tok_utf8_valid(lit->str, lit->len) && tok_utf8_next(lit->str, lit->len, &cp) == lit->len)
+            nz.lit_cp = (int32_t)cp; /* one character: tok_encode_size follows it exactly */
     } else if (!strcmp(type, "Strip")) {
         nz.kind = TOK_NORM_STRIP;
         FERRY_TRY(get_bool(L, v, "strip_left", where, false, &nz.left));

@@ -77,13 +77,15 @@ ferry_status tok_encode(const tokenizer *t, const char *text, size_t len, bool a
 
 /* An upper bound on the bytes of text tok_encode works on for
  * text[0..len): the text after each ill-formed sequence becomes U+FFFD (3
- * bytes) and the normalizers' Unicode forms and lowercase have run, each
- * character counted at its full decomposition (NFC turns U+1D160 into 3
- * characters of 4 bytes; NFKC U+FDFA into 18). Prepend, Replace and Strip
- * are counted at a byte a byte: what they add is within the per-byte room a
- * front end reserves (server/text.h text_encode_bound). A front end reserves
- * by this, not len: the text the encoder holds, and the ids it makes, grow
- * with it. O(len), a table lookup a character outside ASCII. */
+ * bytes) and the normalizers have run. Each character is followed through
+ * the Unicode forms at its full decomposition (NFC turns U+1D160 into 3
+ * characters of 4 bytes; NFKC U+FDFA into 18), lowercase, and a Replace of
+ * one character by its content (Llama 2's space to U+2581); a Prepend adds
+ * its text once a stretch between added tokens; a Replace of any other
+ * pattern multiplies by its content's length (and adds it at every position
+ * when the pattern may match ""). A front end reserves by this, not len:
+ * the text the encoder holds, and the ids it makes, grow with it. O(len),
+ * a table lookup a character outside ASCII. */
 size_t tok_encode_size(const tokenizer *t, const char *text, size_t len);
 
 /* Appends the text of ids to out, as HF's decode(skip_special_tokens) does.

@@ -245,10 +245,15 @@ static void accept_one(grpc_listener *l, int fd, const struct sockaddr_storage *
                                     .deadline_ms = now_ms() + (int64_t)l->o.preface_timeout_s * 1000};
 }
 
-/* Accepts what the queue holds, while there is room (L1). */
+/* Accepts what the queue holds, while there is room (L1), at most
+ * ACCEPT_ROUND at a time: connections refused at once (per address) take no
+ * room, and a flood of them must not keep the loop from the connections
+ * waiting for their preface and from the stop signal. */
+#define ACCEPT_ROUND 64
+
 static void accept_all(grpc_listener *l)
 {
-    while (l->n_conns < l->o.max_conns) {
+    for (int k = 0; k < ACCEPT_ROUND && l->n_conns < l->o.max_conns; k++) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof ss;
         int fd = accept4(l->fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);

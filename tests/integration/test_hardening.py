@@ -602,6 +602,10 @@ def test_text_that_grows_is_reserved_for(srv_grow):
     assert st == 200 and obj["tokens"], obj
     st, obj = _post_utf8(srv_grow, "/tokenize", {"content": U1D160 * (m // 4)})
     _refused_for_memory(st, obj, "content")
+    # the prompts of a list share the encoder's fixed room: 64 one-letter
+    # prompts are not 64 x 64 KiB
+    st, obj = _post_utf8(srv_grow, "/v1/completions", {"prompt": ["a"] * 64, "max_tokens": 1})
+    assert st == 200 and len(obj["choices"]) == 64, (st, obj)
     # text that grows, within the budget, is served: a reservation, not a ban
     st, obj = _post_utf8(srv_grow, "/tokenize", {"content": U1D160 * 1000})
     assert st == 200 and len(obj["tokens"]) >= 1000, obj
@@ -631,3 +635,23 @@ def test_text_that_grows_is_reserved_for_grpc(srv_grow, pb):
     finally:
         ch.close()
     assert_alive(srv_grow)
+
+
+@pytest.fixture(scope="module")
+def srv_cap(ferry_bin, ferry, tmp_path_factory):
+    m = text_model(ferry, tmp_path_factory.mktemp("cap") / "cap", DEMO_TOKENIZER, seed=94)
+    yield from serve(ferry_bin, m, "--request-memory", "3584KiB", "--max-body", "1MiB", "--max-text-bytes", "64KiB",
+                     name="cap")
+
+
+def test_text_past_max_text_is_refused_for_that(srv_cap):
+    """A text past --max-text-bytes is refused naming that limit, not
+    --request-memory: nothing is reserved for an encode that will not run
+    (80 KiB of U+1D160 would need 3.8 MiB to encode, more than the 3.5 MiB
+    budget; its parse fits)."""
+    text = U1D160 * (80 << 8)
+    st, obj = _post_utf8(srv_cap, "/v2/models/cap/generate", {"text_input": text, "parameters": {"max_new_tokens": 1}})
+    assert st == 413 and "--max-text-bytes" in obj["error"], (st, obj)
+    st, obj = _post_utf8(srv_cap, "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert st == 413 and "--max-text-bytes" in obj["error"]["message"], (st, obj)
+    assert_alive(srv_cap)

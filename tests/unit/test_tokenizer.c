@@ -799,7 +799,20 @@ static void test_encode_memory(void)
     tokenizer *nfkc = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Sequence\", "
                            "\"normalizers\": [{\"type\": \"NFKC\"}, {\"type\": \"Lowercase\"}]}, "
                            "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
-    if (!demo || !llama2 || !nfkc) return;
+    /* tokenizer.json files that lengthen text on purpose: a Replace that
+     * matches "" (content at every position), one whose content NFKC then
+     * expands, one of a two-character pattern */
+    tokenizer *rep_empty = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Replace\", "
+                                "\"pattern\": {\"Regex\": \"\"}, \"content\": \"\u2581\"}, "
+                                "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
+    tokenizer *rep_fdfa = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Sequence\", "
+                               "\"normalizers\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "
+                               "\"content\": \"\uFDFA\"}, {\"type\": \"NFKC\"}]}, "
+                               "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
+    tokenizer *rep_two = LOAD("{\"model\": {\"type\": \"BPE\", " BL_VOCAB "}, \"normalizer\": {\"type\": \"Replace\", "
+                              "\"pattern\": {\"String\": \"ab\"}, \"content\": \"0123456789\"}, "
+                              "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
+    if (!demo || !llama2 || !nfkc || !rep_empty || !rep_fdfa || !rep_two) return;
     const struct {
         const tokenizer *t;
         const char *what;
@@ -822,6 +835,9 @@ static void test_encode_memory(void)
         {nfkc, "NFKC+lowercase, U+FDFA", "\xEF\xB7\xBA", 32769},
         {nfkc, "NFKC+lowercase, U+0130", "\xC4\xB0", 32768},
         {nfkc, "NFKC+lowercase, 0xFF", "\xFF", 32768},
+        {rep_empty, "Replace \"\" by U+2581, letters", "a", 32769},
+        {rep_fdfa, "Replace \" \" by U+FDFA, NFKC, spaces", " ", 32769},
+        {rep_two, "Replace \"ab\" by 10 digits", "ab", 32768},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t len = cases[i].len, k = strlen(cases[i].unit);
@@ -839,6 +855,9 @@ static void test_encode_memory(void)
     tok_free(demo);
     tok_free(llama2);
     tok_free(nfkc);
+    tok_free(rep_empty);
+    tok_free(rep_fdfa);
+    tok_free(rep_two);
 }
 
 /* tok_encode_size: a byte a byte of ASCII and of what no normalizer
