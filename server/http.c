@@ -107,6 +107,7 @@ struct http_server {
     struct MHD_Daemon *d;
     char *name;
     uint64_t max_body;
+    uint64_t max_header;     /* --max-header: the largest request head, checked in head_check */
     req_budget *budget;      /* --request-memory, shared with the gRPC front end */
     int request_timeout_s;   /* to receive a request's head and body */
     metrics *counters;
@@ -203,6 +204,7 @@ typedef struct conn_track {
     double since;     /* when the current request's head started (accept, or the last answer) */
     bool receiving;   /* its head or body is still arriving */
     bool cut;         /* shut down for passing the deadline */
+    uint64_t url_bytes; /* the current request's URL as sent (on_uri); the connection's MHD thread only */
 } conn_track;
 
 static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving);
@@ -1143,6 +1145,71 @@ static enum MHD_Result answer_tokens(request *rq)
     return ret;
 }
 
+/* ---- the request head: --max-header -------------------------------------------- */
+
+/* MHD keeps a request's head in the connection's memory pool, and answers
+ * a head that does not fit with its own HTML page (431; 414 while the
+ * request line is incomplete): libmicrohttpd 0.9.75 has no option or
+ * callback to replace those bodies. So the pool is HEAD_POOL_RATIO x
+ * --max-header and ferry refuses a head over --max-header itself, in JSON;
+ * only a head past the pool still gets MHD's page (docs/limits.md). Why
+ * twice: besides the head's bytes the pool holds MHD's record of each
+ * header field, query argument and cookie (64 bytes each) and, at the end,
+ * the answer's status and header lines (~150 bytes), so a head up to the
+ * limit with up to (max_header - 150) / 64 fields fits, and there is room
+ * to refuse in JSON a head well over it. The pool is memory every open
+ * connection may touch (MHD zeroes it between the requests of a kept-alive
+ * connection: 64 KiB of RSS each at the default, measured); request bodies
+ * pass through it too, in pieces of up to half of it. */
+#define HEAD_POOL_RATIO 2
+
+/* The URI log callback: MHD has the request line, and passes its URL as
+ * the client sent it - query included, before unescaping - which
+ * head_check needs and the access handler no longer sees. Its return value
+ * becomes the request's *con_cls: none yet. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_track *t = ci ? ci->socket_context : NULL;
+    if (t) t->url_bytes = uri ? strlen(uri) : 0;
+    return NULL;
+}
+
+static enum MHD_Result add_field_bytes(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                       const char *value, size_t value_size)
+{
+    (void)kind, (void)key, (void)value;
+    *(uint64_t *)cls += key_size + 2 + value_size + 2; /* "name: value\r\n" */
+    return MHD_YES;
+}
+
+/* On a request's first call: 0 when its head is within --max-header, else
+ * 414 (the URL alone is over it) or 431, with the message in msg. The head
+ * counts as MHD received it: the request line (method, URL, version, two
+ * spaces, CRLF), each header line as "name: value" CRLF (blanks MHD
+ * dropped around a value are not counted) and the blank line. An untracked connection's URL
+ * counts as the unescaped path (on_uri had nowhere to keep its length). */
+static int head_check(const request *rq, struct MHD_Connection *c, const char *url, const char *method,
+                      const char *version, char *msg, size_t cap)
+{
+    uint64_t limit = rq->srv->max_header;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const conn_track *t = ci ? ci->socket_context : NULL;
+    uint64_t url_bytes = t ? t->url_bytes : strlen(url);
+    if (url_bytes > limit) {
+        snprintf(msg, cap, "URL is %llu bytes, more than this server takes (%llu, --max-header)",
+                 (unsigned long long)url_bytes, (unsigned long long)limit);
+        return 414;
+    }
+    uint64_t n = strlen(method) + 1 + url_bytes + 1 + strlen(version) + 2 + 2;
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, add_field_bytes, &n);
+    if (n <= limit) return 0;
+    snprintf(msg, cap, "request head is %llu bytes, more than this server takes (%llu, --max-header)",
+             (unsigned long long)n, (unsigned long long)limit);
+    return 431;
+}
+
 /* ---- MHD callbacks -------------------------------------------------------------- */
 
 static enum MHD_Result dispatch(request *rq)
@@ -1200,13 +1267,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
-    (void)version;
     http_server *srv = cls;
     request *rq = *con_cls;
     if (!rq) { /* headers only: route, and refuse a body announced too large before it is sent */
         if (!(rq = request_new(srv, c))) return MHD_NO;
         *con_cls = rq;
         route(rq, url, method);
+        char msg[128];
+        int code = head_check(rq, c, url, method, version, msg, sizeof msg);
+        if (code) {
+            /* closed after the answer, as MHD closes after its own: the
+             * rest of the request is not read */
+            conn_mark(srv, c, false);
+            return respond_error(rq, code, msg, MHD_HTTP_HEADER_CONNECTION, "close");
+        }
         int lengths = 0;
         MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &lengths);
         if (lengths > 1) {
@@ -1442,6 +1516,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     }
     srv->listen_fd = MHD_INVALID_SOCKET;
     srv->max_body = o->max_body;
+    srv->max_header = o->max_header;
     srv->budget = o->budget;
     srv->request_timeout_s = o->request_timeout_s;
     srv->counters = o->counters;
@@ -1468,11 +1543,12 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
                               MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                               MHD_OPTION_UNESCAPE_CALLBACK, unescape, srv,
+                              MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_ip,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)WORKER_THREADS,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->connection_timeout_s,
-                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)o->max_header,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(HEAD_POOL_RATIO * o->max_header),
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)512,
                               MHD_OPTION_EXTERNAL_LOGGER, on_log, srv,
                               MHD_OPTION_END);

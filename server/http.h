@@ -35,7 +35,7 @@ typedef struct {
                               * gRPC call); beyond it: 503. Owned by the caller, outlives the server */
     int request_timeout_s;   /* a client sends a request's head and body within this, or is cut off */
     int connection_timeout_s; /* a connection without a byte read or written for this long is closed */
-    uint64_t max_header;     /* MHD's memory per connection: a request head that does not fit gets 431 */
+    uint64_t max_header;     /* largest request head: over it 431 (414: the URL); MHD's memory per connection is twice this */
     int max_connections;     /* open connections, all clients */
     int max_connections_per_ip;
     metrics *counters;        /* owned by the caller, outlives the server */
