@@ -460,17 +460,21 @@ def test_grpc_streams_per_connection(gsrv_lim, gpb):
     ch = gchannel(gpb, gsrv_lim)
     try:
         stub = pb[1](ch)
+        # the connection up, the server's SETTINGS (2 streams) in force
+        assert stub.ServerLive(pb[0].ServerLiveRequest(), timeout=tg.TIMEOUT).live
         open_calls = []
-        for _ in range(2):  # two ModelStreamInfer calls, open with no request yet
+        for _ in range(2):  # two ModelStreamInfer calls, each seen open: a request answered, the call kept open
             q = queue.Queue()
             call = ch.stream_stream(tg.STREAM_METHOD, request_serializer=pb[0].ModelInferRequest.SerializeToString,
                                     response_deserializer=pb[2].FromString)(iter(q.get, None), timeout=tg.TIMEOUT)
+            q.put(tg.infer_request(pb[0], gsrv_lim.name, [[1, 2]], 1))
+            assert not next(call).error_message
             open_calls.append((q, call))
         tg.expect_code(lambda: stub.ServerLive(pb[0].ServerLiveRequest(), timeout=3), grpc.StatusCode.DEADLINE_EXCEEDED)
         grpc_alive(gpb, gsrv_lim)  # another connection
         q, call = open_calls.pop()
         q.put(None)  # half-close: the stream ends
-        assert list(call) == [] and call.code() == grpc.StatusCode.OK
+        assert all(not r.error_message for r in call) and call.code() == grpc.StatusCode.OK
         assert stub.ServerLive(pb[0].ServerLiveRequest(), timeout=tg.TIMEOUT).live
         for q, call in open_calls:
             q.put(None)
