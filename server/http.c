@@ -4,7 +4,7 @@
  * kserve.c (KServe v2, Triton's generate) and openai.c (/v1), the text
  * they share in text.c.
  *
- * Threads. MHD runs a small pool of worker threads (epoll); each connection
+ * Threads. MHD runs a small pool of worker threads (poll: see http_server_start); each connection
  * is handled by one of them at a time, so the access handler, the stream
  * reader and the completion callback of one request never run at once. The
  * engine thread runs the scheduler callbacks. Nothing here blocks on the
@@ -1535,7 +1535,13 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
         http_server_stop(srv);
         return rst;
     }
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll, not epoll (which MHD_USE_AUTO picks on Linux): libmicrohttpd
+     * 0.9.75's MHD_quiesce_daemon takes the listening socket out of each
+     * worker's epoll set while the worker may be doing the same, and aborts
+     * the process when its EPOLL_CTL_DEL finds it gone (daemon.c:5531: seen
+     * as "Failed to remove listen FD from epoll set" at a SIGTERM in a test).
+     * With poll, quiesce only signals the workers. */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     errno = 0;
     srv->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, srv,
