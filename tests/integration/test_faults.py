@@ -186,19 +186,21 @@ def test_read_eio_serving(ferry_bin, tiny, prompts, want, tmp_path):
     """read_eio: the step that read the blob fails; its request gets 500
     with a JSON error naming the blob and the cause; the next requests are
     whole and right; the blobs are not rebuilt (a read error is not
-    corruption)."""
+    corruption). The failing request has one prompt: a request's prompts
+    are submitted one by one, and a busy engine may start the first alone,
+    so the failed step would hold one or both of two."""
     od = tmp_path / "od"
     gen_ok(run(ferry_bin, *gen_args(tiny, prompts, *DISK, "--offload-dir", od)))  # built, without faults
     before = offload_files(od)
     srv = Server(ferry_bin, tiny, *DISK, "--offload-dir", od, name="eio", env=env_with("read_eio=3"))
     try:
         srv.wait_ready()
-        st, obj = jreq(srv, "POST", "/v2/models/eio/infer", infer_body(prompts, max_new_tokens=N_NEW))
+        st, obj = jreq(srv, "POST", "/v2/models/eio/infer", infer_body(prompts[:1], max_new_tokens=N_NEW))
         assert st == 500, (st, obj)
         assert names_blob(obj["error"], od, r"read at \d+: Input/output error"), obj
         check_answers(srv, prompts, want)
         m = metrics(srv)
-        assert msum(m, M_SEQUENCES, outcome="failed") == len(prompts)
+        assert msum(m, M_SEQUENCES, outcome="failed") == 1
         assert srv.stop() == 0, srv.logtail()
     finally:
         srv.kill()
