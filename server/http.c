@@ -851,14 +851,14 @@ static uint64_t parse_hold(const request *rq, size_t len)
     return parse;
 }
 
-/* oai_ctx.hold: an encode's budget, held in rq->encode_held until the
- * parse is done. */
-static int take_encode(void *arg, uint64_t n, char *msg, size_t cap)
+/* n more bytes of the budget for rq, beside what it holds: 0 when taken;
+ * else the status to answer, msg set - 413 when `what` could never fit
+ * --request-memory, 503 while others hold it. */
+static int take_more(request *rq, uint64_t n, const char *what, char *msg, size_t cap)
 {
-    request *rq = arg;
     req_budget *b = rq->srv->budget;
     if (rq->mem + n > b->limit) {
-        snprintf(msg, cap, "parsing and encoding the prompt may need %llu bytes, more than --request-memory (%llu)",
+        snprintf(msg, cap, "%s may need %llu bytes, more than --request-memory (%llu)", what,
                  (unsigned long long)(rq->mem + n), (unsigned long long)b->limit);
         return 413;
     }
@@ -866,8 +866,17 @@ static int take_encode(void *arg, uint64_t n, char *msg, size_t cap)
         req_budget_busy_msg(b, msg, cap);
         return 503;
     }
-    rq->encode_held += n;
     return 0;
+}
+
+/* oai_ctx.hold: an encode's budget, held in rq->encode_held until the
+ * parse is done. */
+static int take_encode(void *arg, uint64_t n, char *msg, size_t cap)
+{
+    request *rq = arg;
+    int status = take_more(rq, n, "parsing and encoding the prompt", msg, cap);
+    if (status == 0) rq->encode_held += n;
+    return status;
 }
 
 /* Parses the body into rq->kr or rq->oai (the budget for it is held by
@@ -894,15 +903,10 @@ static bool parse_body(request *rq, const engine_limits *lim, enum MHD_Result *r
 static bool encode_text(request *rq, const engine_limits *lim, enum MHD_Result *ret)
 {
     uint64_t hold = kserve_encode_bound(&rq->kr, rq->tm);
-    if (rq->mem + hold > rq->srv->budget->limit) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "encoding text_input may need %llu bytes, more than --request-memory (%llu)",
-                 (unsigned long long)(rq->mem + hold), (unsigned long long)rq->srv->budget->limit);
-        *ret = respond_error(rq, 413, msg, NULL, NULL);
-        return false;
-    }
-    if (!mem_take(rq, hold)) {
-        *ret = respond_busy(rq);
+    char msg[200];
+    int status = take_more(rq, hold, "encoding text_input", msg, sizeof msg);
+    if (status) {
+        *ret = respond_error(rq, status, msg, NULL, NULL);
         return false;
     }
     ferry_status st = kserve_encode_text(&rq->kr, rq->tm, lim);
@@ -1059,14 +1063,9 @@ static ferry_status hold_grown_text(request *rq, const text_model *tm, const jso
     size_t size = text_encode_size(tm, content->str, content->len);
     if (size <= len) return FERRY_OK;
     uint64_t more = text_encode_bound(size) - text_encode_bound(len) + (uint64_t)(size - len) * 12;
-    if (*hold + more > rq->srv->budget->limit)
-        return ferry_fail(FERRY_ERR_TOO_LARGE, "the content grows to %zu bytes when normalized: the request is too large "
-                          "for --request-memory", size);
-    if (!mem_take(rq, more)) {
-        char msg[160];
-        req_budget_busy_msg(rq->srv->budget, msg, sizeof msg);
-        return ferry_fail(FERRY_ERR_BUSY, "%s", msg);
-    }
+    char msg[200];
+    int status = take_more(rq, more, "encoding the content (grown when normalized)", msg, sizeof msg);
+    if (status) return ferry_fail(status == 413 ? FERRY_ERR_TOO_LARGE : FERRY_ERR_BUSY, "%s", msg);
     *hold += more;
     return FERRY_OK;
 }
