@@ -10,8 +10,9 @@
    token (send -> first response) and inter-token latency (gaps between a
    request's responses), p50/p99 over all streams.
 
-Uses the project's venv (grpcio, grpcio-tools) and the official KServe
-proto (../shared/protocols), compiled at start as the tests do:
+Uses the project's venv (grpcio, grpcio-tools, kserve) and KServe's
+official generated stubs, loaded as the tests load them
+(tests/integration/kserve_stubs.py):
 
     build/venv/bin/python bench/grpc_bench.py --unary-model build/demo-model \\
         --stream-model build/bench-1b-l32 --max-memory device=0,host=2GiB \\
@@ -32,33 +33,17 @@ import time
 
 import numpy as np
 import grpc
-from grpc_tools import protoc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = os.path.join(ROOT, "build", "ferry")
-PROTO = os.environ.get("FERRY_KSERVE_PROTO", os.path.join(ROOT, "..", "shared", "protocols", "grpc_predict_v2.proto"))
-STREAM_PROTO = ('syntax = "proto3"; package inference; import "grpc_predict_v2.proto";\n'
-                'message ModelStreamInferResponse { string error_message = 1; ModelInferResponse infer_response = 2; }\n')
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import kserve_stubs  # noqa: E402
 
 
 def messages():
-    """(ModelInferRequest, ModelInferResponse, ModelStreamInferResponse) from the official proto."""
-    out = tempfile.mkdtemp(prefix="ferry-grpc-bench-")
-    with open(os.path.join(out, "triton_stream.proto"), "w") as f:
-        f.write(STREAM_PROTO)
-    desc = os.path.join(out, "kserve.desc")
-    rc = protoc.main(["protoc", "-I", os.path.dirname(os.path.abspath(PROTO)), "-I", out, "--include_imports",
-                      "--descriptor_set_out=" + desc, os.path.abspath(PROTO), os.path.join(out, "triton_stream.proto")])
-    if rc != 0:
-        raise SystemExit("protoc failed on " + PROTO)
-    pool = descriptor_pool.DescriptorPool()
-    with open(desc, "rb") as f:
-        for fd in descriptor_pb2.FileDescriptorSet.FromString(f.read()).file:
-            pool.Add(fd)
-    get = lambda n: message_factory.GetMessageClass(pool.FindMessageTypeByName(n))  # noqa: E731
-    return get("inference.ModelInferRequest"), get("inference.ModelInferResponse"), \
-        get("inference.ModelStreamInferResponse")
+    """(ModelInferRequest, ModelInferResponse, ModelStreamInferResponse) from KServe's stubs."""
+    msgs, _, stream, _ = kserve_stubs.load(tempfile.mkdtemp(prefix="ferry-grpc-bench-"))
+    return msgs.ModelInferRequest, msgs.ModelInferResponse, stream
 
 
 def start(model, extra):

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import refdata
 from conftest import RUN_TIMEOUT, assert_ferry_error, prompt_ids
 from test_admin import clean_env, export, start, stop, wait_job, write_token
 from test_http import M_SEQUENCES, Server, generate, infer, infer_body, jreq, metrics, msum
@@ -263,7 +264,7 @@ def test_read_eio_front_ends(ferry_bin, ferry, text_tiny, tmp_path, front):
             assert st == 200, (st, obj)
             assert obj["usage"]["completion_tokens"] == len(want), obj
         else:
-            grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed")
+            grpcclient = refdata.client("tritonclient.grpc")
             from tritonclient.utils import InferenceServerException
             port = next(int(m.group(1)) for m in (re.search(r"listening on grpc://[0-9.]+:(\d+)", ln)
                                                   for ln in srv.log) if m)

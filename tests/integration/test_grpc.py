@@ -1,12 +1,11 @@
 """`ferry serve`'s gRPC front end (issue 11), through a client not written
-for this project: grpcio with its messages and stub built at test time from
-the official KServe proto (../shared/protocols/grpc_predict_v2.proto,
-FERRY_KSERVE_PROTO overrides), compiled by grpcio-tools' protoc, never from
-ferry's own copy.
+for this project: grpcio with KServe's official generated stubs from the
+`kserve` package on PyPI (kserve_stubs.py says how they are loaded), never
+ferry's own copy of the proto.
 
-grpcio lives in the project's virtual environment (build/venv, made by
-`make deps`); `make integration` runs pytest with its python. Run with a
-python without grpcio, this module is skipped.
+grpcio and kserve live in the project's virtual environment (build/venv,
+made by `make deps`); `make integration` runs pytest with its python. Run
+with a python without grpcio, this module is skipped.
 
 Each server is the real binary on free loopback ports (--http-port 0
 --grpc-port 0, see test_http.Server); the fixture's teardown checks that
@@ -18,133 +17,32 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
-
-import types
 
 import numpy as np
 import pytest
 
-grpc = pytest.importorskip("grpc", reason="grpcio is not installed for this python (make deps: build/venv)")
-protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is not installed for this python")
+import refdata
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402 (grpcio-tools needs it)
-from google.protobuf.internal import enum_type_wrapper  # noqa: E402
+grpc = refdata.client("grpc")
+refdata.client("grpc_tools.protoc")
 
+import kserve_stubs  # noqa: E402
 from conftest import prompt_ids, rel_err  # noqa: E402
 from test_http import SAME, Server, infer, metrics, msum, serve, unpad  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-PROTO = Path(os.environ.get("FERRY_KSERVE_PROTO", ROOT.parent / "shared" / "protocols" / "grpc_predict_v2.proto"))
 GRPC_LISTEN_RE = re.compile(r"listening on grpc://([0-9.]+):(\d+)")
 TIMEOUT = 60  # seconds for any one call (a hang is a failure)
 
-
 # KServe's proto has no streaming RPC; Triton's ModelStreamInfer answers
-# with this wrapper of the official ModelInferResponse (Triton's
-# grpc_service.proto: ModelStreamInferResponse{error_message = 1,
-# infer_response = 2}), compiled beside the official file.
-TRITON_STREAM_PROTO = """syntax = "proto3";
-package inference;
-import "grpc_predict_v2.proto";
-message ModelStreamInferResponse
-{
-  string error_message = 1;
-  ModelInferResponse infer_response = 2;
-}
-"""
+# with ModelStreamInferResponse (kserve_stubs.py declares it)
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-# Nor has it Triton's ModelConfig and ModelStatistics: their messages as
-# Triton's grpc_service.proto and model_config.proto define them (names and
-# field numbers), cut down to what ferry fills; compiled beside the official
-# file too. (test_tritonclient.py checks the same RPCs through tritonclient's
-# stubs, generated from Triton's complete files.)
-TRITON_CONFIG_PROTO = """syntax = "proto3";
-package inference;
-message ModelConfigRequest { string name = 1; string version = 2; }
-enum DataType { TYPE_INVALID = 0; TYPE_INT64 = 9; TYPE_FP32 = 11; }
-message ModelVersionPolicy {
-  message Latest { uint32 num_versions = 1; }
-  oneof policy_choice { Latest latest = 1; }
-}
-message ModelInput { string name = 1; DataType data_type = 2; repeated int64 dims = 4; }
-message ModelOutput { string name = 1; DataType data_type = 2; repeated int64 dims = 3; }
-message ModelTransactionPolicy { bool decoupled = 1; }
-message ModelConfig {
-  string name = 1; string platform = 2; ModelVersionPolicy version_policy = 3; int32 max_batch_size = 4;
-  repeated ModelInput input = 5; repeated ModelOutput output = 6; string backend = 17;
-  ModelTransactionPolicy model_transaction_policy = 19;
-}
-message ModelConfigResponse { ModelConfig config = 1; }
-message ModelStatisticsRequest { string name = 1; string version = 2; }
-message StatisticDuration { uint64 count = 1; uint64 ns = 2; }
-message InferStatistics {
-  StatisticDuration success = 1; StatisticDuration fail = 2; StatisticDuration queue = 3;
-  StatisticDuration compute_input = 4; StatisticDuration compute_infer = 5; StatisticDuration compute_output = 6;
-}
-message InferBatchStatistics { uint64 batch_size = 1; }
-message ModelStatistics {
-  string name = 1; string version = 2; uint64 last_inference = 3; uint64 inference_count = 4;
-  uint64 execution_count = 5; InferStatistics inference_stats = 6; repeated InferBatchStatistics batch_stats = 7;
-}
-message ModelStatisticsResponse { repeated ModelStatistics model_stats = 1; }
-"""
 
 
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
-    return kserve_stubs(tmp_path_factory.mktemp("kserve_stubs"))
-
-
-def kserve_stubs(out):
-    """(messages module, stub class, stream response class, Triton's config
-    and statistics messages module) generated from the official proto (and
-    Triton's messages beside it) in the directory out."""
-    if not PROTO.is_file():
-        pytest.fail("the official KServe proto is missing: %s (set FERRY_KSERVE_PROTO)" % PROTO)
-    (out / "triton_stream.proto").write_text(TRITON_STREAM_PROTO)
-    (out / "triton_config.proto").write_text(TRITON_CONFIG_PROTO)
-    # compiled by grpcio-tools' protoc into a descriptor set, and the message
-    # classes built in a pool of their own: the default pool may already hold
-    # inference.* (tritonclient's stubs, test_tritonclient.py, same process)
-    desc = out / "kserve.desc"
-    rc = protoc.main(["grpc_tools.protoc", "-I", str(PROTO.parent), "-I", str(out), "--include_imports",
-                      "--descriptor_set_out=%s" % desc, str(PROTO), str(out / "triton_stream.proto"),
-                      str(out / "triton_config.proto")])
-    assert rc == 0, "grpc_tools.protoc failed on %s" % PROTO
-    pool = descriptor_pool.DescriptorPool()
-    files = {}
-    for f in descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes()).file:
-        files[f.name] = pool.Add(f) or pool.FindFileByName(f.name)
-
-    def module(fname):
-        fd = files[fname]
-        ns = {n: message_factory.GetMessageClass(d) for n, d in fd.message_types_by_name.items()}
-        ns.update({n: enum_type_wrapper.EnumTypeWrapper(e) for n, e in fd.enum_types_by_name.items()})
-        return types.SimpleNamespace(**ns), fd
-
-    msgs, fd = module(PROTO.name)
-    (service,) = fd.services_by_name.values()
-    cls = lambda d: message_factory.GetMessageClass(d)  # noqa: E731
-
-    class Stub:
-        """As grpcio-tools' generated GRPCInferenceServiceStub: one callable per RPC."""
-
-        def __init__(self, ch):
-            for m in service.methods:
-                kind = {(False, False): ch.unary_unary, (False, True): ch.unary_stream,
-                        (True, False): ch.stream_unary, (True, True): ch.stream_stream}[
-                    (m.client_streaming, m.server_streaming)]
-                setattr(self, m.name, kind("/%s/%s" % (service.full_name, m.name),
-                                           request_serializer=cls(m.input_type).SerializeToString,
-                                           response_deserializer=cls(m.output_type).FromString))
-
-    stream_msgs = module("triton_stream.proto")[0]
-    config_msgs = module("triton_config.proto")[0]
-    return msgs, Stub, stream_msgs.ModelStreamInferResponse, config_msgs
+    """(messages, GRPCInferenceServiceStub, ModelStreamInferResponse, Triton's config messages)"""
+    return kserve_stubs.load(tmp_path_factory.mktemp("kserve_stubs"))
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,10 @@ import time
 import numpy as np
 import pytest
 
-httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed (make deps: build/venv)")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (make deps: build/venv)")
+import refdata
+
+httpclient = refdata.client("tritonclient.http")
+grpcclient = refdata.client("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
