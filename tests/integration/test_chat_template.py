@@ -6,8 +6,10 @@ loopcontrols extension, a {% generation %} tag that only marks text, the
 tojson filter replaced by json.dumps(ensure_ascii=False, ...), and the
 raise_exception and strftime_now globals.
 
-- Every template in ../shared/tokenizers/templates/ and every chat_template
-  of a tokenizer_config*.json under ../shared/tokenizers/ is rendered for
+- Every template of llama.cpp's models/templates/ (about 70 real models',
+  tool-use ones included: build/ref/llama.cpp/templates, fetched from PyPI
+  by `make deps`, refdata.py) and every chat_template of a
+  tokenizer_config.json under build/ref/tokenizers/ is rendered for
   conversations with and without a system message, single and multi-turn,
   add_generation_prompt on and off, tools (the Llama 3.x and Qwen formats:
   a tools list, assistant tool_calls, tool messages), Qwen3 reasoning and
@@ -37,8 +39,7 @@ import jinja2  # the reference; `make deps` installs python3-jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-TOKENIZERS = SHARED / "tokenizers"
+import refdata
 
 
 # ---- the reference: jinja2 as transformers sets it up --------------------------------
@@ -146,11 +147,11 @@ def compare(src, cases, what):
 
 def real_templates():
     found = {}
-    for p in sorted((TOKENIZERS / "templates").glob("*.jinja")):
+    for p in sorted(refdata.TEMPLATES.glob("*.jinja")):
         found[p.name] = p.read_text(encoding="utf-8")
-    for p in sorted(TOKENIZERS.glob("*/tokenizer_config*.json")):
+    for p in sorted(refdata.TOKENIZERS.glob("*/tokenizer_config*.json")):
         ct = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
-        name = str(p.relative_to(TOKENIZERS))
+        name = str(p.relative_to(refdata.TOKENIZERS))
         if isinstance(ct, str):
             found[name] = ct
         elif isinstance(ct, list):  # named templates: [{"name": ..., "template": ...}]
@@ -159,7 +160,7 @@ def real_templates():
     return found
 
 
-TEMPLATES = real_templates() if TOKENIZERS.is_dir() else {}
+TEMPLATES = real_templates()
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city (é, ✓, 東京)",
@@ -231,19 +232,36 @@ CONVERSATIONS = [
     ("no messages", [], {}, False),
 ]
 
-# conversations a template must refuse (raise_exception): both must fail
+# conversations a template refuses by design (jinja2 raises): ferry must refuse them too
 MUST_FAIL = {
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": ["two users in a row", "starts with assistant", "unknown role"],
     "meta-llama-Llama-3.1-8B-Instruct.jinja": ["two tool calls"],
     "meta-llama-Llama-3.2-3B-Instruct.jinja": ["two tool calls"],
+    # iterate `tools` whenever it is defined, None included
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": ["tools None"],
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ["tools None"],
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ["tools None"],
+    # "No user query found in messages": a <tool_response> user turn is not a query
+    "Qwen3.5-4B.jinja": ["qwen3 tool_response user"],
+    # "Assistant message must have a string or a list of chunks in content ..."
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": ["empty everywhere"],
+    # "System role not supported"
+    "google-gemma-2-2b-it.jinja": [n for n, msgs, _, _ in CONVERSATIONS if any(m["role"] == "system" for m in msgs)],
+}
+
+# variables a template needs besides the conversation's
+TEMPLATE_VARS = {
+    "fireworks-ai-llama-3-firefunction-v2.jinja": {"functions": json.dumps([WEATHER["function"]], indent=2),
+                                                   "datetime": "2025-01-01 12:00"},
 }
 
 
-def conversation_cases():
+def conversation_cases(template=None):
     cases, names = [], []
     for name, msgs, extra, _ in CONVERSATIONS:
         for gen in (False, True):
             c = {"messages": msgs, "add_generation_prompt": gen, "bos_token": "<s>", "eos_token": "</s>"}
+            c.update(TEMPLATE_VARS.get(template, {}))
             c.update(extra)
             cases.append(c)
             names.append((name, gen))
@@ -251,21 +269,25 @@ def conversation_cases():
 
 
 def test_templates_found():
-    assert TOKENIZERS.is_dir(), "%s is missing: the shared reference data sits beside the repository" % TOKENIZERS
+    refdata.need(refdata.TEMPLATES)
     names = set(TEMPLATES)
+    assert len(names) >= 60, "only %d templates under %s" % (len(names), refdata.TEMPLATES)
     for want in ["meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
                  "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-                 "zephyr-TinyLlama-1.1B-Chat-v1.0.jinja", "qwen2/tokenizer_config.json", "qwen2/tokenizer_config.qwen3.json"]:
-        assert want in names, "template %s not found under %s" % (want, TOKENIZERS)
+                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "google-gemma-2-2b-it.jinja",
+                 "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "microsoft-Phi-3.5-mini-instruct.jinja"]:
+        assert want in names, "template %s not found under %s" % (want, refdata.TEMPLATES)
+    for name in MUST_FAIL:
+        assert name in names, "MUST_FAIL names %s, which is not under %s" % (name, refdata.TEMPLATES)
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_real_template(name):
     src = TEMPLATES[name]
-    cases, names = conversation_cases()
+    cases, names = conversation_cases(name)
     want = compare(src, cases, name)
     got = render_ferry(src, cases)
-    must_render = {n for n, _, _, every in CONVERSATIONS if every}
+    must_render = {n for n, _, _, every in CONVERSATIONS if every} - set(MUST_FAIL.get(name, []))
     for (conv, gen), w, g in zip(names, want, got):
         if conv in must_render:
             assert w[0] == "ok", "%s: jinja2 failed on %r: %s (fix the test's conversation)" % (name, conv, w[1])
@@ -273,16 +295,17 @@ def test_real_template(name):
         if conv in MUST_FAIL.get(name, []):
             assert w[0] == "error" and g[0] == "error", "%s must refuse %r (jinja2: %s, ferry: %s)" % (name, conv, w[0], g[0])
     # the generation prompt changes the output of every template that has one
+    # where the conversation ends with the user (after an assistant or a
+    # tool turn some templates add nothing), so the cases do test the flag
     if "add_generation_prompt" in src:
         for i in range(0, len(cases), 2):
-            if want[i][0] == "ok" and want[i + 1][0] == "ok" and names[i][0] != "no messages":
+            msgs = cases[i]["messages"]
+            if want[i][0] == "ok" and want[i + 1][0] == "ok" and msgs and msgs[-1]["role"] == "user":
                 assert got[i][1] != got[i + 1][1], "%s: add_generation_prompt ignored for %r" % (name, names[i][0])
 
 
 def test_raise_exception_message():
-    src = TEMPLATES.get("mistralai-Mistral-Nemo-Instruct-2407.jinja")
-    if src is None:
-        pytest.skip("Mistral template not found")
+    src = refdata.template("mistralai-Mistral-Nemo-Instruct-2407.jinja")
     got = render_ferry(src, [{"messages": [U("a"), U("b")], "bos_token": "<s>", "eos_token": "</s>"}])
     assert got[0][0] == "error"
     assert "conversation roles must alternate user/assistant" in got[0][1], got[0][1]
@@ -294,7 +317,7 @@ def test_strftime_now():
     got = render_ferry("{{ strftime_now('%s') }}" % fmt, [{}])
     after = datetime.now().strftime(fmt)
     assert got[0][0] == "ok" and got[0][1] in (before, after), (got, before)
-    src = TEMPLATES.get("meta-llama-Llama-3.2-3B-Instruct.jinja")
+    src = refdata.template("meta-llama-Llama-3.2-3B-Instruct.jinja")
     if src:
         before = datetime.now().strftime("%d %b %Y")
         got = render_ferry(src, [{"messages": [U("hi")], "bos_token": "<s>"}])
