@@ -7,8 +7,10 @@ in the same run, on the same files. Every encode's ids are compared too.
 
     build/venv/bin/python bench/tokenizer_bench.py [--reps 5] [--mb 1]
 
-Needs the venv (HF `tokenizers`), ../shared/tokenizers and
-build/tests/tok_tool (`make build/tests/tok_tool`). HF runs with
+Needs the venv (HF `tokenizers`), the tokenizers `make deps` builds from
+llama.cpp's vocabularies (build/ref/tokenizers: llama-spm is Llama 2,
+llama-bpe Llama 3, qwen2 Qwen2 with Qwen2.5's added tokens; tok_ref.py)
+and build/tests/tok_tool (`make build/tests/tok_tool`). HF runs with
 RAYON_NUM_THREADS=1; one encode call of one text is single-threaded in both.
 Encode times are the best of --reps; load is one cold-ish load each
 (ferry's in a fresh process, HF's in this one).
@@ -26,7 +28,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-from tok_ref import BUILDERS, SPECIALS, mixed_text  # noqa: E402
+from tok_ref import BUILDERS, NAMES, SPECIALS, mixed_text  # noqa: E402
 
 from tokenizers import Tokenizer  # noqa: E402
 
@@ -39,16 +41,10 @@ def main():
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("llama2", "llama3", "qwen2"):
+        for name in NAMES:
             d = Path(tmp) / name
             BUILDERS[name](d)
-            hf_json = d / "hf.json"
-            if name == "llama2":  # HF's copy without the merges it refuses (tok_ref.py)
-                j = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-                j["model"]["merges"] = [m for m in j["model"]["merges"] if m.count(" ") == 1]
-                hf_json.write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
-            else:
-                hf_json = d / "tokenizer.json"
+            hf_json = d / "tokenizer.json"
             text = mixed_text(int(args.mb * (1 << 20)), SPECIALS[name])
             tf = d / "text.txt"
             tf.write_bytes(text.encode())

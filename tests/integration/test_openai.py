@@ -26,8 +26,8 @@ import openai
 import pytest
 
 from test_http import REQ_TIMEOUT, hang_up, metrics, msum, serve
-from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_chat_ids, hf_render, hf_tokenizer, shared_dir,
-                       stop_ids, text_model, until_stop)
+from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_chat_ids, hf_render, hf_tokenizer,
+                       stop_ids, text_model, tokenizer_dir, until_stop)
 
 M_GENERATED = "ferry_generated_tokens_total"
 M_SEQUENCES = "ferry_sequences_total"
@@ -44,7 +44,7 @@ def tdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def m_l2(ferry, tdir):
-    return text_model(ferry, tdir / "l2", shared_dir("llama2"), seed=11)
+    return text_model(ferry, tdir / "l2", tokenizer_dir("llama-spm"), seed=11)
 
 
 @pytest.fixture(scope="module")

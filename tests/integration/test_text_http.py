@@ -18,8 +18,8 @@ import pytest
 from conftest import RUN_TIMEOUT, assert_ferry_error
 from test_http import jreq, serve
 from test_http import request as http_request
-from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_render, hf_tokenizer, shared_dir, stop_ids,
-                       text_model)
+from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_render, hf_tokenizer, stop_ids,
+                       text_model, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def tdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def m_l2(ferry, tdir):
-    return text_model(ferry, tdir / "l2", shared_dir("llama2"), seed=21)
+    return text_model(ferry, tdir / "l2", tokenizer_dir("llama-spm"), seed=21)
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +296,7 @@ def test_chat_errors(ferry, models, m_l2):
 
 
 def test_mkmodel_tokenizer(ferry, tdir, m_demo, m_l2):
-    for model, src in ((m_demo, DEMO_TOKENIZER), (m_l2, shared_dir("llama2"))):
+    for model, src in ((m_demo, DEMO_TOKENIZER), (m_l2, tokenizer_dir("llama-spm"))):
         for f in ("tokenizer.json", "tokenizer_config.json"):
             assert (Path(model) / f).read_bytes() == (Path(src) / f).read_bytes()
         cfg = json.loads((Path(model) / "config.json").read_text())

@@ -17,14 +17,17 @@ import struct
 import numpy as np
 import pytest
 
-httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed (make deps: build/venv)")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (make deps: build/venv)")
-grpc = pytest.importorskip("grpc", reason="grpcio is not installed (make deps: build/venv)")
+import refdata
+
+httpclient = refdata.client("tritonclient.http")
+grpcclient = refdata.client("tritonclient.grpc")
+grpc = refdata.client("grpc")
 
 from test_grpc import STREAM_METHOD, grpc_port, pb  # noqa: E402,F401 (pb: the stubs fixture)
 from test_http import jreq, request, serve  # noqa: E402
 from test_tritonclient import mod, triton_clients  # noqa: E402
-from text_util import DEMO_TOKENIZER, greedy_text, hf_tokenizer, shared_dir, stop_ids, text_model, until_stop  # noqa: E402
+from text_util import (DEMO_TOKENIZER, greedy_text, hf_tokenizer, stop_ids, text_model, tokenizer_dir,  # noqa: E402
+                       until_stop)
 
 TIMEOUT = 60
 N_NEW = 8
@@ -38,7 +41,7 @@ def tdir(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["l2", "demo"])
 def tmodel(request, ferry, tdir):
-    src = shared_dir("llama2") if request.param == "l2" else DEMO_TOKENIZER
+    src = tokenizer_dir("llama-spm") if request.param == "l2" else DEMO_TOKENIZER
     return text_model(ferry, tdir / request.param, src, seed=31)
 
 

@@ -1,14 +1,20 @@
 """The tokenizer (engine/text/) against HF tokenizers, bit for bit.
 
-Reference tokenizers: the real Llama 2 tokenizer.json from ../shared/tokenizers,
-and Llama 3 and Qwen2 tokenizer.json files BUILT here with the `tokenizers`
-library from the vocabularies, merges, regexes and special tokens in
-../shared/tokenizers (laid out as the HF files are: Llama 3 with pair merges,
-ignore_merges and a BOS template; Qwen2 with NFC, string merges and the added
-tokens of tokenizer_config.json). Plus small tokenizers trained here and
-varied over the options tokenizer.json can hold (normalizers, pre-tokenizers,
-decoders, added-token flags, byte fallback), to reach the paths the real
-files do not.
+Reference tokenizers: the tokenizer.json files `make deps` builds with the
+`tokenizers` library from llama.cpp's real vocabularies
+(scripts/vocab_to_hf.py, build/ref/tokenizers, refdata.py; tok_ref.py):
+Llama 2 (llama-spm: SentencePiece-style BPE, byte fallback, pair merges),
+Llama 3 (llama-bpe: pair merges, ignore_merges, a BOS template) and Qwen2
+(NFC, string merges, with Qwen2.5's added tokens, special and not), each
+compared with HF tokenizers on a corpus. Every tokenizer built there
+(Llama 2 and 3, Phi-3, Qwen2, Qwen3.5, GPT-2, MPT, StarCoder, DeepSeek LLM
+and Coder, Falcon) is also run on llama.cpp's own tokenization vectors
+(ggml-vocab-NAME.gguf.inp/.out, made with transformers). A small file
+written here holds what Llama 2's published tokenizer.json has and the
+built one lacks: "a b" string merges, three of them with a literal space.
+Plus small tokenizers trained here and varied over the options
+tokenizer.json can hold (normalizers, pre-tokenizers, decoders, added-token
+flags, byte fallback), to reach the paths the real files do not.
 
 Cases run in batches through build/tests/tok_tool (one process per
 tokenizer); the CLI (`ferry tokenize` / `detokenize`) is checked separately.
@@ -25,13 +31,13 @@ from pathlib import Path
 
 import pytest
 
+import refdata
 from conftest import assert_ferry_error, ferry_path
 
-tokenizers = pytest.importorskip("tokenizers")
+tokenizers = refdata.client("tokenizers")
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
 
-from tok_ref import (BUILDERS, CORPUS, LLAMA3_REGEX, MIXED_PARTS, SHARED, SPECIALS,  # noqa: E402
-                     mixed_text)
+from tok_ref import BUILDERS, CORPUS, LLAMA3_REGEX, MIXED_PARTS, NAMES, SPECIALS, mixed_text  # noqa: E402
 
 
 # ---- running ferry's tokenizer --------------------------------------------------
@@ -121,8 +127,6 @@ def check_decode(hf, fe, id_lists, label):
 
 @pytest.fixture(scope="session")
 def real(tmp_path_factory):
-    if not SHARED.is_dir():
-        pytest.skip("reference tokenizers not found at %s" % SHARED)
     root = tmp_path_factory.mktemp("tokenizers")
     cache = {}
 
@@ -141,13 +145,13 @@ def corpus_for(name):
     return CORPUS + ["user text with %s in it" % s for s in sp] + ["".join(sp), " ".join(sp) + " "]
 
 
-@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+@pytest.mark.parametrize("name", NAMES)
 def test_encode_matches_hf(real, name):
     hf, fe = real(name)
     check_encode(hf, fe, corpus_for(name), name)
 
 
-@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+@pytest.mark.parametrize("name", NAMES)
 def test_encode_invalid_utf8_as_replacement(real, name):
     """Raw bytes that are not UTF-8: ferry encodes what HF encodes for
     bytes.decode('utf-8', 'replace') (what a caller must pass HF)."""
@@ -159,7 +163,7 @@ def test_encode_invalid_utf8_as_replacement(real, name):
 
 def byte_token_ids(hf, name):
     """Ids that decode to single bytes, for invalid UTF-8 in the output."""
-    if name == "llama2":
+    if name == "llama-spm":
         return {b: hf.token_to_id("<0x%02X>" % b) for b in range(256)}
     bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     cs, n = bs[:], 0
@@ -171,7 +175,7 @@ def byte_token_ids(hf, name):
     return {b: hf.token_to_id(chr(c)) for b, c in zip(bs, cs)}
 
 
-@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+@pytest.mark.parametrize("name", NAMES)
 def test_decode_and_stream_match_hf(real, name):
     hf, fe = real(name)
     lists = [hf_encode(hf, t, True, True) for t in corpus_for(name)]
@@ -191,7 +195,7 @@ def test_decode_and_stream_match_hf(real, name):
     check_decode(hf, fe, lists, name)
 
 
-@pytest.mark.parametrize("name", ["llama2", "llama3", "qwen2"])
+@pytest.mark.parametrize("name", NAMES)
 def test_one_megabyte(real, name):
     """1 MB of mixed text: the same ids, and their decode; times printed."""
     hf, fe = real(name)
@@ -211,10 +215,10 @@ def test_one_megabyte(real, name):
 
 def test_tokenizer_loads_fast(real):
     """Loading the 128k-token Llama 3 file: the time is printed, not asserted."""
-    hf, fe = real("llama3")
+    hf, fe = real("llama-bpe")
     t0 = time.time()
     fe.encode([("x", False, False)])
-    print("llama3 tokenizer.json (%.1f MB): tok_tool load + one encode %.3f s" % (
+    print("llama-bpe tokenizer.json (%.1f MB): tok_tool load + one encode %.3f s" % (
         (fe.dir / "tokenizer.json").stat().st_size / 1e6, time.time() - t0))
 
 
@@ -232,6 +236,110 @@ def test_wrong_merge_order_is_caught(real, tmp_path):
     (d / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
     with pytest.raises(AssertionError):
         check_encode(hf, Ferry(d), ["the other then", " the theme"], "swapped")
+
+
+# ---- llama.cpp's tokenization vectors --------------------------------------------------------
+
+# every tokenizer scripts/vocab_to_hf.py builds (build/ref/tokenizers/NAME from ggml-vocab-NAME.gguf)
+VECTOR_NAMES = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2", "mpt", "starcoder", "deepseek-llm",
+                "deepseek-coder", "falcon"]
+VECTOR_SEP = "\n__ggml_vocab_test__\n"
+
+
+def llama_cpp_vectors(name):
+    """[(text, ids)]: the cases of ggml-vocab-NAME.gguf.inp (each ends with
+    VECTOR_SEP) and the ids on the same line of .out, which llama.cpp's
+    convert_hf_to_gguf_update.py wrote with transformers'
+    encode(text, add_special_tokens=False)."""
+    base = refdata.LLAMA_CPP / ("ggml-vocab-%s.gguf" % name)
+    texts = refdata.need(str(base) + ".inp").read_text(encoding="utf-8").split(VECTOR_SEP)
+    outs = refdata.need(str(base) + ".out").read_text(encoding="utf-8").split("\n")
+    assert texts[-1] == "" and len(texts) == len(outs) and outs[-1] == "", "%s: .inp/.out do not pair up" % name
+    return [(t, [int(x) for x in o.split()]) for t, o in zip(texts[:-1], outs[:-1])]
+
+
+def test_vector_names_cover_every_built_tokenizer():
+    built = sorted(p.name for p in refdata.need(refdata.TOKENIZERS).iterdir() if p.is_dir())
+    assert built == sorted(VECTOR_NAMES)
+
+
+@pytest.mark.parametrize("name", VECTOR_NAMES)
+def test_llama_cpp_vectors(tmp_path, name):
+    """ferry encodes every case of llama.cpp's vectors to exactly the ids
+    transformers gave (special tokens parsed, none added, as
+    encode(add_special_tokens=False) does), and decodes those ids - whole
+    and streamed, special tokens kept and skipped - as HF tokenizers does."""
+    src = refdata.tokenizer_dir(name)
+    d = tmp_path / name
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes((src / f).read_bytes())
+    fe = Ferry(d)
+    vectors = llama_cpp_vectors(name)
+    got = fe.encode([(t, False, True) for t, _ in vectors])
+    bad = ["%s case %d %r:\n  ferry %s\n  .out  %s" % (name, k, t[:120], g, w)
+           for k, ((t, w), g) in enumerate(zip(vectors, got)) if g != w]
+    assert not bad, "%d of %d cases differ from llama.cpp's vectors:\n%s" % (len(bad), len(vectors), "\n".join(bad))
+    hf = Tokenizer.from_file(str(d / "tokenizer.json"))
+    ids = [w for _, w in vectors]
+    check_decode(hf, fe, ids + [sum(ids, [])], name)
+    # where HF gives the text back, so does ferry (check_decode: ferry's decode is HF's)
+    back = sum(hf.decode(w, skip_special_tokens=False) == t for t, w in vectors)
+    print("%s: %d cases, %d decode back to their text" % (name, len(vectors), back))
+
+
+# ---- Llama 2's published layout: "a b" string merges, three holding a space ---------------------
+
+def test_string_merges_holding_a_space(tmp_path):
+    """Llama 2's published tokenizer.json writes its merges as "a b" strings,
+    three of them ("   ", "     ", "▁  ") for tokens holding a literal space,
+    ambiguous in that form: HF tokenizers refuses the file, ferry skips those
+    three (the normalizer turns every space into ▁, so no text reaches them;
+    tokenizer.h). The built llama-spm file writes pairs and has none of this,
+    so a small file in that layout is made here: ferry on it must be HF on
+    the same file without the three merges."""
+    j = train(False)
+    m = j["model"]
+    vocab = m["vocab"]
+    for t in (" ", "  ", "    ", "▁ ", "<s>", "</s>"):
+        vocab.setdefault(t, len(vocab))
+    merges = ["%s %s" % (a, b) for a, b in m["merges"]]
+    assert not any(" " in a or " " in b for a, b in m["merges"])
+    spaced = ["   ", "     ", "▁  "]  # (" ", " "), ("  ", "  "), ("▁", " ")
+    for k, sm in zip((3, 40, len(merges) // 2), spaced):
+        merges.insert(k, sm)
+    m.update(merges=merges, byte_fallback=True, fuse_unk=True, unk_token="<unk>")
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    j["pre_tokenizer"] = None
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    j["post_processor"] = {
+        "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [vocab["<s>"]], "tokens": ["<s>"]}}}
+    j["added_tokens"] = [{"id": vocab[c], "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": True, "special": True} for c in ("<unk>", "<s>", "</s>")]
+    text = json.dumps(j, ensure_ascii=False)
+    with pytest.raises(Exception):
+        Tokenizer.from_str(text)  # what ferry departs from: HF refuses the file
+    hf_j = json.loads(text)
+    hf_j["model"]["merges"] = [x for x in merges if x not in spaced]
+    hf = Tokenizer.from_str(json.dumps(hf_j))
+    d = tmp_path / "spaced"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(text, encoding="utf-8")
+    fe = Ferry(d)
+    texts = CORPUS + ["   ", "a  b   c    d", "\u00a0 \u00a0\u00a0", " <s> x</s>", "hello  world  "]
+    check_encode(hf, fe, texts, "string merges")
+    space_ids = [vocab[t] for t in (" ", "  ", "    ", "▁ ")]
+    word = hf_encode(hf, "hello world", False, False)
+    check_decode(hf, fe, [hf_encode(hf, t, True, True) for t in texts] +
+                 [space_ids, word + space_ids + word, [vocab["<s>"]] + space_ids[:2] + [vocab["</s>"]]],
+                 "string merges")
 
 
 # ---- small tokenizers over every option ---------------------------------------------------------
@@ -348,7 +456,7 @@ def test_options_match_hf(tmp_path, byte_level):
 # ---- the CLI ------------------------------------------------------------------------------------
 
 def test_cli_tokenize_detokenize(ferry, real, work):
-    hf, fe = real("llama3")
+    hf, fe = real("llama-bpe")
     d = str(fe.dir)
     text = "Hello <|eot_id|> world, 123456 🦀"
     p = ferry.check("tokenize", "--model", d, "--text", text, "--json")

@@ -1,12 +1,13 @@
-"""Helpers shared by the text tests (test_openai.py, test_text_http.py):
-the reference tokenizers and chat templates, and the checkpoints with a
-tokenizer they serve.
+"""Helpers shared by the text tests (test_openai.py, test_text_http.py,
+test_text_infer.py): the reference tokenizers and chat templates, and the
+checkpoints with a tokenizer they serve.
 
 References: HF `tokenizers` (the Rust library transformers uses) for
 encoding and decoding, Python jinja2 with transformers' environment for
-chat templates. The tokenizers come from ../shared/tokenizers (beside the
-repository, as CI checks it out) and config/demo-tokenizer (in the
-repository).
+chat templates. The tokenizers are those `make deps` builds from llama.cpp's
+vocabularies into build/ref/tokenizers (refdata.py: tokenizer_dir("llama-spm")
+is Llama 2's) and config/demo-tokenizer (in the repository); the chat
+templates are llama.cpp's models/templates (refdata.template).
 """
 
 import json
@@ -16,45 +17,26 @@ from pathlib import Path
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
-import pytest
 from tokenizers import Tokenizer
 
+from refdata import template, tokenizer_dir  # noqa: F401 (tokenizer_dir: for the tests)
+
 REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-TOKENIZERS = SHARED / "tokenizers"
 DEMO_TOKENIZER = REPO / "config" / "demo-tokenizer"
-
-
-def shared_dir(*parts):
-    p = TOKENIZERS.joinpath(*parts)
-    if not p.exists():
-        pytest.fail("reference data missing: %s (../shared must be checked out beside the repository)" % p)
-    return p
-
 
 _HF = {}
 
 
 def hf_tokenizer(model_dir):
-    """HF tokenizers on model_dir/tokenizer.json. Llama 2's file has three
-    merges holding a literal space ("a b" is then ambiguous) that
-    tokenizers 0.23 refuses to read; they involve unreachable tokens (the
-    normalizer turns every space into U+2581, ../shared/tokenizers/llama2/
-    README.txt), so they are left out here."""
+    """HF tokenizers on model_dir/tokenizer.json (read once)."""
     path = str(Path(model_dir) / "tokenizer.json")
     if path not in _HF:
-        try:
-            _HF[path] = Tokenizer.from_file(path)
-        except Exception:
-            obj = json.loads(Path(path).read_text())
-            merges = obj["model"]["merges"]
-            obj["model"]["merges"] = [m for m in merges if not isinstance(m, str) or m.count(" ") == 1]
-            _HF[path] = Tokenizer.from_str(json.dumps(obj))
+        _HF[path] = Tokenizer.from_file(path)
     return _HF[path]
 
 
 def tokenizer_config(model_dir):
-    return json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    return json.loads((Path(model_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
 
 
 def _token_str(v):
@@ -125,22 +107,22 @@ def greedy_text(ferry, model, prompt_ids, n):
 
 
 def chat_tokenizer_dir(dst):
-    """Llama 2's tokenizer with ChatML's control tokens added (special, as
-    Qwen's) and the Qwen2.5 chat template: a chat model whose template's
-    control tokens are real ids."""
+    """Llama 2's tokenizer (llama-spm) with ChatML's control tokens added
+    (special, as Qwen's) and the Qwen2.5 chat template: a chat model whose
+    template's control tokens are real ids."""
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    src = shared_dir("llama2")
-    tj = json.loads((src / "tokenizer.json").read_text())
+    src = tokenizer_dir("llama-spm")
+    tj = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
     for i, content in enumerate(["<|im_start|>", "<|im_end|>"]):
         tj["added_tokens"].append({"id": 32000 + i, "content": content, "single_word": False, "lstrip": False,
                                    "rstrip": False, "normalized": False, "special": True})
-    (dst / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
-    cfg = json.loads((src / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = shared_dir("templates", "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    (dst / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+    cfg["chat_template"] = template("Qwen-Qwen2.5-7B-Instruct.jinja")
     cfg["eos_token"] = "<|im_end|>"
     cfg["add_bos_token"] = False
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
     return dst
 
 

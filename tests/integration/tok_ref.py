@@ -1,30 +1,35 @@
 """Reference tokenizers for tests/integration/test_tokenizer.py and
 bench/tokenizer_bench.py: HF tokenizers objects and the tokenizer.json
-files ferry reads, built from the data in ../shared/tokenizers.
+files ferry reads, from the folders `make deps` builds out of llama.cpp's
+vocabularies (scripts/vocab_to_hf.py, build/ref/tokenizers; refdata.py).
+Each is laid out as the model's HF files are, built with the `tokenizers`
+library and saved by it; vocab_to_hf.py checks each against llama.cpp's
+tokenization vectors.
 
-    llama2  the real tokenizer.json (HF reads a copy without the three
-            merges holding a space, which it refuses; ferry skips them)
-    llama3  encoder.json + vocab.bpe, the Split regex + ByteLevel, ignore_merges,
-            special tokens 128000-128255, a <|begin_of_text|> template
-    qwen2   vocab.json + merges.txt, NFC, Qwen's regex + ByteLevel, the added
-            tokens of tokenizer_config.json, merges written as "a b" strings
-Each is laid out as the HF files are: built with the `tokenizers` library and
-saved by it.
+    llama-spm  Llama 2: SentencePiece-style BPE with byte fallback, merges
+               as [a, b] pairs (Llama 2's published file writes them as
+               "a b" strings, three of them holding a literal space;
+               test_tokenizer.py covers that form with a small file of its own)
+    llama-bpe  Llama 3: the Split regex + ByteLevel, ignore_merges, special
+               tokens 128000-128255, a <|begin_of_text|> template
+    qwen2      Qwen2: NFC, Qwen's regex + ByteLevel, merges as "a b" strings;
+               here with Qwen2.5's added tokens appended (ids 151646-151664,
+               special and not, as Qwen2.5's files have them on the same
+               vocabulary) in tokenizer.json and tokenizer_config.json
 """
 
 import json
 import random
 import shutil
-from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "tokenizers"
+from refdata import tokenizer_dir
+
+NAMES = ["llama-spm", "llama-bpe", "qwen2"]
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 CORPUS = [
     "Hello world",
@@ -63,75 +68,52 @@ def mixed_text(n_bytes, specials=(), seed=7):
     return "".join(out)
 
 
-def build_llama3(out):
-    vocab = json.loads((SHARED / "llama3" / "encoder.json").read_text(encoding="utf-8"))
-    lines = (SHARED / "llama3" / "vocab.bpe").read_text(encoding="utf-8").split("\n")
-    merges = [tuple(l.split(" ")) for l in lines if l and not l.startswith("#version")]
-    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_REGEX), "isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
-    special = json.loads((SHARED / "llama3" / "special_tokens_llama3.1-3.2_hf.json").read_text())
-    tok.add_special_tokens([AddedToken(special[str(i)], special=True, normalized=False)
-                            for i in range(128000, 128256)])
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A",
-                                      pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
-                                      special_tokens=[("<|begin_of_text|>", 128000)])])
+def copy_built(name, out):
+    """build/ref/tokenizers/NAME copied to out."""
+    src = tokenizer_dir(name)
     out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-        "chat_template": (SHARED / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()}))
-    return Tokenizer.from_file(str(out / "tokenizer.json"))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(str(src / f), str(out / f))
+    return out
+
+
+def build_plain(name):
+    def build(out):
+        copy_built(name, out)
+        return Tokenizer.from_file(str(out / "tokenizer.json"))
+    return build
+
+
+# Qwen2.5's added tokens after Qwen2's <|endoftext|>, <|im_start|>, <|im_end|>:
+# (content, special); the ones that are not special are matched in any text
+QWEN25_ADDED = [("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+                ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True),
+                ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+                ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
+                ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False)]
 
 
 def build_qwen2(out):
-    vocab = json.loads((SHARED / "qwen2" / "vocab.json").read_text(encoding="utf-8"))
-    lines = (SHARED / "qwen2" / "merges.txt").read_text(encoding="utf-8").split("\n")
-    merges = [tuple(l.split(" ")) for l in lines if l and not l.startswith("#version")]
-    tok = Tokenizer(models.BPE(vocab, merges))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), "isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    cfg = json.loads((SHARED / "qwen2" / "tokenizer_config.json").read_text())
-    dec = cfg["added_tokens_decoder"]
-    tok.add_tokens([AddedToken(dec[i]["content"], single_word=dec[i]["single_word"], lstrip=dec[i]["lstrip"],
-                               rstrip=dec[i]["rstrip"], normalized=dec[i]["normalized"], special=dec[i]["special"])
-                    for i in sorted(dec, key=int)])
-    out.mkdir(parents=True, exist_ok=True)
+    copy_built("qwen2", out)
     path = out / "tokenizer.json"
-    tok.save(str(path))
-    # Qwen's own file writes merges as "a b" strings: test that form here
     j = json.loads(path.read_text(encoding="utf-8"))
-    j["model"]["merges"] = [a + " " + b for a, b in j["model"]["merges"]]
-    j["model"]["continuing_subword_prefix"] = ""
-    j["model"]["end_of_word_suffix"] = ""
+    assert all(isinstance(m, str) for m in j["model"]["merges"]), "qwen2's merges are \"a b\" strings"
+    cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    first = max(t["id"] for t in j["added_tokens"]) + 1
+    for k, (content, special) in enumerate(QWEN25_ADDED):
+        t = {"id": first + k, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": special}
+        j["added_tokens"].append(t)
+        cfg["added_tokens_decoder"][str(first + k)] = {x: t[x] for x in t if x != "id"}
     path.write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
-    shutil.copy(str(SHARED / "qwen2" / "tokenizer_config.json"), str(out / "tokenizer_config.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
     return Tokenizer.from_file(str(path))
 
 
-def build_llama2(out):
-    """ferry reads the real file; HF refuses its three merges that hold a space
-    (see engine/text/tokenizer.h), so HF reads a copy without them."""
-    out.mkdir(parents=True, exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(str(SHARED / "llama2" / f), str(out / f))
-    j = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
-    j["model"]["merges"] = [m for m in j["model"]["merges"] if m.count(" ") == 1]
-    return Tokenizer.from_str(json.dumps(j))
-
-
-BUILDERS = {"llama2": build_llama2, "llama3": build_llama3, "qwen2": build_qwen2}
+BUILDERS = {"llama-spm": build_plain("llama-spm"), "llama-bpe": build_plain("llama-bpe"), "qwen2": build_qwen2}
 SPECIALS = {
-    "llama2": ["<s>", "</s>", "<unk>"],
-    "llama3": ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
-               "<|reserved_special_token_5|>", "<|python_tag|>"],
+    "llama-spm": ["<s>", "</s>", "<unk>"],
+    "llama-bpe": ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
+                  "<|reserved_special_token_5|>", "<|reserved_special_token_250|>"],  # Llama 3.0's names
     "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>"],
 }
