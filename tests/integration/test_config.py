@@ -11,7 +11,7 @@ flags, through the real binary.
   example's plan on a checkpoint of the shape it was sized for (Llama-3.1-70B,
   Qwen3-30B-A3B: sparse files, so nothing is written but headers) puts the
   weights on the tiers it says, within the memory of the machine it names.
-- The README's settings table is what `make docs` generates from
+- docs/configuration.md's settings table is what `make docs` generates from
   config/settings.def.
 """
 import json
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import refdata
 from test_http import Server, request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,16 +217,20 @@ def test_serve_from_config_file(ferry_bin, tiny, tmp_path):
 # the shipped files
 # --------------------------------------------------------------------------
 
-def test_default_config_loads(ferry, tiny, tmp_path):
+def test_default_config_loads(ferry, tmp_path):
     """config/ferry.json: make run's configuration."""
     path = ROOT / "config" / "ferry.json"
     s = config_print(ferry, "--config", path)["settings"]
-    want = {"model": "build/demo-model", "http_port": 8000, "grpc_port": 8001, "admin_host": "127.0.0.1",
-            "admin_port": 8003, "offload_dir": "build/demo-offload", "export_dir": "build/exports"}
+    want = {"model": "build/smollm2-135m-instruct", "http_port": 8000, "grpc_port": 8001, "admin_host": "127.0.0.1",
+            "admin_port": 8003, "offload_dir": "build/smollm2-offload", "export_dir": "build/exports"}
     for k, v in want.items():
         assert s[k]["value"] == v and s[k]["source"] == "file", (k, s[k])
     assert s["admin_token"]["value"] is None  # admin API off until a token is given
-    ferry.check("plan", "--config", path, "--model", tiny, "--offload-dir", tmp_path / "off", env=clean_env())
+    # on the model it names: part resident, the rest on disk, as its comment says
+    plan = ferry.check("plan", "--config", path, "--model", refdata.smollm2(), "--offload-dir", tmp_path / "off",
+                       "--json", env=clean_env())
+    tiers = {g["tier"] for g in json.loads(plan.stdout)["groups"]}
+    assert tiers == {"device", "disk"}, tiers
 
 
 def _attention(p, c, hd, qk_norm):
@@ -354,11 +359,11 @@ def test_example_plans_as_it_says(ferry, shapes, name, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# the README table
+# the settings table of docs/configuration.md
 # --------------------------------------------------------------------------
 
-def test_readme_settings_table_is_fresh():
+def test_settings_table_is_fresh():
     """`make docs` writes the table between the markers; this is its check."""
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_settings.py"), "--check"],
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "settings_table.py"), "--check"],
                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert p.returncode == 0, p.stdout.decode()
