@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The README's settings table, generated from config/settings.def through
-the binary that compiles it (`ferry config --docs`), between the markers
-<!-- settings:begin --> and <!-- settings:end -->.
+"""The settings table of docs/configuration.md, generated from
+config/settings.def through the binary that compiles it (`ferry config
+--docs`), between the markers <!-- settings:begin --> and <!-- settings:end -->.
 
-    scripts/readme_settings.py           rewrite README.md (make docs)
-    scripts/readme_settings.py --check   exit 1 when README.md is stale (the tests)
+    scripts/settings_table.py           rewrite docs/configuration.md (make docs)
+    scripts/settings_table.py --check   exit 1 when the table is stale (the tests)
 
 FERRY_BIN names the binary (default build/ferry)."""
 import os
@@ -23,18 +23,18 @@ def main():
     ferry = os.environ.get("FERRY_BIN", str(ROOT / "build" / "ferry"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
     table = subprocess.run([ferry, "config", "--docs"], check=True, stdout=subprocess.PIPE, env=env).stdout.decode()
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "configuration.md"
     text = readme.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        sys.exit("README.md: needs one %s before one %s" % (BEGIN.strip(), END.strip()))
+        sys.exit("docs/configuration.md: needs one %s before one %s" % (BEGIN.strip(), END.strip()))
     head, rest = text.split(BEGIN)
     old, tail = rest.split(END)
     if old == table:
         return
     if check:
-        sys.exit("README.md's settings table is stale: run `make docs` (config/settings.def changed)")
+        sys.exit("docs/configuration.md's settings table is stale: run `make docs` (config/settings.def changed)")
     readme.write_text(head + BEGIN + table + END + tail)
-    print("README.md: settings table rewritten")
+    print("docs/configuration.md: settings table rewritten")
 
 
 if __name__ == "__main__":
