@@ -81,7 +81,8 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
     memset(out, 0, sizeof *out);
     out->opts = *o;
     if (o->group_size < 1) return ferry_fail(FERRY_ERR_INVALID, "--group-size must be >= 1 (got %d)", o->group_size);
-    if (o->prefetch < 1) return ferry_fail(FERRY_ERR_INVALID, "--prefetch must be >= 1 (got %d)", o->prefetch);
+    if (o->prefetch < 0)
+        return ferry_fail(FERRY_ERR_INVALID, "--prefetch must be >= 1, or 0 for the planner's (got %d)", o->prefetch);
     int n_layer_groups = (m->n_layers + o->group_size - 1) / o->group_size;
     int n_expert_groups = m->n_moe_layers * m->n_experts;
     out->first_expert = n_layer_groups + 2;
@@ -119,8 +120,8 @@ static ferry_status place_all(const plan_model *m, const uint64_t *unit_bytes, c
     for (int i = 0; i < out->n_groups; i++)
         if (g[i].kind != GROUP_EMBED && g[i].kind != GROUP_EXPERT && g[i].tier == TIER_DISK && g[i].bytes > disk_max)
             disk_max = g[i].bytes;
-    int ahead = plan_ahead(o->prefetch, out->slot_bytes, disk_max > 0);
-    out->n_stage_slots = out->n_streamed < ahead + 1 ? out->n_streamed : ahead + 1;
+    out->prefetch = plan_ahead(o->prefetch, out->slot_bytes, disk_max > 0);
+    out->n_stage_slots = out->n_streamed < out->prefetch + 1 ? out->n_streamed : out->prefetch + 1;
     out->stage_bytes = (uint64_t)out->n_stage_slots * out->slot_bytes;
     /* disk reads land in pinned bounce buffers, one per slot */
     if (!o->unified) out->host_stage_bytes = disk_max ? (uint64_t)out->n_stage_slots * disk_max : 0;
@@ -187,9 +188,10 @@ uint64_t plan_kv_sequences(const plan *p, int n_positions)
 
 int plan_ahead(int prefetch, uint64_t slot_bytes, bool disk)
 {
-    if (!disk || slot_bytes < PLAN_READAHEAD_MIN_GROUP) return prefetch;
+    if (prefetch > 0) return prefetch;
+    if (!disk || slot_bytes < PLAN_READAHEAD_MIN_GROUP) return PLAN_DEFAULT_PREFETCH;
     uint64_t want = (PLAN_READAHEAD_BYTES + slot_bytes - 1) / slot_bytes;
-    return want > (uint64_t)prefetch ? (int)want : prefetch;
+    return want > PLAN_DEFAULT_PREFETCH ? (int)want : PLAN_DEFAULT_PREFETCH;
 }
 
 void plan_free(plan *p)

@@ -43,10 +43,13 @@ typedef enum { GROUP_EMBED, GROUP_LAYERS, GROUP_HEAD, GROUP_EXPERT } group_kind;
 /* Disk groups are read as 4 MiB requests, 16 in flight (pipeline.c): groups
  * smaller than a few times that window let the queue drain at every group's
  * end (measured: 31 MB int4 groups read at 2.5 GB/s two ahead, 3.2 GB/s
- * eight ahead, on a disk that gives 3.5 to 121 MB groups). So when groups
- * stream from disk and are at least PLAN_READAHEAD_MIN_GROUP, the fetcher
- * works at least PLAN_READAHEAD_BYTES ahead, --prefetch being the minimum
- * in groups. Smaller groups (test models) keep --prefetch as it is. */
+ * eight ahead, on a disk that gives 3.5 to 121 MB groups). So when prefetch
+ * is left to the planner (--prefetch 0, the default) it is
+ * PLAN_DEFAULT_PREFETCH groups, or more where groups of at least
+ * PLAN_READAHEAD_MIN_GROUP stream from disk: enough to work
+ * PLAN_READAHEAD_BYTES ahead. An explicit --prefetch N is obeyed as it is:
+ * it is what bounds the staging memory. */
+#define PLAN_DEFAULT_PREFETCH 2
 #define PLAN_READAHEAD_BYTES (256ull << 20)
 #define PLAN_READAHEAD_MIN_GROUP (4ull << 20)
 
@@ -69,7 +72,7 @@ typedef struct {
 typedef struct {
     uint64_t budget[2];   /* device, host weight budgets; PLAN_UNLIMITED when not given */
     int group_size;       /* >= 1 */
-    int prefetch;         /* groups fetched ahead of the computing one, >= 1 (at least: PLAN_READAHEAD_BYTES) */
+    int prefetch;         /* groups fetched ahead of the computing one, >= 1; 0 = the planner's (above) */
     int n_seqs;           /* sequences the KV cache holds */
     int context;          /* positions per sequence; 0 = the default (above) */
     uint64_t kv_memory;   /* bytes of the KV pool; 0 = what the memory affords (above) */
@@ -96,7 +99,8 @@ typedef struct {
     plan_group *groups;          /* embed, layer groups in order, head */
     uint64_t tier_bytes[TIER_COUNT];
     int n_streamed;              /* groups on host or disk, excluding the embedding */
-    int n_stage_slots;           /* device staging slots: min(plan_ahead + 1, n_streamed) */
+    int prefetch;                /* groups fetched ahead: opts.prefetch, or plan_ahead's when that is 0 */
+    int n_stage_slots;           /* device staging slots: min(prefetch + 1, n_streamed) */
     uint64_t slot_bytes;         /* largest streamed group */
     uint64_t stage_bytes;        /* n_stage_slots x slot_bytes, device memory */
     uint64_t host_stage_bytes;   /* pinned host bounce buffers for disk reads (non-unified) */
@@ -130,8 +134,9 @@ typedef struct {
  * 0 .. n_layers-1, head, then the experts (model.h's unit numbering); each a
  * multiple of the blob alignment. */
 ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *o, plan *out);
-/* Groups fetched ahead of the computing one: prefetch, or more where
- * groups of slot_bytes stream from disk (PLAN_READAHEAD_BYTES). */
+/* Groups fetched ahead of the computing one: prefetch when it is given
+ * (>= 1); for 0, PLAN_DEFAULT_PREFETCH, or more where groups of slot_bytes
+ * stream from disk (PLAN_READAHEAD_BYTES). */
 int plan_ahead(int prefetch, uint64_t slot_bytes, bool disk);
 void plan_free(plan *p);
 

@@ -330,7 +330,7 @@ static void status_engine_json(strbuf *sb, engine *e, sched *s)
     sb_json_str(sb, conv_desc);
 
     sb_printf(sb, ", \"placement\": {\"group_size\": %d, \"prefetch\": %d, \"groups\": [", p->opts.group_size,
-              p->opts.prefetch);
+              p->prefetch);
     for (int g = 0; g < p->n_groups; g++) {
         const plan_group *pg = &p->groups[g];
         sb_printf(sb, "%s{\"group\": %d, \"kind\": \"%s\"", g ? ", " : "", g, group_kind_name(pg->kind));

@@ -10,6 +10,19 @@
 #include "../../engine/base/util.h"
 #include "cli.h"
 
+/* Who chose the prefetch depth: the user (--prefetch N) or the planner. */
+static const char *prefetch_source(const plan *p)
+{
+    return p->opts.prefetch > 0 ? "given" : "planner";
+}
+
+static const char *prefetch_why(const plan *p)
+{
+    if (p->opts.prefetch > 0) return "--prefetch, as given";
+    if (p->prefetch > PLAN_DEFAULT_PREFETCH) return "the planner's, to read 256 MiB ahead from disk";
+    return "the planner's default";
+}
+
 static const char *group_name(const plan_group *g, char *buf, size_t cap)
 {
     if (g->kind == GROUP_EMBED) return "embed";
@@ -35,6 +48,7 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
     }
     sb_printf(sb,
               "], \"tier_bytes\": {\"device\": %llu, \"host\": %llu, \"disk\": %llu}, \"streamed_groups\": %d, "
+              "\"prefetch\": %d, \"prefetch_source\": \"%s\", "
               "\"working\": {\"staging_slots\": %d, \"slot_bytes\": %llu, \"staging_bytes\": %llu, "
               "\"host_staging_bytes\": %llu, \"expert_slots\": %d, \"expert_slot_bytes\": %llu, "
               "\"expert_slots_bytes\": %llu, \"expert_bounce_bytes\": %llu, \"kv_bytes\": %llu, "
@@ -45,7 +59,8 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               "\"needs\": {\"host\": %llu, \"device\": %llu}, \"host_available\": %llu, \"fits\": %s, "
               "\"conversion\": ",
               (unsigned long long)p->tier_bytes[TIER_DEVICE], (unsigned long long)p->tier_bytes[TIER_HOST],
-              (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->n_stage_slots,
+              (unsigned long long)p->tier_bytes[TIER_DISK], p->n_streamed, p->prefetch, prefetch_source(p),
+              p->n_stage_slots,
               (unsigned long long)p->slot_bytes, (unsigned long long)p->stage_bytes,
               (unsigned long long)p->host_stage_bytes, p->n_expert_slots, (unsigned long long)p->expert_slot_bytes,
               (unsigned long long)p->expert_stage_bytes, (unsigned long long)p->expert_bounce_bytes,
@@ -91,6 +106,7 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed);
     sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
               util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
+    if (p->n_streamed) sb_printf(sb, " (prefetch %d: %s)", p->prefetch, prefetch_why(p));
     if (p->host_stage_bytes) sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->host_stage_bytes, b3, sizeof b3));
     if (p->n_expert_slots) {
         sb_printf(sb, ", expert slots %d x %s = %s", p->n_expert_slots,

@@ -36,6 +36,7 @@ import sys
 import pytest
 
 import llama_ref
+import refdata
 import st_util
 from conftest import assert_ferry_error, check_greedy, copy_model, prompt_ids, rel_err
 
@@ -446,7 +447,7 @@ def test_generate_refuses_plan_that_does_not_fit(ferry, models, work):
     assert not od.exists() or not any(od.iterdir())
 
 
-@pytest.mark.parametrize("flag,value", [("--group-size", 0), ("--group-size", -1), ("--prefetch", 0),
+@pytest.mark.parametrize("flag,value", [("--group-size", 0), ("--group-size", -1), ("--prefetch", -1),
                                         ("--max-step-tokens", 0)])
 def test_bad_placement_flags(ferry, models, flag, value):
     d, _ = _model(models, "llama-untied-f32")
@@ -521,4 +522,33 @@ def test_peak_rss_follows_budgets(ferry_bin, models, work):
     assert disk_reuse <= resident - 0.6 * weights, what
     assert mixed <= disk_reuse + (16 << 20) + (12 << 20), what
     assert mixed <= resident - 0.3 * weights, what
+
+
+def test_prefetch_given_is_obeyed(ferry_bin, work):
+    """An explicit --prefetch bounds the staging slots even where the planner
+    would read further ahead: SmolLM2 (a 108 MiB head, 13.5 MiB layers) all
+    on disk, one layer a group. Left to the planner, prefetch reads 256 MiB
+    ahead; with --prefetch 1 there are two slots and the run peaks below
+    twice the largest group + 96 MiB."""
+    with open(ferry_bin, "rb") as f:
+        if b"__asan_init" in f.read():
+            pytest.skip("sanitizer builds have their own memory overheads")
+    d = refdata.smollm2()
+    od = work / "od-prefetch"
+    flags = ["--max-memory", "device=0,host=0", "--group-size", "1", "--offload-dir", str(od)]
+
+    def plan(*extra):
+        return json.loads(subprocess.run([ferry_bin, "plan", "--model", str(d), "--json"] + flags + list(extra),
+                                         stdout=subprocess.PIPE, check=True, timeout=60).stdout)
+
+    auto, given = plan(), plan("--prefetch", "1")
+    largest = given["working"]["slot_bytes"]
+    assert auto["prefetch_source"] == "planner" and auto["prefetch"] * largest >= 256 << 20, auto
+    assert auto["working"]["staging_slots"] == auto["prefetch"] + 1
+    assert given["prefetch_source"] == "given" and given["prefetch"] == 1, given
+    assert given["working"]["staging_slots"] == 2 and given["working"]["staging_bytes"] == 2 * largest
+    peak = _peak_rss([ferry_bin, "generate", "--model", d, "--prompt-ids", "1,2,3,4", "--max-new-tokens", 24,
+                      "--prefetch", 1] + flags)
+    assert peak < 2 * largest + (96 << 20), "peak RSS %.1f MiB, largest group %.1f MiB" % (peak / 2**20,
+                                                                                          largest / 2**20)
 

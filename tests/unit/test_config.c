@@ -52,7 +52,7 @@ static void test_defaults(void)
     CHECK(cfg.max_memory == NULL);
     CHECK(cfg.offload_dir == NULL);
     CHECK_EQ_INT(cfg.group_size, 1);
-    CHECK_EQ_INT(cfg.prefetch, 2);
+    CHECK_EQ_INT(cfg.prefetch, 0); /* the planner's */
     CHECK_EQ_INT(cfg.max_step_tokens, 512);
     CHECK_EQ_INT(cfg.context, 0);
     CHECK_EQ_U64(cfg.kv_memory, 0);

@@ -76,9 +76,13 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
     if (o->budget[0] != UNL) CHECK(p->tier_bytes[TIER_DEVICE] <= o->budget[0]);
     if (o->budget[1] != UNL) CHECK(p->tier_bytes[TIER_HOST] <= o->budget[1]);
     CHECK_EQ_INT(p->n_streamed, streamed);
-    int ahead = o->prefetch; /* PLAN_READAHEAD_BYTES ahead for disk groups of 4 MiB or more */
-    if (disk_max && slot >= (4ull << 20) && (int)(((256ull << 20) + slot - 1) / slot) > ahead)
-        ahead = (int)(((256ull << 20) + slot - 1) / slot);
+    int ahead = o->prefetch; /* given: as it is; 0: 2, or 256 MiB ahead for disk groups of 4 MiB or more */
+    if (!ahead) {
+        ahead = 2;
+        if (disk_max && slot >= (4ull << 20) && (int)(((256ull << 20) + slot - 1) / slot) > ahead)
+            ahead = (int)(((256ull << 20) + slot - 1) / slot);
+    }
+    CHECK_EQ_INT(p->prefetch, ahead);
     CHECK_EQ_INT(p->n_stage_slots, streamed < ahead + 1 ? streamed : ahead + 1);
     CHECK_EQ_U64(p->slot_bytes, slot);
     CHECK_EQ_U64(p->stage_bytes, (uint64_t)p->n_stage_slots * p->slot_bytes);
@@ -267,7 +271,7 @@ static void test_group_sizes(void)
     CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("group");
     plan_free(&p);
-    o = opts_of(UNL, UNL, 1, 0);
+    o = opts_of(UNL, UNL, 1, -1); /* 0 is the planner's */
     CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("prefetch");
     plan_free(&p);
@@ -342,8 +346,10 @@ static void test_embed_last(void)
     plan_free(&p);
 }
 
-/* Big groups streamed from disk are fetched PLAN_READAHEAD_BYTES ahead,
- * --prefetch groups at least; from host memory, --prefetch as it is. */
+/* Prefetch left to the planner (0): big groups streamed from disk are
+ * fetched PLAN_READAHEAD_BYTES ahead, PLAN_DEFAULT_PREFETCH groups at least;
+ * from host memory, PLAN_DEFAULT_PREFETCH. A --prefetch given is obeyed,
+ * below the read-ahead as above it. */
 static void test_readahead(void)
 {
     plan_model m = model_of(40);
@@ -351,7 +357,7 @@ static void test_readahead(void)
     units[0] = units[41] = K4;
     for (int i = 1; i <= 40; i++) units[i] = 31ull << 20; /* an int4 layer of a 1B model */
     plan p;
-    plan_opts o = opts_of(0, 0, 1, 2); /* all on disk */
+    plan_opts o = opts_of(0, 0, 1, 0); /* all on disk */
     make_ok(&m, units, &o, &p);
     CHECK_EQ_INT(p.n_stage_slots, 9 + 1); /* ceil(256 MiB / 31 MiB) = 9 ahead */
     plan_free(&p);
@@ -359,12 +365,19 @@ static void test_readahead(void)
     make_ok(&m, units, &o, &p);
     CHECK_EQ_INT(p.n_stage_slots, 12 + 1); /* --prefetch beyond it stands */
     plan_free(&p);
-    o = opts_of(0, UNL, 1, 2); /* host memory: no read queue to keep full */
+    for (int pf = 1; pf <= 2; pf++) { /* ... and below it: staging is what the user bounded */
+        o = opts_of(0, 0, 1, pf);
+        make_ok(&m, units, &o, &p);
+        CHECK_EQ_INT(p.n_stage_slots, pf + 1);
+        CHECK_EQ_INT(p.prefetch, pf);
+        plan_free(&p);
+    }
+    o = opts_of(0, UNL, 1, 0); /* host memory: no read queue to keep full */
     make_ok(&m, units, &o, &p);
     CHECK_EQ_INT(p.n_stage_slots, 3);
     plan_free(&p);
     for (int i = 1; i <= 40; i++) units[i] = 300ull << 20; /* bf16 8B layers: two ahead already hold 256 MiB */
-    o = opts_of(0, 0, 1, 2);
+    o = opts_of(0, 0, 1, 0);
     make_ok(&m, units, &o, &p);
     CHECK_EQ_INT(p.n_stage_slots, 3);
     plan_free(&p);
