@@ -44,6 +44,8 @@ import sys
 
 import numpy as np
 
+import vocab_to_hf  # the byte-level tokenizer builder (this script's folder is on sys.path)
+
 PROG = "gguf_to_hf.py"
 CHUNK_BYTES = 16 << 20  # float32 bytes dequantized at a time for unpermuted tensors
 
@@ -215,20 +217,22 @@ DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "
 
 
 def pre_tokenizer_for(pre):
-    from tokenizers import Regex, pre_tokenizers as P
-    byte_level = P.ByteLevel(add_prefix_space=False, use_regex=True)
+    """The Hugging Face pre-tokenizer of llama.cpp's pre-tokenizer type."""
     if pre in GPT2_LIKE:
-        return byte_level
+        return vocab_to_hf.bl(True)
     if pre in DIGITS_THEN_GPT2:
         # llama.cpp: "\p{N}" then the GPT-2 regex. HF writes the first as
         # Digits(individual_digits=True) (Rust's char::is_numeric, i.e. \p{N},
         # each match isolated); ferry reads it as the equivalent Split.
-        return P.Sequence([P.Split(Regex(r"\p{N}"), behavior="isolated", invert=False), byte_level])
+        from tokenizers import pre_tokenizers
+        return pre_tokenizers.Sequence([vocab_to_hf.split(r"\p{N}"), vocab_to_hf.bl(True)])
     fail("tokenizer.ggml.pre '%s' has no known Hugging Face pre-tokenizer here" % pre)
 
 
 def build_tokenizer(reader, out_dir):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    """tokenizer.json and tokenizer_config.json; the tokenizer is built as
+    vocab_to_hf.py builds byte-level ones (which llama.cpp's vectors check)."""
+    from tokenizers import processors
 
     model = field(reader, "tokenizer.ggml.model", required=True)
     if model != "gpt2":
@@ -239,36 +243,15 @@ def build_tokenizer(reader, out_dir):
     merges = list(field(reader, "tokenizer.ggml.merges", required=True))
     if len(types) != len(tokens):
         fail("tokenizer.ggml.token_type has %d entries for %d tokens" % (len(types), len(tokens)))
-    vocab = {}
-    for i, tok in enumerate(tokens):
-        if tok in vocab:
-            fail("token %r appears twice (ids %d and %d)" % (tok, vocab[tok], i))
-        vocab[tok] = i
-    pairs = []
-    for m in merges:
-        p = m.split(" ")
-        if len(p) != 2:
-            fail("merge %r is not two tokens" % m)
-        pairs.append((p[0], p[1]))
-
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
-                               fuse_unk=False, byte_fallback=False))
-    tok.normalizer = None
-    tok.pre_tokenizer = pre_tokenizer_for(pre)
-    tok.decoder = decoders.ByteLevel()
-
-    # control tokens (3) are special added tokens, user-defined ones (4)
-    # added tokens matched verbatim, the rest plain vocabulary
-    special, added = [], []
-    for i, (t, ty) in enumerate(zip(tokens, types)):
-        if ty == 3:
-            special.append(AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False,
-                                      single_word=False))
-        elif ty == 4:
-            added.append(AddedToken(t, special=False, normalized=False, lstrip=False, rstrip=False,
-                                    single_word=False))
-    tok.add_special_tokens(special)
-    tok.add_tokens(added)
+    seen = {}
+    for i, t in enumerate(tokens):
+        if t in seen:
+            fail("token %r appears twice (ids %d and %d)" % (t, seen[t], i))
+        seen[t] = i
+    try:
+        tok = vocab_to_hf.byte_level({"tokens": tokens, "types": types, "merges": merges}, pre_tokenizer_for(pre))
+    except vocab_to_hf.Mismatch as e:
+        fail(str(e))
 
     def tok_of(key):
         i = field(reader, key)
