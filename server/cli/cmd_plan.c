@@ -16,13 +16,6 @@ static const char *prefetch_source(const plan *p)
     return p->opts.prefetch > 0 ? "given" : "planner";
 }
 
-static const char *prefetch_why(const plan *p)
-{
-    if (p->opts.prefetch > 0) return "--prefetch, as given";
-    if (p->prefetch > PLAN_DEFAULT_PREFETCH) return "the planner's, to read 256 MiB ahead from disk";
-    return "the planner's default";
-}
-
 static const char *group_name(const plan_group *g, char *buf, size_t cap)
 {
     if (g->kind == GROUP_EMBED) return "embed";
@@ -106,7 +99,13 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed);
     sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
               util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
-    if (p->n_streamed) sb_printf(sb, " (prefetch %d: %s)", p->prefetch, prefetch_why(p));
+    if (p->n_streamed && p->opts.prefetch > 0)
+        sb_printf(sb, " (prefetch %d: --prefetch, as given)", p->prefetch);
+    else if (p->n_streamed && p->prefetch > PLAN_DEFAULT_PREFETCH)
+        sb_printf(sb, " (prefetch %d: the planner's, to read %s ahead from disk)", p->prefetch,
+                  util_fmt_bytes(PLAN_READAHEAD_BYTES, b3, sizeof b3));
+    else if (p->n_streamed)
+        sb_printf(sb, " (prefetch %d: the planner's default)", p->prefetch);
     if (p->host_stage_bytes) sb_printf(sb, " (+ %s pinned host)", util_fmt_bytes(p->host_stage_bytes, b3, sizeof b3));
     if (p->n_expert_slots) {
         sb_printf(sb, ", expert slots %d x %s = %s", p->n_expert_slots,
