@@ -15,7 +15,7 @@ then the same for C concurrent clients (--concurrency), where continuous
 batching shares each step among them.
 
     build/venv/bin/python bench/chat_bench.py [--n 20] [--max-tokens 64] [--concurrency 4]
-        [--model DIR] [--serve-flag=--max-memory=device=6MiB,host=0 ...]
+        [--model DIR] [--serve-flag=--max-memory=device=0,host=0 ...]
 
 Benchmarks are not tests: nothing here asserts on time.
 """

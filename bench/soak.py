@@ -74,7 +74,7 @@ def start_server(args, work):
     env["FERRY_ADMIN_TOKEN"] = TOKEN
     argv = [args.ferry, "serve", "--model", model, "--name", "soak", "--host", "127.0.0.1", "--http-port", "0",
             "--grpc-port", "0", "--admin-port", "-1", "--export-dir", work / "exports",
-            "--max-memory", "device=6MiB,host=4MiB", "--offload-dir", work / "offload",
+            "--max-memory-scope", "weights", "--max-memory", "device=6MiB,host=4MiB", "--offload-dir", work / "offload",
             "--batch", "16", "--max-queued", "4096", *EXTRA, "--max-body", "1MiB", "--context", "512"]
     log = open(work / "server.log", "wb")
     proc = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

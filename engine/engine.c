@@ -72,7 +72,7 @@ static ferry_status make_plan(const engine_opts *o, const plan_inputs *in, plan 
     plan_model pm = {cfg->n_layers, cfg->dim, cfg->hidden, cfg->vocab, cfg->n_heads * cfg->head_dim,
                      cfg->n_kv_heads * cfg->head_dim, cfg->max_pos, cfg->n_experts, cfg->top_k, cfg->moe_hidden,
                      n_moe, moe_layers};
-    if (st == FERRY_OK) st = plan_make(&pm, units, &po, out);
+    if (st == FERRY_OK) st = o->budget_weights_only ? plan_place(&pm, units, &po, out) : plan_make(&pm, units, &po, out);
     free(units);
     free(moe_layers);
     model_weights_free(&w);

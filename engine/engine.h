@@ -38,7 +38,8 @@ typedef struct {
     uint64_t kv_memory;      /* bytes of the KV pool; 0 = the planner's default (plan.h) */
     uint64_t expert_cache;   /* bytes of expert slots (plan.h); 0 = the least */
     bool expert_prefetch;    /* fetch the next sparse layer's predicted experts early (experts.h) */
-    uint64_t budget[2];      /* device, host weight budgets (PLAN_UNLIMITED) */
+    uint64_t budget[2];      /* device, host memory budgets (PLAN_UNLIMITED; plan.h) */
+    bool budget_weights_only; /* --max-memory-scope weights: they bound the weights alone (plan_place) */
     const char *offload_dir; /* disk tier; needed when the budgets do not hold every group */
     int group_size;
     int prefetch;

@@ -34,8 +34,8 @@ enum { SLOT_FREE, SLOT_FILLING, SLOT_READY };
 enum { TRACK_DISK, TRACK_COPY, TRACK_COMPUTE };
 
 typedef struct {
-    void *dev;          /* slot_bytes of device memory: what compute reads */
-    void *host;         /* pinned bounce buffer for disk reads (non-unified only) */
+    void *dev;          /* plan slot_size[i] bytes of device memory: what compute reads */
+    void *host;         /* pinned bounce buffer for disk reads, slot_bounce[i] bytes (non-unified only) */
     bool host_pinned;
     be_event *copied;   /* recorded on the copy stream once the slot is whole */
     be_event *computed; /* recorded on the compute stream after the ops that read it */
@@ -159,7 +159,7 @@ static ferry_status verify_read(pipeline *pl, int g, const void *data, char **ms
 
 static void finish_read(pipeline *pl, const aio_done *d)
 {
-    stage_slot *sl = &pl->slots[d->tag % (uint64_t)pl->n_slots];
+    stage_slot *sl = &pl->slots[plan_slot_of(pl->p, d->tag)];
     int g = pl->streamed[d->tag % (uint64_t)pl->n_streamed];
     uint64_t bytes = pl->p->groups[g].bytes;
     double t1 = util_now();
@@ -203,9 +203,11 @@ static void *fetcher_main(void *arg)
     pthread_mutex_lock(&pl->mu);
     for (;;) {
         uint64_t q = pl->next_fetch;
-        /* P2: fetch q may take its slot once fetch q - n_slots was released */
-        if (!pl->stop && q < pl->released + (uint64_t)pl->n_slots) {
-            stage_slot *sl = &pl->slots[q % (uint64_t)pl->n_slots];
+        /* P2: fetch q may start once it is at most prefetch ahead of the
+         * fetch compute needs next, and take its slot once the fetch that
+         * held it before was released */
+        stage_slot *sl = &pl->slots[plan_slot_of(pl->p, q)];
+        if (!pl->stop && q <= pl->released + (uint64_t)pl->p->prefetch && sl->state == SLOT_FREE) {
             sl->state = SLOT_FILLING;
             sl->seq = q;
             pl->next_fetch++;
@@ -266,28 +268,30 @@ ferry_status pipeline_create(pipeline **out, backend *be, store *s, const plan *
     }
     bool any_disk = false; /* a streamed group on disk (experts are read by experts.c) */
     for (int q = 0; q < pl->n_streamed; q++) any_disk |= p->groups[pl->streamed[q]].tier == TIER_DISK;
-    char b[32];
+    char b[32], c[32];
     for (int i = 0; i < pl->n_slots; i++) {
         stage_slot *sl = &pl->slots[i];
-        sl->dev = be->ops->alloc(be, (size_t)p->slot_bytes);
+        sl->dev = be->ops->alloc(be, (size_t)p->slot_size[i]);
         sl->copied = be->ops->event_create(be);
         sl->computed = be->ops->event_create(be);
         if (!sl->dev || !sl->copied || !sl->computed) {
-            st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate %d staging slots of %s", pl->n_slots,
-                            util_fmt_bytes(p->slot_bytes, b, sizeof b));
+            st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate staging slot %d of %s (%d slots, %s in all)", i,
+                            util_fmt_bytes(p->slot_size[i], b, sizeof b), pl->n_slots,
+                            util_fmt_bytes(p->stage_bytes, c, sizeof c));
             goto fail;
         }
         /* the first reads into a slot must not fault its pages in: a
          * cold burst after startup spent half its time zero-filling them */
-        backend_prefault(be, sl->dev, (size_t)p->slot_bytes);
-        if (any_disk && !p->opts.unified) {
-            sl->host = be->ops->host_alloc(be, (size_t)p->slot_bytes, &sl->host_pinned);
+        backend_prefault(be, sl->dev, (size_t)p->slot_size[i]);
+        if (p->slot_bounce[i] && !p->opts.unified) {
+            sl->host = be->ops->host_alloc(be, (size_t)p->slot_bounce[i], &sl->host_pinned);
             if (!sl->host) {
-                st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate disk bounce buffers of %s",
-                                util_fmt_bytes(p->slot_bytes, b, sizeof b));
+                st = ferry_fail(FERRY_ERR_NOMEM, "cannot allocate disk bounce buffers (one of %s, %s in all)",
+                                util_fmt_bytes(p->slot_bounce[i], b, sizeof b),
+                                util_fmt_bytes(p->host_stage_bytes, c, sizeof c));
                 goto fail;
             }
-            if (!sl->host_pinned) memset(sl->host, 0, (size_t)p->slot_bytes); /* pageable: fault it in now */
+            if (!sl->host_pinned) memset(sl->host, 0, (size_t)p->slot_bounce[i]); /* pageable: fault it in now */
         }
     }
     if (any_disk && (st = aio_create(AIO_DEPTH, &pl->aio)) != FERRY_OK) goto fail;
@@ -344,7 +348,7 @@ void pipeline_free(pipeline *pl)
         if (sl->copied) pl->be->ops->event_sync(pl->be, sl->copied); /* P8 */
         free(sl->msg);
         if (sl->dev) pl->be->ops->release(pl->be, sl->dev);
-        if (sl->host) pl->be->ops->host_free(pl->be, sl->host, (size_t)pl->p->slot_bytes, sl->host_pinned);
+        if (sl->host) pl->be->ops->host_free(pl->be, sl->host, (size_t)pl->p->slot_bounce[i], sl->host_pinned);
         if (sl->copied) pl->be->ops->event_destroy(pl->be, sl->copied);
         if (sl->computed) pl->be->ops->event_destroy(pl->be, sl->computed);
     }
@@ -420,7 +424,7 @@ ferry_status pipeline_step(pipeline *pl, const pipeline_units *u)
         }
         uint64_t q = pl->next_compute++;
         FERRY_ASSERT(pl->streamed[q % (uint64_t)pl->n_streamed] == g); /* P1 */
-        stage_slot *sl = &pl->slots[q % (uint64_t)pl->n_slots];
+        stage_slot *sl = &pl->slots[plan_slot_of(p, q)];
         pthread_mutex_lock(&pl->mu);
         double t0 = util_now();
         while (!(sl->state == SLOT_READY && sl->seq == q)) pthread_cond_wait(&pl->cv_compute, &pl->mu); /* P4 */

@@ -3,10 +3,11 @@
  * groups prefetched by a fetcher thread.
  *
  * Streamed groups (host or disk tier) are fetched in execution order,
- * cyclically across steps, into n_stage_slots staging slots: while the
- * compute thread runs group g, the fetcher is filling the slots of the next
- * groups (of this step, then of the next one). Fetch number q holds group
- * streamed[q % n_streamed] in slot q % n_slots. Slot states:
+ * cyclically across steps, into the plan's staging slots (sized per group:
+ * plan.h): while the compute thread runs group g, the fetcher is filling
+ * the slots of the next groups, at most prefetch ahead (of this step, then
+ * of the next one). Fetch number q holds group streamed[q % n_streamed] in
+ * slot plan_slot_of(q). Slot states:
  *
  *     FREE --fetcher claims--> FILLING --data arrived--> READY
  *       ^                                                  |
@@ -16,11 +17,12 @@
  * that keeps it (pipeline.c), and `make test-mutants` breaks P3, P5 and P6
  * on purpose to show that the tests notice:
  *
- * P1  Fetch q holds group streamed[q % n_streamed] in slot q % n_slots. The
- *     fetcher starts fetches, and compute consumes them, in increasing q;
- *     every step consumes each streamed group once, in execution order.
+ * P1  Fetch q holds group streamed[q % n_streamed] in slot plan_slot_of(q).
+ *     The fetcher starts fetches, and compute consumes them, in increasing
+ *     q; every step consumes each streamed group once, in execution order.
  * P2  The fetcher claims fetch q only once compute has released fetch
- *     q - n_slots: no two unreleased fetches share a slot.
+ *     q - prefetch - 1 and the fetch that held q's slot before: no two
+ *     unreleased fetches share a slot.
  * P3  Compute releases a fetch only after it has queued every op that reads
  *     the slot, and records the slot's `computed` event after those ops;
  *     the copy for the slot's next fetch waits for that event on the copy

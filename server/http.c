@@ -557,7 +557,10 @@ static enum MHD_Result answer_get(request *rq)
         view.ready = ready;
         view.pipe = engine_pipeline_stats(srv->e);
         view.has_experts = engine_expert_stats(srv->e, &view.experts);
-        memcpy(view.weight_bytes, engine_get_plan(srv->e)->tier_bytes, sizeof view.weight_bytes);
+        const plan *pl = engine_get_plan(srv->e);
+        memcpy(view.weight_bytes, pl->tier_bytes, sizeof view.weight_bytes);
+        for (int m = 0; m < 2; m++) plan_memory_bytes(pl, m, view.mem_bytes[m]);
+        view.unified = pl->opts.unified;
     }
     pthread_rwlock_unlock(&srv->lock);
     view.request_memory = req_budget_used(srv->budget);

@@ -159,6 +159,17 @@ void metrics_render(metrics *m, const metrics_engine_view *v, strbuf *sb)
         help(sb, "ferry_expert_stall_seconds_total", "counter", "Compute time spent waiting for a fetched expert");
         sb_printf(sb, "ferry_expert_stall_seconds_total %.9g\n", x->stall_s);
     }
+    help(sb, "ferry_host_bytes", "gauge",
+         "Host memory the model takes, by kind (what --max-memory host= bounds; on the CPU backend all of it)");
+    for (int k = 0; k < PLAN_MEM_KINDS; k++)
+        sb_printf(sb, "ferry_host_bytes{kind=\"%s\"} %llu\n", plan_mem_kind_names[k],
+                  (unsigned long long)v->mem_bytes[1][k]);
+    if (!v->unified) {
+        help(sb, "ferry_device_bytes", "gauge", "Device memory the model takes, by kind (what --max-memory device= bounds)");
+        for (int k = 0; k < PLAN_MEM_KINDS; k++)
+            sb_printf(sb, "ferry_device_bytes{kind=\"%s\"} %llu\n", plan_mem_kind_names[k],
+                      (unsigned long long)v->mem_bytes[0][k]);
+    }
     help(sb, "ferry_weight_bytes", "gauge", "Weight bytes placed on each tier");
     for (int t = 0; t < TIER_COUNT; t++)
         sb_printf(sb, "ferry_weight_bytes{tier=\"%s\"} %llu\n", tier_name((tier)t),

@@ -47,6 +47,8 @@ typedef struct {
     sched_stats sched;
     pipeline_stats pipe;
     uint64_t weight_bytes[TIER_COUNT]; /* the plan's bytes per tier */
+    uint64_t mem_bytes[2][PLAN_MEM_KINDS]; /* what the plan allocates in device (0) and host (1) memory, by kind */
+    bool unified;            /* device memory is host memory: no device figures */
     bool has_experts;        /* a mixture of experts: the expert figures below */
     expert_stats experts;
     uint64_t request_memory, request_memory_limit; /* the front end's budget: in use, limit */

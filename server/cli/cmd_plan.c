@@ -25,8 +25,22 @@ static const char *group_name(const plan_group *g, char *buf, size_t cap)
     return buf;
 }
 
-static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail,
-                       const char *conv)
+/* What the run should peak at in RSS: the host memory it needs, and where
+ * the device is the CPU behind a copy stream (cpu-split), its device memory
+ * too. An upper bound: the KV pool and activations are touched as used. */
+static uint64_t expected_rss(const plan *p, const engine_opts *eo, uint64_t need_host, uint64_t need_dev)
+{
+    return p->opts.unified || !eo->device || strcmp(eo->device, "cpu-split") ? need_host : need_host + need_dev;
+}
+
+static void json_budget(strbuf *sb, uint64_t b)
+{
+    if (b == PLAN_UNLIMITED) sb_puts(sb, "null");
+    else sb_printf(sb, "%llu", (unsigned long long)b);
+}
+
+static void print_json(strbuf *sb, const plan *p, const engine_opts *eo, uint64_t need_host, uint64_t need_dev,
+                       uint64_t avail, const char *conv)
 {
     char name[48];
     sb_puts(sb, "{\"groups\": [");
@@ -63,10 +77,23 @@ static void print_json(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               (unsigned long long)plan_kv_sequences(p, p->opts.context), p->opts.n_seqs, p->opts.context, (unsigned long long)need_host,
               (unsigned long long)need_dev, (unsigned long long)avail, need_host <= avail ? "true" : "false");
     sb_json_str(sb, conv);
-    sb_puts(sb, "}\n");
+    sb_puts(sb, ", \"slot_sizes\": [");
+    for (int i = 0; i < p->n_stage_slots; i++)
+        sb_printf(sb, "%s%llu", i ? ", " : "", (unsigned long long)p->slot_size[i]);
+    uint64_t used[2];
+    plan_budget_used(p, &p->opts, used);
+    sb_printf(sb, "], \"own_slots\": %d, \"budget\": {\"scope\": \"%s\", \"device\": ", p->n_own_slots,
+              eo->budget_weights_only ? "weights" : "all");
+    json_budget(sb, p->opts.budget[0]);
+    sb_puts(sb, ", \"host\": ");
+    json_budget(sb, p->opts.budget[1]);
+    sb_printf(sb, ", \"used\": {\"device\": %llu, \"host\": %llu}}, \"expected_peak_rss\": %llu}\n",
+              (unsigned long long)used[0], (unsigned long long)used[1],
+              (unsigned long long)expected_rss(p, eo, need_host, need_dev));
 }
 
-static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t need_dev, uint64_t avail)
+static void print_text(strbuf *sb, const plan *p, const engine_opts *eo, uint64_t need_host, uint64_t need_dev,
+                       uint64_t avail)
 {
     char name[48], b1[32], b2[32], b3[32], b4[32];
     sb_printf(sb, "%-5s %-16s %-7s %14s\n", "group", "units", "tier", "bytes");
@@ -97,8 +124,14 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               util_fmt_bytes(p->tier_bytes[TIER_DEVICE], b1, sizeof b1),
               util_fmt_bytes(p->tier_bytes[TIER_HOST], b2, sizeof b2),
               util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed);
-    sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
-              util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
+    if (p->n_own_slots) /* the largest groups in slots of their own, the rest sharing slots of their largest */
+        sb_printf(sb, "working   staging %d slots = %s (%d of their own, the largest %s; %d shared of %s)",
+                  p->n_stage_slots, util_fmt_bytes(p->stage_bytes, b2, sizeof b2), p->n_own_slots,
+                  util_fmt_bytes(p->slot_bytes, b1, sizeof b1), p->n_stage_slots - p->n_own_slots,
+                  util_fmt_bytes(p->slot_size[p->n_stage_slots - 1], b3, sizeof b3));
+    else
+        sb_printf(sb, "working   staging %d x %s = %s", p->n_stage_slots, util_fmt_bytes(p->slot_bytes, b1, sizeof b1),
+                  util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
     if (p->n_streamed && p->opts.prefetch > 0)
         sb_printf(sb, " (prefetch %d: --prefetch, as given)", p->prefetch);
     else if (p->n_streamed && p->prefetch > PLAN_DEFAULT_PREFETCH)
@@ -119,6 +152,26 @@ static void print_text(strbuf *sb, const plan *p, uint64_t need_host, uint64_t n
               (unsigned long long)p->kv_blocks, p->kv_block_positions,
               (unsigned long long)(p->kv_blocks * p->kv_block_positions), util_fmt_bytes(p->kv_bytes, b1, sizeof b1),
               (unsigned long long)plan_kv_sequences(p, p->opts.context), p->opts.context, p->opts.n_seqs);
+    uint64_t used[2];
+    plan_budget_used(p, &p->opts, used);
+    for (int m = p->opts.unified ? 1 : 0; m < 2; m++) {
+        uint64_t b = p->opts.budget[m];
+        const char *key = m ? "host" : "device";
+        if (b == PLAN_UNLIMITED) continue;
+        if (eo->budget_weights_only)
+            sb_printf(sb, "budget    %s=%s bounds the %s tier's weights (--max-memory-scope weights)\n", key,
+                      util_fmt_bytes(b, b1, sizeof b1), key);
+        else if (b == 0)
+            sb_printf(sb, "budget    %s=0: no weights in %s memory; the working memory there takes %s\n", key, key,
+                      util_fmt_bytes(used[m], b2, sizeof b2));
+        else
+            sb_printf(sb, "budget    %s=%s: the model takes %s of it%s\n", key, util_fmt_bytes(b, b1, sizeof b1),
+                      util_fmt_bytes(used[m], b2, sizeof b2),
+                      p->opts.unified ? " (weights, staging, KV cache, activations: all in RAM)" : "");
+    }
+    sb_printf(sb, "peak RSS  about %s expected (the process's own ~%s included)\n",
+              util_fmt_bytes(expected_rss(p, eo, need_host, need_dev), b1, sizeof b1),
+              util_fmt_bytes(PLAN_RUNTIME_OVERHEAD, b4, sizeof b4));
     if (p->opts.unified)
         sb_printf(sb, "needs     %s of RAM; %s available: %s\n", util_fmt_bytes(need_host, b1, sizeof b1),
                   util_fmt_bytes(avail, b4, sizeof b4), need_host <= avail ? "fits" : "DOES NOT FIT");
@@ -147,9 +200,9 @@ int cmd_plan(const ferry_config *cfg)
     char conv[160];
     convert_describe(&eo.convert, conv, sizeof conv);
     if (cfg->json) {
-        print_json(&sb, &p, need_host, need_dev, avail, conv);
+        print_json(&sb, &p, &eo, need_host, need_dev, avail, conv);
     } else {
-        print_text(&sb, &p, need_host, need_dev, avail);
+        print_text(&sb, &p, &eo, need_host, need_dev, avail);
         sb_printf(&sb, "convert   %s (bytes above are after it)\n", conv);
     }
     fwrite(sb.data, 1, sb.len, stdout);

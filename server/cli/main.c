@@ -16,7 +16,7 @@
 #define S(x) SETTING_##x
 #define END (-1)
 #define EVERY (-2)
-#define PLACEMENT S(max_memory), S(offload_dir), S(group_size), S(prefetch), S(expert_cache), S(expert_prefetch), S(max_step_tokens), S(verify_reads), \
+#define PLACEMENT S(max_memory), S(max_memory_scope), S(offload_dir), S(group_size), S(prefetch), S(expert_cache), S(expert_prefetch), S(max_step_tokens), S(verify_reads), \
                   S(weights_dtype), S(quantize)
 
 typedef struct {

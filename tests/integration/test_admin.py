@@ -155,7 +155,7 @@ def served(ferry_bin, tiny, token_file, export_root, tmp_path_factory):
     host memory, layer 1 and the embedding on disk), exports under
     export_root."""
     od = tmp_path_factory.mktemp("admin-offload")
-    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory-scope", "weights", "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
                      "--export-dir", export_root, env=clean_env(), token_file=token_file)
     try:
         yield srv, adm
@@ -549,7 +549,7 @@ def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_pat
     root.mkdir()
     od = tmp_path / "offload"
     od.mkdir()
-    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
+    srv, adm = start(ferry_bin, tiny, "--batch", 8, "--max-memory-scope", "weights", "--max-memory", "device=150KiB,host=100KiB", "--offload-dir", od,
                      "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="8000"), token_file=token_file)
     try:
         prompts = [prompt_ids(vocab, 3 + i, 100 + i) for i in range(8)]

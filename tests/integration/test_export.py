@@ -183,8 +183,8 @@ def test_every_placement_exports_the_same_bytes(ferry, models, work):
         "resident": (),
         "disk": DISK + ("--offload-dir", work / "od-disk"),
         # every tier at once: device, host and disk groups
-        "mixed": ("--max-memory", "device=%d,host=%d" % (rest[0], rest[1]), "--offload-dir", work / "od-mixed"),
-        "split": ("--device", "cpu-split", "--max-memory", "device=%d,host=%d" % (rest[0] + rest[1], rest[2]),
+        "mixed": ("--max-memory-scope", "weights", "--max-memory", "device=%d,host=%d" % (rest[0], rest[1]), "--offload-dir", work / "od-mixed"),
+        "split": ("--device", "cpu-split", "--max-memory-scope", "weights", "--max-memory", "device=%d,host=%d" % (rest[0] + rest[1], rest[2]),
                   "--offload-dir", work / "od-split"),
     }
     files = {}
@@ -208,9 +208,9 @@ def test_moe_experts_export_from_every_tier(ferry, models, work, arch):
     expert = max(g["bytes"] for g in groups if "expert" in g)
     runs = {
         "resident": (),
-        "mixed": ("--max-memory", "device=%d,host=%d" % (dense + 3 * expert, 5 * expert), "--offload-dir",
+        "mixed": ("--max-memory-scope", "weights", "--max-memory", "device=%d,host=%d" % (dense + 3 * expert, 5 * expert), "--offload-dir",
                   work / "od-mixed"),
-        "split-disk": ("--device", "cpu-split", "--max-memory", "device=%d,host=0" % dense, "--offload-dir",
+        "split-disk": ("--device", "cpu-split", "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % dense, "--offload-dir",
                        work / "od-split"),
     }
     for name, flags in runs.items():

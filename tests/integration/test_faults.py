@@ -37,7 +37,7 @@ from test_http import M_SEQUENCES, Server, generate, infer, infer_body, jreq, me
 from text_util import DEMO_TOKENIZER, text_model
 
 DISK = ("--max-memory", "device=0,host=0")
-MIXED = ("--max-memory", "device=150KiB,host=150KiB")  # tiny: a group on each tier
+MIXED = ("--max-memory-scope", "weights", "--max-memory", "device=150KiB,host=150KiB")  # tiny: a group on each tier
 N_NEW = 12
 MAX_SWEEP = 200  # far more events than any sweep here meets: a sweep that reaches it is a failure
 MEMORY_WORDS = ("cannot allocate", "out of memory", "cannot be allocated")
@@ -518,7 +518,7 @@ def test_startup_alloc_fails(request, ferry_bin, prompts, tmp_path, kind, device
     RoPE table: each is one line naming the memory that could not be had,
     exit 1, never a signal; past the last, the answers are right."""
     model = request.getfixturevalue("tiny" if arch == "llama" else "moe")
-    budget = MIXED if arch == "llama" else ("--max-memory", "device=300KiB,host=300KiB")
+    budget = MIXED if arch == "llama" else ("--max-memory-scope", "weights", "--max-memory", "device=300KiB,host=300KiB")
     od = tmp_path / "od"
     flags = gen_args(model, prompts, "--device", device, *budget, "--offload-dir", od)
     want = gen_ok(run(ferry_bin, *flags))

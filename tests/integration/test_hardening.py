@@ -480,7 +480,7 @@ def test_expert_blob_damaged_while_serving(ferry, ferry_bin, models, tmp_path):
     dense = sum(g["bytes"] for g in groups if "expert" not in g and g["name"] != "embed")
     expert = [g["bytes"] for g in groups if g.get("first_layer") == 0 and "expert" in g]
     od = tmp_path / "od"
-    gen = serve(ferry_bin, model, "--max-memory", "device=%d,host=0" % dense, "--offload-dir", od, name="x")
+    gen = serve(ferry_bin, model, "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % dense, "--offload-dir", od, name="x")
     s = next(gen)
     try:
         ids = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -439,7 +439,7 @@ def srv_offload(ferry_bin, tiny, tmp_path_factory):
     od = tmp_path_factory.mktemp("http-offload")
     # tiny: 148 KiB per layer, 64 KiB embedding, 68 KiB head -> layer 0 on the
     # device, the head in host memory, layer 1 and the embedding on disk
-    yield from serve(ferry_bin, tiny, "--batch", 8, "--max-memory", "device=150KiB,host=100KiB",
+    yield from serve(ferry_bin, tiny, "--batch", 8, "--max-memory-scope", "weights", "--max-memory", "device=150KiB,host=100KiB",
                      "--offload-dir", od, "--max-step-tokens", 8, name="tiny-offload")
 
 
@@ -997,6 +997,8 @@ def test_metrics_move(srv, vocab):
     # resident server: every weight byte on the device tier, none fetched from disk
     assert msum(after, "ferry_weight_bytes", tier="disk") == 0
     assert msum(after, "ferry_weight_bytes") > 0
+    assert msum(after, "ferry_host_bytes", kind="weights") == msum(after, "ferry_weight_bytes")
+    assert msum(after, "ferry_host_bytes", kind="staging") == 0  # nothing streams
 
 
 def test_metrics_offload_tiers(srv_offload, tiny, vocab):
@@ -1010,6 +1012,12 @@ def test_metrics_offload_tiers(srv_offload, tiny, vocab):
         d = msum(after, "ferry_fetched_bytes_total", tier=t) - msum(before, "ferry_fetched_bytes_total", tier=t)
         assert d > 0, "no %s bytes fetched for a request" % t
     assert msum(after, "ferry_weight_bytes", tier="device") > 0
+    # what the model takes of RAM, by kind (the CPU backend: one memory)
+    host = {k: msum(after, "ferry_host_bytes", kind=k) for k in ("weights", "staging", "kv", "activations", "experts")}
+    assert host["weights"] == msum(after, "ferry_weight_bytes", tier="device") + msum(after, "ferry_weight_bytes",
+                                                                                       tier="host"), host
+    assert host["staging"] > 0 and host["kv"] > 0 and host["activations"] > 0 and host["experts"] == 0, host
+    assert not any(n == "ferry_device_bytes" for n, _ in after), "a CPU backend has no device memory of its own"
 
 
 def test_metrics_histograms_consistent(srv):

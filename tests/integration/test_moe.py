@@ -536,7 +536,7 @@ def placement_flags(ferry, d, placement, od, cache=None, group=1, prefetch=2, de
     plan0 = plan_json(ferry, d, *flags)
     spec, want = moe_budgets(plan0["groups"], placement)
     if spec is not None:
-        flags += ["--max-memory", spec]
+        flags += ["--max-memory-scope", "weights", "--max-memory", spec]
     c = expert_cache_bytes(plan0["groups"], cache)
     if c is not None:
         flags += ["--expert-cache", c]
@@ -728,7 +728,7 @@ def test_plan_expert_groups(ferry, moe_models, work):
         w = base["working"]
         assert (w["expert_slots"], w["expert_slots_bytes"]) == (0, 0)  # all resident: no slots
         # the text form: a layer's experts on one line
-        text = ferry.check("plan", "--model", d, "--max-memory", moe_budgets(base["groups"], "mixed")[0],
+        text = ferry.check("plan", "--model", d, "--max-memory-scope", "weights", "--max-memory", moe_budgets(base["groups"], "mixed")[0],
                            "--offload-dir", work / "od").stdout.decode()
         for l in shape["sparse"]:
             assert "layer %d experts" % l in text, text

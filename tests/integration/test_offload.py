@@ -178,7 +178,7 @@ def test_fewer_groups_on_disk(ferry, model, work, resident):
     before = snapshot(od)
     plan = json.loads(ferry.check("plan", "--model", model, "--json").stdout)
     two_layers = plan["groups"][1]["bytes"] + plan["groups"][2]["bytes"]
-    got = gen(ferry, model, od, "--max-memory", "device=%d,host=0" % two_layers, tmp=work)
+    got = gen(ferry, model, od, "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % two_layers, tmp=work)
     assert_same(got, resident)
     keys = ["embed"] + layer_keys(5, 1)[2:] + ["head"]
     check_manifest(od, keys)

@@ -66,9 +66,11 @@ SPLIT_MODELS = ["llama-untied-f32", "llama-tied-f32", "qwen2-small-tied"]
 # (group, prefetch) -> cpu-split's compute stream and copy delay (us). A delay
 # makes a read of a slot before its copy landed visible; no delay and a
 # compute thread make a copy that overtakes the compute still reading the
-# slot visible (with 5 layers, group 1 or 3 and prefetch 1, a slot holds a
-# different group on its next fill).
-SPLIT_MODES = {(1, 1): ("thread", 1000), (1, 3): ("inline", 300), (3, 1): ("thread", 0), (3, 3): ("inline", 0),
+# slot visible - where the slot holds a different group on its next fill:
+# with 5 equal layers one a group, the groups share prefetch + 1 slots in
+# turn, while with group 3 the two layer groups and the head each have a
+# slot of their own (plan.h), refilled with the same bytes.
+SPLIT_MODES = {(1, 1): ("thread", 1000), (1, 3): ("thread", 0), (3, 1): ("inline", 300), (3, 3): ("inline", 0),
                (7, 2): ("thread", 200)}
 
 
@@ -167,8 +169,8 @@ def placement_flags(ferry, d, placement, group, prefetch, od, device=None):
     flags = ["--group-size", group, "--prefetch", prefetch] + (["--device", device] if device else [])
     plan0 = plan_json(ferry, d, *flags)
     spec, want = split_budgets(plan0["groups"], placement)
-    if spec is not None:
-        flags += ["--max-memory", spec]
+    if spec is not None:  # placements by weight bytes: the working memory comes on top
+        flags += ["--max-memory-scope", "weights", "--max-memory", spec]
     plan = plan_json(ferry, d, *flags)
     got = tiers_of(plan)
     # an empty embedding group (tied) has no tier worth asserting
@@ -240,7 +242,7 @@ def test_disk_tier_needs_offload_dir(ferry, models, work, placement):
     spec, want = split_budgets(plan["groups"], placement)
     assert "disk" in want
     p = ferry.run("generate", "--model", d, "--prompt-ids", "1,2,3", "--max-new-tokens", 2,
-                  "--max-memory", spec)
+                  "--max-memory-scope", "weights", "--max-memory", spec)
     assert_ferry_error(p, "--offload-dir")
     assert not any(work.iterdir())
 
@@ -294,9 +296,19 @@ def check_plan(plan, cfg, group, prefetch, budgets=(None, None), batch=64, conte
     streamed = [g for g in groups[1:] if g["tier"] != "device"]
     w = plan["working"]
     assert plan["streamed_groups"] == len(streamed)
-    assert w["staging_slots"] == min(prefetch + 1, len(streamed))
-    assert w["slot_bytes"] == max([g["bytes"] for g in streamed], default=0)
-    assert w["staging_bytes"] == w["staging_slots"] * w["slot_bytes"]
+    # slots sized per group: the largest groups may have their own, the rest
+    # share prefetch + 1 of their largest; never more bytes than prefetch + 1
+    # slots of the largest group
+    sizes = plan["slot_sizes"]
+    assert w["staging_slots"] == len(sizes) <= len(streamed)
+    assert w["slot_bytes"] == max([g["bytes"] for g in streamed], default=0) == max(sizes, default=0)
+    assert w["staging_bytes"] == sum(sizes)
+    assert w["staging_bytes"] <= min(prefetch + 1, len(streamed)) * w["slot_bytes"]
+    by_size = sorted((g["bytes"] for g in streamed), reverse=True)
+    own = plan["own_slots"]
+    assert sizes[:own] == by_size[:own]
+    assert all(x == max(by_size[own:], default=0) for x in sizes[own:])
+    assert len(sizes) - own == min(prefetch + 1, len(streamed) - own)
     ctx = context or min(cfg["max_position_embeddings"], 4096)
     assert plan["sequences"] == batch and plan["context"] == ctx
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -339,8 +351,8 @@ def test_plan_invariants(ferry, models, work):
             for dev, host in budgets:
                 spec = ",".join("%s=%d" % (k, v) for k, v in (("device", dev), ("host", host)) if v is not None)
                 flags = ["--group-size", group, "--prefetch", prefetch, "--offload-dir", work / "od"]
-                if spec:
-                    flags += ["--max-memory", spec]
+                if spec:  # check_plan checks weight budgets
+                    flags += ["--max-memory-scope", "weights", "--max-memory", spec]
                 plan = plan_json(ferry, d, *flags, "--batch", 3, "--context", 100)
                 check_plan(plan, cfg, group, prefetch, (dev, host), batch=3, context=100)
                 # first fit, execution order, the embedding last
@@ -366,22 +378,22 @@ def test_plan_embed_placed_last(ferry, models):
     embed, rest = g[0]["bytes"], sum(x["bytes"] for x in g[1:])
     assert embed > 0
     # room for everything but the embedding: it alone leaves the device
-    plan = plan_json(ferry, d, "--max-memory", "device=%d,host=0" % rest)
+    plan = plan_json(ferry, d, "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % rest)
     assert tiers_of(plan) == ["disk"] + ["device"] * (len(g) - 1)
-    plan = plan_json(ferry, d, "--max-memory", "device=%d" % rest)
+    plan = plan_json(ferry, d, "--max-memory-scope", "weights", "--max-memory", "device=%d" % rest)
     assert tiers_of(plan) == ["host"] + ["device"] * (len(g) - 1)
     # placed first, the embedding would take the device and leave layer 0 out;
     # placed last, layer 0 is in and the embedding no longer fits
-    plan = plan_json(ferry, d, "--max-memory", "device=%d,host=0" % (embed + g[1]["bytes"] - 4096))
+    plan = plan_json(ferry, d, "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % (embed + g[1]["bytes"] - 4096))
     t = tiers_of(plan)
     assert t[1] == "device" and t[0] == "disk", t
     # ... unless the layers and head leave room for it
-    plan = plan_json(ferry, d, "--max-memory", "device=%d,host=0" % (rest + embed))
+    plan = plan_json(ferry, d, "--max-memory-scope", "weights", "--max-memory", "device=%d,host=0" % (rest + embed))
     assert set(tiers_of(plan)) == {"device"}
     # first fit: a head smaller than a layer takes the device after the layers did not
     head = g[-1]["bytes"]
     assert head < g[1]["bytes"]
-    plan = plan_json(ferry, d, "--max-memory", "device=%d" % head)
+    plan = plan_json(ferry, d, "--max-memory-scope", "weights", "--max-memory", "device=%d" % head)
     assert tiers_of(plan) == ["host"] + ["host"] * (len(g) - 2) + ["device"]
 
 
@@ -408,7 +420,7 @@ def _huge_context_model(models, work):
 
 def test_plan_does_not_fit(ferry, models, work):
     d, cfg = _huge_context_model(models, work)
-    flags = ["--max-memory", "device=1MiB,host=1MiB"]
+    flags = ["--max-memory-scope", "weights", "--max-memory", "device=1MiB,host=1MiB"]
     small = plan_json(ferry, d, *flags, "--batch", 1, "--context", 64)
     check_plan(small, cfg, 1, 2, (1 << 20, 1 << 20), batch=1, context=64)
     assert small["fits"] is True
@@ -514,7 +526,8 @@ def test_peak_rss_follows_budgets(ferry_bin, models, work):
     resident = _peak_rss(base)
     disk_build = _peak_rss(base + ["--max-memory", "device=0,host=0", "--offload-dir", od])
     disk_reuse = _peak_rss(base + ["--max-memory", "device=0,host=0", "--offload-dir", od])
-    mixed = _peak_rss(base + ["--max-memory", "device=8MiB,host=8MiB", "--offload-dir", work / "od2"])
+    mixed = _peak_rss(base + ["--max-memory-scope", "weights", "--max-memory", "device=8MiB,host=8MiB",
+                              "--offload-dir", work / "od2"])
     what = "peak RSS MiB: resident %.1f, disk (build) %.1f, disk (reuse) %.1f, 8+8 MiB %.1f; weights %.1f" % (
         resident / 2**20, disk_build / 2**20, disk_reuse / 2**20, mixed / 2**20, weights / 2**20)
     assert resident >= 0.9 * weights, what  # the measurement sees the weights
@@ -528,8 +541,9 @@ def test_prefetch_given_is_obeyed(ferry_bin, work):
     """An explicit --prefetch bounds the staging slots even where the planner
     would read further ahead: SmolLM2 (a 108 MiB head, 13.5 MiB layers) all
     on disk, one layer a group. Left to the planner, prefetch reads 256 MiB
-    ahead; with --prefetch 1 there are two slots and the run peaks below
-    twice the largest group + 96 MiB."""
+    of layers ahead; with --prefetch 1 two fetches are in flight, and the
+    slots are sized per group: the head has its own, the layers share two
+    of 13.5 MiB. The run peaks below twice the largest group + 96 MiB."""
     with open(ferry_bin, "rb") as f:
         if b"__asan_init" in f.read():
             pytest.skip("sanitizer builds have their own memory overheads")
@@ -543,12 +557,86 @@ def test_prefetch_given_is_obeyed(ferry_bin, work):
 
     auto, given = plan(), plan("--prefetch", "1")
     largest = given["working"]["slot_bytes"]
-    assert auto["prefetch_source"] == "planner" and auto["prefetch"] * largest >= 256 << 20, auto
-    assert auto["working"]["staging_slots"] == auto["prefetch"] + 1
+    layer = max(g["bytes"] for g in given["groups"] if g["name"].startswith("layers"))
+    assert largest == given["groups"][-1]["bytes"] > 4 * layer
+    assert auto["prefetch_source"] == "planner" and auto["prefetch"] * layer >= 256 << 20, auto
+    assert auto["slot_sizes"] == [largest] + [layer] * (auto["prefetch"] + 1), auto["slot_sizes"]
     assert given["prefetch_source"] == "given" and given["prefetch"] == 1, given
-    assert given["working"]["staging_slots"] == 2 and given["working"]["staging_bytes"] == 2 * largest
+    assert given["slot_sizes"] == [largest, layer, layer], given["slot_sizes"]
+    assert given["working"]["staging_bytes"] == largest + 2 * layer
     peak = _peak_rss([ferry_bin, "generate", "--model", d, "--prompt-ids", "1,2,3,4", "--max-new-tokens", 24,
                       "--prefetch", 1] + flags)
     assert peak < 2 * largest + (96 << 20), "peak RSS %.1f MiB, largest group %.1f MiB" % (peak / 2**20,
                                                                                           largest / 2**20)
 
+
+
+def _vmhwm_and_plan(ferry_bin, d, flags, prompt, n_new):
+    """(peak RSS of `ferry generate`, the plan `ferry plan` makes for the same
+    run: one sequence of the prompt and its new tokens)."""
+    plan = json.loads(subprocess.run([ferry_bin, "plan", "--model", str(d), "--json", "--batch", "1", "--context",
+                                      str(len(prompt) + n_new)] + [str(f) for f in flags],
+                                     stdout=subprocess.PIPE, check=True, timeout=60).stdout)
+    peak = _peak_rss([ferry_bin, "generate", "--model", d, "--prompt-ids", ",".join(map(str, prompt)),
+                      "--max-new-tokens", n_new] + list(flags))
+    return peak, plan
+
+
+def test_host_budget_holds(ferry_bin, models, work):
+    """--max-memory host=X bounds all the model takes of RAM on the CPU
+    backend (weights, staging, KV cache, activations, expert slots), and
+    device=,host= all it takes of each memory on cpu-split (whose device
+    memory is RAM too): for several budgets and placements - all on disk,
+    mixed, quantized, a mixture of experts with experts on disk, and the
+    non-unified path - the peak RSS stays within the budget + 64 MiB + the
+    process's own baseline (a tiny model's run), and within the plan's
+    expected peak + 10%; the plan's own account of the budget holds too."""
+    with open(ferry_bin, "rb") as f:
+        if b"__asan_init" in f.read():
+            pytest.skip("sanitizer builds have their own memory overheads")
+    prompt, n_new = [1, 2, 3, 4, 5, 6, 7], 8
+    tiny = models.get("llama", "tiny", seed=1)
+    baseline, _ = _vmhwm_and_plan(ferry_bin, tiny, [], prompt, n_new)
+    # 186 MiB of f32 weights: well above any budget + 64 MiB + the baseline
+    dense = models.get("llama", "small", layers=64, seed=208)
+    moe = models.get("qwen3moe", "small", seed=3)
+    MiB = 1 << 20
+    cases = [  # (model, flags, budget bytes, expected tiers present)
+        (dense, ["--max-memory", "host=64MiB"], 64 * MiB, {"device", "disk"}),
+        (dense, ["--max-memory", "96MiB"], 96 * MiB, {"device", "disk"}),
+        (dense, ["--max-memory", "cpu=16MiB"], 16 * MiB, {"disk"}),  # the least working memory and no more
+        (dense, ["--max-memory", "host=32MiB", "--quantize", "int8"], 32 * MiB, {"device", "disk"}),
+        (moe, ["--max-memory", "host=20MiB"], 20 * MiB, {"device", "disk"}),
+        (dense, ["--device", "cpu-split", "--max-memory", "device=64MiB,host=16MiB"], 80 * MiB,
+         {"device", "host", "disk"}),
+    ]
+    for i, (d, flags, budget, tiers) in enumerate(cases):
+        flags = flags + ["--offload-dir", work / ("od-budget-%d" % i)]
+        peak, plan = _vmhwm_and_plan(ferry_bin, d, flags, prompt, n_new)
+        what = "%s %s: peak RSS %.1f MiB, budget %.1f MiB, baseline %.1f MiB, plan expects %.1f MiB, tiers %r" % (
+            d.name, " ".join(map(str, flags[:-2])), peak / MiB, budget / MiB, baseline / MiB,
+            plan["expected_peak_rss"] / MiB, plan["tier_bytes"])
+        assert {t for t, b in plan["tier_bytes"].items() if b} == tiers, what
+        used = plan["budget"]["used"]
+        assert plan["budget"]["scope"] == "all" and used["device"] + used["host"] <= budget, what
+        assert peak <= budget + 64 * MiB + baseline, what
+        assert peak <= 1.1 * plan["expected_peak_rss"], what
+
+
+def test_budget_too_small_is_refused(ferry, models, work):
+    """A budget that cannot hold the least working memory with every weight
+    on disk is refused in one line naming the numbers, by plan and generate;
+    on the CPU backend a device= budget alone is refused, saying what to
+    write; cpu= and a bare size are host=."""
+    d = models.get("llama", "small", layers=64, seed=208)
+    for cmd in (("plan",), ("generate", "--prompt-ids", "1,2,3", "--max-new-tokens", 2)):
+        p = ferry.run(*cmd, "--model", d, "--max-memory", "host=2MiB", "--offload-dir", work / "od-small")
+        assert_ferry_error(p, "--max-memory host=2.00 MiB cannot hold the least this model needs")
+        for needle in ("staging", "KV cache", "activations"):
+            assert needle in p.stderr.decode()
+        p = ferry.run(*cmd, "--model", d, "--max-memory", "device=1GiB")
+        assert_ferry_error(p, "write --max-memory 1GiB")
+    plans = [plan_json(ferry, d, "--max-memory", spec, "--offload-dir", work / "od-small", "--context", 64)
+             for spec in ("host=80MiB", "cpu=80MiB", "80MiB")]
+    assert plans[0]["budget"]["host"] == 80 << 20
+    assert all(tiers_of(p) == tiers_of(plans[0]) and p["budget"] == plans[0]["budget"] for p in plans), plans

@@ -293,15 +293,15 @@ def placement_flags(ferry, d, placement, conv, od):
     groups = plan_json(ferry, d, *conv)["groups"]
     rest = [g["bytes"] for g in groups[1:]]  # layers..., head: execution order
     if placement == "host":
-        flags, want = ["--max-memory", "device=0"], ["host"] * len(groups)
+        flags, want = ["--max-memory-scope", "weights", "--max-memory", "device=0"], ["host"] * len(groups)
     elif placement == "disk":
         flags, want = list(DISK), ["disk"] * len(groups)
     elif placement == "mixed":
         # the first layer on the device, the next on host, the rest (embedding included) on disk
-        flags = ["--max-memory", "device=%d,host=%d" % (rest[0], rest[1])]
+        flags = ["--max-memory-scope", "weights", "--max-memory", "device=%d,host=%d" % (rest[0], rest[1])]
         want = ["disk", "device", "host"] + ["disk"] * (len(rest) - 2)
     else:  # the CPU kernels behind separate device memory; small device and host budgets
-        flags = ["--device", "cpu-split", "--max-memory", "device=%d,host=%d" % (rest[0] + rest[1], rest[2])]
+        flags = ["--device", "cpu-split", "--max-memory-scope", "weights", "--max-memory", "device=%d,host=%d" % (rest[0] + rest[1], rest[2])]
         want = ["disk", "device", "device", "host"] + ["disk"] * (len(rest) - 3)
     if "disk" in want:
         flags += ["--offload-dir", od]
@@ -609,7 +609,7 @@ def test_bad_conversion_flags(ferry, models, cmd, flag):
 @pytest.mark.parametrize("name,bad,mode,where", [
     ("llama-f32", np.nan, "int8", ()),
     ("llama-f32", np.inf, "int4", DISK),
-    ("llama-bf16", -np.inf, "int8", ("--max-memory", "device=0")),
+    ("llama-bf16", -np.inf, "int8", ("--max-memory-scope", "weights", "--max-memory", "device=0")),
     ("llama-bf16", np.nan, "int4", ("--device", "cpu-split")),
 ])
 def test_nonfinite_weight_refused(ferry, models, work, name, bad, mode, where):

@@ -87,7 +87,8 @@ static inline plan_model fx_plan_model(const model_fx *m)
 }
 
 /* What a run of compute over the model needs below the pipeline or the
- * experts: a backend, a plan under --max-memory `budgets` (NULL: all on the
+ * experts: a backend, a plan placing the weights by `budgets` (weight bytes
+ * per tier as plan_place takes them, in --max-memory syntax; NULL: all on the
  * device), the compute view and its tensor list, and the store loaded as
  * the plan says (od: the offload dir). */
 typedef struct {
@@ -108,7 +109,7 @@ static inline ferry_status fx_store_open(store_fx *f, const model_fx *m, const c
     ferry_status st = backend_create(device, &(backend_opts){.threads = 2}, &f->be);
     if (st == FERRY_OK && budgets) st = plan_parse_budgets(budgets, po.budget);
     po.unified = f->be ? f->be->ops->unified : false;
-    if (st == FERRY_OK) st = plan_make(&pm, m->units, &po, &f->p);
+    if (st == FERRY_OK) st = plan_place(&pm, m->units, &po, &f->p); /* budgets: weight bytes per tier */
     if (st == FERRY_OK) st = model_weights_alloc(&m->cfg, &f->view);
     if (st == FERRY_OK)
         st = store_open(&f->s, f->be, &f->p, &m->cfg, &identity, (model_weights *)&m->w, &f->view, od, fingerprint);

@@ -76,18 +76,50 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
     if (o->budget[0] != UNL) CHECK(p->tier_bytes[TIER_DEVICE] <= o->budget[0]);
     if (o->budget[1] != UNL) CHECK(p->tier_bytes[TIER_HOST] <= o->budget[1]);
     CHECK_EQ_INT(p->n_streamed, streamed);
-    int ahead = o->prefetch; /* given: as it is; 0: 2, or 256 MiB ahead for disk groups of 4 MiB or more */
+    /* given: as it is; 0: 2, or 256 MiB ahead for a median disk group of 4 MiB or more */
+    int ahead = o->prefetch;
     if (!ahead) {
+        uint64_t disk[64];
+        int n_disk = 0;
+        for (int i = 1; i < p->n_groups; i++)
+            if (p->groups[i].tier == TIER_DISK && n_disk < 64) disk[n_disk++] = p->groups[i].bytes;
+        for (int i = 1; i < n_disk; i++)
+            for (int j = i; j > 0 && disk[j - 1] > disk[j]; j--) {
+                uint64_t t = disk[j];
+                disk[j] = disk[j - 1];
+                disk[j - 1] = t;
+            }
+        uint64_t med = n_disk ? disk[n_disk / 2] : 0;
         ahead = 2;
-        if (disk_max && slot >= (4ull << 20) && (int)(((256ull << 20) + slot - 1) / slot) > ahead)
-            ahead = (int)(((256ull << 20) + slot - 1) / slot);
+        if (med >= (4ull << 20) && (int)(((256ull << 20) + med - 1) / med) > ahead)
+            ahead = (int)(((256ull << 20) + med - 1) / med);
     }
     CHECK_EQ_INT(p->prefetch, ahead);
-    CHECK_EQ_INT(p->n_stage_slots, streamed < ahead + 1 ? streamed : ahead + 1);
+    /* the staging slots: never more bytes than a slot of the largest group
+     * per fetch in flight; the largest slot holds the largest group; every
+     * fetch fits its slot (and its bounce buffer), and any ahead + 1
+     * consecutive fetches have distinct slots */
+    CHECK(p->n_stage_slots <= streamed);
+    uint64_t sum = 0, bounce = 0;
+    for (int s = 0; s < p->n_stage_slots; s++) sum += p->slot_size[s], bounce += p->slot_bounce[s];
+    CHECK_EQ_U64(p->stage_bytes, sum);
+    CHECK_EQ_U64(p->host_stage_bytes, bounce);
+    CHECK(p->stage_bytes <= (uint64_t)(streamed < ahead + 1 ? streamed : ahead + 1) * slot);
     CHECK_EQ_U64(p->slot_bytes, slot);
-    CHECK_EQ_U64(p->stage_bytes, (uint64_t)p->n_stage_slots * p->slot_bytes);
     if (o->unified) CHECK_EQ_U64(p->host_stage_bytes, 0);
-    else CHECK_EQ_U64(p->host_stage_bytes, disk_max ? (uint64_t)p->n_stage_slots * disk_max : 0);
+    else CHECK(p->host_stage_bytes <= (uint64_t)(streamed < ahead + 1 ? streamed : ahead + 1) * disk_max);
+    for (int i = 1, k = 0; i < p->n_groups; i++)
+        if (p->groups[i].tier != TIER_DEVICE) CHECK_EQ_INT(p->stream[k++], i);
+    int window = streamed < ahead + 1 ? streamed : ahead + 1;
+    for (uint64_t q = 0; streamed && q < 3ull * (uint64_t)streamed + 7; q++) {
+        int sl = plan_slot_of(p, q);
+        CHECK(sl >= 0 && sl < p->n_stage_slots);
+        if (sl < 0 || sl >= p->n_stage_slots) return;
+        const plan_group *g = &p->groups[p->stream[q % (uint64_t)streamed]];
+        CHECK(g->bytes <= p->slot_size[sl]);
+        if (!o->unified && g->tier == TIER_DISK) CHECK(g->bytes <= p->slot_bounce[sl]);
+        for (int j = 1; j < window; j++) CHECK(plan_slot_of(p, q + (uint64_t)j) != sl);
+    }
     uint64_t ctx_blocks = ((uint64_t)p->opts.context + 15) / 16; /* KV_BLOCK_POSITIONS */
     if (o->kv_memory) return;
     /* the default pool: one sequence of the whole context to n_seqs of them, the most when memory is unknown */
@@ -99,7 +131,7 @@ static void check_invariants(const plan *p, const plan_model *m, const uint64_t 
 
 static void make_ok(const plan_model *m, const uint64_t *units, const plan_opts *o, plan *p)
 {
-    CHECK_STATUS(plan_make(m, units, o, p), FERRY_OK);
+    CHECK_STATUS(plan_place(m, units, o, p), FERRY_OK);
     check_invariants(p, m, units, o);
 }
 
@@ -268,11 +300,11 @@ static void test_group_sizes(void)
     }
     /* bad options */
     o = opts_of(UNL, UNL, 0, 1);
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("group");
     plan_free(&p);
     o = opts_of(UNL, UNL, 1, -1); /* 0 is the planner's */
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("prefetch");
     plan_free(&p);
 }
@@ -372,6 +404,18 @@ static void test_readahead(void)
         CHECK_EQ_INT(p.prefetch, pf);
         plan_free(&p);
     }
+    /* a 525 MB bf16 head among them: a slot of its own, the layers' slots
+     * stay 31 MiB, and the read-ahead follows the layers */
+    units[41] = 525ull << 20;
+    o = opts_of(0, 0, 1, 0);
+    make_ok(&m, units, &o, &p);
+    CHECK_EQ_INT(p.prefetch, 9);
+    CHECK_EQ_INT(p.n_stage_slots, 1 + 10);
+    CHECK_EQ_INT(p.n_own_slots, 1);
+    CHECK_EQ_U64(p.stage_bytes, (525ull << 20) + 10 * (31ull << 20));
+    CHECK_EQ_INT(p.groups[41].slot, 0);
+    plan_free(&p);
+    units[41] = K4;
     o = opts_of(0, UNL, 1, 0); /* host memory: no read queue to keep full */
     make_ok(&m, units, &o, &p);
     CHECK_EQ_INT(p.n_stage_slots, 3);
@@ -392,9 +436,13 @@ static void test_stage_slots(void)
         plan_opts o = opts_of(0, 0, 1, pf); /* 7 streamed groups */
         make_ok(&m, units, &o, &p);
         CHECK_EQ_INT(p.n_streamed, 7);
-        CHECK_EQ_INT(p.n_stage_slots, pf + 1 < 7 ? pf + 1 : 7);
         CHECK_EQ_U64(p.slot_bytes, 7 * K4);
-        CHECK_EQ_U64(p.stage_bytes, (uint64_t)p.n_stage_slots * 7 * K4);
+        /* the fewest bytes: groups 7,5,3,2,1,1,1 two at a time in two
+         * shared slots of 7 (14, not 7+5+3+2 + 2 x 1); three and more at a
+         * time, own slots for 7,5,3,2 and three shared of 1 (20, not 3 x 7) */
+        CHECK_EQ_U64(p.stage_bytes, (pf == 1 ? 14 : 20) * K4);
+        CHECK_EQ_INT(p.n_stage_slots, pf == 1 ? 2 : 7);
+        CHECK_EQ_INT(p.n_own_slots, pf == 1 ? 0 : 4);
         plan_free(&p);
     }
     /* a device-resident largest layer does not size the slots */
@@ -463,7 +511,7 @@ static void test_kv(void)
     CHECK_EQ_U64(p.kv_bytes, 10 * block);
     plan_free(&p);
     o.kv_memory = 5; /* not one block */
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("--kv-memory");
     plan_free(&p);
     o.kv_memory = 0;
@@ -562,7 +610,15 @@ static void test_parse_budgets(void)
     CHECK_STATUS(plan_parse_budgets("device=", b), FERRY_ERR_INVALID);
     CHECK_STATUS(plan_parse_budgets("device", b), FERRY_ERR_INVALID);
     CHECK_MSG_HAS("device=SIZE");
-    CHECK_STATUS(plan_parse_budgets("1GiB", b), FERRY_ERR_INVALID);
+    CHECK_STATUS(plan_parse_budgets("1GiB", b), FERRY_OK); /* a bare size: host memory */
+    CHECK_EQ_U64(b[0], UNL);
+    CHECK_EQ_U64(b[1], 1ull << 30);
+    CHECK_STATUS(plan_parse_budgets("cpu=2GiB", b), FERRY_OK); /* accelerate's name for it */
+    CHECK_EQ_U64(b[1], 2ull << 30);
+    CHECK_STATUS(plan_parse_budgets("cpu=2GiB,host=1GiB", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("twice");
+    CHECK_STATUS(plan_parse_budgets("lots", b), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("expected SIZE or device=SIZE,host=SIZE");
     CHECK_STATUS(plan_parse_budgets("device=1GiB,host", b), FERRY_ERR_INVALID);
     CHECK_STATUS(plan_parse_budgets("device=1GiB,,host=0", b), FERRY_ERR_INVALID);
     CHECK_STATUS(plan_parse_budgets("=1GiB", b), FERRY_ERR_INVALID);
@@ -639,7 +695,7 @@ static void test_experts(void)
     for (int u = 5; u < 13; u++) units[u] = K4;
     plan p;
     plan_opts o = opts_of(UNL, UNL, 1, 1);
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     CHECK_EQ_INT(p.n_groups, 1 + 3 + 1 + 8);
     CHECK_EQ_INT(p.first_expert, 5);
     CHECK_EQ_INT(p.groups[4].kind, GROUP_HEAD);
@@ -658,7 +714,7 @@ static void test_experts(void)
 
     /* attention resident, 3 experts on host, the rest and the embedding on disk */
     o = opts_of(4 * 2 * K4, 3 * K4, 1, 1);
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     for (int g = 1; g <= 4; g++) CHECK_EQ_INT(p.groups[g].tier, TIER_DEVICE);
     for (int i = 0; i < 8; i++) CHECK_EQ_INT(p.groups[5 + i].tier, i < 3 ? TIER_HOST : TIER_DISK);
     CHECK_EQ_INT(p.groups[0].tier, TIER_DISK);
@@ -672,19 +728,19 @@ static void test_experts(void)
     plan_free(&p);
 
     o.expert_cache = 6 * K4 + 100; /* whole slots only */
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     CHECK_EQ_INT(p.n_expert_slots, 6);
     CHECK_EQ_INT(p.expert_reads, 6); /* PLAN_EXPERT_READS, at most the slots */
     plan_free(&p);
     o.expert_cache = 1ull << 30; /* more than every expert off the device */
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     CHECK_EQ_INT(p.n_expert_slots, 8);
     plan_free(&p);
 
     /* not unified: bounce buffers for the expert reads from disk */
     o = opts_of(4 * 2 * K4, 3 * K4, 1, 1);
     o.unified = false;
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     CHECK_EQ_U64(p.expert_bounce_bytes, 4 * K4);
     uint64_t host, dev;
     plan_needs(&p, &o, &host, &dev);
@@ -693,7 +749,7 @@ static void test_experts(void)
 
     /* layer groups and head before experts: the head misses the device, an expert takes the room left */
     o = opts_of(3 * 2 * K4 + K4, 0, 1, 1);
-    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_STATUS(plan_place(&m, units, &o, &p), FERRY_OK);
     CHECK_EQ_INT(p.groups[4].tier, TIER_DISK);
     CHECK_EQ_INT(p.groups[5].tier, TIER_DEVICE);
     for (int i = 1; i < 8; i++) CHECK_EQ_INT(p.groups[5 + i].tier, TIER_DISK);
@@ -702,8 +758,118 @@ static void test_experts(void)
     plan_free(&p);
 }
 
+/* plan_make: --max-memory bounds all the model takes of a memory (plan.h). */
+static uint64_t ram_used(const plan *p)
+{
+    return p->tier_bytes[TIER_DEVICE] + p->tier_bytes[TIER_HOST] + p->stage_bytes + p->expert_stage_bytes +
+           p->kv_bytes + p->act_bytes;
+}
+
+static void test_budgets(void)
+{
+    plan_model m = model_of(8);
+    uint64_t units[10];
+    for (int u = 0; u < 10; u++) units[u] = 64 * K4;
+    plan_opts o = opts_of(UNL, UNL, 1, 1);
+    o.n_seqs = 8;
+    o.context = 256; /* 16 blocks a sequence */
+    plan p;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    uint64_t blk = p.kv_block_bytes, floor = 16 * blk, work = p.act_bytes; /* all resident: no staging */
+    plan_free(&p);
+
+    /* unified (CPU): host= is all of RAM; what fits beside the least working
+     * memory stays resident, the rest goes to disk, then the KV pool grows */
+    for (uint64_t b = 3 * 64 * K4; b <= 12 * 64 * K4; b += 23 * K4) {
+        o.budget[1] = b;
+        ferry_status st = plan_make(&m, units, &o, &p);
+        if (st != FERRY_OK) { /* only when even all on disk cannot hold the least */
+            CHECK_MSG_HAS("cannot hold the least");
+            continue;
+        }
+        CHECK(ram_used(&p) <= b);
+        CHECK(p.kv_blocks >= 16);
+        CHECK_EQ_U64(p.tier_bytes[TIER_HOST], 0); /* no device cap: resident means the device tier */
+        /* weights gave way first: a group that went to disk could not have
+         * stayed with the pool at its floor */
+        if (p.tier_bytes[TIER_DISK]) {
+            uint64_t least = ram_used(&p) - p.kv_bytes + floor;
+            CHECK(least + 64 * K4 > b || p.stage_bytes > 0);
+        }
+        plan_free(&p);
+    }
+    /* enough for everything resident and two sequences of KV: exactly that */
+    o.budget[1] = 10 * 64 * K4 + work + 2 * floor;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 0);
+    CHECK_EQ_U64(p.kv_blocks, 32);
+    CHECK_EQ_U64(ram_used(&p), o.budget[1]);
+    plan_free(&p);
+    /* one block less: still all resident, a sequence's KV fewer blocks */
+    o.budget[1] -= blk;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 0);
+    CHECK_EQ_U64(p.kv_blocks, 31);
+    plan_free(&p);
+    /* less than the weights + one sequence: a group goes to disk, the pool keeps its floor */
+    o.budget[1] = 10 * 64 * K4 + work + floor - 1;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK(p.tier_bytes[TIER_DISK] > 0);
+    CHECK(p.kv_blocks >= 16);
+    CHECK(ram_used(&p) <= o.budget[1]);
+    plan_free(&p);
+    /* device= caps the resident part inside host= */
+    o.budget[0] = 3 * 64 * K4;
+    o.budget[1] = 12 * 64 * K4;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 3 * 64 * K4);
+    CHECK(ram_used(&p) <= o.budget[1]);
+    plan_free(&p);
+    /* device= alone bounds nothing on a unified backend: refused, saying what to write */
+    o.budget[1] = UNL;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("write --max-memory 786432 (the whole RAM budget");
+    /* host=0: no weights in RAM, the working memory as it needs */
+    o.budget[0] = UNL;
+    o.budget[1] = 0;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 10 * 64 * K4);
+    plan_free(&p);
+    /* below the least working memory: refused with the numbers */
+    o.budget[1] = 64 * K4;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("--max-memory host=256.00 KiB cannot hold the least");
+    CHECK_MSG_HAS("staging");
+    CHECK_MSG_HAS("KV cache");
+    CHECK_MSG_HAS("one sequence of 256 positions");
+
+    /* not unified: device= bounds device weights and the working memory,
+     * host= the host weights and the bounce buffers */
+    o = opts_of(6 * 64 * K4, 2 * 64 * K4, 1, 1);
+    o.unified = false;
+    o.n_seqs = 8;
+    o.context = 256;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    uint64_t host, dev;
+    plan_needs(&p, &o, &host, &dev);
+    CHECK(dev <= o.budget[0]);
+    CHECK(p.tier_bytes[TIER_HOST] + p.host_stage_bytes + p.expert_bounce_bytes <= o.budget[1]);
+    CHECK(p.tier_bytes[TIER_DEVICE] > 0 && p.tier_bytes[TIER_DEVICE] < 6 * 64 * K4);
+    plan_free(&p);
+    /* no device budget: what fits beside the working memory in what the device has */
+    o.budget[0] = UNL;
+    o.budget[1] = UNL;
+    o.device_avail = 7 * 64 * K4;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    plan_needs(&p, &o, &host, &dev);
+    CHECK(dev <= o.device_avail);
+    CHECK(p.tier_bytes[TIER_DEVICE] > 0);
+    plan_free(&p);
+}
+
 int main(void)
 {
+    test_budgets();
     test_experts();
     test_unlimited();
     test_all_disk();

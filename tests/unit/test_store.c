@@ -5,7 +5,7 @@
  * directory, their tensors those model_tensor_entries lists, each byte a
  * function of (tensor, offset): Llama untied in F32, Qwen2 tied in BF16 (q/k/v
  * biases: 1-D tensors between the matrices) and Qwen3 tied in F16 (q_norm,
- * k_norm). Each is planned (plan_make on store_unit_bytes) and opened
+ * k_norm). Each is placed (plan_place on store_unit_bytes) and opened
  * (store_open) under six placements: all device, all host, all disk, layers
  * spread over the three tiers, everything resident but the embedding (host),
  * and groups of two layers. For every group, store_group_source must say
@@ -285,7 +285,7 @@ static ferry_status make_plan(const model *m, int which, plan *p)
                     .max_step_tokens = 16,
                     .unified = m->be->ops->unified};
     budgets(m, which, po.budget);
-    return plan_make(&pm, m->units, &po, p);
+    return plan_place(&pm, m->units, &po, p); /* budgets: weight bytes per tier */
 }
 
 /* The group's bytes: a copy of the resident buffer, or read from the blob
