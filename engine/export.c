@@ -96,6 +96,8 @@ struct export_job {
     export_layout layout;
     uint64_t max_shard;
     bool overwrite;
+    export_end_fn on_end;
+    void *on_end_arg;
     char name[EXPORT_NAME_MAX + 1];
     char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory, flock'ed while the job runs */
     char tmp_id[17];                /* its random part */
@@ -828,7 +830,9 @@ static void *job_main(void *arg)
         j->status.state = EXPORT_FAILED;
         snprintf(j->status.error, sizeof j->status.error, "%s", ferry_errmsg());
     }
+    export_status final = j->status;
     pthread_mutex_unlock(&j->mu);
+    if (j->on_end) j->on_end(j->on_end_arg, &final);
     return NULL;
 }
 
@@ -859,6 +863,8 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
     j->layout = o->layout;
     j->max_shard = o->max_shard_bytes ? o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
     j->overwrite = o->overwrite;
+    j->on_end = o->on_end;
+    j->on_end_arg = o->on_end_arg;
     snprintf(j->name, sizeof j->name, "%s", o->name);
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint64_t)getpid() ^ (uint64_t)time(NULL) << 20;
