@@ -58,6 +58,8 @@
 #include "io/crc32c.h"
 #include "io/fault.h"
 #include "store.h"
+#include "weights/convert.h"
+#include "weights/ct_config.h"
 #include "weights/model_dir.h"
 #include "weights/st_writer.h"
 
@@ -589,55 +591,27 @@ static const char *torch_dtype_name(ferry_dtype dt)
     }
 }
 
-/* compressed-tensors' quantization_config for the engine's quantized
- * linear layers (docs/quantization.md): what model.c's parse_quantization
- * reads back. Empty when nothing is quantized. */
+/* compressed-tensors' quantization_config for the engine's linear layers
+ * (ct_config.h): the quantized ones, and the 2-D *_proj weights held full
+ * precision (a compressed-tensors checkpoint's own ignore list). Empty when
+ * nothing is quantized. */
 static ferry_status quant_config(export_job *j, strbuf *sb)
 {
     const plan *p = engine_get_plan(j->e);
-    weight_quant q = WQ_NONE;
-    int group = 0; /* 0: per channel */
-    for (int g = 0; g < p->n_groups; g++)
-        for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
-            weight f = store_group_tensor(j->s, g, k).fmt;
-            if (f.quant == WQ_NONE) continue;
-            int fg = f.quant == WQ_INT8 || f.group >= f.cols ? 0 : f.group;
-            if (q != WQ_NONE && (f.quant != q || (fg && group && fg != group)))
-                return ferry_fail(FERRY_ERR_UNSUPPORTED, "the engine's linear layers use more than one quantization "
-                                  "scheme: compressed-tensors' config cannot describe it");
-            q = f.quant;
-            if (fg) group = fg;
-        }
-    if (q == WQ_NONE) return FERRY_OK;
-    /* linear layers the engine holds unquantized (a compressed-tensors
-     * checkpoint's own ignore list): named, so that other consumers do not
-     * look for their weight_packed */
-    strbuf ignore;
-    sb_init(&ignore);
-    sb_puts(&ignore, "\"lm_head\"");
+    int cap = 0, n = 0;
+    for (int g = 0; g < p->n_groups; g++) cap += store_group_tensor_count(j->s, g);
+    ct_layer *layers = calloc((size_t)(cap ? cap : 1), sizeof *layers);
+    if (!layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     for (int g = 0; g < p->n_groups; g++)
         for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
             store_tensor t = store_group_tensor(j->s, g, k);
             size_t nl = strlen(t.name), sl = strlen("_proj.weight");
-            if (t.fmt.quant != WQ_NONE || t.one_d || nl <= sl || strcmp(t.name + nl - sl, "_proj.weight")) continue;
-            sb_puts(&ignore, ", ");
-            char module[160];
-            snprintf(module, sizeof module, "%.*s", (int)(nl - strlen(".weight")), t.name);
-            sb_json_str(&ignore, module);
+            bool proj = !t.one_d && nl > sl && !strcmp(t.name + nl - sl, "_proj.weight");
+            if (t.fmt.quant != WQ_NONE) layers[n++] = (ct_layer){t.name, t.fmt.quant, convert_ct_group(&t.fmt)};
+            else if (proj) layers[n++] = (ct_layer){t.name, WQ_NONE, 0};
         }
-    sb_puts(sb, "{\n    \"quant_method\": \"compressed-tensors\",\n    \"format\": \"pack-quantized\",\n"
-                "    \"quantization_status\": \"compressed\",\n    \"config_groups\": {\n      \"group_0\": {\n"
-                "        \"targets\": [\"Linear\"],\n        \"format\": \"pack-quantized\",\n        \"weights\": {");
-    sb_printf(sb, "\"num_bits\": %d, \"type\": \"int\", \"symmetric\": true, ", q == WQ_INT8 ? 8 : 4);
-    if (group) sb_printf(sb, "\"strategy\": \"group\", \"group_size\": %d, ", group);
-    else sb_puts(sb, "\"strategy\": \"channel\", \"group_size\": null, ");
-    sb_puts(sb, "\"dynamic\": false, \"actorder\": null, \"observer\": \"minmax\", \"block_structure\": null},\n"
-                "        \"input_activations\": null,\n        \"output_activations\": null\n      }\n    },\n"
-                "    \"ignore\": [");
-    sb_append(sb, ignore.data, ignore.len);
-    sb_puts(sb, "],\n    \"kv_cache_scheme\": null\n  }");
-    ferry_status st = ignore.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
-    sb_free(&ignore);
+    ferry_status st = ct_config_write(layers, n, sb);
+    free(layers);
     return st;
 }
 

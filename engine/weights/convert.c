@@ -12,7 +12,7 @@
 
 /* Names quant.c's output in the offload dir's fingerprint: bump it when a
  * change to the quantizer changes the bits it writes. */
-#define QUANTIZER_ID "compressed-tensors-rtn-1"
+#define QUANTIZER_ID "compressed-tensors-rtn-2"
 
 #define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
 
@@ -185,30 +185,52 @@ ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int6
     return FERRY_OK;
 }
 
-ferry_status convert_model_bytes(const model_config *cfg, model_weights *w, const convert_opts *o, uint64_t *bytes,
-                                 int *n_quantized)
+ferry_status convert_model_summary(const model_config *cfg, model_weights *w, const convert_opts *o,
+                                   convert_summary *out)
 {
     tensor_entry *entries;
     int n;
     FERRY_TRY(model_tensor_entries(cfg, w, &entries, &n));
-    *bytes = 0;
-    *n_quantized = 0;
+    memset(out, 0, sizeof *out);
     ferry_status st = FERRY_OK;
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         weight fmt;
         if ((st = convert_format(o, &entries[i], &fmt)) != FERRY_OK) break;
-        *bytes += weight_bytes(&fmt);
-        *n_quantized += fmt.quant != WQ_NONE;
+        out->bytes += weight_bytes(&fmt);
+        if (fmt.quant == WQ_NONE) continue;
+        out->n_quantized++;
+        out->n_regrouped += entries[i].dst->quant == WQ_NONE && fmt.quant == WQ_INT4 && fmt.cols > QUANT_INT4_GROUP &&
+                            fmt.cols % QUANT_INT4_GROUP != 0;
+        int k = 0, g = convert_ct_group(&fmt);
+        while (k < out->n_schemes && (out->schemes[k].quant != fmt.quant || out->schemes[k].group != g)) k++;
+        if (k == out->n_schemes && k < CONVERT_MAX_SCHEMES) out->schemes[out->n_schemes++] = (convert_scheme){fmt.quant, g, 0};
+        if (k < out->n_schemes) out->schemes[k].n_tensors++;
     }
     free(entries);
     return st;
 }
 
+void convert_scheme_name(weight_quant quant, int group, char *buf, size_t cap)
+{
+    if (group) snprintf(buf, cap, "%s group %d", quant_name(quant), group);
+    else snprintf(buf, cap, "%s per channel", quant_name(quant));
+}
+
+void convert_summary_describe(const convert_summary *s, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "%s", s->n_schemes ? "" : "none");
+    for (int k = 0; k < s->n_schemes && n < cap; k++) {
+        char name[48];
+        convert_scheme_name(s->schemes[k].quant, s->schemes[k].group, name, sizeof name);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d tensors", k ? ", " : "", name, s->schemes[k].n_tensors);
+    }
+}
+
 void convert_describe(const convert_opts *o, char *buf, size_t cap)
 {
-    char q[48];
+    char q[64];
     if (o->quant == CONVERT_KEEP) snprintf(q, sizeof q, "as-checkpoint");
-    else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d)", QUANT_INT4_GROUP);
+    else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d, or one that divides the columns)", QUANT_INT4_GROUP);
     else snprintf(q, sizeof q, "%s", quant_name((weight_quant)o->quant));
     snprintf(buf, cap, "weights-dtype=%s quantize=%s quantizer=%s",
              o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q, QUANTIZER_ID);

@@ -66,10 +66,40 @@ ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int6
 /* Rows per piece when converting src to fmt in pieces of about `bytes`. */
 int64_t convert_piece_rows(const weight *src, const weight *fmt, uint64_t bytes);
 
-/* Bytes of the model's tensors in their engine form (no layout padding),
- * and how many of them are quantized; w is the bound checkpoint. */
-ferry_status convert_model_bytes(const model_config *cfg, model_weights *w, const convert_opts *o, uint64_t *bytes,
-                                 int *n_quantized);
+#define CONVERT_MAX_SCHEMES 8
+
+/* One scheme of the engine's quantized tensors, as compressed-tensors names
+ * it: group 0 is one scale per output channel (a group spanning the row). */
+typedef struct {
+    weight_quant quant;
+    int group;
+    int n_tensors;
+} convert_scheme;
+
+/* What a conversion makes of a model (w the bound checkpoint): the bytes
+ * of its tensors in their engine form (no layout padding), how many are
+ * quantized and in which schemes (more than CONVERT_MAX_SCHEMES: the rest
+ * are counted in n_quantized only), and how many of those ferry quantized
+ * with another group than QUANT_INT4_GROUP because it does not divide
+ * their columns (quant_default_group). */
+typedef struct {
+    uint64_t bytes;
+    int n_quantized;
+    int n_schemes;
+    convert_scheme schemes[CONVERT_MAX_SCHEMES];
+    int n_regrouped;
+} convert_summary;
+
+ferry_status convert_model_summary(const model_config *cfg, model_weights *w, const convert_opts *o,
+                                   convert_summary *out);
+/* "int4 group 128: 30 tensors, int4 group 64: 180 tensors"; "none". */
+void convert_summary_describe(const convert_summary *s, char *buf, size_t cap);
+/* The schemes' name in compressed-tensors' terms, as above: "int4 group 64",
+ * "int8 per channel". */
+void convert_scheme_name(weight_quant quant, int group, char *buf, size_t cap);
+/* A weight's scheme group as compressed-tensors states it: 0 (per channel)
+ * for a group that spans the row. */
+static inline int convert_ct_group(const weight *fmt) { return fmt->group >= fmt->cols ? 0 : fmt->group; }
 
 /* What the conversion is, for the offload dir's fingerprint and for
  * `inspect`/`plan`: "weights-dtype=bf16 quantize=int4(group 128) quantizer=..." */

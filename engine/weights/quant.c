@@ -42,7 +42,11 @@ int quant_default_group(weight_quant q, int64_t cols)
 {
     switch (q) {
     case WQ_INT8: return (int)cols;
-    case WQ_INT4: return QUANT_INT4_GROUP;
+    case WQ_INT4:
+        if (cols <= QUANT_INT4_GROUP) return (int)cols;
+        for (int g = QUANT_INT4_GROUP; g >= QUANT_INT4_MIN_GROUP; g /= 2)
+            if (cols % g == 0) return g;
+        return (int)cols;
     default: return 0;
     }
 }

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../../engine/weights/ct_config.h"
 #include "../../engine/weights/quant.h"
 #include "check.h"
 
@@ -50,10 +51,13 @@ static float scale_at(const weight *q, int64_t i)
     return ((const float *)p)[i];
 }
 
-/* Quantizes src into a fresh weight (data and scales malloc'd). */
+/* Quantizes src into a fresh weight (data and scales malloc'd): int8 per
+ * channel, int4 with groups of 128 and a short last one where 128 does not
+ * divide cols - the quantizer takes any group (a checkpoint's own), even
+ * where ferry's choice of group (quant_default_group) would be another. */
 static ferry_status quantize(weight_quant q, ferry_dtype sdt, const weight *src, weight *out)
 {
-    int group = quant_default_group(q, src->cols);
+    int group = q == WQ_INT8 ? (int)src->cols : QUANT_INT4_GROUP;
     void *data = calloc(1, quant_data_bytes(q, src->rows, src->cols) + 1);
     void *scales = calloc(1, quant_scale_bytes(src->rows, src->cols, group, sdt) + 1);
     *out = (weight){.dtype = q == WQ_INT8 ? DT_I8 : DT_I32, .rows = src->rows, .cols = src->cols, .data = data,
@@ -99,7 +103,15 @@ static void test_names_and_sizes(void)
     CHECK_EQ_INT(q, WQ_INT4);
 
     CHECK_EQ_INT(quant_default_group(WQ_INT8, 300), 300);
-    CHECK_EQ_INT(quant_default_group(WQ_INT4, 300), 128);
+    /* int4: 128 where it divides, one group for a row of up to 128, else
+     * 64 or 32 where they divide, else per channel: always a divisor */
+    static const int64_t cols_group[][2] = {{256, 128}, {1536, 128}, {64, 64}, {100, 100}, {128, 128},
+                                            {576, 64}, {192, 64}, {160, 32}, {352, 32}, {300, 300},
+                                            {688, 688}, {130, 130}};
+    for (size_t i = 0; i < sizeof cols_group / sizeof cols_group[0]; i++) {
+        CHECK_EQ_INT(quant_default_group(WQ_INT4, cols_group[i][0]), cols_group[i][1]);
+        CHECK_EQ_INT(cols_group[i][0] % quant_default_group(WQ_INT4, cols_group[i][0]), 0);
+    }
     CHECK_EQ_U64(quant_data_bytes(WQ_INT8, 3, 7), 21);
     CHECK_EQ_U64(quant_data_bytes(WQ_INT4, 3, 7), 12);  /* one word per row */
     CHECK_EQ_U64(quant_data_bytes(WQ_INT4, 3, 17), 36); /* three words */
@@ -363,6 +375,58 @@ static void test_bad_arguments(void)
     free((void *)src.data);
 }
 
+/* ---- the quantization_config an export writes (ct_config.c) ------------------- */
+
+/* One config group per scheme; a name pattern whose layers share a scheme
+ * is one regex target, one whose layers differ names them exactly; ignore
+ * has lm_head (unless quantized) and the full-precision layers. */
+static void test_ct_config(void)
+{
+    const ct_layer layers[] = {
+        {"model.layers.0.self_attn.q_proj.weight", WQ_INT4, 64},
+        {"model.layers.1.self_attn.q_proj.weight", WQ_INT4, 64},
+        {"model.layers.0.mlp.down_proj.weight", WQ_INT4, 128},
+        {"model.layers.1.mlp.down_proj.weight", WQ_INT4, 0}, /* mixed within its pattern */
+        {"model.layers.0.mlp.experts.7.up_proj.weight", WQ_INT8, 0},
+        {"model.layers.1.self_attn.k_proj.weight", WQ_NONE, 0},
+    };
+    strbuf sb;
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(layers, (int)(sizeof layers / sizeof layers[0]), &sb), FERRY_OK);
+    sb_putc(&sb, '\0');
+    const char *want[] = {
+        "\"group_0\": {\n        \"targets\": [\"re:model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj$\"]",
+        "\"group_1\": {\n        \"targets\": [\"model.layers.0.mlp.down_proj\"]",
+        "\"group_2\": {\n        \"targets\": [\"model.layers.1.mlp.down_proj\"]",
+        "\"group_3\": {\n        \"targets\": [\"re:model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.experts\\\\.\\\\d+\\\\.up_proj$\"]",
+        "\"strategy\": \"group\", \"group_size\": 64",
+        "\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\", \"group_size\": null",
+        "\"num_bits\": 8, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\"",
+        "\"ignore\": [\"lm_head\", \"model.layers.1.self_attn.k_proj\"]",
+        "\"format\": \"pack-quantized\"",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!strstr(sb.data, want[i])) fprintf(stderr, "ct_config: no %s in\n%s\n", want[i], sb.data);
+        CHECK(strstr(sb.data, want[i]) != NULL);
+    }
+    CHECK(strstr(sb.data, "group_4") == NULL);
+    sb_free(&sb);
+
+    /* a quantized head is a target, not ignored; nothing quantized: nothing written */
+    const ct_layer head[] = {{"lm_head.weight", WQ_INT8, 0}};
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(head, 1, &sb), FERRY_OK);
+    sb_putc(&sb, '\0');
+    CHECK(strstr(sb.data, "\"targets\": [\"re:lm_head$\"]") != NULL);
+    CHECK(strstr(sb.data, "\"ignore\": []") != NULL);
+    sb_free(&sb);
+    const ct_layer none[] = {{"model.layers.0.mlp.up_proj.weight", WQ_NONE, 0}};
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(none, 1, &sb), FERRY_OK);
+    CHECK_EQ_U64(sb.len, 0);
+    sb_free(&sb);
+}
+
 int main(void)
 {
     test_names_and_sizes();
@@ -374,5 +438,6 @@ int main(void)
     test_error_bound();
     test_nonfinite();
     test_bad_arguments();
+    test_ct_config();
     return check_report();
 }
