@@ -144,8 +144,9 @@ static ferry_status must_be_null(const json_value *obj, const char *label, const
     return FERRY_OK;
 }
 
-/* One config group's weights: symmetric int, 8 bits per channel or 4 bits
- * per channel or group. */
+/* One config group's weights: symmetric int, 8 or 4 bits, per channel or
+ * per group (compressed-tensors' W8A16 preset is int8 group 128 from 0.19
+ * on, per channel before). */
 static ferry_status parse_weights_scheme(const json_value *w, const char *label, const char *path,
                                          model_quant_scheme *out)
 {
@@ -170,12 +171,11 @@ static ferry_status parse_weights_scheme(const json_value *w, const char *label,
     if (grouped && (!json_get_int(w, "group_size", &group, &bad) || group < 1 || group > INT_LIMIT))
         return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s.weights.group_size must be a positive integer",
                           label, path);
-    if (bits == 8 && channel) out->quant = WQ_INT8;
-    else if (bits == 4 && (channel || grouped)) out->quant = WQ_INT4;
-    else
+    if ((bits != 8 && bits != 4) || !(channel || grouped))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights: %lld bits, strategy '%s' is not "
-                          "supported (int8 per channel, int4 per channel or group)", label, path, (long long)bits,
+                          "supported (int8 or int4, per channel or group)", label, path, (long long)bits,
                           strategy ? strategy : "(missing)");
+    out->quant = bits == 8 ? WQ_INT8 : WQ_INT4;
     out->group = grouped ? (int)group : 0;
     return FERRY_OK;
 }

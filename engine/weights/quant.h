@@ -50,7 +50,7 @@ size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scal
 
 /* Quantizes src (F32/F16/BF16 [rows, cols], quant WQ_NONE) into data_out
  * (quant_data_bytes) and scales_out (quant_scale_bytes, scale_dtype
- * F32/F16/BF16). group must be cols for WQ_INT8, >= 1 for WQ_INT4. A NaN or
+ * F32/F16/BF16). group >= 1 (cols: one scale per output channel). A NaN or
  * infinite element fails with FERRY_ERR_INVALID naming `name`, its row and
  * column; nothing is promised about the outputs then. Independent rows; runs
  * on the calling thread. */

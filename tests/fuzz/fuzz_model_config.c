@@ -92,7 +92,7 @@ static void check_quant(const model_config *c)
     for (int k = 0; k < c->n_ckpt_schemes; k++) {
         const model_quant_scheme *m = &c->ckpt_schemes[k];
         if (m->group < 0 || m->group > DIM_MAX) abort();
-        if (m->quant == WQ_INT8 ? m->group != 0 : m->quant != WQ_INT4 || !c->ckpt_packed) abort();
+        if (m->quant != WQ_INT8 && (m->quant != WQ_INT4 || !c->ckpt_packed)) abort();
     }
 }
 

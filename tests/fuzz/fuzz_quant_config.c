@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int k = 0; k < c->n_ckpt_schemes; k++) {
             const model_quant_scheme *m = &c->ckpt_schemes[k];
             if (m->group < 0 || m->group > (1 << 24)) abort();
-            if (m->quant == WQ_INT8 ? m->group != 0 : m->quant != WQ_INT4 || !c->ckpt_packed) abort();
+            if (m->quant != WQ_INT8 && (m->quant != WQ_INT4 || !c->ckpt_packed)) abort();
             for (int j = 0; j < k; j++) /* the distinct schemes, each once */
                 if (c->ckpt_schemes[j].quant == m->quant && c->ckpt_schemes[j].group == m->group) abort();
         }

@@ -26,7 +26,9 @@ full-precision checkpoint of those weights and runs the float64 reference
 6. input dims that 128 does not divide: int4 takes a group that divides
    them (64, 32 or per channel), says so at startup and in inspect, and
    exports what compressed-tensors loads, reloading bit for bit;
-7. `--weights-dtype bf16` on an F32 model, alone and with int8.
+7. int8 per group (compressed-tensors' W8A16 preset from 0.19: group 128)
+   read, computed and exported;
+8. `--weights-dtype bf16` on an F32 model, alone and with int8.
 
 Runs are compared bit for bit across placements, restarts and checkpoint
 forms: the CPU kernels are batch invariant (a token row's result does not
@@ -796,6 +798,81 @@ def test_odd_dims(ferry, ref, work, odd_model, mode):
     want = gen(ferry, d, prompts[:2], work, "--quantize", mode)
     assert_identical(gen(ferry, ct, prompts[:2], work), want, "odd dims, compressed %s" % mode)
     assert inspect_json(ferry, ct)["engine_bytes"] == engine_bytes(d, mode)
+
+
+# ---- 6b. int8 per group: compressed-tensors' W8A16 preset from 0.19 ------------------------------
+
+@pytest.fixture(scope="module")
+def w8_model(tmp_path_factory):
+    """A llama whose every linear layer has a multiple of 128 input columns
+    (hidden 256, intermediate 384): what a W8A16 group-128 checkpoint needs."""
+    d = tmp_path_factory.mktemp("w8g") / "m"
+    st_util.random_checkpoint(str(d), arch="llama", seed=9, hidden=256, intermediate=384, layers=2, heads=4,
+                              kv_heads=2, vocab=96, scale=0.1)
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["int-quantized", "pack-quantized"])
+@pytest.mark.parametrize("sdt", ["F32", "BF16"])
+def test_int8_group_checkpoint(ferry, ref, work, w8_model, fmt, sdt):
+    """A checkpoint in compressed-tensors' W8A16 preset as 0.19+ defines it
+    (int8, strategy "group", group_size 128: weight_scale [rows, cols / 128]),
+    written here with numpy (int8 I8 or four to an I32 word; scales in F32 or
+    BF16): ferry loads it (it used to refuse "strategy 'group'"), its logits
+    are the PyTorch reference's on the dequantized weights (q * scale in f32)
+    within TOL, inspect names the scheme, and its export says the same
+    scheme and reloads to the same bits."""
+    d = w8_model
+    group = 128
+    tensors, deq = [], []
+    for name, (dt, shape, raw) in read_tensors(d).items():
+        x = as_f32(dt, shape, raw)
+        if not is_linear(name):
+            tensors.append((name, dt, shape, raw))
+            deq.append((name, "F32", shape, st_util.encode(x, "F32")))
+            continue
+        x = round_to(x, sdt)  # the weight in the scales' dtype, as compressed-tensors quantizes it
+        q, s = ref_numpy(x, sdt, "int8", group=group)
+        assert s.shape == (shape[0], shape[1] // group)
+        base = name[:-len("weight")]
+        if fmt == "int-quantized":
+            tensors.append((base + "weight", "I8", shape, q.astype(np.int8).tobytes()))
+        else:
+            p = pack(q, 8)
+            tensors.append((base + "weight_packed", "I32", list(p.shape), p.astype("<i4").tobytes()))
+            tensors.append((base + "weight_shape", "I64", [2], np.array(shape, "<i8").tobytes()))
+        tensors.append((base + "weight_scale", sdt, list(s.shape), st_util.encode(s, sdt)))
+        w = q.astype(np.float32) * np.repeat(s.astype(np.float32), group, axis=1)
+        deq.append((name, "F32", shape, st_util.encode(w, "F32")))
+    cfg = st_util.read_config(str(d))
+    cfg["quantization_config"] = OrderedDict(
+        quant_method="compressed-tensors", format=fmt, quantization_status="compressed",
+        config_groups={"group_0": OrderedDict(
+            targets=["Linear"], weights=OrderedDict(num_bits=8, type="int", symmetric=True, strategy="group",
+                                                   group_size=group, dynamic=False, actorder=None,
+                                                   observer="minmax"),
+            input_activations=None, output_activations=None, format=fmt)},
+        ignore=["lm_head"])
+    ct = write_model(d, work / "ct", tensors, cfg)
+    ref_dir = write_model(d, work / "deq", deq)
+    prompts = _prompts(96, 29) + [prompt_ids(96, 19, 8)]
+    got = gen(ferry, ct, prompts, work)
+    err = check_ref(ref, ref_dir, prompts, got, TOL, "W8A16 group 128 (%s, %s scales)" % (fmt, sdt))
+    print("W8A16 group 128, %s, %s scales: rel logit error %.3g" % (fmt, sdt, err))
+    info = inspect_json(ferry, ct)
+    assert info["checkpoint_quantization"] == "int8 group 128", info
+    assert info["quantized_schemes"] == [{"scheme": "int8 group 128", "tensors": 14}], info
+    # the quantization is visible: the full-precision model is further away
+    far = rel_err(got[1][0], llama_ref.last_logits(ref(str(d)), prompts[0]))
+    assert far > TOL, far
+    ex = work / "ex"
+    ferry.check("export", "--model", ct, "--out", ex)
+    qc = st_util.read_config(str(ex))["quantization_config"]
+    (g,) = qc["config_groups"].values()
+    assert g["weights"]["num_bits"] == 8 and g["weights"]["strategy"] == "group" and g["weights"]["group_size"] == 128
+    out = read_tensors(ex)
+    assert out["model.layers.0.mlp.down_proj.weight_scale"][1] == [256, 3]
+    assert_identical(gen(ferry, ex, prompts, work), got, "W8A16 group 128 export reloaded")
 
 
 # ---- 7. --weights-dtype ---------------------------------------------------------------------------

@@ -87,12 +87,13 @@ def round_to(a, dtype):
     return u.astype(np.uint32).view(np.float32)
 
 
-def ref_numpy(x, dtype, mode):
+def ref_numpy(x, dtype, mode, group=None):
     """x: float32 [rows, cols] holding values of dtype. Returns (q int8
-    [rows, cols], scales float32 [rows, n_groups])."""
+    [rows, cols], scales float32 [rows, n_groups]); `group` overrides the
+    mode's (int8 per group, as compressed-tensors' W8A16 preset from 0.19)."""
     q_min, q_max, _ = MODES[mode]
     rows, cols = x.shape
-    g = group_of(mode, cols)
+    g = group or group_of(mode, cols)
     n_groups = -(-cols // g)
     # a short last group is the group zero-padded: zeros change no absmax
     xp = np.zeros((rows, n_groups * g), np.float32)

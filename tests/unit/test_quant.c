@@ -349,8 +349,16 @@ static void test_bad_arguments(void)
     weight src = make_weight(DT_F32, 2, 4, x);
     int8_t data[64];
     float scales[16];
-    CHECK_STATUS(quant_weight(WQ_INT8, 2, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
-    CHECK_MSG_HAS("a: group 2");
+    CHECK_STATUS(quant_weight(WQ_INT8, 0, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("a: group 0");
+    /* int8 per group (compressed-tensors' W8A16 preset from 0.19): a scale
+     * per 2 columns, each group's absmax at +-127.5 scales */
+    CHECK_STATUS(quant_weight(WQ_INT8, 2, DT_F32, &src, data, scales, "a"), FERRY_OK);
+    for (int g = 0; g < 4; g++) CHECK(scales[g] == x[2 * g + 1] / 127.5f);
+    weight w8 = {.dtype = DT_I8, .rows = 2, .cols = 4, .data = data, .quant = WQ_INT8, .group = 2,
+                 .scale_dtype = DT_F32, .scales = scales};
+    CHECK_EQ_INT(quant_value(&w8, 1, 3), 127); /* 8 / (8 / 127.5) = 127.5 -> 128, clamped */
+    CHECK_EQ_INT(quant_value(&w8, 0, 0), 64);  /* 1 / (2 / 127.5) = 63.75 */
     CHECK_STATUS(quant_weight(WQ_INT4, 0, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
     CHECK_STATUS(quant_weight(WQ_NONE, 4, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
     CHECK_STATUS(quant_weight(WQ_INT8, 4, DT_I8, &src, data, scales, "a"), FERRY_ERR_INVALID);
