@@ -88,6 +88,7 @@ ferry_status engine_plan(const engine_opts *opts, plan *out, plan_opts *po)
     backend *be = NULL;
     backend_opts bo = {opts->threads};
     ferry_status st = model_config_load(opts->model_dir, &cfg);
+    if (st == FERRY_OK) convert_config(&opts->convert, &cfg);
     if (st == FERRY_OK) st = st_checkpoint_open(opts->model_dir, &ck);
     if (st == FERRY_OK) st = backend_create(opts->device ? opts->device : "cpu", &bo, &be);
     plan_inputs in = {&cfg, ck, be};
@@ -248,6 +249,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     e->max_prompt = opts->max_prompt;
     e->max_new = opts->max_new;
     if ((st = model_config_load(opts->model_dir, &e->cfg)) != FERRY_OK) goto fail;
+    convert_config(&opts->convert, &e->cfg);
     if ((st = st_checkpoint_open(opts->model_dir, &e->ck)) != FERRY_OK) goto fail;
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
     warn_regrouped(e, opts);
@@ -354,7 +356,8 @@ ferry_status engine_repair(engine *e)
 
 engine_info engine_get_info(const engine *e)
 {
-    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified};
+    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified,
+                         e->cfg.head_from_embed};
 }
 
 engine_limits engine_get_limits(const engine *e)

@@ -262,6 +262,8 @@ static void plan_tensor(export_job *j, int g, int k, out_tensor *v, int *n)
         base.shape[1] = f->cols;
     }
     if (j->layout == EXPORT_ORIGINAL) {
+        if (engine_get_info(j->e).head_from_embed && !strcmp(st.name, "lm_head.weight"))
+            return; /* the checkpoint ties it: its embedding table is the head */
         const weight *c = st.ckpt;
         out_tensor t = base;
         snprintf(t.name, sizeof t.name, "%s", st.name);
@@ -592,7 +594,8 @@ static const char *torch_dtype_name(ferry_dtype dt)
 }
 
 /* compressed-tensors' quantization_config for the engine's linear layers
- * (ct_config.h): the quantized ones, and the 2-D *_proj weights held full
+ * and head (ct_config.h): the quantized ones (lm_head among them where
+ * --quantize-head made it int8), and the 2-D *_proj weights held full
  * precision (a compressed-tensors checkpoint's own ignore list). Empty when
  * nothing is quantized. */
 static ferry_status quant_config(export_job *j, strbuf *sb)
@@ -616,7 +619,9 @@ static ferry_status quant_config(export_job *j, strbuf *sb)
 }
 
 /* The model's config.json with quantization_config and torch_dtype saying
- * what was written (torch_dtype: the embedding's dtype). */
+ * what was written (torch_dtype: the embedding's dtype), and
+ * tie_word_embeddings false where the converted layout writes a tied
+ * model's head apart (--quantize-head). */
 static ferry_status write_config(export_job *j)
 {
     char *path = util_path_join(j->model_dir, "config.json"), *text = NULL;
@@ -630,6 +635,7 @@ static ferry_status write_config(export_job *j)
     sb_init(&qc);
     sb_init(&sb);
     if (st == FERRY_OK && j->layout == EXPORT_CONVERTED) st = quant_config(j, &qc);
+    bool untie = j->layout == EXPORT_CONVERTED && engine_get_info(j->e).head_from_embed;
     ferry_dtype dt = DT_F32;
     for (int i = 0; i < j->n_out; i++)
         if (strstr(j->out[i].name, "embed_tokens.weight")) dt = j->out[i].dtype;
@@ -642,11 +648,13 @@ static ferry_status write_config(export_job *j)
         for (size_t i = 0; i < root->len; i++) {
             const json_member *m = &root->members[i];
             if (!strcmp(m->key, "quantization_config") || !strcmp(m->key, "torch_dtype")) continue;
+            if (untie && !strcmp(m->key, "tie_word_embeddings")) continue;
             sb_printf(&sb, "%s\n  ", n++ ? "," : "");
             sb_json_str(&sb, m->key);
             sb_puts(&sb, ": ");
             sb_json_value(&sb, &m->value, 2);
         }
+        if (untie) sb_printf(&sb, "%s\n  \"tie_word_embeddings\": false", n++ ? "," : "");
         sb_printf(&sb, "%s\n  \"torch_dtype\": \"%s\"", n++ ? "," : "", torch_dtype_name(dt));
         if (qc.len) {
             sb_puts(&sb, ",\n  \"quantization_config\": ");

@@ -16,7 +16,7 @@
 
 #define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
 
-ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_opts *out)
+ferry_status convert_opts_parse(const char *dtype, const char *quant, bool head, convert_opts *out)
 {
     *out = convert_identity();
     if (dtype && *dtype) {
@@ -36,7 +36,25 @@ ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_op
             return ferry_fail(FERRY_ERR_INVALID, "--quantize must be none, int8 or int4 (got '%s')", quant);
         out->quant = q;
     }
+    if (head && out->quant != WQ_INT8 && out->quant != WQ_INT4)
+        return ferry_fail(FERRY_ERR_INVALID, "--quantize-head needs --quantize int8 or int4 (--quantize is %s)",
+                          out->quant == CONVERT_KEEP ? "not given" : "none");
+    out->head = head;
     return FERRY_OK;
+}
+
+void convert_config(const convert_opts *o, model_config *cfg)
+{
+    if (o->head && cfg->tied) model_config_untie_head(cfg);
+}
+
+/* What lm_head becomes: a quantized checkpoint head stays as it is (unless
+ * --quantize none dequantizes everything), a full-precision one is int8 on
+ * --quantize-head. */
+static weight_quant head_quant(const convert_opts *o, const weight *src)
+{
+    if (src->quant != WQ_NONE) return o->quant == WQ_NONE ? WQ_NONE : src->quant;
+    return o->head ? WQ_INT8 : WQ_NONE;
 }
 
 /* The int8 of a pack-quantized 8-bit checkpoint is packed four to an int32
@@ -49,6 +67,7 @@ ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight
     *fmt = (weight){.rows = src->rows, .cols = src->cols};
     weight_quant q = WQ_NONE;
     if (e->linear) q = o->quant == CONVERT_KEEP ? src->quant : (weight_quant)o->quant;
+    else if (e->lm_head) q = head_quant(o, src);
     if (q == WQ_NONE) {
         fmt->dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype
                      : src->quant != WQ_NONE  ? src->scale_dtype
@@ -232,6 +251,8 @@ void convert_describe(const convert_opts *o, char *buf, size_t cap)
     if (o->quant == CONVERT_KEEP) snprintf(q, sizeof q, "as-checkpoint");
     else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d, or one that divides the columns)", QUANT_INT4_GROUP);
     else snprintf(q, sizeof q, "%s", quant_name((weight_quant)o->quant));
-    snprintf(buf, cap, "weights-dtype=%s quantize=%s quantizer=%s",
-             o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q, QUANTIZER_ID);
+    /* quantize-head only when on: blobs made without it keep their fingerprint */
+    snprintf(buf, cap, "weights-dtype=%s quantize=%s%s quantizer=%s",
+             o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q,
+             o->head ? " quantize-head=int8" : "", QUANTIZER_ID);
 }

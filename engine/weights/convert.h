@@ -7,8 +7,13 @@
  * not quantized; default: each tensor's checkpoint dtype) and `--quantize`
  * (none/int8/int4 for the linear layers q/k/v/o and gate/up/down; default:
  * as the checkpoint - quantized tensors of a compressed-tensors checkpoint
- * stay quantized, the others stay full precision). The embedding, the norms,
- * the biases and lm_head are never quantized. A quantized engine tensor is
+ * stay quantized, the others stay full precision). The embedding, the norms
+ * and the biases are never quantized; lm_head only where `--quantize-head`
+ * asks (int8 per channel, whatever --quantize is: compressed-tensors' W8A16
+ * channel scheme) or the checkpoint has it quantized (kept, like its linear
+ * layers). A tied model whose head is quantized holds the head apart
+ * (convert_config): the embedding table stays as it is for the row gather,
+ * the head is a quantized copy of it. A quantized engine tensor is
  * one unit of data and scales (backend.h), laid out as
  *     [data: rows x weight_row_bytes][pad to CONVERT_ALIGN][scales]
  * wherever it is stored, so a group moves as one contiguous copy.
@@ -35,13 +40,23 @@
 typedef struct {
     int dtype; /* ferry_dtype DT_F32/DT_F16/DT_BF16, or CONVERT_KEEP */
     int quant; /* weight_quant of the linear layers, or CONVERT_KEEP */
+    bool head; /* a full-precision lm_head is quantized int8 per channel */
 } convert_opts;
 
-static inline convert_opts convert_identity(void) { return (convert_opts){CONVERT_KEEP, CONVERT_KEEP}; }
+static inline convert_opts convert_identity(void) { return (convert_opts){CONVERT_KEEP, CONVERT_KEEP, false}; }
 
-/* Parses --weights-dtype ("f32", "f16", "bf16"; NULL or "" keeps) and
- * --quantize ("none", "int8", "int4"; NULL or "" keeps). */
-ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_opts *out);
+/* Parses --weights-dtype ("f32", "f16", "bf16"; NULL or "" keeps),
+ * --quantize ("none", "int8", "int4"; NULL or "" keeps) and
+ * --quantize-head, which needs --quantize int8 or int4 (refused otherwise:
+ * the head is quantized only along with the linear layers). */
+ferry_status convert_opts_parse(const char *dtype, const char *quant, bool head, convert_opts *out);
+
+/* The model as the conversion holds it; call after model_config_load and
+ * before binding. A tied model whose head o quantizes gets its head apart
+ * (model_config_untie_head: the embedding table its own unit, lm_head a
+ * tensor of the head unit read from the table), so the head unit is the
+ * quantized head alone and an export writes it untied. */
+void convert_config(const convert_opts *o, model_config *cfg);
 
 /* The engine form of checkpoint tensor e (bound: e->dst is the checkpoint
  * weight): dtype, quantization, shape; data and scales NULL. */

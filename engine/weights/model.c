@@ -439,6 +439,12 @@ ferry_status model_config_load(const char *dir, model_config *cfg)
     return st;
 }
 
+void model_config_untie_head(model_config *cfg)
+{
+    cfg->head_from_embed = cfg->tied;
+    cfg->tied = false;
+}
+
 /* ---- units ---------------------------------------------------------------- */
 
 int model_unit_count(const model_config *c) { return c->n_layers + 2 + c->n_moe_layers * c->n_experts; }
@@ -487,6 +493,8 @@ void model_weights_free(model_weights *w)
 
 /* ---- the tensor table ------------------------------------------------- */
 
+#define EMBED_NAME "model.embed_tokens.weight" /* also a head_from_embed model's lm_head */
+
 typedef enum { D_NONE, D_ONE, D_DIM, D_VOCAB, D_HIDDEN, D_QDIM, D_KVDIM, D_HEAD, D_EXPERTS, D_MOE_HIDDEN } dim_code;
 typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_O_BIAS, IF_QK_NORM, IF_UNTIED, IF_DENSE, IF_SPARSE } spec_cond;
 
@@ -498,7 +506,7 @@ static const struct {
     spec_cond cond;
     bool linear;     /* what quantization applies to (never the router: compressed-tensors leaves gates alone) */
 } k_specs[] = {
-    {UNIT_EMBED, "model.embed_tokens.weight", offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS, false},
+    {UNIT_EMBED, EMBED_NAME, offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS, false},
     {UNIT_LAYER, "model.layers.%d.input_layernorm.weight", offsetof(layer_weights, attn_norm), D_NONE, D_DIM, IF_ALWAYS, false},
     {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.weight", offsetof(layer_weights, wq), D_QDIM, D_DIM, IF_ALWAYS, true},
     {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.bias", offsetof(layer_weights, bq), D_NONE, D_QDIM, IF_QKV_BIAS, false},
@@ -592,6 +600,7 @@ static void add_entry(const model_config *cfg, model_weights *w, size_t s, int l
     out->rows = dim_value(cfg, k_specs[s].rows);
     out->cols = dim_value(cfg, k_specs[s].cols);
     out->linear = k_specs[s].linear;
+    out->lm_head = k_specs[s].unit == UNIT_HEAD && k_specs[s].rows == D_VOCAB;
     char *base = k_specs[s].unit == UNIT_LAYER ? (char *)&w->layers[layer] : (char *)w;
     out->dst = (weight *)(base + k_specs[s].field);
 }
@@ -767,17 +776,19 @@ static ferry_status bind_quantized(const model_config *cfg, const st_checkpoint 
 
 static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, const tensor_entry *s)
 {
-    if (s->linear && cfg->n_ckpt_schemes > 0) {
+    bool from_embed = s->lm_head && cfg->head_from_embed;
+    if ((s->linear || s->lm_head) && !from_embed && cfg->n_ckpt_schemes > 0) {
         bool bound;
         FERRY_TRY(bind_quantized(cfg, ck, s, &bound));
         if (bound) return FERRY_OK;
     }
-    const st_tensor *t = st_checkpoint_find(ck, s->name);
-    if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, s->name);
+    const char *name = from_embed ? EMBED_NAME : s->name;
+    const st_tensor *t = st_checkpoint_find(ck, name);
+    if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, name);
     const char *file = ck->files[t->file].name;
     if (!dtype_is_compute(t->dtype))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file,
-                          s->name, dtype_name(t->dtype));
+                          name, dtype_name(t->dtype));
     FERRY_TRY(check_shape(ck, t, s->rows, s->cols));
     s->dst->dtype = t->dtype;
     s->dst->rows = s->rows ? s->rows : 1;

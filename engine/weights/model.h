@@ -53,7 +53,9 @@ typedef struct {
     int sliding_window;    /* 0: none */
     rope_config rope;      /* rope_theta and rope_scaling (rope.h) */
     float norm_eps;
-    bool tied;             /* tie_word_embeddings */
+    bool tied;             /* tie_word_embeddings, as the engine holds the model: the head is the embedding table */
+    bool head_from_embed;  /* tie_word_embeddings in the checkpoint, but the engine holds the head apart
+                            * (model_config_untie_head): lm_head.weight is read from model.embed_tokens.weight */
     bool qkv_bias;         /* q/k/v projections have a bias */
     bool o_bias;           /* o_proj has a bias */
     bool qk_norm;          /* Qwen3 q_norm / k_norm */
@@ -127,8 +129,14 @@ typedef struct {
     int expert;         /* UNIT_EXPERT only */
     int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
     bool linear;        /* a linear layer (q/k/v/o, gate/up/down): what quantization applies to */
+    bool lm_head;       /* the head's [vocab, dim] weight: quantized on request (convert.h) */
     weight *dst;        /* the field it fills */
 } tensor_entry;
+
+/* Makes a tied model's head a tensor of its own: tied false, head_from_embed
+ * true, so the tensor table lists lm_head.weight (bound to the embedding's
+ * data) in the head unit and the embedding table in the embedding unit. */
+void model_config_untie_head(model_config *cfg);
 
 /* Whether layer l's MLP is a mixture of experts. */
 static inline bool model_layer_moe(const model_config *c, int l)
@@ -165,7 +173,8 @@ ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, ten
  * bits from the data's width, the group from the scale's columns - and
  * must be one of them (the config groups' `targets` are not evaluated; a
  * layer whose tensors fit two schemes that group it differently is
- * refused as ambiguous). */
+ * refused as ambiguous). lm_head is read the same way (a checkpoint may
+ * quantize it); with head_from_embed it is bound to the embedding table. */
 ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w);
 void model_weights_free(model_weights *w);
 

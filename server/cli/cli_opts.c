@@ -36,7 +36,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->prefetch = (int)cfg->prefetch;
     eo->max_step_tokens = (int)cfg->max_step_tokens;
     if (plan_parse_budgets(cfg->max_memory, eo->budget) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, &eo->convert) != FERRY_OK)
+    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, cfg->quantize_head, &eo->convert) != FERRY_OK)
         return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     return 0;
 }

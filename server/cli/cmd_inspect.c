@@ -58,26 +58,24 @@ static void rope_json(strbuf *sb, const model_config *mc)
 
 int cmd_inspect(const ferry_config *cfg)
 {
+    convert_opts conv;
+    convert_summary sum;
+    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, cfg->quantize_head, &conv) != FERRY_OK)
+        return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     model_config mc;
     st_checkpoint *ck = NULL;
     ferry_status st = model_config_load(cfg->model, &mc);
     if (st == FERRY_OK) st = st_checkpoint_open(cfg->model, &ck);
     model_weights w;
-    if (st == FERRY_OK) st = model_weights_bind(&mc, ck, &w);
-    if (st != FERRY_OK) {
-        st_checkpoint_close(ck);
-        return cli_fail(st);
+    if (st == FERRY_OK) {
+        model_config held = mc; /* mc as the checkpoint says (reported), held as the conversion holds it */
+        convert_config(&conv, &held);
+        st = model_weights_bind(&held, ck, &w);
+        if (st == FERRY_OK) {
+            st = convert_model_summary(&held, &w, &conv, &sum);
+            model_weights_free(&w);
+        }
     }
-    convert_opts conv;
-    convert_summary sum;
-    st = convert_opts_parse(cfg->weights_dtype, cfg->quantize, &conv);
-    if (st != FERRY_OK) {
-        model_weights_free(&w);
-        st_checkpoint_close(ck);
-        return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-    }
-    st = convert_model_summary(&mc, &w, &conv, &sum);
-    model_weights_free(&w);
     if (st != FERRY_OK) {
         st_checkpoint_close(ck);
         return cli_fail(st);

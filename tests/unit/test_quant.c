@@ -9,13 +9,16 @@
  * outliers; F32/F16/BF16 weights with every scale dtype; the error bound
  * |x - q s| <= s (1/2 + half an ulp of x / s in the quotient's dtype) on
  * random rows; NaN and Inf refused naming tensor, row and column; bad
- * arguments and scales that overflow their dtype refused. Bit-for-bit
+ * arguments and scales that overflow their dtype refused; --quantize-head
+ * (convert.h): refused without --quantize int8/int4, a tied head held
+ * apart, lm_head's engine form. Bit-for-bit
  * agreement with compressed-tensors' own op sequence is
  * tests/integration/test_quant_exact.py.
  */
 #include <math.h>
 #include <stdlib.h>
 
+#include "../../engine/weights/convert.h"
 #include "../../engine/weights/ct_config.h"
 #include "../../engine/weights/quant.h"
 #include "check.h"
@@ -435,6 +438,87 @@ static void test_ct_config(void)
     sb_free(&sb);
 }
 
+/* ---- --quantize-head (convert.c) ------------------------------------------------- */
+
+/* The tensor entry of lm_head in cfg's table (w from model_weights_alloc). */
+static tensor_entry head_entry(const model_config *cfg, model_weights *w, int *n_out, unit_kind *first_unit)
+{
+    tensor_entry *v, e = {0};
+    int n;
+    CHECK_STATUS(model_tensor_entries(cfg, w, &v, &n), FERRY_OK);
+    for (int i = 0; i < n; i++)
+        if (v[i].lm_head) e = v[i];
+    *n_out = n;
+    *first_unit = v[0].unit;
+    free(v);
+    return e;
+}
+
+/* Refused without --quantize int8/int4; a tied model's head held apart
+ * (its own lm_head entry, the table in the embedding unit); lm_head int8
+ * per channel from a full-precision head whatever --quantize is, a
+ * checkpoint's quantized head kept (dequantized by --quantize none), and
+ * left alone with the option off. */
+static void test_quantize_head(void)
+{
+    convert_opts o;
+    CHECK_STATUS(convert_opts_parse(NULL, NULL, true, &o), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--quantize-head needs --quantize int8 or int4 (--quantize is not given)");
+    CHECK_STATUS(convert_opts_parse(NULL, "none", true, &o), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("(--quantize is none)");
+    CHECK_STATUS(convert_opts_parse(NULL, "int4", false, &o), FERRY_OK);
+    CHECK(!o.head);
+    CHECK_STATUS(convert_opts_parse("bf16", "int8", true, &o), FERRY_OK);
+    CHECK(o.head && o.quant == WQ_INT8 && o.dtype == DT_BF16);
+    char desc[160];
+    convert_describe(&o, desc, sizeof desc);
+    CHECK(strstr(desc, " quantize-head=int8 ") != NULL);
+    convert_opts off;
+    CHECK_STATUS(convert_opts_parse(NULL, "int8", false, &off), FERRY_OK);
+    convert_describe(&off, desc, sizeof desc);
+    CHECK(strstr(desc, "head") == NULL); /* blobs made without it keep their fingerprint */
+
+    const char *json = "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 40, \"hidden_size\": 16, "
+                       "\"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                       "\"hidden_act\": \"silu\", \"tie_word_embeddings\": true}";
+    model_config tied, held;
+    CHECK_STATUS(model_config_parse(json, strlen(json), "config.json", &tied), FERRY_OK);
+    held = tied;
+    convert_config(&off, &held);
+    CHECK(held.tied && !held.head_from_embed);
+    convert_config(&o, &held);
+    CHECK(!held.tied && held.head_from_embed);
+
+    model_weights w;
+    int n_tied, n_held;
+    unit_kind first;
+    CHECK_STATUS(model_weights_alloc(&tied, &w), FERRY_OK);
+    tensor_entry e = head_entry(&tied, &w, &n_tied, &first);
+    CHECK(!e.lm_head); /* tied: no lm_head entry, the table is the head */
+    e = head_entry(&held, &w, &n_held, &first);
+    CHECK(e.lm_head && !e.linear && e.unit == UNIT_HEAD && e.dst == &w.lm_head && e.rows == 40 && e.cols == 16);
+    CHECK(first == UNIT_EMBED && n_held == n_tied + 1);
+
+    float x[40 * 16] = {0};
+    weight src = make_weight(DT_BF16, 40, 16, x);
+    w.lm_head = src;
+    weight fmt;
+    CHECK_STATUS(convert_format(&o, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_INT8 && fmt.dtype == DT_I8 && fmt.group == 16 && fmt.scale_dtype == DT_BF16);
+    CHECK_STATUS(convert_format(&off, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_NONE && fmt.dtype == DT_BF16);
+    /* a checkpoint's int4 head stays int4 under --quantize int8, --quantize none dequantizes it */
+    w.lm_head = (weight){.dtype = DT_I32, .rows = 40, .cols = 16, .quant = WQ_INT4, .group = 16, .scale_dtype = DT_F16};
+    CHECK_STATUS(convert_format(&off, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_INT4 && fmt.group == 16 && fmt.scale_dtype == DT_F16);
+    convert_opts none;
+    CHECK_STATUS(convert_opts_parse(NULL, "none", false, &none), FERRY_OK);
+    CHECK_STATUS(convert_format(&none, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_NONE && fmt.dtype == DT_F16);
+    free((void *)src.data);
+    model_weights_free(&w);
+}
+
 int main(void)
 {
     test_names_and_sizes();
@@ -447,5 +531,6 @@ int main(void)
     test_nonfinite();
     test_bad_arguments();
     test_ct_config();
+    test_quantize_head();
     return check_report();
 }
