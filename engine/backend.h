@@ -29,7 +29,8 @@
 /* How a weight's values are stored. Quantized weights are weight-only,
  * symmetric (zero point 0), in the layouts compressed-tensors writes, so a
  * checkpoint's tensors are used as they are:
- *   WQ_INT8: data int8 [rows, cols]; one scale per output row (group = cols).
+ *   WQ_INT8: data int8 [rows, cols]; one scale per output row (group = cols)
+ *            or per `group` input columns (compressed-tensors' W8A16 from 0.19).
  *   WQ_INT4: data [rows, ceil(cols / 8)] little-endian int32 words: element c
  *            of a row is bits 4*(c % 8) .. 4*(c % 8)+3 of word c / 8 (so byte
  *            c / 2, low nibble for even c), stored as q + 8 in 0..15; one

@@ -12,6 +12,7 @@
 #include "../config/config.h"
 #include "base/util.h"
 #include "weights/model_dir.h"
+#include "weights/quant.h"
 
 void engine_opts_init(engine_opts *o)
 {
@@ -87,6 +88,7 @@ ferry_status engine_plan(const engine_opts *opts, plan *out, plan_opts *po)
     backend *be = NULL;
     backend_opts bo = {opts->threads};
     ferry_status st = model_config_load(opts->model_dir, &cfg);
+    if (st == FERRY_OK) convert_config(&opts->convert, &cfg);
     if (st == FERRY_OK) st = st_checkpoint_open(opts->model_dir, &ck);
     if (st == FERRY_OK) st = backend_create(opts->device ? opts->device : "cpu", &bo, &be);
     plan_inputs in = {&cfg, ck, be};
@@ -220,6 +222,21 @@ static ferry_status alloc_kv(engine *e)
     return FERRY_OK;
 }
 
+/* Says once, at startup, that --quantize int4 took another group than 128
+ * for layers whose columns 128 does not divide (quant_default_group): what
+ * `ferry inspect` shows, so that nobody expects group 128 throughout. */
+static void warn_regrouped(const engine *e, const engine_opts *opts)
+{
+    convert_summary sum;
+    if (convert_model_summary(&e->cfg, (model_weights *)&e->ckw, &opts->convert, &sum) != FERRY_OK || !sum.n_regrouped)
+        return;
+    char schemes[512];
+    convert_summary_describe(&sum, schemes, sizeof schemes);
+    fprintf(stderr, "ferry: warning: --quantize int4: %d of %d quantized layers have input columns that %d does not "
+            "divide and take a group that does (compressed-tensors needs one): %s\n", sum.n_regrouped,
+            sum.n_quantized, QUANT_INT4_GROUP, schemes);
+}
+
 ferry_status engine_open(const engine_opts *opts, engine **out)
 {
     *out = NULL;
@@ -232,8 +249,10 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     e->max_prompt = opts->max_prompt;
     e->max_new = opts->max_new;
     if ((st = model_config_load(opts->model_dir, &e->cfg)) != FERRY_OK) goto fail;
+    convert_config(&opts->convert, &e->cfg);
     if ((st = st_checkpoint_open(opts->model_dir, &e->ck)) != FERRY_OK) goto fail;
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
+    warn_regrouped(e, opts);
     if ((st = backend_create(opts->device ? opts->device : "cpu", &bo, &e->be)) != FERRY_OK) goto fail;
     plan_inputs in = {&e->cfg, e->ck, e->be};
     if ((st = make_plan(opts, &in, &e->placement)) != FERRY_OK) goto fail;
@@ -337,7 +356,8 @@ ferry_status engine_repair(engine *e)
 
 engine_info engine_get_info(const engine *e)
 {
-    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified};
+    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified,
+                         e->cfg.head_from_embed};
 }
 
 engine_limits engine_get_limits(const engine *e)

@@ -66,6 +66,7 @@ typedef struct {
     int n_layers, dim;
     const char *backend;     /* the backend's name */
     bool unified;            /* device memory is host memory */
+    bool head_from_embed;    /* a tied checkpoint whose head is held apart (--quantize-head, convert_config) */
 } engine_info;
 
 engine_info engine_get_info(const engine *e);

@@ -58,6 +58,8 @@
 #include "io/crc32c.h"
 #include "io/fault.h"
 #include "store.h"
+#include "weights/convert.h"
+#include "weights/ct_config.h"
 #include "weights/model_dir.h"
 #include "weights/st_writer.h"
 
@@ -96,6 +98,8 @@ struct export_job {
     export_layout layout;
     uint64_t max_shard;
     bool overwrite;
+    export_end_fn on_end;
+    void *on_end_arg;
     char name[EXPORT_NAME_MAX + 1];
     char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory, flock'ed while the job runs */
     char tmp_id[17];                /* its random part */
@@ -258,6 +262,8 @@ static void plan_tensor(export_job *j, int g, int k, out_tensor *v, int *n)
         base.shape[1] = f->cols;
     }
     if (j->layout == EXPORT_ORIGINAL) {
+        if (engine_get_info(j->e).head_from_embed && !strcmp(st.name, "lm_head.weight"))
+            return; /* the checkpoint ties it: its embedding table is the head */
         const weight *c = st.ckpt;
         out_tensor t = base;
         snprintf(t.name, sizeof t.name, "%s", st.name);
@@ -587,60 +593,35 @@ static const char *torch_dtype_name(ferry_dtype dt)
     }
 }
 
-/* compressed-tensors' quantization_config for the engine's quantized
- * linear layers (docs/quantization.md): what model.c's parse_quantization
- * reads back. Empty when nothing is quantized. */
+/* compressed-tensors' quantization_config for the engine's linear layers
+ * and head (ct_config.h): the quantized ones (lm_head among them where
+ * --quantize-head made it int8), and the 2-D *_proj weights held full
+ * precision (a compressed-tensors checkpoint's own ignore list). Empty when
+ * nothing is quantized. */
 static ferry_status quant_config(export_job *j, strbuf *sb)
 {
     const plan *p = engine_get_plan(j->e);
-    weight_quant q = WQ_NONE;
-    int group = 0; /* 0: per channel */
-    for (int g = 0; g < p->n_groups; g++)
-        for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
-            weight f = store_group_tensor(j->s, g, k).fmt;
-            if (f.quant == WQ_NONE) continue;
-            int fg = f.quant == WQ_INT8 || f.group >= f.cols ? 0 : f.group;
-            if (q != WQ_NONE && (f.quant != q || (fg && group && fg != group)))
-                return ferry_fail(FERRY_ERR_UNSUPPORTED, "the engine's linear layers use more than one quantization "
-                                  "scheme: compressed-tensors' config cannot describe it");
-            q = f.quant;
-            if (fg) group = fg;
-        }
-    if (q == WQ_NONE) return FERRY_OK;
-    /* linear layers the engine holds unquantized (a compressed-tensors
-     * checkpoint's own ignore list): named, so that other consumers do not
-     * look for their weight_packed */
-    strbuf ignore;
-    sb_init(&ignore);
-    sb_puts(&ignore, "\"lm_head\"");
+    int cap = 0, n = 0;
+    for (int g = 0; g < p->n_groups; g++) cap += store_group_tensor_count(j->s, g);
+    ct_layer *layers = calloc((size_t)(cap ? cap : 1), sizeof *layers);
+    if (!layers) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     for (int g = 0; g < p->n_groups; g++)
         for (int k = 0; k < store_group_tensor_count(j->s, g); k++) {
             store_tensor t = store_group_tensor(j->s, g, k);
             size_t nl = strlen(t.name), sl = strlen("_proj.weight");
-            if (t.fmt.quant != WQ_NONE || t.one_d || nl <= sl || strcmp(t.name + nl - sl, "_proj.weight")) continue;
-            sb_puts(&ignore, ", ");
-            char module[160];
-            snprintf(module, sizeof module, "%.*s", (int)(nl - strlen(".weight")), t.name);
-            sb_json_str(&ignore, module);
+            bool proj = !t.one_d && nl > sl && !strcmp(t.name + nl - sl, "_proj.weight");
+            if (t.fmt.quant != WQ_NONE) layers[n++] = (ct_layer){t.name, t.fmt.quant, convert_ct_group(&t.fmt)};
+            else if (proj) layers[n++] = (ct_layer){t.name, WQ_NONE, 0};
         }
-    sb_puts(sb, "{\n    \"quant_method\": \"compressed-tensors\",\n    \"format\": \"pack-quantized\",\n"
-                "    \"quantization_status\": \"compressed\",\n    \"config_groups\": {\n      \"group_0\": {\n"
-                "        \"targets\": [\"Linear\"],\n        \"format\": \"pack-quantized\",\n        \"weights\": {");
-    sb_printf(sb, "\"num_bits\": %d, \"type\": \"int\", \"symmetric\": true, ", q == WQ_INT8 ? 8 : 4);
-    if (group) sb_printf(sb, "\"strategy\": \"group\", \"group_size\": %d, ", group);
-    else sb_puts(sb, "\"strategy\": \"channel\", \"group_size\": null, ");
-    sb_puts(sb, "\"dynamic\": false, \"actorder\": null, \"observer\": \"minmax\", \"block_structure\": null},\n"
-                "        \"input_activations\": null,\n        \"output_activations\": null\n      }\n    },\n"
-                "    \"ignore\": [");
-    sb_append(sb, ignore.data, ignore.len);
-    sb_puts(sb, "],\n    \"kv_cache_scheme\": null\n  }");
-    ferry_status st = ignore.oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
-    sb_free(&ignore);
+    ferry_status st = ct_config_write(layers, n, sb);
+    free(layers);
     return st;
 }
 
 /* The model's config.json with quantization_config and torch_dtype saying
- * what was written (torch_dtype: the embedding's dtype). */
+ * what was written (torch_dtype: the embedding's dtype), and
+ * tie_word_embeddings false where the converted layout writes a tied
+ * model's head apart (--quantize-head). */
 static ferry_status write_config(export_job *j)
 {
     char *path = util_path_join(j->model_dir, "config.json"), *text = NULL;
@@ -654,6 +635,7 @@ static ferry_status write_config(export_job *j)
     sb_init(&qc);
     sb_init(&sb);
     if (st == FERRY_OK && j->layout == EXPORT_CONVERTED) st = quant_config(j, &qc);
+    bool untie = j->layout == EXPORT_CONVERTED && engine_get_info(j->e).head_from_embed;
     ferry_dtype dt = DT_F32;
     for (int i = 0; i < j->n_out; i++)
         if (strstr(j->out[i].name, "embed_tokens.weight")) dt = j->out[i].dtype;
@@ -666,11 +648,13 @@ static ferry_status write_config(export_job *j)
         for (size_t i = 0; i < root->len; i++) {
             const json_member *m = &root->members[i];
             if (!strcmp(m->key, "quantization_config") || !strcmp(m->key, "torch_dtype")) continue;
+            if (untie && !strcmp(m->key, "tie_word_embeddings")) continue;
             sb_printf(&sb, "%s\n  ", n++ ? "," : "");
             sb_json_str(&sb, m->key);
             sb_puts(&sb, ": ");
             sb_json_value(&sb, &m->value, 2);
         }
+        if (untie) sb_printf(&sb, "%s\n  \"tie_word_embeddings\": false", n++ ? "," : "");
         sb_printf(&sb, "%s\n  \"torch_dtype\": \"%s\"", n++ ? "," : "", torch_dtype_name(dt));
         if (qc.len) {
             sb_puts(&sb, ",\n  \"quantization_config\": ");
@@ -828,7 +812,9 @@ static void *job_main(void *arg)
         j->status.state = EXPORT_FAILED;
         snprintf(j->status.error, sizeof j->status.error, "%s", ferry_errmsg());
     }
+    export_status final = j->status;
     pthread_mutex_unlock(&j->mu);
+    if (j->on_end) j->on_end(j->on_end_arg, &final);
     return NULL;
 }
 
@@ -859,6 +845,8 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
     j->layout = o->layout;
     j->max_shard = o->max_shard_bytes ? o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
     j->overwrite = o->overwrite;
+    j->on_end = o->on_end;
+    j->on_end_arg = o->on_end_arg;
     snprintf(j->name, sizeof j->name, "%s", o->name);
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint64_t)getpid() ^ (uint64_t)time(NULL) << 20;

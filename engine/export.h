@@ -42,6 +42,15 @@
 
 typedef enum { EXPORT_CONVERTED, EXPORT_ORIGINAL } export_layout;
 
+typedef struct export_status export_status;
+
+/* Called once on the job's thread when a started job has ended (done,
+ * failed or cancelled), with its final status: a caller learns of the end
+ * when it happens, not when it next polls. It must not wait for the job
+ * (export_job_wait joins this thread). Never called when export_start
+ * fails. */
+typedef void (*export_end_fn)(void *arg, const export_status *final);
+
 typedef struct {
     const char *root;         /* the export root (--export-dir); must exist */
     const char *name;         /* the directory created under it */
@@ -49,17 +58,19 @@ typedef struct {
     uint64_t max_shard_bytes; /* 0: 5 GB, transformers' default */
     bool overwrite;           /* replace an existing root/name, if it is an export of ferry's (its
                                * .ferry-export.json marker); else an existing name is FERRY_ERR_INVALID */
+    export_end_fn on_end;     /* optional */
+    void *on_end_arg;
 } export_opts;
 
 typedef enum { EXPORT_QUEUED, EXPORT_RUNNING, EXPORT_DONE, EXPORT_FAILED, EXPORT_CANCELLED } export_state;
 
-typedef struct {
+struct export_status {
     export_state state;
     double progress;          /* 0..1, by bytes */
     uint64_t bytes_written;
     uint64_t bytes_total;
     char error[FERRY_MSG_MAX]; /* EXPORT_FAILED: what went wrong */
-} export_status;
+};
 
 typedef struct export_job export_job;
 

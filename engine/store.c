@@ -49,7 +49,8 @@ struct store {
 
 /* Unit of each tensor entry (model.h numbering: 0 embedding, 1 + l layer
  * l, n_layers + 1 head, then the experts). A tied embedding table belongs to
- * the head: it is the lm_head. */
+ * the head: it is the lm_head (unless --quantize-head holds a quantized copy
+ * as the head: cfg->tied is false then, convert_config). */
 static int unit_of(const model_config *cfg, const tensor_entry *t)
 {
     switch (t->unit) {

@@ -27,6 +27,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +400,20 @@ static enum MHD_Result answer_status(admin_server *a, admin_request *rq, struct 
 
 /* ---- POST /admin/v1/export ------------------------------------------------------- */
 
+/* export_opts.on_end: says how job `arg` (its number) ended, when it ends,
+ * whether or not anyone polls it. On the job's thread: no lock taken. */
+static void log_job_end(void *arg, const export_status *final)
+{
+    int id = (int)(intptr_t)arg;
+    switch (final->state) {
+    case EXPORT_DONE:
+        fprintf(stderr, "ferry: admin: export %d done (%llu bytes)\n", id, (unsigned long long)final->bytes_written);
+        break;
+    case EXPORT_FAILED: fprintf(stderr, "ferry: admin: export %d failed: %s\n", id, final->error); break;
+    default: fprintf(stderr, "ferry: admin: export %d %s\n", id, export_state_name(final->state)); break;
+    }
+}
+
 typedef struct {
     export_opts o;
     char msg[256]; /* why the body was refused */
@@ -504,6 +519,9 @@ static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct 
                            "an export is running (%s); one export at a time", loc);
     }
     export_job *job = NULL;
+    /* the id it gets if it starts (ids count the jobs started) */
+    r.o.on_end = log_job_end;
+    r.o.on_end_arg = (void *)(intptr_t)(a->n_jobs + 1);
     ferry_status st = export_start(a->e, &r.o, &job);
     admin_job *j = NULL;
     if (st == FERRY_OK) {
@@ -758,7 +776,11 @@ void admin_server_stop(admin_server *a)
     if (a->d) MHD_stop_daemon(a->d); /* no handler runs after this */
     admin_job *j = newest_job(a);
     if (j && j->job) { /* J1: the only one that may run */
-        fprintf(stderr, "ferry: admin: stopping: cancelling export %s\n", j->id);
+        /* a job that has ended (unpolled) said so itself (log_job_end); one
+         * still running is cancelled, and says how it ended all the same:
+         * it may finish before it sees the request */
+        if (!state_ended(export_job_status(j->job).state))
+            fprintf(stderr, "ferry: admin: stopping: export %s is running: cancelling it\n", j->id);
         export_job_cancel(j->job);
         export_job_wait(j->job);
         export_job_free(j->job);

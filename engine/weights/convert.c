@@ -12,11 +12,11 @@
 
 /* Names quant.c's output in the offload dir's fingerprint: bump it when a
  * change to the quantizer changes the bits it writes. */
-#define QUANTIZER_ID "compressed-tensors-rtn-1"
+#define QUANTIZER_ID "compressed-tensors-rtn-2"
 
 #define ALIGN_UP(x, a) (((x) + (uint64_t)(a) - 1) & ~((uint64_t)(a) - 1))
 
-ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_opts *out)
+ferry_status convert_opts_parse(const char *dtype, const char *quant, bool head, convert_opts *out)
 {
     *out = convert_identity();
     if (dtype && *dtype) {
@@ -36,7 +36,25 @@ ferry_status convert_opts_parse(const char *dtype, const char *quant, convert_op
             return ferry_fail(FERRY_ERR_INVALID, "--quantize must be none, int8 or int4 (got '%s')", quant);
         out->quant = q;
     }
+    if (head && out->quant != WQ_INT8 && out->quant != WQ_INT4)
+        return ferry_fail(FERRY_ERR_INVALID, "--quantize-head needs --quantize int8 or int4 (--quantize is %s)",
+                          out->quant == CONVERT_KEEP ? "not given" : "none");
+    out->head = head;
     return FERRY_OK;
+}
+
+void convert_config(const convert_opts *o, model_config *cfg)
+{
+    if (o->head && cfg->tied) model_config_untie_head(cfg);
+}
+
+/* What lm_head becomes: a quantized checkpoint head stays as it is (unless
+ * --quantize none dequantizes everything), a full-precision one is int8 on
+ * --quantize-head. */
+static weight_quant head_quant(const convert_opts *o, const weight *src)
+{
+    if (src->quant != WQ_NONE) return o->quant == WQ_NONE ? WQ_NONE : src->quant;
+    return o->head ? WQ_INT8 : WQ_NONE;
 }
 
 /* The int8 of a pack-quantized 8-bit checkpoint is packed four to an int32
@@ -49,6 +67,7 @@ ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight
     *fmt = (weight){.rows = src->rows, .cols = src->cols};
     weight_quant q = WQ_NONE;
     if (e->linear) q = o->quant == CONVERT_KEEP ? src->quant : (weight_quant)o->quant;
+    else if (e->lm_head) q = head_quant(o, src);
     if (q == WQ_NONE) {
         fmt->dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype
                      : src->quant != WQ_NONE  ? src->scale_dtype
@@ -185,31 +204,55 @@ ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int6
     return FERRY_OK;
 }
 
-ferry_status convert_model_bytes(const model_config *cfg, model_weights *w, const convert_opts *o, uint64_t *bytes,
-                                 int *n_quantized)
+ferry_status convert_model_summary(const model_config *cfg, model_weights *w, const convert_opts *o,
+                                   convert_summary *out)
 {
     tensor_entry *entries;
     int n;
     FERRY_TRY(model_tensor_entries(cfg, w, &entries, &n));
-    *bytes = 0;
-    *n_quantized = 0;
+    memset(out, 0, sizeof *out);
     ferry_status st = FERRY_OK;
     for (int i = 0; i < n && st == FERRY_OK; i++) {
         weight fmt;
         if ((st = convert_format(o, &entries[i], &fmt)) != FERRY_OK) break;
-        *bytes += weight_bytes(&fmt);
-        *n_quantized += fmt.quant != WQ_NONE;
+        out->bytes += weight_bytes(&fmt);
+        if (fmt.quant == WQ_NONE) continue;
+        out->n_quantized++;
+        out->n_regrouped += entries[i].dst->quant == WQ_NONE && fmt.quant == WQ_INT4 && fmt.cols > QUANT_INT4_GROUP &&
+                            fmt.cols % QUANT_INT4_GROUP != 0;
+        int k = 0, g = convert_ct_group(&fmt);
+        while (k < out->n_schemes && (out->schemes[k].quant != fmt.quant || out->schemes[k].group != g)) k++;
+        if (k == out->n_schemes && k < CONVERT_MAX_SCHEMES) out->schemes[out->n_schemes++] = (convert_scheme){fmt.quant, g, 0};
+        if (k < out->n_schemes) out->schemes[k].n_tensors++;
     }
     free(entries);
     return st;
 }
 
+void convert_scheme_name(weight_quant quant, int group, char *buf, size_t cap)
+{
+    if (group) snprintf(buf, cap, "%s group %d", quant_name(quant), group);
+    else snprintf(buf, cap, "%s per channel", quant_name(quant));
+}
+
+void convert_summary_describe(const convert_summary *s, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "%s", s->n_schemes ? "" : "none");
+    for (int k = 0; k < s->n_schemes && n < cap; k++) {
+        char name[48];
+        convert_scheme_name(s->schemes[k].quant, s->schemes[k].group, name, sizeof name);
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s: %d tensors", k ? ", " : "", name, s->schemes[k].n_tensors);
+    }
+}
+
 void convert_describe(const convert_opts *o, char *buf, size_t cap)
 {
-    char q[48];
+    char q[64];
     if (o->quant == CONVERT_KEEP) snprintf(q, sizeof q, "as-checkpoint");
-    else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d)", QUANT_INT4_GROUP);
+    else if (o->quant == WQ_INT4) snprintf(q, sizeof q, "int4(group %d, or one that divides the columns)", QUANT_INT4_GROUP);
     else snprintf(q, sizeof q, "%s", quant_name((weight_quant)o->quant));
-    snprintf(buf, cap, "weights-dtype=%s quantize=%s quantizer=%s",
-             o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q, QUANTIZER_ID);
+    /* quantize-head only when on: blobs made without it keep their fingerprint */
+    snprintf(buf, cap, "weights-dtype=%s quantize=%s%s quantizer=%s",
+             o->dtype == CONVERT_KEEP ? "as-checkpoint" : dtype_name((ferry_dtype)o->dtype), q,
+             o->head ? " quantize-head=int8" : "", QUANTIZER_ID);
 }

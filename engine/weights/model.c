@@ -12,6 +12,7 @@
 #include "../base/json.h"
 #include "../base/util.h"
 #include "model_dir.h"
+#include "quant.h"
 
 /* ---- config.json ------------------------------------------------------ */
 
@@ -143,9 +144,11 @@ static ferry_status must_be_null(const json_value *obj, const char *label, const
     return FERRY_OK;
 }
 
-/* One config group's weights: symmetric int, 8 bits per channel or 4 bits
- * per channel or group. */
-static ferry_status parse_weights_scheme(const json_value *w, const char *label, const char *path, model_config *cfg)
+/* One config group's weights: symmetric int, 8 or 4 bits, per channel or
+ * per group (compressed-tensors' W8A16 preset is int8 group 128 from 0.19
+ * on, per channel before). */
+static ferry_status parse_weights_scheme(const json_value *w, const char *label, const char *path,
+                                         model_quant_scheme *out)
 {
     bool bad = false, sym = false, dyn = false;
     int64_t bits = 0, group = 0;
@@ -168,18 +171,18 @@ static ferry_status parse_weights_scheme(const json_value *w, const char *label,
     if (grouped && (!json_get_int(w, "group_size", &group, &bad) || group < 1 || group > INT_LIMIT))
         return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s.weights.group_size must be a positive integer",
                           label, path);
-    if (bits == 8 && channel) cfg->ckpt_quant = WQ_INT8;
-    else if (bits == 4 && (channel || grouped)) cfg->ckpt_quant = WQ_INT4;
-    else
+    if ((bits != 8 && bits != 4) || !(channel || grouped))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config%s.weights: %lld bits, strategy '%s' is not "
-                          "supported (int8 per channel, int4 per channel or group)", label, path, (long long)bits,
+                          "supported (int8 or int4, per channel or group)", label, path, (long long)bits,
                           strategy ? strategy : "(missing)");
-    cfg->ckpt_group = grouped ? (int)group : 0;
+    out->quant = bits == 8 ? WQ_INT8 : WQ_INT4;
+    out->group = grouped ? (int)group : 0;
     return FERRY_OK;
 }
 
 /* compressed-tensors' quantization_config of a weight-only int8/int4
- * checkpoint; anything else is refused naming what it is. */
+ * checkpoint; anything else is refused naming what it is. Config groups
+ * of the same scheme count once. */
 static ferry_status parse_quantization(const json_value *qc, const char *label, model_config *cfg)
 {
     bool bad = false;
@@ -199,6 +202,7 @@ static ferry_status parse_quantization(const json_value *qc, const char *label, 
     const json_value *groups = json_get(qc, "config_groups");
     if (!groups || groups->type != JSON_OBJECT || groups->len == 0)
         return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config.config_groups must be a non-empty object", label);
+    cfg->ckpt_packed = !strcmp(format, "pack-quantized");
     for (size_t i = 0; i < groups->len; i++) {
         char path[96];
         snprintf(path, sizeof path, ".config_groups.%.60s", groups->members[i].key);
@@ -207,19 +211,33 @@ static ferry_status parse_quantization(const json_value *qc, const char *label, 
             return ferry_fail(FERRY_ERR_INVALID, "%s: quantization_config%s must have a weights object", label, path);
         FERRY_TRY(must_be_null(g, label, path, "input_activations"));
         FERRY_TRY(must_be_null(g, label, path, "output_activations"));
-        model_config one = *cfg;
+        model_quant_scheme one;
         FERRY_TRY(parse_weights_scheme(w, label, path, &one));
-        if (i > 0 && (one.ckpt_quant != cfg->ckpt_quant || one.ckpt_group != cfg->ckpt_group))
-            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config has config groups of different schemes "
-                              "(one scheme for every layer is supported)", label);
-        cfg->ckpt_quant = one.ckpt_quant;
-        cfg->ckpt_group = one.ckpt_group;
+        if (!cfg->ckpt_packed && one.quant == WQ_INT4)
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config: 4-bit weights in format int-quantized are "
+                              "not supported (pack-quantized)", label);
+        int k = 0;
+        while (k < cfg->n_ckpt_schemes && memcmp(&cfg->ckpt_schemes[k], &one, sizeof one)) k++;
+        if (k < cfg->n_ckpt_schemes) continue;
+        if (k == MODEL_MAX_SCHEMES)
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config has more than %d different weight schemes",
+                              label, MODEL_MAX_SCHEMES);
+        cfg->ckpt_schemes[cfg->n_ckpt_schemes++] = one;
     }
-    cfg->ckpt_packed = !strcmp(format, "pack-quantized");
-    if (!cfg->ckpt_packed && cfg->ckpt_quant == WQ_INT4)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: quantization_config: 4-bit weights in format int-quantized are not "
-                          "supported (pack-quantized)", label);
     return FERRY_OK;
+}
+
+void model_quant_describe(const model_config *cfg, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    if (cfg->n_ckpt_schemes == 0) snprintf(buf, cap, "none");
+    for (int k = 0; k < cfg->n_ckpt_schemes && n < cap; k++) {
+        const model_quant_scheme *q = &cfg->ckpt_schemes[k];
+        int w = q->group ? snprintf(buf + n, cap - n, "%s%s group %d", k ? ", " : "", quant_name(q->quant), q->group)
+                         : snprintf(buf + n, cap - n, "%s%s per channel", k ? ", " : "", quant_name(q->quant));
+        n += w > 0 ? (size_t)w : 0;
+    }
 }
 
 /* Whether config.json gives rope_theta where rope_config_parse looks for it
@@ -421,6 +439,12 @@ ferry_status model_config_load(const char *dir, model_config *cfg)
     return st;
 }
 
+void model_config_untie_head(model_config *cfg)
+{
+    cfg->head_from_embed = cfg->tied;
+    cfg->tied = false;
+}
+
 /* ---- units ---------------------------------------------------------------- */
 
 int model_unit_count(const model_config *c) { return c->n_layers + 2 + c->n_moe_layers * c->n_experts; }
@@ -469,6 +493,8 @@ void model_weights_free(model_weights *w)
 
 /* ---- the tensor table ------------------------------------------------- */
 
+#define EMBED_NAME "model.embed_tokens.weight" /* also a head_from_embed model's lm_head */
+
 typedef enum { D_NONE, D_ONE, D_DIM, D_VOCAB, D_HIDDEN, D_QDIM, D_KVDIM, D_HEAD, D_EXPERTS, D_MOE_HIDDEN } dim_code;
 typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_O_BIAS, IF_QK_NORM, IF_UNTIED, IF_DENSE, IF_SPARSE } spec_cond;
 
@@ -480,7 +506,7 @@ static const struct {
     spec_cond cond;
     bool linear;     /* what quantization applies to (never the router: compressed-tensors leaves gates alone) */
 } k_specs[] = {
-    {UNIT_EMBED, "model.embed_tokens.weight", offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS, false},
+    {UNIT_EMBED, EMBED_NAME, offsetof(model_weights, embed), D_VOCAB, D_DIM, IF_ALWAYS, false},
     {UNIT_LAYER, "model.layers.%d.input_layernorm.weight", offsetof(layer_weights, attn_norm), D_NONE, D_DIM, IF_ALWAYS, false},
     {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.weight", offsetof(layer_weights, wq), D_QDIM, D_DIM, IF_ALWAYS, true},
     {UNIT_LAYER, "model.layers.%d.self_attn.q_proj.bias", offsetof(layer_weights, bq), D_NONE, D_QDIM, IF_QKV_BIAS, false},
@@ -574,6 +600,7 @@ static void add_entry(const model_config *cfg, model_weights *w, size_t s, int l
     out->rows = dim_value(cfg, k_specs[s].rows);
     out->cols = dim_value(cfg, k_specs[s].cols);
     out->linear = k_specs[s].linear;
+    out->lm_head = k_specs[s].unit == UNIT_HEAD && k_specs[s].rows == D_VOCAB;
     char *base = k_specs[s].unit == UNIT_LAYER ? (char *)&w->layers[layer] : (char *)w;
     out->dst = (weight *)(base + k_specs[s].field);
 }
@@ -615,19 +642,84 @@ ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, ten
     return FERRY_OK;
 }
 
+/* The shape of a tensor, "[a, b]", for errors. */
+static void shape_str(const st_tensor *t, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
 /* Checks t's shape against [rows, cols] (rows 0: 1-D [cols]). */
 static ferry_status check_shape(const st_checkpoint *ck, const st_tensor *t, int64_t rows, int64_t cols)
 {
     bool ok = rows == 0 ? (t->ndim == 1 && t->shape[0] == cols)
                         : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
     if (ok) return FERRY_OK;
-    char got[96] = "", want[64];
-    for (int i = 0; i < t->ndim && strlen(got) < 70; i++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (rows == 0) snprintf(want, sizeof want, "%lld", (long long)cols);
-    else snprintf(want, sizeof want, "%lld, %lld", (long long)rows, (long long)cols);
-    return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape [%s], expected [%s]", ck->files[t->file].name,
+    char got[96], want[64];
+    shape_str(t, got, sizeof got);
+    if (rows == 0) snprintf(want, sizeof want, "[%lld]", (long long)cols);
+    else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+    return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape %s, expected %s", ck->files[t->file].name,
                       t->name, got, want);
+}
+
+/* Scales per row of scheme q on a layer of `cols` input columns. */
+static int64_t scheme_groups(const model_quant_scheme *q, int64_t cols)
+{
+    return q->group ? (cols + q->group - 1) / q->group : 1;
+}
+
+/* Which of the config's schemes a quantized layer's tensors have (see
+ * model_weights_bind): `quant` from its data, the group from its scale's
+ * columns. Two matching schemes that split the row differently are
+ * ambiguous; ones that split it alike (group 128 and per channel on 128
+ * columns) are the same. */
+static ferry_status pick_scheme(const model_config *cfg, const st_checkpoint *ck, const tensor_entry *s,
+                                weight_quant quant, const st_tensor *scale, model_quant_scheme *out)
+{
+    int found = -1;
+    char want[160] = "";
+    size_t n = 0;
+    for (int k = 0; k < cfg->n_ckpt_schemes; k++) {
+        const model_quant_scheme *q = &cfg->ckpt_schemes[k];
+        if (q->quant != quant) continue;
+        int64_t groups = scheme_groups(q, s->cols);
+        if (n < sizeof want)
+            n += (size_t)snprintf(want + n, sizeof want - n, "%s[%lld, %lld]", n ? " or " : "", (long long)s->rows,
+                                  (long long)groups);
+        if (scale->ndim != 2 || scale->shape[0] != s->rows || scale->shape[1] != groups) continue;
+        if (found >= 0) {
+            int64_t a = cfg->ckpt_schemes[found].group ? cfg->ckpt_schemes[found].group : s->cols;
+            int64_t b = q->group ? q->group : s->cols;
+            if ((a < s->cols ? a : s->cols) != (b < s->cols ? b : s->cols))
+                return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' fits two schemes of quantization_config (group "
+                                  "%lld and %lld): ambiguous", ck->files[scale->file].name, scale->name, (long long)a,
+                                  (long long)b);
+            continue;
+        }
+        found = k;
+    }
+    if (found < 0) {
+        char got[96];
+        shape_str(scale, got, sizeof got);
+        if (!n)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' holds %s weights but quantization_config has no "
+                              "%s scheme", ck->files[scale->file].name, s->name, quant_name(quant), quant_name(quant));
+        return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has shape %s, expected %s",
+                          ck->files[scale->file].name, scale->name, got, want);
+    }
+    *out = cfg->ckpt_schemes[found];
+    return FERRY_OK;
+}
+
+/* Whether the config has a scheme of `quant`. */
+static bool has_scheme(const model_config *cfg, weight_quant quant)
+{
+    for (int k = 0; k < cfg->n_ckpt_schemes; k++)
+        if (cfg->ckpt_schemes[k].quant == quant) return true;
+    return false;
 }
 
 /* A compressed-tensors linear layer (see model_weights_bind); *bound false
@@ -645,15 +737,16 @@ static ferry_status bind_quantized(const model_config *cfg, const st_checkpoint 
     const st_tensor *scale = st_checkpoint_find(ck, scale_name), *data = packed ? packed : plain;
     if (!scale) return ferry_fail(FERRY_ERR_INVALID, "%s: quantized tensor '%s' has no '%s'", ck->dir, data->name, scale_name);
     weight *d = s->dst;
-    *d = (weight){.rows = s->rows, .cols = s->cols, .data = data->data, .quant = cfg->ckpt_quant,
-                  .group = cfg->ckpt_group ? cfg->ckpt_group : (int)s->cols};
+    weight_quant quant = WQ_INT8;
     if (packed) {
-        int per_word = cfg->ckpt_quant == WQ_INT8 ? 4 : 8;
         if (packed->dtype != DT_I32)
             return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has dtype %s, expected I32 (packed)",
                               ck->files[packed->file].name, packed_name, dtype_name(packed->dtype));
-        FERRY_TRY(check_shape(ck, packed, s->rows, (s->cols + per_word - 1) / per_word));
-        d->dtype = DT_I32;
+        /* the bits from the words per row: 8 values a word for int4, 4 for int8 */
+        int64_t w4 = (s->cols + 7) / 8, w8 = (s->cols + 3) / 4;
+        bool fits4 = has_scheme(cfg, WQ_INT4) && packed->ndim == 2 && packed->shape[1] == w4;
+        quant = fits4 || !has_scheme(cfg, WQ_INT8) ? WQ_INT4 : WQ_INT8;
+        FERRY_TRY(check_shape(ck, packed, s->rows, quant == WQ_INT4 ? w4 : w8));
         const st_tensor *shape = st_checkpoint_find(ck, shape_name);
         if (shape) {
             int64_t v[2] = {-1, -1};
@@ -665,34 +758,37 @@ static ferry_status bind_quantized(const model_config *cfg, const st_checkpoint 
                                   ck->files[shape->file].name, shape_name, (long long)s->rows, (long long)s->cols);
         }
     } else {
-        if (cfg->ckpt_quant != WQ_INT8)
-            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' is int8 but quantization_config says %d-bit weights",
-                              ck->files[plain->file].name, s->name, cfg->ckpt_quant == WQ_INT4 ? 4 : 0);
+        if (!has_scheme(cfg, WQ_INT8))
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' is int8 but quantization_config has no 8-bit scheme",
+                              ck->files[plain->file].name, s->name);
         FERRY_TRY(check_shape(ck, plain, s->rows, s->cols));
-        d->dtype = DT_I8;
     }
     if (!dtype_is_compute(scale->dtype))
         return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has dtype %s (scales: F32, F16, BF16)",
                           ck->files[scale->file].name, scale_name, dtype_name(scale->dtype));
-    FERRY_TRY(check_shape(ck, scale, s->rows, weight_groups(d)));
-    d->scale_dtype = scale->dtype;
-    d->scales = scale->data;
+    model_quant_scheme q = {WQ_NONE, 0};
+    FERRY_TRY(pick_scheme(cfg, ck, s, quant, scale, &q));
+    *d = (weight){.dtype = packed ? DT_I32 : DT_I8, .rows = s->rows, .cols = s->cols, .data = data->data,
+                  .quant = quant, .group = q.group ? q.group : (int)s->cols, .scale_dtype = scale->dtype,
+                  .scales = scale->data};
     return FERRY_OK;
 }
 
 static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, const tensor_entry *s)
 {
-    if (s->linear && cfg->ckpt_quant != WQ_NONE) {
+    bool from_embed = s->lm_head && cfg->head_from_embed;
+    if ((s->linear || s->lm_head) && !from_embed && cfg->n_ckpt_schemes > 0) {
         bool bound;
         FERRY_TRY(bind_quantized(cfg, ck, s, &bound));
         if (bound) return FERRY_OK;
     }
-    const st_tensor *t = st_checkpoint_find(ck, s->name);
-    if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, s->name);
+    const char *name = from_embed ? EMBED_NAME : s->name;
+    const st_tensor *t = st_checkpoint_find(ck, name);
+    if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, name);
     const char *file = ck->files[t->file].name;
     if (!dtype_is_compute(t->dtype))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file,
-                          s->name, dtype_name(t->dtype));
+                          name, dtype_name(t->dtype));
     FERRY_TRY(check_shape(ck, t, s->rows, s->cols));
     s->dst->dtype = t->dtype;
     s->dst->rows = s->rows ? s->rows : 1;

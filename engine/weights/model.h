@@ -31,6 +31,13 @@ typedef enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3, ARCH_MIXTRAL, A
 
 #define MODEL_MAX_LAYERS 4096 /* num_hidden_layers bound */
 #define MODEL_MAX_EXPERTS 1024 /* num_experts / num_local_experts bound */
+#define MODEL_MAX_SCHEMES 8    /* distinct weight schemes of a compressed-tensors checkpoint */
+
+/* One weight scheme of a compressed-tensors config group that ferry loads. */
+typedef struct {
+    weight_quant quant;    /* WQ_INT8 or WQ_INT4 */
+    int group;             /* input columns per scale; 0: one scale per output channel */
+} model_quant_scheme;
 
 typedef struct {
     model_arch arch;
@@ -46,7 +53,9 @@ typedef struct {
     int sliding_window;    /* 0: none */
     rope_config rope;      /* rope_theta and rope_scaling (rope.h) */
     float norm_eps;
-    bool tied;             /* tie_word_embeddings */
+    bool tied;             /* tie_word_embeddings, as the engine holds the model: the head is the embedding table */
+    bool head_from_embed;  /* tie_word_embeddings in the checkpoint, but the engine holds the head apart
+                            * (model_config_untie_head): lm_head.weight is read from model.embed_tokens.weight */
     bool qkv_bias;         /* q/k/v projections have a bias */
     bool o_bias;           /* o_proj has a bias */
     bool qk_norm;          /* Qwen3 q_norm / k_norm */
@@ -58,11 +67,16 @@ typedef struct {
     int n_moe_layers;      /* layers whose MLP is a mixture of experts */
     uint64_t moe_mask[MODEL_MAX_LAYERS / 64]; /* bit l: layer l is sparse (Qwen3-MoE: decoder_sparse_step, mlp_only_layers) */
     /* a compressed-tensors checkpoint (config.json quantization_config,
-     * model.c): its linear layers' scheme; WQ_NONE for a plain checkpoint */
-    weight_quant ckpt_quant;
-    int ckpt_group;        /* input columns per scale; 0: one scale per output channel */
+     * model.c): the distinct weight schemes of its config groups; none for
+     * a plain checkpoint */
+    int n_ckpt_schemes;
+    model_quant_scheme ckpt_schemes[MODEL_MAX_SCHEMES];
     bool ckpt_packed;      /* format pack-quantized (weight_packed int32), else int-quantized (weight int8) */
 } model_config;
+
+/* The schemes as one string: "none", "int4 group 128", "int8 per channel,
+ * int4 group 64" (inspect, errors). */
+void model_quant_describe(const model_config *cfg, char *buf, size_t cap);
 
 /* Parses config.json text; `label` names the file in errors. */
 ferry_status model_config_parse(const char *text, size_t len, const char *label, model_config *cfg);
@@ -115,8 +129,14 @@ typedef struct {
     int expert;         /* UNIT_EXPERT only */
     int64_t rows, cols; /* expected shape; rows == 0 means 1-D [cols] */
     bool linear;        /* a linear layer (q/k/v/o, gate/up/down): what quantization applies to */
+    bool lm_head;       /* the head's [vocab, dim] weight: quantized on request (convert.h) */
     weight *dst;        /* the field it fills */
 } tensor_entry;
+
+/* Makes a tied model's head a tensor of its own: tied false, head_from_embed
+ * true, so the tensor table lists lm_head.weight (bound to the embedding's
+ * data) in the head unit and the embedding table in the embedding unit. */
+void model_config_untie_head(model_config *cfg);
 
 /* Whether layer l's MLP is a mixture of experts. */
 static inline bool model_layer_moe(const model_config *c, int l)
@@ -148,7 +168,13 @@ ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, ten
  * checkpoint a linear layer NAME.weight is NAME.weight_packed (int32, with
  * NAME.weight_shape) or NAME.weight (int8) with NAME.weight_scale, bound
  * as a quantized weight (backend.h), or a plain NAME.weight where the
- * checkpoint left that layer unquantized (its `ignore` list). */
+ * checkpoint left that layer unquantized (its `ignore` list). Which of the
+ * config's schemes a quantized layer has is read off its tensors - the
+ * bits from the data's width, the group from the scale's columns - and
+ * must be one of them (the config groups' `targets` are not evaluated; a
+ * layer whose tensors fit two schemes that group it differently is
+ * refused as ambiguous). lm_head is read the same way (a checkpoint may
+ * quantize it); with head_from_embed it is bound to the embedding table. */
 ferry_status model_weights_bind(const model_config *cfg, const st_checkpoint *ck, model_weights *w);
 void model_weights_free(model_weights *w);
 

@@ -42,7 +42,11 @@ int quant_default_group(weight_quant q, int64_t cols)
 {
     switch (q) {
     case WQ_INT8: return (int)cols;
-    case WQ_INT4: return QUANT_INT4_GROUP;
+    case WQ_INT4:
+        if (cols <= QUANT_INT4_GROUP) return (int)cols;
+        for (int g = QUANT_INT4_GROUP; g >= QUANT_INT4_MIN_GROUP; g /= 2)
+            if (cols % g == 0) return g;
+        return (int)cols;
     default: return 0;
     }
 }
@@ -148,7 +152,7 @@ ferry_status quant_weight(weight_quant q, int group, ferry_dtype scale_dtype, co
     if (src->rows < 0 || src->cols < 1)
         return ferry_fail(FERRY_ERR_INVALID, "%s: cannot quantize a [%lld, %lld] weight", nm, (long long)src->rows,
                           (long long)src->cols);
-    if (q == WQ_INT8 ? group != src->cols : group < 1)
+    if (group < 1)
         return ferry_fail(FERRY_ERR_INVALID, "%s: group %d does not fit %s (cols %lld)", nm, group, quant_name(q),
                           (long long)src->cols);
 

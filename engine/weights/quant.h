@@ -25,14 +25,22 @@
 
 /* compressed-tensors' W4A16 preset: 128 input columns per scale. */
 #define QUANT_INT4_GROUP 128
+/* The smallest group ferry falls back to where QUANT_INT4_GROUP does not
+ * divide a layer's columns (quant_default_group). */
+#define QUANT_INT4_MIN_GROUP 32
 
 /* "none", "int8", "int4"; "?" for anything else. */
 const char *quant_name(weight_quant q);
 /* The inverse of quant_name; false (and *out untouched) if s is none of them. */
 bool quant_parse(const char *s, weight_quant *out);
 
-/* Input columns per scale of the layout: cols for WQ_INT8 (one scale per
- * output channel), QUANT_INT4_GROUP for WQ_INT4, 0 for WQ_NONE. */
+/* Input columns per scale that ferry quantizes a [rows, cols] weight with
+ * (docs/quantization.md, "Columns that 128 does not divide"): cols for
+ * WQ_INT8 (one scale per output channel); for WQ_INT4 QUANT_INT4_GROUP
+ * when it divides cols, the whole row when cols <= QUANT_INT4_GROUP, else
+ * the largest of 64 and 32 (down to QUANT_INT4_MIN_GROUP) that divides
+ * cols, else the whole row (per channel) - a group always divides the
+ * columns, as compressed-tensors requires; 0 for WQ_NONE. */
 int quant_default_group(weight_quant q, int64_t cols);
 
 /* Bytes of the data [rows, cols or ceil(cols / 8) words] and of the scales
@@ -42,7 +50,7 @@ size_t quant_scale_bytes(int64_t rows, int64_t cols, int group, ferry_dtype scal
 
 /* Quantizes src (F32/F16/BF16 [rows, cols], quant WQ_NONE) into data_out
  * (quant_data_bytes) and scales_out (quant_scale_bytes, scale_dtype
- * F32/F16/BF16). group must be cols for WQ_INT8, >= 1 for WQ_INT4. A NaN or
+ * F32/F16/BF16). group >= 1 (cols: one scale per output channel). A NaN or
  * infinite element fails with FERRY_ERR_INVALID naming `name`, its row and
  * column; nothing is promised about the outputs then. Independent rows; runs
  * on the calling thread. */

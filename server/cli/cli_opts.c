@@ -37,7 +37,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->max_step_tokens = (int)cfg->max_step_tokens;
     if (plan_parse_budgets(cfg->max_memory, eo->budget) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     eo->budget_weights_only = cfg->max_memory_scope && !strcmp(cfg->max_memory_scope, "weights");
-    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, &eo->convert) != FERRY_OK)
+    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, cfg->quantize_head, &eo->convert) != FERRY_OK)
         return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     return 0;
 }

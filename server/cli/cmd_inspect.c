@@ -58,36 +58,32 @@ static void rope_json(strbuf *sb, const model_config *mc)
 
 int cmd_inspect(const ferry_config *cfg)
 {
+    convert_opts conv;
+    convert_summary sum;
+    if (convert_opts_parse(cfg->weights_dtype, cfg->quantize, cfg->quantize_head, &conv) != FERRY_OK)
+        return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     model_config mc;
     st_checkpoint *ck = NULL;
     ferry_status st = model_config_load(cfg->model, &mc);
     if (st == FERRY_OK) st = st_checkpoint_open(cfg->model, &ck);
     model_weights w;
-    if (st == FERRY_OK) st = model_weights_bind(&mc, ck, &w);
+    if (st == FERRY_OK) {
+        model_config held = mc; /* mc as the checkpoint says (reported), held as the conversion holds it */
+        convert_config(&conv, &held);
+        st = model_weights_bind(&held, ck, &w);
+        if (st == FERRY_OK) {
+            st = convert_model_summary(&held, &w, &conv, &sum);
+            model_weights_free(&w);
+        }
+    }
     if (st != FERRY_OK) {
         st_checkpoint_close(ck);
         return cli_fail(st);
     }
-    convert_opts conv;
-    uint64_t engine_bytes = 0;
-    int n_quantized = 0;
-    st = convert_opts_parse(cfg->weights_dtype, cfg->quantize, &conv);
-    if (st != FERRY_OK) {
-        model_weights_free(&w);
-        st_checkpoint_close(ck);
-        return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
-    }
-    st = convert_model_bytes(&mc, &w, &conv, &engine_bytes, &n_quantized);
-    model_weights_free(&w);
-    if (st != FERRY_OK) {
-        st_checkpoint_close(ck);
-        return cli_fail(st);
-    }
-    char ckq[64], conv_s[160];
-    if (mc.ckpt_quant == WQ_NONE) snprintf(ckq, sizeof ckq, "none");
-    else if (mc.ckpt_group) snprintf(ckq, sizeof ckq, "%s group %d", quant_name(mc.ckpt_quant), mc.ckpt_group);
-    else snprintf(ckq, sizeof ckq, "%s per channel", quant_name(mc.ckpt_quant));
+    char ckq[256], conv_s[160], schemes[512];
+    model_quant_describe(&mc, ckq, sizeof ckq);
     convert_describe(&conv, conv_s, sizeof conv_s);
+    convert_summary_describe(&sum, schemes, sizeof schemes);
     uint64_t by_dtype[DT_COUNT] = {0}, total = 0;
     for (size_t i = 0; i < ck->n_tensors; i++) {
         by_dtype[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
@@ -129,8 +125,16 @@ int cmd_inspect(const ferry_config *cfg)
         sb_json_str(&sb, ckq);
         sb_puts(&sb, ", \"conversion\": ");
         sb_json_str(&sb, conv_s);
-        sb_printf(&sb, ", \"engine_bytes\": %llu, \"quantized_tensors\": %d}\n", (unsigned long long)engine_bytes,
-                  n_quantized);
+        sb_printf(&sb, ", \"engine_bytes\": %llu, \"quantized_tensors\": %d, \"quantized_schemes\": [",
+                  (unsigned long long)sum.bytes, sum.n_quantized);
+        for (int k = 0; k < sum.n_schemes; k++) {
+            char name[48];
+            convert_scheme_name(sum.schemes[k].quant, sum.schemes[k].group, name, sizeof name);
+            sb_puts(&sb, k ? ", {\"scheme\": " : "{\"scheme\": ");
+            sb_json_str(&sb, name);
+            sb_printf(&sb, ", \"tensors\": %d}", sum.schemes[k].n_tensors);
+        }
+        sb_printf(&sb, "], \"regrouped_tensors\": %d}\n", sum.n_regrouped);
     } else {
         char b[32];
         sb_printf(&sb, "architecture   %s\n", mc.arch_name);
@@ -155,10 +159,14 @@ int cmd_inspect(const ferry_config *cfg)
                 sb_printf(&sb, "bytes %-8s %llu (%s)\n", dtype_name((ferry_dtype)d), (unsigned long long)by_dtype[d],
                           util_fmt_bytes(by_dtype[d], b, sizeof b));
         sb_printf(&sb, "bytes total    %llu (%s)\n", (unsigned long long)total, util_fmt_bytes(total, b, sizeof b));
-        sb_printf(&sb, "quantization   %s%s\n", ckq, mc.ckpt_quant == WQ_NONE ? "" : mc.ckpt_packed ? " (compressed-tensors, pack-quantized)" : " (compressed-tensors, int-quantized)");
+        sb_printf(&sb, "quantization   %s%s\n", ckq, mc.n_ckpt_schemes == 0 ? "" : mc.ckpt_packed ? " (compressed-tensors, pack-quantized)" : " (compressed-tensors, int-quantized)");
         sb_printf(&sb, "conversion     %s\n", conv_s);
-        sb_printf(&sb, "engine bytes   %llu (%s), %d tensors quantized\n", (unsigned long long)engine_bytes,
-                  util_fmt_bytes(engine_bytes, b, sizeof b), n_quantized);
+        sb_printf(&sb, "engine bytes   %llu (%s), %d tensors quantized\n", (unsigned long long)sum.bytes,
+                  util_fmt_bytes(sum.bytes, b, sizeof b), sum.n_quantized);
+        if (sum.n_quantized) sb_printf(&sb, "quantized as   %s\n", schemes);
+        if (sum.n_regrouped)
+            sb_printf(&sb, "               %d tensors have input columns that %d does not divide: a group that "
+                           "divides them instead (docs/quantization.md)\n", sum.n_regrouped, QUANT_INT4_GROUP);
     }
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);

@@ -17,7 +17,7 @@
 #define END (-1)
 #define EVERY (-2)
 #define PLACEMENT S(max_memory), S(max_memory_scope), S(offload_dir), S(group_size), S(prefetch), S(expert_cache), S(expert_prefetch), S(max_step_tokens), S(verify_reads), \
-                  S(weights_dtype), S(quantize)
+                  S(weights_dtype), S(quantize), S(quantize_head)
 
 typedef struct {
     const char *name;
@@ -37,7 +37,7 @@ static const command k_commands[] = {
       S(context), S(kv_memory), S(json), PLACEMENT, END},
      {S(model), END}},
     {"inspect", cmd_inspect, "describe a checkpoint: architecture, tensors, bytes by dtype, and after a conversion",
-     {S(model), S(json), S(weights_dtype), S(quantize), END},
+     {S(model), S(json), S(weights_dtype), S(quantize), S(quantize_head), END},
      {S(model), END}},
     {"mkmodel", cmd_mkmodel, "write a random Hugging Face-layout checkpoint (demos, tests, benchmarks)",
      {S(out), S(arch), S(preset), S(dtype), S(seed), S(shard_size), S(layers), S(kv_heads), S(tied),

@@ -87,18 +87,12 @@ static void check_moe(const model_config *c)
 
 static void check_quant(const model_config *c)
 {
-    switch (c->ckpt_quant) {
-    case WQ_NONE:
-        if (c->ckpt_group || c->ckpt_packed) abort();
-        break;
-    case WQ_INT8:
-        if (c->ckpt_group) abort(); /* per channel only */
-        break;
-    case WQ_INT4:
-        if (!c->ckpt_packed || c->ckpt_group < 0 || c->ckpt_group > DIM_MAX) abort();
-        break;
-    default:
-        abort();
+    if (c->n_ckpt_schemes < 0 || c->n_ckpt_schemes > MODEL_MAX_SCHEMES) abort();
+    if (c->n_ckpt_schemes == 0 && c->ckpt_packed) abort();
+    for (int k = 0; k < c->n_ckpt_schemes; k++) {
+        const model_quant_scheme *m = &c->ckpt_schemes[k];
+        if (m->group < 0 || m->group > DIM_MAX) abort();
+        if (m->quant != WQ_INT8 && (m->quant != WQ_INT4 || !c->ckpt_packed)) abort();
     }
 }
 

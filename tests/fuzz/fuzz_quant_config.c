@@ -68,23 +68,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         }
     } else if (value) {
-        model_config q = *c; /* all but the scheme as without quantization_config */
-        q.ckpt_quant = WQ_NONE;
-        q.ckpt_group = 0;
+        model_config q = *c; /* all but the schemes as without quantization_config */
+        q.n_ckpt_schemes = 0;
+        memset(q.ckpt_schemes, 0, sizeof q.ckpt_schemes);
         q.ckpt_packed = false;
         if (memcmp(&q, &g_plain, sizeof q)) abort();
-        switch (c->ckpt_quant) {
-        case WQ_NONE:
-            if (!null || c->ckpt_group || c->ckpt_packed) abort();
-            break;
-        case WQ_INT8:
-            if (null || c->ckpt_group) abort();
-            break;
-        case WQ_INT4:
-            if (null || !c->ckpt_packed || c->ckpt_group < 0 || c->ckpt_group > (1 << 24)) abort();
-            break;
-        default:
-            abort();
+        if (null != (c->n_ckpt_schemes == 0) || c->n_ckpt_schemes > MODEL_MAX_SCHEMES) abort();
+        if (null && c->ckpt_packed) abort();
+        for (int k = 0; k < c->n_ckpt_schemes; k++) {
+            const model_quant_scheme *m = &c->ckpt_schemes[k];
+            if (m->group < 0 || m->group > (1 << 24)) abort();
+            if (m->quant != WQ_INT8 && (m->quant != WQ_INT4 || !c->ckpt_packed)) abort();
+            for (int j = 0; j < k; j++) /* the distinct schemes, each once */
+                if (c->ckpt_schemes[j].quant == m->quant && c->ckpt_schemes[j].group == m->group) abort();
         }
     }
     free(text);

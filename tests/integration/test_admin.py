@@ -24,8 +24,10 @@ written outside; an existing name without overwrite -> 400, with it -> the
 new export; an export while 8 concurrent /v2 infer requests run: their
 outputs equal the same requests without an export; a failed export (ENOSPC
 through the fault hook) reports its error and serving goes on; SIGTERM
-during an export cancels it and exits 0, leaving no final or temporary
-directory.
+during an export cancels it (logged: "export N is running: cancelling it",
+then "export N cancelled") and exits 0, leaving no final or temporary
+directory; an export that finished unpolled logs "export N done" when it
+finishes, and SIGTERM then neither cancels it nor says so.
 """
 
 import concurrent.futures
@@ -603,8 +605,32 @@ def test_shutdown_cancels_a_running_export(ferry_bin, tiny, token_file, tmp_path
         assert areq(adm, "GET", "/admin/v1/jobs/%s" % job)[2]["state"] in ("queued", "running")
     finally:
         stop(srv)
-    assert any("cancelling export" in ln for ln in srv.log), srv.logtail()
+    assert any("export %s is running: cancelling it" % job in ln for ln in srv.log), srv.logtail()
+    assert any(ln.endswith("export %s cancelled" % job) for ln in srv.log), srv.logtail()
+    assert not any("export %s done" % job in ln for ln in srv.log), srv.logtail()
     assert only_final_dirs(root) == [], only_final_dirs(root)
+
+
+def test_finished_export_is_logged_and_not_cancelled_at_shutdown(ferry_bin, tiny, token_file, tmp_path):
+    """An export that finished and was never polled says 'export N done' when
+    it finishes (no poll needed to learn it), and SIGTERM then neither
+    cancels it nor says it did: the export stays in place."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(), token_file=token_file)
+    try:
+        job = export(adm, "finished")
+        done = "ferry: admin: export %s done" % job
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not any(ln.startswith(done) for ln in srv.log):  # the log, not the job endpoint
+            assert time.monotonic() < deadline, "no %r line:\n%s" % (done, srv.logtail())
+            time.sleep(0.05)
+    finally:
+        stop(srv)
+    said = [ln for ln in srv.log if "export %s" % job in ln]
+    assert not any("cancel" in ln for ln in said), said
+    assert only_final_dirs(root) == ["finished"], only_final_dirs(root)
+    assert (root / "finished" / "model.safetensors.index.json").exists()
 
 
 def test_stale_temporaries_removed_at_start(ferry_bin, tiny, token_file, tmp_path):

@@ -23,8 +23,12 @@ full-precision checkpoint of those weights and runs the float64 reference
 4. refusals: unsupported or inconsistent quantization configs and tensors,
    requantization and bad flags, each one line naming what is wrong;
 5. a NaN/Inf weight refused naming the tensor;
-6. input dims that 128 does not divide (covered by 1 and 3, asserted here);
-7. `--weights-dtype bf16` on an F32 model, alone and with int8.
+6. input dims that 128 does not divide: int4 takes a group that divides
+   them (64, 32 or per channel), says so at startup and in inspect, and
+   exports what compressed-tensors loads, reloading bit for bit;
+7. int8 per group (compressed-tensors' W8A16 preset from 0.19: group 128)
+   read, computed and exported;
+8. `--weights-dtype bf16` on an F32 model, alone and with int8.
 
 Runs are compared bit for bit across placements, restarts and checkpoint
 forms: the CPU kernels are batch invariant (a token row's result does not
@@ -43,7 +47,7 @@ import pytest
 import llama_ref
 import st_util
 from conftest import assert_ferry_error, check_greedy, prompt_ids, rel_err
-from test_quant_exact import pack_int4, ref_numpy, round_to
+from test_quant_exact import group_of, pack_int4, ref_numpy, round_to
 
 N_NEW = 8
 # rel logit error vs the reference on the dequantized weights, for F32 and
@@ -51,7 +55,7 @@ N_NEW = 8
 # value is exact in f32, and ferry computes in f32 (measured: below 1e-6)
 TOL = 1e-4
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-GROUP = 128  # int4 group along the input dim
+GROUP = 128  # the int4 group along the input dim where it divides the columns (else group_of)
 DISK = ("--max-memory", "device=0,host=0")
 
 # name -> models.get() arguments
@@ -65,11 +69,14 @@ MODELS = {
     "llama-small-f32": dict(arch="llama", preset="small", layers=2, seed=405),
 }
 
-# compressed-tensors schemes: (format, num_bits, strategy, group_size, ferry's --quantize)
+# compressed-tensors schemes: (format, num_bits, ferry's --quantize); each
+# layer's group is the one --quantize takes (group_of: int8 per channel,
+# int4 128 or a group that divides the columns), one config group per
+# distinct group
 SCHEMES = {
-    "int8-int": ("int-quantized", 8, "channel", None, "int8"),
-    "int8-pack": ("pack-quantized", 8, "channel", None, "int8"),
-    "int4-pack": ("pack-quantized", 4, "group", GROUP, "int4"),
+    "int8-int": ("int-quantized", 8, "int8"),
+    "int8-pack": ("pack-quantized", 8, "int8"),
+    "int4-pack": ("pack-quantized", 4, "int4"),
 }
 
 
@@ -114,7 +121,7 @@ def quantized(d, mode, dtype=None):
 def dequant(q, s, mode):
     """q * scale in f32 (quant_dequant_row), [rows, cols]."""
     cols = q.shape[1]
-    g = cols if mode == "int8" else GROUP
+    g = group_of(mode, cols)
     return q.astype(np.float32) * np.repeat(s, g, axis=1)[:, :cols]
 
 
@@ -162,15 +169,39 @@ def pack(q, bits):
     return packed
 
 
-def quant_config(scheme, **weights):
-    fmt, bits, strategy, group, _ = SCHEMES[scheme]
-    w = OrderedDict(num_bits=bits, type="int", symmetric=True, strategy=strategy, group_size=group,
-                    dynamic=False, actorder=None)
-    w.update(weights)
-    return OrderedDict(
-        quant_method="compressed-tensors", format=fmt, quantization_status="compressed",
-        config_groups={"group_0": OrderedDict(targets=["Linear"], weights=w, input_activations=None)},
-        ignore=["lm_head"])
+def ct_group(mode, cols):
+    """The group compressed-tensors states for a layer: None (per channel)
+    for one spanning the row."""
+    g = group_of(mode, cols)
+    return None if g >= cols else g
+
+
+def quant_config(scheme, groups=(None,), targets=None, **weights):
+    """A quantization_config with one config group per entry of `groups`
+    (None: per channel), group k targeting targets[k] (default "Linear")."""
+    fmt, bits, _ = SCHEMES[scheme]
+    cg = OrderedDict()
+    for k, group in enumerate(groups):
+        w = OrderedDict(num_bits=bits, type="int", symmetric=True, strategy="group" if group else "channel",
+                        group_size=group, dynamic=False, actorder=None)
+        w.update(weights)
+        cg["group_%d" % k] = OrderedDict(targets=targets[k] if targets else ["Linear"], weights=w,
+                                         input_activations=None)
+    return OrderedDict(quant_method="compressed-tensors", format=fmt, quantization_status="compressed",
+                       config_groups=cg, ignore=["lm_head"])
+
+
+def scheme_names(d, mode):
+    """inspect's checkpoint_quantization of write_compressed(d, ...): its
+    config groups' schemes in order."""
+    names = []
+    for n, (dt, shape, raw) in read_tensors(d).items():
+        if is_linear(n):
+            g = ct_group(mode, shape[1])
+            name = "%s %s" % (mode, "group %d" % g if g else "per channel")
+            if name not in names:
+                names.append(name)
+    return ", ".join(names)
 
 
 def write_compressed(d, out, scheme, plain=()):
@@ -178,10 +209,11 @@ def write_compressed(d, out, scheme, plain=()):
     reference: weight (I8) or weight_packed (I32) + weight_shape (I64 [2]),
     and weight_scale in the weight's dtype, for every linear layer but those
     named in `plain` (left full precision and listed in `ignore`); every
-    other tensor as it is."""
-    fmt, bits, _, _, mode = SCHEMES[scheme]
+    other tensor as it is. One config group per group size, targeting
+    "Linear" when there is one, else its layers by exact name."""
+    fmt, bits, mode = SCHEMES[scheme]
     q = quantized(d, mode)
-    tensors = []
+    tensors, groups, targets = [], [], []
     for name, (dt, shape, raw) in read_tensors(d).items():
         if name not in q or name in plain:
             tensors.append((name, dt, shape, raw))
@@ -195,8 +227,13 @@ def write_compressed(d, out, scheme, plain=()):
             tensors.append((base + "weight_packed", "I32", list(p.shape), p.astype("<i4").tobytes()))
             tensors.append((base + "weight_shape", "I64", [2], np.array(shape, "<i8").tobytes()))
         tensors.append((base + "weight_scale", dt, list(s.shape), st_util.encode(s, dt)))
+        g = ct_group(mode, shape[1])
+        if g not in groups:
+            groups.append(g)
+            targets.append([])
+        targets[groups.index(g)].append(name[:-len(".weight")])  # exact module names
     cfg = st_util.read_config(str(d))
-    cfg["quantization_config"] = quant_config(scheme)
+    cfg["quantization_config"] = quant_config(scheme, groups, targets if len(groups) > 1 else None)
     cfg["quantization_config"]["ignore"] += [n[:-len(".weight")] for n in plain]
     return write_model(d, out, tensors, cfg)
 
@@ -384,14 +421,14 @@ def test_step_size_invariant(ferry, models, work, mode):
 # ---- 3. compressed-tensors checkpoints: the same bits in the engine ---------------------
 
 SIZE = {"F32": 4, "F16": 2, "BF16": 2}
-SCHEME_NAME = {"int8": "int8 per channel", "int4": "int4 group 128"}  # inspect's checkpoint_quantization
 
 
 def engine_bytes(d, mode, dtype=None):
     """Bytes of d's tensors in their engine form (inspect's engine_bytes):
     every tensor in `dtype` (default its own), the linear ones quantized by
     `mode` with scales in that dtype: int8 one byte per value and one scale
-    per row, int4 a 32-bit word per 8 values and one scale per 128 columns."""
+    per row, int4 a 32-bit word per 8 values and one scale per group of
+    group_of(cols) columns."""
     total = 0
     for name, (dt, shape, raw) in read_tensors(d).items():
         size = SIZE[dtype or dt]
@@ -402,7 +439,7 @@ def engine_bytes(d, mode, dtype=None):
         if mode == "int8":
             total += rows * cols + rows * size
         else:
-            total += rows * 4 * -(-cols // 8) + rows * -(-cols // GROUP) * size
+            total += rows * 4 * -(-cols // 8) + rows * (cols // group_of(mode, cols)) * size
     return total
 
 
@@ -413,7 +450,7 @@ ROUND_TRIP_MODELS = ["llama-f32", "llama-bf16", "qwen2-bf16", "llama-small-f32"]
 @pytest.mark.parametrize("name", ROUND_TRIP_MODELS)
 def test_compressed_checkpoint(ferry, models, ref, work, name, scheme):
     d, cfg, dtype = _model(models, name)
-    mode = SCHEMES[scheme][4]
+    mode = SCHEMES[scheme][2]
     ct = write_compressed(d, work / "ct", scheme)
     prompts = _prompts(cfg["vocab_size"], 11)
     want = gen(ferry, d, prompts, work, "--quantize", mode)
@@ -426,7 +463,7 @@ def test_compressed_checkpoint(ferry, models, ref, work, name, scheme):
     # inspect: the scheme, and the engine bytes of --quantize MODE on the original
     info = inspect_json(ferry, ct)
     orig = inspect_json(ferry, d)
-    assert info["checkpoint_quantization"] == SCHEME_NAME[mode], info
+    assert info["checkpoint_quantization"] == scheme_names(d, mode), info
     assert orig["checkpoint_quantization"] == "none", orig
     assert info["quantized_tensors"] == 7 * cfg["num_hidden_layers"], info
     assert info["engine_bytes"] == engine_bytes(d, mode) == inspect_json(ferry, d, "--quantize", mode)["engine_bytes"]
@@ -441,7 +478,7 @@ def test_compressed_dequantized(ferry, models, ref, work, name, scheme):
     """--quantize none on a compressed checkpoint: q * scale, in the scales'
     dtype (BF16: the f32 product rounded to bf16) or in --weights-dtype."""
     d, cfg, dtype = _model(models, name)
-    mode = SCHEMES[scheme][4]
+    mode = SCHEMES[scheme][2]
     ct = write_compressed(d, work / "ct", scheme)
     prompts = _prompts(cfg["vocab_size"], 13)
     got = gen(ferry, ct, prompts, work, "--quantize", "none")
@@ -497,7 +534,7 @@ CONFIG_REFUSALS = [
     ("float", "int8-int", _edit_weights(type="float"), ["type", "float"]),
     ("actorder", "int4-pack", _edit_weights(actorder="group"), ["weights.actorder"]),
     ("block-structure", "int8-int", _edit_weights(block_structure=[128, 128]), ["weights.block_structure"]),
-    ("group-size", "int4-pack", _edit_weights(group_size=0), ["group_size"]),
+    ("group-size", "int4-pack", _edit_weights(strategy="group", group_size=0), ["group_size"]),
     ("int4-int-quantized", "int4-pack", _edit_top("format", "int-quantized"), ["int-quantized"]),
 ]
 
@@ -635,31 +672,119 @@ def test_nonfinite_weight_refused(ferry, models, work, name, bad, mode, where):
 
 # ---- 6. input dims that the int4 group does not divide -----------------------------------------
 
-def test_short_last_group_is_covered(models):
+def test_groups_divide_the_columns(models):
     """llama-small-f32 (in the numerics and round-trip tests) has down_proj
-    with 688 input columns: five groups of 128 and a last one of 48, and
-    q/k/v/gate/up with 256: two whole groups; the tiny models have 64
-    columns: a single group shorter than 128."""
+    with 688 = 16 * 43 input columns, which neither 128, 64 nor 32 divides:
+    int4 per channel; q/k/v/gate/up with 256: two groups of 128; the tiny
+    models have 64 and 128 columns: one group a row."""
     d, cfg, _ = _model(models, "llama-small-f32")
-    assert cfg["hidden_size"] % GROUP == 0 and cfg["intermediate_size"] % GROUP != 0
+    assert cfg["hidden_size"] % GROUP == 0 and cfg["intermediate_size"] % 32 != 0
     assert "llama-small-f32" in ROUND_TRIP_MODELS
     q = quantized(d, "int4")
     qq, s = q["model.layers.0.mlp.down_proj.weight"]
-    assert qq.shape == (cfg["hidden_size"], 688) and s.shape == (cfg["hidden_size"], 6)
+    assert qq.shape == (cfg["hidden_size"], 688) and s.shape == (cfg["hidden_size"], 1)
     assert q["model.layers.0.mlp.up_proj.weight"][1].shape == (688, 2)
     tiny = st_util.read_config(str(_model(models, "llama-f32")[0]))
-    assert tiny["hidden_size"] < GROUP and tiny["intermediate_size"] % GROUP == 0
+    assert tiny["hidden_size"] < GROUP and tiny["intermediate_size"] == GROUP
 
 
 @pytest.fixture(scope="module")
 def odd_model(tmp_path_factory):
-    """qwen3 with hidden 160 (a group of 128 and one of 32) and intermediate
-    196 (one of 68; not a multiple of 8 either: a partial int4 word per
-    row), head_dim 40."""
+    """qwen3 with hidden 160 (int4 groups of 32) and intermediate 196 (which
+    no group of 32 or more divides: per channel; not a multiple of 8 either:
+    a partial int4 word per row), head_dim 40."""
     d = tmp_path_factory.mktemp("odd") / "m"
     st_util.random_checkpoint(str(d), arch="qwen3", seed=7, hidden=160, intermediate=196, layers=2, heads=4,
                               kv_heads=2, head_dim=40, vocab=96, scale=0.1)
     return d
+
+
+@pytest.fixture(scope="module")
+def smol_model(tmp_path_factory):
+    """SmolLM2-135M's proportions in small: hidden 192 = 3 heads of 64 (128
+    does not divide it, as it does not divide SmolLM2's 576: int4 groups of
+    64 for q/k/v/o/gate/up) and intermediate 512 (down_proj: groups of 128)."""
+    d = tmp_path_factory.mktemp("smol") / "m"
+    st_util.random_checkpoint(str(d), arch="llama", seed=8, hidden=192, intermediate=512, layers=2, heads=3,
+                              kv_heads=1, head_dim=64, vocab=96, scale=0.1)
+    return d
+
+
+def ct_module_scheme(qc, module):
+    """The config group of quantization_config qc that claims `module` as
+    compressed-tensors does (utils/match.py: an exact name, "re:" + a regex
+    matched from the start, or the class "Linear"; `ignore` wins), or None.
+    Every module must be claimed by one group at most."""
+    import re
+
+    def match(target):
+        if target.startswith("re:"):
+            return re.match(target[3:], module) is not None
+        return target in (module, "Linear")
+
+    if any(match(t) for t in qc["ignore"]):
+        return None
+    groups = [g for g in qc["config_groups"].values() if any(match(t) for t in g["targets"])]
+    assert len(groups) <= 1, "%s: claimed by %d config groups" % (module, len(groups))
+    return groups[0] if groups else None
+
+
+@pytest.mark.parametrize("which", ["smol", "odd"])
+def test_int4_export_is_what_compressed_tensors_loads(ferry, ref, work, smol_model, odd_model, which):
+    """--quantize int4 where 128 does not divide the columns: every layer's
+    group divides its columns (compressed-tensors refuses other checkpoints:
+    "tensor column shape must be divisible by the given group_size"), the
+    numerics are the reference's with those groups, ferry warns once at
+    startup and inspect says so; the export states each layer's scheme in a
+    config group (targets matched as compressed-tensors matches them) whose
+    group_size gives exactly the scale's columns, and reloads to the same
+    tokens and logits."""
+    d = smol_model if which == "smol" else odd_model
+    cfg = st_util.read_config(str(d))
+    prompts = _prompts(96, 23) + [prompt_ids(96, 19, 6)]
+    p = ferry.check("generate", "--model", d, "--prompt-ids", "1,2,3", "--max-new-tokens", 1, "--quantize", "int4")
+    warned = [ln for ln in p.stderr.decode().splitlines() if "128 does not divide" in ln]
+    assert len(warned) == 1 and warned[0].startswith("ferry: warning: --quantize int4: "), p.stderr.decode()
+    got = gen(ferry, d, prompts, work, "--quantize", "int4")
+    check_ref(ref, write_float(d, work / "deq", "int4"), prompts, got, TOL, "%s --quantize int4" % which)
+
+    linear = {n: shape for n, (dt, shape, raw) in read_tensors(d).items() if is_linear(n)}
+    regrouped = sum(1 for _, cols in linear.values() if cols > GROUP and cols % GROUP)
+    info = inspect_json(ferry, d, "--quantize", "int4")
+    assert info["regrouped_tensors"] == regrouped > 0, info
+    want_schemes = {}
+    for n, (rows, cols) in linear.items():
+        g = ct_group("int4", cols)
+        key = "int4 group %d" % g if g else "int4 per channel"
+        want_schemes[key] = want_schemes.get(key, 0) + 1
+    assert {x["scheme"]: x["tensors"] for x in info["quantized_schemes"]} == want_schemes, info
+    text = ferry.check("inspect", "--model", d, "--quantize", "int4").stdout.decode()
+    assert "%d tensors have input columns that 128 does not divide" % regrouped in text, text
+
+    ex = work / "ex"
+    ferry.check("export", "--model", d, "--quantize", "int4", "--out", ex)
+    qc = st_util.read_config(str(ex))["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "pack-quantized", qc
+    assert qc["quantization_status"] == "compressed" and "lm_head" in qc["ignore"], qc
+    for g in qc["config_groups"].values():
+        w = g["weights"]
+        assert set(g) >= {"targets", "weights"} and g["targets"], g
+        assert w["num_bits"] == 4 and w["type"] == "int" and w["symmetric"] is True, w
+        assert (w["strategy"], w["group_size"] is None) in (("group", False), ("channel", True)), w
+    out = read_tensors(ex)
+    for n, (rows, cols) in linear.items():
+        module = n[:-len(".weight")]
+        g = ct_module_scheme(qc, module)
+        assert g is not None, "%s: no config group targets it" % module
+        sdt, sshape, _ = out[module + ".weight_scale"]
+        group = g["weights"]["group_size"] or cols
+        assert cols % group == 0, "%s: group_size %d does not divide %d columns" % (module, group, cols)
+        assert sshape == [rows, cols // group], (module, sshape, g["weights"])
+        assert out[module + ".weight_packed"][1] == [rows, -(-cols // 8)]
+        assert group == group_of("int4", cols), (module, group)
+    for lm in ("lm_head", "model.embed_tokens"):
+        assert ct_module_scheme(qc, lm) is None
+    assert_identical(gen(ferry, ex, prompts, work), got, "%s: the int4 export reloaded" % which)
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -673,6 +798,81 @@ def test_odd_dims(ferry, ref, work, odd_model, mode):
     want = gen(ferry, d, prompts[:2], work, "--quantize", mode)
     assert_identical(gen(ferry, ct, prompts[:2], work), want, "odd dims, compressed %s" % mode)
     assert inspect_json(ferry, ct)["engine_bytes"] == engine_bytes(d, mode)
+
+
+# ---- 6b. int8 per group: compressed-tensors' W8A16 preset from 0.19 ------------------------------
+
+@pytest.fixture(scope="module")
+def w8_model(tmp_path_factory):
+    """A llama whose every linear layer has a multiple of 128 input columns
+    (hidden 256, intermediate 384): what a W8A16 group-128 checkpoint needs."""
+    d = tmp_path_factory.mktemp("w8g") / "m"
+    st_util.random_checkpoint(str(d), arch="llama", seed=9, hidden=256, intermediate=384, layers=2, heads=4,
+                              kv_heads=2, vocab=96, scale=0.1)
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["int-quantized", "pack-quantized"])
+@pytest.mark.parametrize("sdt", ["F32", "BF16"])
+def test_int8_group_checkpoint(ferry, ref, work, w8_model, fmt, sdt):
+    """A checkpoint in compressed-tensors' W8A16 preset as 0.19+ defines it
+    (int8, strategy "group", group_size 128: weight_scale [rows, cols / 128]),
+    written here with numpy (int8 I8 or four to an I32 word; scales in F32 or
+    BF16): ferry loads it (it used to refuse "strategy 'group'"), its logits
+    are the PyTorch reference's on the dequantized weights (q * scale in f32)
+    within TOL, inspect names the scheme, and its export says the same
+    scheme and reloads to the same bits."""
+    d = w8_model
+    group = 128
+    tensors, deq = [], []
+    for name, (dt, shape, raw) in read_tensors(d).items():
+        x = as_f32(dt, shape, raw)
+        if not is_linear(name):
+            tensors.append((name, dt, shape, raw))
+            deq.append((name, "F32", shape, st_util.encode(x, "F32")))
+            continue
+        x = round_to(x, sdt)  # the weight in the scales' dtype, as compressed-tensors quantizes it
+        q, s = ref_numpy(x, sdt, "int8", group=group)
+        assert s.shape == (shape[0], shape[1] // group)
+        base = name[:-len("weight")]
+        if fmt == "int-quantized":
+            tensors.append((base + "weight", "I8", shape, q.astype(np.int8).tobytes()))
+        else:
+            p = pack(q, 8)
+            tensors.append((base + "weight_packed", "I32", list(p.shape), p.astype("<i4").tobytes()))
+            tensors.append((base + "weight_shape", "I64", [2], np.array(shape, "<i8").tobytes()))
+        tensors.append((base + "weight_scale", sdt, list(s.shape), st_util.encode(s, sdt)))
+        w = q.astype(np.float32) * np.repeat(s.astype(np.float32), group, axis=1)
+        deq.append((name, "F32", shape, st_util.encode(w, "F32")))
+    cfg = st_util.read_config(str(d))
+    cfg["quantization_config"] = OrderedDict(
+        quant_method="compressed-tensors", format=fmt, quantization_status="compressed",
+        config_groups={"group_0": OrderedDict(
+            targets=["Linear"], weights=OrderedDict(num_bits=8, type="int", symmetric=True, strategy="group",
+                                                   group_size=group, dynamic=False, actorder=None,
+                                                   observer="minmax"),
+            input_activations=None, output_activations=None, format=fmt)},
+        ignore=["lm_head"])
+    ct = write_model(d, work / "ct", tensors, cfg)
+    ref_dir = write_model(d, work / "deq", deq)
+    prompts = _prompts(96, 29) + [prompt_ids(96, 19, 8)]
+    got = gen(ferry, ct, prompts, work)
+    err = check_ref(ref, ref_dir, prompts, got, TOL, "W8A16 group 128 (%s, %s scales)" % (fmt, sdt))
+    print("W8A16 group 128, %s, %s scales: rel logit error %.3g" % (fmt, sdt, err))
+    info = inspect_json(ferry, ct)
+    assert info["checkpoint_quantization"] == "int8 group 128", info
+    assert info["quantized_schemes"] == [{"scheme": "int8 group 128", "tensors": 14}], info
+    # the quantization is visible: the full-precision model is further away
+    far = rel_err(got[1][0], llama_ref.last_logits(ref(str(d)), prompts[0]))
+    assert far > TOL, far
+    ex = work / "ex"
+    ferry.check("export", "--model", ct, "--out", ex)
+    qc = st_util.read_config(str(ex))["quantization_config"]
+    (g,) = qc["config_groups"].values()
+    assert g["weights"]["num_bits"] == 8 and g["weights"]["strategy"] == "group" and g["weights"]["group_size"] == 128
+    out = read_tensors(ex)
+    assert out["model.layers.0.mlp.down_proj.weight_scale"][1] == [256, 3]
+    assert_identical(gen(ferry, ex, prompts, work), got, "W8A16 group 128 export reloaded")
 
 
 # ---- 7. --weights-dtype ---------------------------------------------------------------------------

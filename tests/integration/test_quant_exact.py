@@ -10,8 +10,10 @@ build/tests/quant_tool) against two independent references, bit for bit:
 
 Both must equal ferry's data and scales exactly, for F32, F16 and BF16
 weights (scales in the weight's dtype), int8 per channel and int4 with
-groups of 128, over rows of zeros, outliers, exact .5 ties and column counts
-that are not multiples of 8 or 128 or shorter than a group. A NaN or Inf
+the group `--quantize int4` takes (128, or 64 / 32 / per channel where 128
+does not divide the columns: int4_group), over rows of zeros, outliers,
+exact .5 ties and column counts that are not multiples of 8 or 128 or
+shorter than a group. A NaN or Inf
 weight must be refused with one line naming the tensor, row and column.
 """
 
@@ -30,12 +32,33 @@ try:  # the numpy reference runs without torch; the torch one needs it (make dep
 except ImportError:  # pragma: no cover
     torch = None
 
-COLS = [1, 7, 100, 128, 130, 300, 1000]
+# int4 groups (int4_group): 128 (128, 256), one group of a short row (1, 7,
+# 100), 64 (576, SmolLM2's hidden size), 32 (160), per channel (130, 300, 1000)
+COLS = [1, 7, 100, 128, 130, 160, 256, 300, 576, 1000]
 DTYPES = ["F32", "F16", "BF16"]
 EPS = {"F32": 2.0 ** -23, "F16": 2.0 ** -10, "BF16": 2.0 ** -7}
 TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-# mode: (q_min, q_max, group or None for per channel)
-MODES = {"int8": (-128, 127, None), "int4": (-8, 7, 128)}
+# mode: (q_min, q_max, group or None for per channel; int4: int4_group(cols))
+MODES = {"int8": (-128, 127, None), "int4": (-8, 7, "int4_group")}
+
+
+def int4_group(cols):
+    """The int4 group of a row of `cols` columns (docs/quantization.md,
+    "Columns that 128 does not divide"): 128 where it divides, the whole row
+    up to 128 columns, else the largest of 64 and 32 that divides, else the
+    whole row (per channel)."""
+    if cols % 128 == 0 or cols <= 128:
+        return min(cols, 128)
+    for g in (64, 32):
+        if cols % g == 0:
+            return g
+    return cols
+
+
+def group_of(mode, cols):
+    """Input columns per scale of `mode` for a row of `cols` columns."""
+    group = MODES[mode][2]
+    return cols if group is None else int4_group(cols)
 
 
 def tool_path():
@@ -64,12 +87,13 @@ def round_to(a, dtype):
     return u.astype(np.uint32).view(np.float32)
 
 
-def ref_numpy(x, dtype, mode):
+def ref_numpy(x, dtype, mode, group=None):
     """x: float32 [rows, cols] holding values of dtype. Returns (q int8
-    [rows, cols], scales float32 [rows, n_groups])."""
-    q_min, q_max, group = MODES[mode]
+    [rows, cols], scales float32 [rows, n_groups]); `group` overrides the
+    mode's (int8 per group, as compressed-tensors' W8A16 preset from 0.19)."""
+    q_min, q_max, _ = MODES[mode]
     rows, cols = x.shape
-    g = cols if group is None else group
+    g = group or group_of(mode, cols)
     n_groups = -(-cols // g)
     # a short last group is the group zero-padded: zeros change no absmax
     xp = np.zeros((rows, n_groups * g), np.float32)
@@ -99,10 +123,10 @@ def pack_int4(q):
 # ---- torch reference: compressed-tensors' op sequence -----------------------
 
 def ref_torch(x, dtype, mode):
-    q_min, q_max, group = MODES[mode]
+    q_min, q_max, _ = MODES[mode]
     w = torch.from_numpy(np.ascontiguousarray(x)).to(getattr(torch, TORCH_DTYPE[dtype]))
     rows, cols = w.shape
-    g = cols if group is None else group
+    g = group_of(mode, cols)
     n_groups = -(-cols // g)
     wp = torch.nn.functional.pad(w, (0, n_groups * g - cols))     # zero padding, as for BLOCK
     obs = wp.unflatten(-1, (n_groups, g))
@@ -228,8 +252,8 @@ def test_inputs_tell_the_quotient_dtype_apart(dtype):
         for cols in COLS:
             x = make_weight(1, cols, dtype, mode)
             q, s = ref_numpy(x, dtype, mode)
-            q_min, q_max, group = MODES[mode]
-            g = cols if group is None else group
+            q_min, q_max, _ = MODES[mode]
+            g = group_of(mode, cols)
             s_col = np.repeat(s, g, axis=1)[:, :cols]
             q32 = np.clip(np.rint(x / s_col), q_min, q_max).astype(np.int8)
             differ += int((q32 != q).sum())

@@ -9,7 +9,9 @@
  * scales in NAME's own dtype:
  *   int8 (int-quantized):  NAME I8 [rows, cols], NAME_scale [rows, 1]
  *   int4 (pack-quantized): NAME_packed I32 [rows, ceil(cols / 8)],
- *                          NAME_scale [rows, ceil(cols / 128)], NAME_shape I64 [2]
+ *                          NAME_scale [rows, cols / G], NAME_shape I64 [2]
+ * with G the group `--quantize int4` takes for those columns
+ * (quant_default_group: 128, or 64 / 32 / cols where 128 does not divide)
  * so "x.weight" gives x.weight / x.weight_packed, x.weight_scale and
  * x.weight_shape. Other tensors are copied as they are. Errors are one line
  * on stderr starting "quant_tool: ", exit status 1.

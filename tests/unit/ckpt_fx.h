@@ -38,7 +38,7 @@ typedef struct {
 static inline void model_open(model_fx *m, const char *test, const char *root, const char *label,
                               const char *mkmodel_args)
 {
-    static const convert_opts identity = {CONVERT_KEEP, CONVERT_KEEP};
+    static const convert_opts identity = {CONVERT_KEEP, CONVERT_KEEP, false};
     char exe[PATH_MAX], cmd[3 * PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) exit(2);
@@ -102,7 +102,7 @@ typedef struct {
 static inline ferry_status fx_store_open(store_fx *f, const model_fx *m, const char *device, plan_opts po,
                                          const char *budgets, const char *od, const char *fingerprint)
 {
-    static const convert_opts identity = {CONVERT_KEEP, CONVERT_KEEP};
+    static const convert_opts identity = {CONVERT_KEEP, CONVERT_KEEP, false};
     memset(f, 0, sizeof *f);
     plan_model pm = fx_plan_model(m);
     po.budget[0] = po.budget[1] = PLAN_UNLIMITED;

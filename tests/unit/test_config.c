@@ -69,6 +69,7 @@ static void test_defaults(void)
     CHECK(cfg.verify_reads == true);
     CHECK(cfg.weights_dtype == NULL);
     CHECK(cfg.quantize == NULL);
+    CHECK(cfg.quantize_head == false);
     CHECK_EQ_INT(cfg.request_timeout, 30);
     CHECK_EQ_INT(cfg.max_connections, 2048);
     CHECK_EQ_INT(cfg.max_connections_per_ip, 256);
@@ -102,7 +103,7 @@ static void test_defaults(void)
     CHECK(cfg.admin_token == NULL);
     CHECK(cfg.config_file == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 73); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 74); /* a new setting needs a default check above */
 }
 
 static void test_find(void)

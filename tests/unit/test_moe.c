@@ -524,7 +524,8 @@ static void test_bind_quantized(void)
     free(path);
     model_config c;
     CHECK_STATUS(model_config_load(dir, &c), FERRY_OK);
-    CHECK_EQ_INT(c.ckpt_quant, WQ_INT8);
+    CHECK_EQ_INT(c.n_ckpt_schemes, 1);
+    CHECK_EQ_INT(c.ckpt_schemes[0].quant, WQ_INT8);
 
     /* declare every tensor: expert linears as int8 + scales, the rest f32 */
     model_weights w;

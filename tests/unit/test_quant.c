@@ -9,13 +9,17 @@
  * outliers; F32/F16/BF16 weights with every scale dtype; the error bound
  * |x - q s| <= s (1/2 + half an ulp of x / s in the quotient's dtype) on
  * random rows; NaN and Inf refused naming tensor, row and column; bad
- * arguments and scales that overflow their dtype refused. Bit-for-bit
+ * arguments and scales that overflow their dtype refused; --quantize-head
+ * (convert.h): refused without --quantize int8/int4, a tied head held
+ * apart, lm_head's engine form. Bit-for-bit
  * agreement with compressed-tensors' own op sequence is
  * tests/integration/test_quant_exact.py.
  */
 #include <math.h>
 #include <stdlib.h>
 
+#include "../../engine/weights/convert.h"
+#include "../../engine/weights/ct_config.h"
 #include "../../engine/weights/quant.h"
 #include "check.h"
 
@@ -50,10 +54,13 @@ static float scale_at(const weight *q, int64_t i)
     return ((const float *)p)[i];
 }
 
-/* Quantizes src into a fresh weight (data and scales malloc'd). */
+/* Quantizes src into a fresh weight (data and scales malloc'd): int8 per
+ * channel, int4 with groups of 128 and a short last one where 128 does not
+ * divide cols - the quantizer takes any group (a checkpoint's own), even
+ * where ferry's choice of group (quant_default_group) would be another. */
 static ferry_status quantize(weight_quant q, ferry_dtype sdt, const weight *src, weight *out)
 {
-    int group = quant_default_group(q, src->cols);
+    int group = q == WQ_INT8 ? (int)src->cols : QUANT_INT4_GROUP;
     void *data = calloc(1, quant_data_bytes(q, src->rows, src->cols) + 1);
     void *scales = calloc(1, quant_scale_bytes(src->rows, src->cols, group, sdt) + 1);
     *out = (weight){.dtype = q == WQ_INT8 ? DT_I8 : DT_I32, .rows = src->rows, .cols = src->cols, .data = data,
@@ -99,7 +106,15 @@ static void test_names_and_sizes(void)
     CHECK_EQ_INT(q, WQ_INT4);
 
     CHECK_EQ_INT(quant_default_group(WQ_INT8, 300), 300);
-    CHECK_EQ_INT(quant_default_group(WQ_INT4, 300), 128);
+    /* int4: 128 where it divides, one group for a row of up to 128, else
+     * 64 or 32 where they divide, else per channel: always a divisor */
+    static const int64_t cols_group[][2] = {{256, 128}, {1536, 128}, {64, 64}, {100, 100}, {128, 128},
+                                            {576, 64}, {192, 64}, {160, 32}, {352, 32}, {300, 300},
+                                            {688, 688}, {130, 130}};
+    for (size_t i = 0; i < sizeof cols_group / sizeof cols_group[0]; i++) {
+        CHECK_EQ_INT(quant_default_group(WQ_INT4, cols_group[i][0]), cols_group[i][1]);
+        CHECK_EQ_INT(cols_group[i][0] % quant_default_group(WQ_INT4, cols_group[i][0]), 0);
+    }
     CHECK_EQ_U64(quant_data_bytes(WQ_INT8, 3, 7), 21);
     CHECK_EQ_U64(quant_data_bytes(WQ_INT4, 3, 7), 12);  /* one word per row */
     CHECK_EQ_U64(quant_data_bytes(WQ_INT4, 3, 17), 36); /* three words */
@@ -337,8 +352,16 @@ static void test_bad_arguments(void)
     weight src = make_weight(DT_F32, 2, 4, x);
     int8_t data[64];
     float scales[16];
-    CHECK_STATUS(quant_weight(WQ_INT8, 2, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
-    CHECK_MSG_HAS("a: group 2");
+    CHECK_STATUS(quant_weight(WQ_INT8, 0, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("a: group 0");
+    /* int8 per group (compressed-tensors' W8A16 preset from 0.19): a scale
+     * per 2 columns, each group's absmax at +-127.5 scales */
+    CHECK_STATUS(quant_weight(WQ_INT8, 2, DT_F32, &src, data, scales, "a"), FERRY_OK);
+    for (int g = 0; g < 4; g++) CHECK(scales[g] == x[2 * g + 1] / 127.5f);
+    weight w8 = {.dtype = DT_I8, .rows = 2, .cols = 4, .data = data, .quant = WQ_INT8, .group = 2,
+                 .scale_dtype = DT_F32, .scales = scales};
+    CHECK_EQ_INT(quant_value(&w8, 1, 3), 127); /* 8 / (8 / 127.5) = 127.5 -> 128, clamped */
+    CHECK_EQ_INT(quant_value(&w8, 0, 0), 64);  /* 1 / (2 / 127.5) = 63.75 */
     CHECK_STATUS(quant_weight(WQ_INT4, 0, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
     CHECK_STATUS(quant_weight(WQ_NONE, 4, DT_F32, &src, data, scales, "a"), FERRY_ERR_INVALID);
     CHECK_STATUS(quant_weight(WQ_INT8, 4, DT_I8, &src, data, scales, "a"), FERRY_ERR_INVALID);
@@ -363,6 +386,139 @@ static void test_bad_arguments(void)
     free((void *)src.data);
 }
 
+/* ---- the quantization_config an export writes (ct_config.c) ------------------- */
+
+/* One config group per scheme; a name pattern whose layers share a scheme
+ * is one regex target, one whose layers differ names them exactly; ignore
+ * has lm_head (unless quantized) and the full-precision layers. */
+static void test_ct_config(void)
+{
+    const ct_layer layers[] = {
+        {"model.layers.0.self_attn.q_proj.weight", WQ_INT4, 64},
+        {"model.layers.1.self_attn.q_proj.weight", WQ_INT4, 64},
+        {"model.layers.0.mlp.down_proj.weight", WQ_INT4, 128},
+        {"model.layers.1.mlp.down_proj.weight", WQ_INT4, 0}, /* mixed within its pattern */
+        {"model.layers.0.mlp.experts.7.up_proj.weight", WQ_INT8, 0},
+        {"model.layers.1.self_attn.k_proj.weight", WQ_NONE, 0},
+    };
+    strbuf sb;
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(layers, (int)(sizeof layers / sizeof layers[0]), &sb), FERRY_OK);
+    sb_putc(&sb, '\0');
+    const char *want[] = {
+        "\"group_0\": {\n        \"targets\": [\"re:model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj$\"]",
+        "\"group_1\": {\n        \"targets\": [\"model.layers.0.mlp.down_proj\"]",
+        "\"group_2\": {\n        \"targets\": [\"model.layers.1.mlp.down_proj\"]",
+        "\"group_3\": {\n        \"targets\": [\"re:model\\\\.layers\\\\.\\\\d+\\\\.mlp\\\\.experts\\\\.\\\\d+\\\\.up_proj$\"]",
+        "\"strategy\": \"group\", \"group_size\": 64",
+        "\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\", \"group_size\": null",
+        "\"num_bits\": 8, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\"",
+        "\"ignore\": [\"lm_head\", \"model.layers.1.self_attn.k_proj\"]",
+        "\"format\": \"pack-quantized\"",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!strstr(sb.data, want[i])) fprintf(stderr, "ct_config: no %s in\n%s\n", want[i], sb.data);
+        CHECK(strstr(sb.data, want[i]) != NULL);
+    }
+    CHECK(strstr(sb.data, "group_4") == NULL);
+    sb_free(&sb);
+
+    /* a quantized head is a target, not ignored; nothing quantized: nothing written */
+    const ct_layer head[] = {{"lm_head.weight", WQ_INT8, 0}};
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(head, 1, &sb), FERRY_OK);
+    sb_putc(&sb, '\0');
+    CHECK(strstr(sb.data, "\"targets\": [\"re:lm_head$\"]") != NULL);
+    CHECK(strstr(sb.data, "\"ignore\": []") != NULL);
+    sb_free(&sb);
+    const ct_layer none[] = {{"model.layers.0.mlp.up_proj.weight", WQ_NONE, 0}};
+    sb_init(&sb);
+    CHECK_STATUS(ct_config_write(none, 1, &sb), FERRY_OK);
+    CHECK_EQ_U64(sb.len, 0);
+    sb_free(&sb);
+}
+
+/* ---- --quantize-head (convert.c) ------------------------------------------------- */
+
+/* The tensor entry of lm_head in cfg's table (w from model_weights_alloc). */
+static tensor_entry head_entry(const model_config *cfg, model_weights *w, int *n_out, unit_kind *first_unit)
+{
+    tensor_entry *v, e = {0};
+    int n;
+    CHECK_STATUS(model_tensor_entries(cfg, w, &v, &n), FERRY_OK);
+    for (int i = 0; i < n; i++)
+        if (v[i].lm_head) e = v[i];
+    *n_out = n;
+    *first_unit = v[0].unit;
+    free(v);
+    return e;
+}
+
+/* Refused without --quantize int8/int4; a tied model's head held apart
+ * (its own lm_head entry, the table in the embedding unit); lm_head int8
+ * per channel from a full-precision head whatever --quantize is, a
+ * checkpoint's quantized head kept (dequantized by --quantize none), and
+ * left alone with the option off. */
+static void test_quantize_head(void)
+{
+    convert_opts o;
+    CHECK_STATUS(convert_opts_parse(NULL, NULL, true, &o), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("--quantize-head needs --quantize int8 or int4 (--quantize is not given)");
+    CHECK_STATUS(convert_opts_parse(NULL, "none", true, &o), FERRY_ERR_INVALID);
+    CHECK_MSG_HAS("(--quantize is none)");
+    CHECK_STATUS(convert_opts_parse(NULL, "int4", false, &o), FERRY_OK);
+    CHECK(!o.head);
+    CHECK_STATUS(convert_opts_parse("bf16", "int8", true, &o), FERRY_OK);
+    CHECK(o.head && o.quant == WQ_INT8 && o.dtype == DT_BF16);
+    char desc[160];
+    convert_describe(&o, desc, sizeof desc);
+    CHECK(strstr(desc, " quantize-head=int8 ") != NULL);
+    convert_opts off;
+    CHECK_STATUS(convert_opts_parse(NULL, "int8", false, &off), FERRY_OK);
+    convert_describe(&off, desc, sizeof desc);
+    CHECK(strstr(desc, "head") == NULL); /* blobs made without it keep their fingerprint */
+
+    const char *json = "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 40, \"hidden_size\": 16, "
+                       "\"intermediate_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                       "\"hidden_act\": \"silu\", \"tie_word_embeddings\": true}";
+    model_config tied, held;
+    CHECK_STATUS(model_config_parse(json, strlen(json), "config.json", &tied), FERRY_OK);
+    held = tied;
+    convert_config(&off, &held);
+    CHECK(held.tied && !held.head_from_embed);
+    convert_config(&o, &held);
+    CHECK(!held.tied && held.head_from_embed);
+
+    model_weights w;
+    int n_tied, n_held;
+    unit_kind first;
+    CHECK_STATUS(model_weights_alloc(&tied, &w), FERRY_OK);
+    tensor_entry e = head_entry(&tied, &w, &n_tied, &first);
+    CHECK(!e.lm_head); /* tied: no lm_head entry, the table is the head */
+    e = head_entry(&held, &w, &n_held, &first);
+    CHECK(e.lm_head && !e.linear && e.unit == UNIT_HEAD && e.dst == &w.lm_head && e.rows == 40 && e.cols == 16);
+    CHECK(first == UNIT_EMBED && n_held == n_tied + 1);
+
+    float x[40 * 16] = {0};
+    weight src = make_weight(DT_BF16, 40, 16, x);
+    w.lm_head = src;
+    weight fmt;
+    CHECK_STATUS(convert_format(&o, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_INT8 && fmt.dtype == DT_I8 && fmt.group == 16 && fmt.scale_dtype == DT_BF16);
+    CHECK_STATUS(convert_format(&off, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_NONE && fmt.dtype == DT_BF16);
+    /* a checkpoint's int4 head stays int4 under --quantize int8, --quantize none dequantizes it */
+    w.lm_head = (weight){.dtype = DT_I32, .rows = 40, .cols = 16, .quant = WQ_INT4, .group = 16, .scale_dtype = DT_F16};
+    CHECK_STATUS(convert_format(&off, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_INT4 && fmt.group == 16 && fmt.scale_dtype == DT_F16);
+    convert_opts none;
+    CHECK_STATUS(convert_opts_parse(NULL, "none", false, &none), FERRY_OK);
+    CHECK_STATUS(convert_format(&none, &e, &fmt), FERRY_OK);
+    CHECK(fmt.quant == WQ_NONE && fmt.dtype == DT_F16);
+    free((void *)src.data);
+    model_weights_free(&w);
+}
+
 int main(void)
 {
     test_names_and_sizes();
@@ -374,5 +530,7 @@ int main(void)
     test_error_bound();
     test_nonfinite();
     test_bad_arguments();
+    test_ct_config();
+    test_quantize_head();
     return check_report();
 }

@@ -37,7 +37,7 @@
 #include "../../engine/weights/st_writer.h"
 #include "check.h"
 
-static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP};
+static const convert_opts k_identity = {CONVERT_KEEP, CONVERT_KEEP, false};
 
 #define N_LAYERS 3
 #define VOCAB 256
