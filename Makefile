@@ -66,7 +66,7 @@ PIP_NODEPS_CHECK := import importlib.util as u; assert u.find_spec('kserve')
 # tests/integration/refdata.py): cached under $(BUILD), offline once there
 SMOLLM2   := $(BUILD)/smollm2-135m-instruct
 
-.PHONY: all deps run demo test unit integration bench bench-offload asan test-asan clean docs soak
+.PHONY: all deps run demo test unit integration bench bench-offload bench-quant asan test-asan clean docs soak
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
@@ -185,6 +185,12 @@ $(BENCH_BIG)/config.json: | $(BUILD)/ferry
 bench-offload: all $(BENCH_BIG)/config.json
 	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 1 --steps 4 --prompt-len 16
 	$(BUILD)/ferry bench --model $(BENCH_BIG) --max-memory device=0,host=0 --offload-dir $(BUILD)/offload-l32 --batch 8 --steps 4 --prompt-len 16
+
+# disk-bound decode at batch 1, bf16 against int8 and int4, each with and
+# without --quantize-head (bench/quant_bench.py; figures in bench/RESULTS.md)
+bench-quant: all $(BENCH_BIG)/config.json
+	$(TEST_PY) bench/quant_bench.py --model $(BENCH_BIG) --offload-root $(BUILD)/offload-quant --runs 2 --steps 4 \
+	  --batches 1 --skip resident
 
 # ---- sanitizers (docs/sanitizers.md) -----------------------------------------
 # check-asan: the unit tests (asan) and the integration suite (test-asan)

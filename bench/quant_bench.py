@@ -2,10 +2,11 @@
 """Quantized weights benchmark (not a test), issue 12's three figures:
 
 1. streaming: decode step time with every group on disk (`--max-memory
-   device=0,host=0`) for the checkpoint's bf16, --quantize int8 and int4, at
-   batch 1 and 16, runs interleaved (bf16, int8, int4, bf16, ...) so that
-   the machine's drift hits all three alike; with the bytes streamed per step
-   and the disk rate of each run;
+   device=0,host=0`) for the checkpoint's bf16, --quantize int8 and int4,
+   each with and without --quantize-head (lm_head int8 too), at batch 1 and
+   16 (--batches), runs interleaved (bf16, int8, int8+head, ...) so that the
+   machine's drift hits all alike; with the bytes streamed per step and the
+   disk rate of each run;
 2. resident: CPU decode at batch 1 with int8/int4 (and bf16), weight bytes
    read per second against the read bandwidth `ferry bench` measures in the
    same run (roofline_fraction);
@@ -30,9 +31,16 @@ FERRY = os.path.join(ROOT, "build", "ferry")
 MODES = ["none", "int8", "int4"]
 
 
-def bench(model, quant, batch, extra, steps):
+STREAM_MODES = [("none", False), ("int8", False), ("int8", True), ("int4", False), ("int4", True)]
+
+
+def mode_name(q, head):
+    return ("bf16" if q == "none" else q) + ("+head" if head else "")
+
+
+def bench(model, quant, batch, extra, steps, head=False):
     args = [FERRY, "bench", "--model", model, "--batch", str(batch), "--steps", str(steps), "--prompt-len", "64",
-            "--json", "--quantize", quant] + extra
+            "--json", "--quantize", quant] + (["--quantize-head"] if head else []) + extra
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit("failed: %s\n%s" % (" ".join(args), p.stderr))
@@ -42,27 +50,28 @@ def bench(model, quant, batch, extra, steps):
 def streaming(a):
     print("== all on disk (device=0,host=0): decode step, %s, %d runs interleaved" % (a.model, a.runs))
     rows = {}
-    for batch in (1, 16):
+    batches = [int(b) for b in a.batches.split(",")]
+    for batch in batches:
         for run in range(a.runs):
-            for q in MODES:
-                od = os.path.join(a.offload_root, q)
-                r = bench(a.model, q, batch, ["--max-memory", "device=0,host=0", "--offload-dir", od], a.steps)
-                rows.setdefault((batch, q), []).append(r)
-                print("  batch %2d %-5s run %d: step %8.1f ms, %6.0f MB from disk per step, disk %.2f GB/s, "
-                      "compute %.1f ms, stall %.1f ms" % (batch, q, run + 1, r["decode_step_ms"],
+            for q, head in STREAM_MODES:
+                od = os.path.join(a.offload_root, mode_name(q, head))
+                r = bench(a.model, q, batch, ["--max-memory", "device=0,host=0", "--offload-dir", od], a.steps, head)
+                rows.setdefault((batch, q, head), []).append(r)
+                print("  batch %2d %-9s run %d: step %8.1f ms, %6.0f MB from disk per step, disk %.2f GB/s, "
+                      "compute %.1f ms, stall %.1f ms" % (batch, mode_name(q, head), run + 1, r["decode_step_ms"],
                                                            r["step_disk_bytes"] / 1e6, r["disk_gb_per_s"],
-                                                           r["step_compute_ms"], r["step_stall_ms"]))
+                                                           r["step_compute_ms"], r["step_stall_ms"]), flush=True)
     print("\n  | batch | weights | step ms (median) | x bf16 | bytes/step | x bf16 | disk GB/s |")
     print("  |---|---|---|---|---|---|---|")
-    for batch in (1, 16):
-        base = statistics.median(r["decode_step_ms"] for r in rows[(batch, "none")])
-        base_b = statistics.median(r["step_disk_bytes"] for r in rows[(batch, "none")])
-        for q in MODES:
-            ms = statistics.median(r["decode_step_ms"] for r in rows[(batch, q)])
-            b = statistics.median(r["step_disk_bytes"] for r in rows[(batch, q)])
-            gb = statistics.median(r["disk_gb_per_s"] for r in rows[(batch, q)])
+    for batch in batches:
+        base = statistics.median(r["decode_step_ms"] for r in rows[(batch, "none", False)])
+        base_b = statistics.median(r["step_disk_bytes"] for r in rows[(batch, "none", False)])
+        for q, head in STREAM_MODES:
+            ms = statistics.median(r["decode_step_ms"] for r in rows[(batch, q, head)])
+            b = statistics.median(r["step_disk_bytes"] for r in rows[(batch, q, head)])
+            gb = statistics.median(r["disk_gb_per_s"] for r in rows[(batch, q, head)])
             print("  | %d | %s | %.1f | %.2f | %.0f MB | %.2f | %.2f |" % (
-                batch, "bf16" if q == "none" else q, ms, ms / base, b / 1e6, b / base_b, gb))
+                batch, mode_name(q, head), ms, ms / base, b / 1e6, b / base_b, gb))
 
 
 def resident(a):
@@ -100,6 +109,7 @@ def main():
     ap.add_argument("--offload-root", default=os.path.join(ROOT, "build", "offload-quant"))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batches", default="1,16", help="comma list of batch sizes for the streaming part")
     ap.add_argument("--accuracy-models", default="")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: streaming,resident,accuracy")
     a = ap.parse_args()
