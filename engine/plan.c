@@ -318,6 +318,10 @@ ferry_status plan_place(const plan_model *m, const uint64_t *unit_bytes, const p
     return FERRY_OK;
 }
 
+/* Placements plan_make tries at most: each moves weights off a memory or
+ * shortens the read-ahead by a group, and a try is microseconds. */
+#define PLAN_MAX_ROUNDS 1024
+
 ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const plan_opts *opts, plan *out)
 {
     memset(out, 0, sizeof *out);
@@ -343,7 +347,9 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
     bool device_free = !o.unified && o.budget[0] == PLAN_UNLIMITED && o.device_avail != 0;
     if (device_free) limit[0] = o.device_avail;
     /* weights may have at most: unified, the device tier inside the whole */
-    uint64_t wb[2] = {o.unified ? (o.budget[0] < o.budget[1] ? o.budget[0] : o.budget[1]) : limit[0], o.budget[1]};
+    const uint64_t wb_all[2] = {o.unified ? (o.budget[0] < o.budget[1] ? o.budget[0] : o.budget[1]) : limit[0],
+                                o.budget[1]};
+    uint64_t wb[2] = {wb_all[0], wb_all[1]};
     for (int round = 0;; round++) {
         /* each round moves weights off, or shortens the read-ahead: it ends */
         plan_opts po = o;
@@ -358,16 +364,16 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
         if (over < 0) break;
         uint64_t weights = over == 0 ? out->tier_bytes[TIER_DEVICE]
                                      : out->tier_bytes[TIER_HOST] + (o.unified ? out->tier_bytes[TIER_DEVICE] : 0);
-        if (weights == 0 && !o.prefetch && out->prefetch > 1 && round < 64) {
+        if (weights == 0 && !o.prefetch && out->prefetch > 1 && round < PLAN_MAX_ROUNDS) {
             /* every weight is off this memory already: the planner's
              * read-ahead gives way next, one group at a time, down to 1 */
             o.readahead_cap = out->prefetch - 1;
-            wb[0] = o.unified ? (o.budget[0] < o.budget[1] ? o.budget[0] : o.budget[1]) : limit[0];
-            wb[1] = o.budget[1];
+            wb[0] = wb_all[0];
+            wb[1] = wb_all[1];
             plan_free(out);
             continue;
         }
-        if (weights == 0 || round >= 64) {
+        if (weights == 0 || round >= PLAN_MAX_ROUNDS) {
             if (over == 0 && device_free) break; /* plan_check says what the device lacks */
             ferry_status st = refuse_budget(out, &o, over, limit[over], used[over]);
             plan_free(out);
