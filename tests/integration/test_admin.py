@@ -655,3 +655,39 @@ def test_stale_temporaries_removed_at_start(ferry_bin, tiny, token_file, tmp_pat
     finally:
         stop(srv)
         os.close(fd)
+
+
+def test_swapped_temporary_is_not_published(ferry_bin, tiny, vocab, token_file, tmp_path):
+    """Issue 29.7: the job's temporary directory renamed away mid-job and a
+    symlink put under its name: the job ends failed saying the temporary
+    was replaced, nothing (not the link) appears as ROOT/NAME, the link's
+    target is untouched, and the server keeps serving and exporting."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("not ferry's")
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="4000"),
+                     token_file=token_file)
+    try:
+        want = infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0]
+        job = export(adm, "swapped")
+        temps = [p for p in root.iterdir() if p.name.startswith(".ferry-export-swapped.tmp.")]
+        assert len(temps) == 1, only_final_dirs(root)
+        moved = tmp_path / "moved-away"
+        os.rename(temps[0], moved)
+        os.symlink(target, temps[0])
+        st, _, obj = areq(adm, "GET", "/admin/v1/jobs/%s" % job)
+        assert obj["state"] in ("queued", "running"), "the job ended before the swap: raise FERRY_EXPORT_DELAY_MS"
+        obj = wait_job(adm, job)
+        assert obj["state"] == "failed", obj
+        assert "temporary directory" in obj["error"] and "replaced" in obj["error"], obj
+        assert not os.path.lexists(root / "swapped"), os.listdir(root)
+        assert only_final_dirs(root) == [], only_final_dirs(root)  # the link under the job's name is gone
+        assert sorted(os.listdir(target)) == ["keep.txt"]
+        assert os.listdir(moved) == []  # what the job wrote, removed through its descriptor
+        assert infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0] == want
+        st, _, s = areq(adm, "GET", "/admin/v1/status")
+        assert st == 200 and s["jobs"]["recent"][0]["state"] == "failed", s["jobs"]
+    finally:
+        stop(srv)
