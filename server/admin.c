@@ -10,6 +10,20 @@
  * a client without the token is answered 401 before its body is read.
  * Routing and the body's checks come after.
  *
+ * Connections (issue 29.6). Authentication needs a whole head, and a head
+ * can be trickled a byte at a time; the admin API is usually on loopback,
+ * where every client shares one address, so a per-address limit would
+ * lock the operator out together with whoever holds the connections (there
+ * is none). Instead (mhd_common.h's mhd_conns): a connection has
+ * request_timeout seconds to send its request (head and body, as on the
+ * inference listener), and at most admin_max_connections may be sending
+ * one: the next connection to open shuts down the one that has been
+ * sending longest, connections that never had a request let in first. An
+ * operator's request, sent whole as the connection opens, is therefore
+ * read and answered however many connections trickle heads; MHD's own
+ * limit is twice admin_max_connections, room for the connections shut down
+ * and not yet closed.
+ *
  * Jobs. The server keeps the last ADMIN_JOBS_KEPT export jobs in a ring,
  * the newest at (n_jobs - 1) % ADMIN_JOBS_KEPT. Invariants, under jobs_mu:
  *   (J1) only the newest job may still have an export_job handle
@@ -43,9 +57,8 @@
 #include "mhd_common.h"
 
 #define ADMIN_WORKER_THREADS 2
-#define ADMIN_MAX_CONNECTIONS 32
-#define ADMIN_MAX_CONNECTIONS_PER_IP 16
 #define ADMIN_CONNECTION_TIMEOUT_S 30
+#define ADMIN_REAP_INTERVAL_US 250000 /* how often the receive deadline is checked */
 #define ADMIN_MAX_BODY (64u << 10)
 #define ADMIN_JOBS_KEPT 16
 #define JOBS_PREFIX "/admin/v1/jobs/"
@@ -74,6 +87,10 @@ struct admin_server {
     char *model_name;
     metrics *counters;
     bool log;                    /* FERRY_HTTP_LOG: MHD's own messages */
+    mhd_conns *conns;            /* open connections: the receive deadline, the waiting limit */
+    pthread_t reaper;            /* calls mhd_conns_cut_slow */
+    bool reaper_running;
+    int reaper_stop;             /* atomic */
     pthread_rwlock_t lock;       /* guards e, s */
     engine *e;
     sched *s;
@@ -661,6 +678,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->ep = route(url);
         const char *why = auth_refusal(a, c);
         if (why) {
+            mhd_conns_mark(a->conns, c, false); /* answered: off the receive deadline */
             char peer[INET6_ADDRSTRLEN + 16];
             peer_name(c, peer, sizeof peer);
             metrics_count_admin_auth_failure(a->counters);
@@ -669,6 +687,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return reply_error(a, rq, c, 401, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ferry-admin\"",
                                "unauthorized: %s (send Authorization: Bearer <token>)", why);
         }
+        mhd_conns_admit(a->conns, c);
         return MHD_YES;
     }
     if (rq->answered) {
@@ -680,12 +699,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    mhd_conns_mark(a->conns, c, false); /* the request is whole */
     return dispatch(a, rq, c, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    admin_server *a = cls;
+    mhd_conns_mark(a->conns, c, true); /* kept alive: the next head is on the deadline */
     admin_request *rq = *con_cls;
     if (!rq) return;
     *con_cls = NULL;
@@ -704,6 +726,16 @@ static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
     mhd_log(((const admin_server *)cls)->log, "admin: http", fmt, ap);
+}
+
+static void *reaper_main(void *arg)
+{
+    admin_server *a = arg;
+    while (!__atomic_load_n(&a->reaper_stop, __ATOMIC_ACQUIRE)) {
+        usleep(ADMIN_REAP_INTERVAL_US);
+        mhd_conns_cut_slow(a->conns);
+    }
+    return NULL;
 }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -727,6 +759,10 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     a->log = getenv("FERRY_HTTP_LOG") != NULL;
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->jobs_mu, NULL);
+    if (!(a->conns = mhd_conns_new(o->request_timeout_s, o->max_connections))) {
+        admin_server_stop(a);
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
 
     struct addrinfo *ai;
     if ((st = mhd_resolve(o->host, o->port, "--admin-host", &ai)) != FERRY_OK) {
@@ -739,9 +775,9 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     a->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, a,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+                            MHD_OPTION_NOTIFY_CONNECTION, mhd_conns_notify, a->conns,
                             MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, a,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)ADMIN_MAX_CONNECTIONS,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)ADMIN_MAX_CONNECTIONS_PER_IP,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * o->max_connections),
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)ADMIN_WORKER_THREADS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ADMIN_CONNECTION_TIMEOUT_S,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, a,
@@ -756,6 +792,10 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_BIND_PORT);
     a->port = di ? di->port : o->port;
+    if (!(a->reaper_running = pthread_create(&a->reaper, NULL, reaper_main, a) == 0)) {
+        admin_server_stop(a);
+        return ferry_fail(FERRY_ERR_NOMEM, "admin API: cannot start its reaper thread");
+    }
     *out = a;
     return FERRY_OK;
 }
@@ -773,7 +813,12 @@ void admin_server_attach(admin_server *a, engine *e, sched *sc)
 void admin_server_stop(admin_server *a)
 {
     if (!a) return;
+    if (a->reaper_running) {
+        __atomic_store_n(&a->reaper_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(a->reaper, NULL);
+    }
     if (a->d) MHD_stop_daemon(a->d); /* no handler runs after this */
+    mhd_conns_free(a->conns);
     admin_job *j = newest_job(a);
     if (j && j->job) { /* J1: the only one that may run */
         /* a job that has ended (unpolled) said so itself (log_job_end); one

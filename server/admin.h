@@ -39,6 +39,8 @@ typedef struct {
     const char *export_root; /* --export-dir; NULL: exports are refused (400) */
     const char *model_name;
     metrics *counters;       /* owned by the caller, outlives the server */
+    int request_timeout_s;   /* request_timeout: to send a request's head and body */
+    int max_connections;     /* admin_max_connections: connections sending a request (admin.c) */
 } admin_opts;
 
 typedef struct admin_server admin_server;
