@@ -45,6 +45,7 @@ typedef struct conn_track {
     bool receiving; /* its head or body is still arriving */
     bool admitted;  /* a request of it was let in */
     bool cut;       /* shut down: MHD closes it at its next look */
+    uint64_t url_bytes; /* mhd_conns_set_url_bytes; the connection's MHD thread only */
 } conn_track;
 
 struct mhd_conns {
@@ -151,6 +152,19 @@ void mhd_conns_admit(mhd_conns *cs, struct MHD_Connection *c)
     pthread_mutex_lock(&cs->mu);
     t->admitted = true;
     pthread_mutex_unlock(&cs->mu);
+}
+
+void mhd_conns_set_url_bytes(mhd_conns *cs, struct MHD_Connection *c, uint64_t n)
+{
+    (void)cs;
+    conn_track *t = track_of(c);
+    if (t) t->url_bytes = n;
+}
+
+uint64_t mhd_conns_url_bytes(struct MHD_Connection *c, uint64_t otherwise)
+{
+    const conn_track *t = track_of(c);
+    return t ? t->url_bytes : otherwise;
 }
 
 /* Has the client of a connection still receiving its request closed its

@@ -2,8 +2,8 @@
  * mhd_common.h - what the two libmicrohttpd listeners (http.c: KServe v2,
  * admin.c: the admin API) do alike: resolving the address to bind, and
  * passing MHD's own log lines on, quietly unless FERRY_HTTP_LOG is set;
- * and (admin.c) the list of open connections that keeps a receive
- * deadline and a limit on connections still sending their head.
+ * and the list of open connections that keeps a receive deadline (and, on
+ * the admin API, a limit on connections still sending their request).
  */
 #ifndef FERRY_MHD_COMMON_H
 #define FERRY_MHD_COMMON_H
@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "../engine/base/status.h"
 
@@ -60,6 +61,11 @@ void mhd_conns_mark(mhd_conns *cs, struct MHD_Connection *c, bool receiving);
 /* The connection's request was let in (authenticated): it is shut down for
  * the waiting limit only after every connection that never was. */
 void mhd_conns_admit(mhd_conns *cs, struct MHD_Connection *c);
+/* The current request's URL as the client sent it (MHD's URI log
+ * callback: query included, before unescaping), kept for a head-size check
+ * (http.c); the connection's MHD thread only. Untracked: `otherwise`. */
+void mhd_conns_set_url_bytes(mhd_conns *cs, struct MHD_Connection *c, uint64_t n);
+uint64_t mhd_conns_url_bytes(struct MHD_Connection *c, uint64_t otherwise);
 /* Shuts down the connections past the deadline or left by their client;
  * returns how many it shut down. */
 int mhd_conns_cut_slow(mhd_conns *cs);
