@@ -300,7 +300,7 @@ FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fn
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
 # code generated for it (no gRPC: it reads and writes bytes)
 FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/openai.c server/text.c server/budget.c \
-                server/grpc/grpc_messages.c $(PROTO_C)
+                server/admin_route.c server/grpc/grpc_messages.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)

@@ -31,7 +31,10 @@
  * every later name is a single checked component used relative to that
  * descriptor (openat / mkdirat / renameat / unlinkat), never followed
  * through a symlink. An existing root/NAME that is not a directory (a
- * symlink placed there included) is refused, overwrite or not.
+ * symlink placed there included) is refused, overwrite or not. The job's
+ * files are written through the temporary's descriptor (dirfd), and the
+ * rename that publishes it goes by name, so publish first checks that the
+ * name still holds dirfd's inode (is_job_dir), and again after the rename.
  */
 #define _GNU_SOURCE
 #include "export.h"
@@ -104,7 +107,10 @@ struct export_job {
     char tmp[EXPORT_NAME_MAX + 64]; /* root-relative temporary directory, flock'ed while the job runs */
     char tmp_id[17];                /* its random part */
     char *model_dir;
-    int rootfd, dirfd;
+    int rootfd, dirfd;              /* dirfd: the temporary this job created, opened at its creation */
+    dev_t dir_dev;                  /* dirfd's inode: what publish renames must be it (is_job_dir) */
+    ino_t dir_ino;
+    bool tmp_replaced;              /* something else took the temporary's name: not ours to remove */
     out_tensor *out;
     int n_out, n_shards;
     uint64_t total;                 /* tensor bytes */
@@ -150,13 +156,12 @@ static bool name_ok(const char *n)
     return true;
 }
 
-/* Removes name under dirfd: a file, or a directory and everything in it,
- * never following a symlink (a link is removed, not its target). */
-static void remove_tree_at(int dirfd, const char *name, int depth)
+static void remove_tree_at(int dirfd, const char *name, int depth);
+
+/* Removes everything in the directory open as fd (its own descriptor: it is
+ * closed), never following a symlink. */
+static void remove_entries(int fd, int depth)
 {
-    if (unlinkat(dirfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
-    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return;
     DIR *d = fdopendir(fd);
     if (!d) {
         close(fd);
@@ -166,6 +171,16 @@ static void remove_tree_at(int dirfd, const char *name, int depth)
     while ((de = readdir(d)))
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && depth < 8) remove_tree_at(fd, de->d_name, depth + 1);
     closedir(d);
+}
+
+/* Removes name under dirfd: a file, or a directory and everything in it,
+ * never following a symlink (a link is removed, not its target). */
+static void remove_tree_at(int dirfd, const char *name, int depth)
+{
+    if (unlinkat(dirfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM)) return;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    remove_entries(fd, depth);
     unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
@@ -707,12 +722,33 @@ static const char *const k_copied[] = {"generation_config.json", "tokenizer.json
                                        "special_tokens_map.json", "tokenizer.model", "chat_template.jinja",
                                        "chat_template.json"};
 
+/* Is root/at the directory this job created (the inode dirfd holds)? A
+ * rename is by name, and whoever can write the root can rename the
+ * temporary away and put a symlink or another directory under its name. */
+static bool is_job_dir(const export_job *j, const char *at)
+{
+    struct stat sb;
+    return fstatat(j->rootfd, at, &sb, AT_SYMLINK_NOFOLLOW) == 0 && sb.st_dev == j->dir_dev &&
+           sb.st_ino == j->dir_ino;
+}
+
+static ferry_status tmp_replaced(export_job *j)
+{
+    j->tmp_replaced = true;
+    return ferry_fail(FERRY_ERR_IO, "export '%s': its temporary directory %s was replaced while the export ran "
+                      "(renamed away, something else put under its name): not published", j->name, j->tmp);
+}
+
 /* Puts the finished directory under the final name: swapped with an
  * existing export in one step where the file system can, else that one is
- * renamed aside first; the old one is then removed. */
+ * renamed aside first; the old one is then removed. Only the directory the
+ * job created is published: the name is checked against dirfd before the
+ * rename, and again after it (a swap between the check and the rename is
+ * undone and fails the job the same way). */
 static ferry_status publish(export_job *j)
 {
     if (util_fsync(j->dirfd) != 0) return ferry_fail(FERRY_ERR_IO, "%s: fsync: %s", j->tmp, strerror(errno));
+    if (!is_job_dir(j, j->tmp)) return tmp_replaced(j);
     struct stat sbuf;
     bool exists = fstatat(j->rootfd, j->name, &sbuf, AT_SYMLINK_NOFOLLOW) == 0;
     if (exists && !S_ISDIR(sbuf.st_mode))
@@ -726,7 +762,15 @@ static ferry_status publish(export_job *j)
         if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_NOREPLACE) != 0 &&
             (errno != EINVAL && errno != ENOSYS ? true : renameat(j->rootfd, j->tmp, j->rootfd, j->name) != 0))
             return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(errno));
+        if (!is_job_dir(j, j->name)) {
+            renameat2(j->rootfd, j->name, j->rootfd, j->tmp, RENAME_NOREPLACE);
+            return tmp_replaced(j);
+        }
     } else if (renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_EXCHANGE) == 0) {
+        if (!is_job_dir(j, j->name)) { /* the previous export back under its name */
+            renameat2(j->rootfd, j->tmp, j->rootfd, j->name, RENAME_EXCHANGE);
+            return tmp_replaced(j);
+        }
         util_fsync(j->rootfd);
         remove_tree_at(j->rootfd, j->tmp, 0); /* the previous export, under the temporary name now */
     } else {
@@ -753,6 +797,12 @@ static ferry_status publish(export_job *j)
                         strerror(errno));
             close(ofd);
             return ferry_fail(FERRY_ERR_IO, "export '%s': rename: %s", j->name, strerror(err));
+        }
+        if (!is_job_dir(j, j->name)) {
+            renameat2(j->rootfd, j->name, j->rootfd, j->tmp, RENAME_NOREPLACE);
+            renameat2(j->rootfd, old, j->rootfd, j->name, RENAME_NOREPLACE);
+            close(ofd);
+            return tmp_replaced(j);
         }
         util_fsync(j->rootfd);
         remove_tree_at(j->rootfd, old, 0);
@@ -796,7 +846,16 @@ static void *job_main(void *arg)
     j->status.state = EXPORT_RUNNING;
     pthread_mutex_unlock(&j->mu);
     ferry_status st = run_export(j);
-    if (st != FERRY_OK) remove_tree_at(j->rootfd, j->tmp, 0);
+    if (st != FERRY_OK && !j->tmp_replaced) {
+        remove_tree_at(j->rootfd, j->tmp, 0);
+    } else if (st != FERRY_OK) {
+        /* what this job wrote goes, through its descriptor, wherever the
+         * directory was moved; under the temporary's name a link or file is
+         * removed (the name is the job's), a directory of someone else's is not */
+        int fd = openat(j->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd >= 0) remove_entries(fd, 0);
+        unlinkat(j->rootfd, j->tmp, 0);
+    }
     close(j->dirfd);
     j->dirfd = -1;
     util_map_free(j->group_buf, (size_t)j->group_cap);
@@ -897,6 +956,10 @@ ferry_status export_start(engine *e, const export_opts *o, export_job **out)
             st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
         else if (flock(j->dirfd, LOCK_EX) != 0) /* ours while the job runs (remove_stale_temps) */
             st = ferry_fail(FERRY_ERR_IO, "%s/%s: flock: %s", o->root, j->tmp, strerror(errno));
+        else if (fstat(j->dirfd, &sb) != 0)
+            st = ferry_fail(FERRY_ERR_IO, "%s/%s: %s", o->root, j->tmp, strerror(errno));
+        else
+            j->dir_dev = sb.st_dev, j->dir_ino = sb.st_ino;
     }
     if (st == FERRY_OK) {
         j->status = (export_status){.state = EXPORT_QUEUED, .bytes_total = j->total};

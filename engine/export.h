@@ -26,7 +26,10 @@
  * any moment leaves no directory under the final name, and a previous export
  * of that name intact until the new one replaces it. Names match
  * [A-Za-z0-9._-]{1,128} and do not start with '.'; everything is opened
- * relative to the root's descriptor without following symlinks. An export
+ * relative to the root's descriptor without following symlinks; the rename
+ * publishes only the directory the job created (its inode, held open since
+ * creation: a temporary renamed away and replaced mid-job fails the job,
+ * "... was replaced ...", and nothing is published). An export
  * holds a marker file, .ferry-export.json: overwrite replaces only a
  * directory that has one.
  */

@@ -10,6 +10,20 @@
  * a client without the token is answered 401 before its body is read.
  * Routing and the body's checks come after.
  *
+ * Connections (issue 29.6). Authentication needs a whole head, and a head
+ * can be trickled a byte at a time; the admin API is usually on loopback,
+ * where every client shares one address, so a per-address limit would
+ * lock the operator out together with whoever holds the connections (there
+ * is none). Instead (mhd_common.h's mhd_conns): a connection has
+ * request_timeout seconds to send its request (head and body, as on the
+ * inference listener), and at most admin_max_connections may be sending
+ * one: the next connection to open shuts down the one that has been
+ * sending longest, connections that never had a request let in first. An
+ * operator's request, sent whole as the connection opens, is therefore
+ * read and answered however many connections trickle heads; MHD's own
+ * limit is twice admin_max_connections, room for the connections shut down
+ * and not yet closed.
+ *
  * Jobs. The server keeps the last ADMIN_JOBS_KEPT export jobs in a ring,
  * the newest at (n_jobs - 1) % ADMIN_JOBS_KEPT. Invariants, under jobs_mu:
  *   (J1) only the newest job may still have an export_job handle
@@ -40,18 +54,16 @@
 #include "../engine/base/json.h"
 #include "../engine/export.h"
 #include "../engine/weights/convert.h"
+#include "admin_route.h"
 #include "mhd_common.h"
 
 #define ADMIN_WORKER_THREADS 2
-#define ADMIN_MAX_CONNECTIONS 32
-#define ADMIN_MAX_CONNECTIONS_PER_IP 16
 #define ADMIN_CONNECTION_TIMEOUT_S 30
+#define ADMIN_REAP_INTERVAL_US 250000 /* how often the receive deadline is checked */
 #define ADMIN_MAX_BODY (64u << 10)
 #define ADMIN_JOBS_KEPT 16
-#define JOBS_PREFIX "/admin/v1/jobs/"
+#define JOBS_PREFIX ADMIN_JOBS_PREFIX
 
-
-typedef enum { AEP_STATUS, AEP_EXPORT, AEP_JOB, AEP_OTHER } admin_endpoint;
 
 /* metrics labels, by admin_endpoint */
 static const char *const k_aep_name[] = {"admin_status", "admin_export", "admin_job", "admin_other"};
@@ -74,6 +86,10 @@ struct admin_server {
     char *model_name;
     metrics *counters;
     bool log;                    /* FERRY_HTTP_LOG: MHD's own messages */
+    mhd_conns *conns;            /* open connections: the receive deadline, the waiting limit */
+    pthread_t reaper;            /* calls mhd_conns_cut_slow */
+    bool reaper_running;
+    int reaper_stop;             /* atomic */
     pthread_rwlock_t lock;       /* guards e, s */
     engine *e;
     sched *s;
@@ -83,7 +99,7 @@ struct admin_server {
 };
 
 typedef struct {
-    admin_endpoint ep;
+    admin_decision d;    /* made on the head; url (job_id) is MHD's, valid until the request completes */
     bool answered;
     bool too_large;
     char *body;
@@ -171,35 +187,6 @@ bool admin_host_is_loopback(const char *host)
     return all;
 }
 
-/* Compares a presented token with the server's in time that depends on
- * neither's content nor the server token's length: the presented one is
- * copied into a zero-padded buffer the size of the server's, every byte of
- * both is XORed, and the lengths are folded in. A presented token longer
- * than the buffer can hold is wrong anyway (the loop still runs whole). */
-static bool token_matches(const admin_server *a, const char *got, size_t got_len)
-{
-    char padded[ADMIN_TOKEN_MAX];
-    memset(padded, 0, sizeof padded);
-    memcpy(padded, got, got_len < sizeof padded ? got_len : sizeof padded);
-    volatile unsigned diff = 0;
-    for (size_t i = 0; i < sizeof padded; i++) diff |= (unsigned char)(padded[i] ^ a->token[i]);
-    diff |= (unsigned)((got_len ^ a->token_len) != 0);
-    return diff == 0;
-}
-
-/* NULL when c carries the token; else the reason it was refused. */
-static const char *auth_refusal(const admin_server *a, struct MHD_Connection *c)
-{
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h) return "no Authorization header";
-    if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return "not a Bearer credential";
-    const char *t = h + 6;
-    while (*t == ' ' || *t == '\t') t++;
-    size_t n = strlen(t);
-    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t')) n--;
-    return token_matches(a, t, n) ? NULL : "wrong token";
-}
-
 static void peer_name(struct MHD_Connection *c, char *out, size_t cap)
 {
     snprintf(out, cap, "unknown peer");
@@ -235,7 +222,7 @@ static enum MHD_Result reply(admin_server *a, admin_request *rq, struct MHD_Conn
     if (h1) MHD_add_response_header(r, h1, v1);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
     MHD_destroy_response(r);
-    metrics_count_request(a->counters, k_aep_name[rq->ep], code);
+    metrics_count_request(a->counters, k_aep_name[rq->d.ep], code);
     return ret;
 }
 
@@ -588,44 +575,22 @@ static enum MHD_Result answer_job(admin_server *a, admin_request *rq, struct MHD
 
 /* ---- routing and MHD ------------------------------------------------------------- */
 
-static bool is_get(const char *m) { return !strcmp(m, MHD_HTTP_METHOD_GET) || !strcmp(m, MHD_HTTP_METHOD_HEAD); }
-
-static admin_endpoint route(const char *url)
+static enum MHD_Result dispatch(admin_server *a, admin_request *rq, struct MHD_Connection *c)
 {
-    if (!strcmp(url, "/admin/v1/status")) return AEP_STATUS;
-    if (!strcmp(url, "/admin/v1/export")) return AEP_EXPORT;
-    if (!strncmp(url, JOBS_PREFIX, strlen(JOBS_PREFIX)) && url[strlen(JOBS_PREFIX)] &&
-        !strchr(url + strlen(JOBS_PREFIX), '/'))
-        return AEP_JOB;
-    return AEP_OTHER;
-}
-
-static enum MHD_Result dispatch(admin_server *a, admin_request *rq, struct MHD_Connection *c, const char *url,
-                                const char *method)
-{
-    switch (rq->ep) {
-    case AEP_STATUS:
-        if (!is_get(method))
-            return reply_error(a, rq, c, 405, MHD_HTTP_HEADER_ALLOW, "GET, HEAD", "method not allowed (use GET)");
-        return answer_status(a, rq, c);
-    case AEP_EXPORT:
-        if (strcmp(method, MHD_HTTP_METHOD_POST) != 0)
-            return reply_error(a, rq, c, 405, MHD_HTTP_HEADER_ALLOW, "POST", "method not allowed (use POST)");
-        return answer_export(a, rq, c);
-    case AEP_JOB: {
-        bool del = !strcmp(method, MHD_HTTP_METHOD_DELETE);
-        if (!del && !is_get(method))
-            return reply_error(a, rq, c, 405, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, DELETE",
-                               "method not allowed (use GET or DELETE)");
-        return answer_job(a, rq, c, url + strlen(JOBS_PREFIX), del);
-    }
+    const admin_decision *d = &rq->d;
+    if (d->code)
+        return reply_error(a, rq, c, d->code, d->allow ? MHD_HTTP_HEADER_ALLOW : NULL, d->allow, "%s", d->why);
+    switch (d->ep) {
+    case AEP_STATUS: return answer_status(a, rq, c);
+    case AEP_EXPORT: return answer_export(a, rq, c);
+    case AEP_JOB: return answer_job(a, rq, c, d->job_id, d->cancel);
     default: return reply_error(a, rq, c, 404, NULL, NULL, "not found");
     }
 }
 
 static void body_append(admin_request *rq, const char *data, size_t n)
 {
-    if (rq->too_large || rq->ep != AEP_EXPORT) return; /* discard */
+    if (rq->too_large || rq->d.ep != AEP_EXPORT) return; /* discard */
     if (n > ADMIN_MAX_BODY - rq->len) {
         rq->too_large = true;
         free(rq->body);
@@ -658,17 +623,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) { /* the head: authenticate before reading any body */
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        rq->ep = route(url);
-        const char *why = auth_refusal(a, c);
+        rq->d = admin_route(method, url, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                            a->token, a->token_len);
+        const char *why = rq->d.code == 401 ? rq->d.why : NULL;
         if (why) {
+            mhd_conns_mark(a->conns, c, false); /* answered: off the receive deadline */
             char peer[INET6_ADDRSTRLEN + 16];
             peer_name(c, peer, sizeof peer);
             metrics_count_admin_auth_failure(a->counters);
             fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s\n", method,
-                    rq->ep == AEP_OTHER ? "(other path)" : url, peer, why);
+                    rq->d.ep == AEP_OTHER ? "(other path)" : url, peer, why);
             return reply_error(a, rq, c, 401, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ferry-admin\"",
                                "unauthorized: %s (send Authorization: Bearer <token>)", why);
         }
+        mhd_conns_admit(a->conns, c);
         return MHD_YES;
     }
     if (rq->answered) {
@@ -680,12 +648,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
-    return dispatch(a, rq, c, url, method);
+    mhd_conns_mark(a->conns, c, false); /* the request is whole */
+    return dispatch(a, rq, c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    admin_server *a = cls;
+    mhd_conns_mark(a->conns, c, true); /* kept alive: the next head is on the deadline */
     admin_request *rq = *con_cls;
     if (!rq) return;
     *con_cls = NULL;
@@ -704,6 +675,16 @@ static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
     mhd_log(((const admin_server *)cls)->log, "admin: http", fmt, ap);
+}
+
+static void *reaper_main(void *arg)
+{
+    admin_server *a = arg;
+    while (!__atomic_load_n(&a->reaper_stop, __ATOMIC_ACQUIRE)) {
+        usleep(ADMIN_REAP_INTERVAL_US);
+        mhd_conns_cut_slow(a->conns);
+    }
+    return NULL;
 }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -727,6 +708,10 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     a->log = getenv("FERRY_HTTP_LOG") != NULL;
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->jobs_mu, NULL);
+    if (!(a->conns = mhd_conns_new(o->request_timeout_s, o->max_connections))) {
+        admin_server_stop(a);
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
 
     struct addrinfo *ai;
     if ((st = mhd_resolve(o->host, o->port, "--admin-host", &ai)) != FERRY_OK) {
@@ -739,9 +724,9 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     a->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, a,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+                            MHD_OPTION_NOTIFY_CONNECTION, mhd_conns_notify, a->conns,
                             MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, a,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)ADMIN_MAX_CONNECTIONS,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)ADMIN_MAX_CONNECTIONS_PER_IP,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * o->max_connections),
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)ADMIN_WORKER_THREADS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ADMIN_CONNECTION_TIMEOUT_S,
                             MHD_OPTION_EXTERNAL_LOGGER, on_log, a,
@@ -756,6 +741,10 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_BIND_PORT);
     a->port = di ? di->port : o->port;
+    if (!(a->reaper_running = pthread_create(&a->reaper, NULL, reaper_main, a) == 0)) {
+        admin_server_stop(a);
+        return ferry_fail(FERRY_ERR_NOMEM, "admin API: cannot start its reaper thread");
+    }
     *out = a;
     return FERRY_OK;
 }
@@ -773,7 +762,12 @@ void admin_server_attach(admin_server *a, engine *e, sched *sc)
 void admin_server_stop(admin_server *a)
 {
     if (!a) return;
+    if (a->reaper_running) {
+        __atomic_store_n(&a->reaper_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(a->reaper, NULL);
+    }
     if (a->d) MHD_stop_daemon(a->d); /* no handler runs after this */
+    mhd_conns_free(a->conns);
     admin_job *j = newest_job(a);
     if (j && j->job) { /* J1: the only one that may run */
         /* a job that has ended (unpolled) said so itself (log_job_end); one

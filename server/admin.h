@@ -30,6 +30,7 @@
 
 #include "../engine/engine.h"
 #include "../engine/scheduler.h"
+#include "admin_route.h"
 #include "metrics.h"
 
 typedef struct {
@@ -39,6 +40,8 @@ typedef struct {
     const char *export_root; /* --export-dir; NULL: exports are refused (400) */
     const char *model_name;
     metrics *counters;       /* owned by the caller, outlives the server */
+    int request_timeout_s;   /* request_timeout: to send a request's head and body */
+    int max_connections;     /* admin_max_connections: connections sending a request (admin.c) */
 } admin_opts;
 
 typedef struct admin_server admin_server;
@@ -59,7 +62,6 @@ ferry_status admin_token_read(const char *path, const char *from, char **out);
 /* Checks a token from any source (non-empty, printable, at most
  * ADMIN_TOKEN_MAX bytes); `from` names the source in the message. */
 ferry_status admin_token_check(const char *token, const char *from);
-#define ADMIN_TOKEN_MAX 1024
 
 /* True when every address host resolves to is a loopback address
  * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104). */

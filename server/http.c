@@ -117,9 +117,9 @@ struct http_server {
     pthread_t reaper;        /* notices clients that left while their request waits */
     bool reaper_running;
     int reaper_stop;         /* atomic */
-    pthread_mutex_t reg_mu;  /* guards the lists of live requests and of connections */
+    pthread_mutex_t reg_mu;  /* guards the list of live requests */
     struct request *live;
-    struct conn_track *conns;
+    mhd_conns *conns;        /* open connections: the receive deadline (mhd_common.h) */
     pthread_rwlock_t lock;   /* guards e, s, lim: held (read) around every use */
     engine *e;
     sched *s;
@@ -194,18 +194,6 @@ struct request {
     strbuf delta;                /* a streamed row's text from one callback */
     kserve_infer_writer writer;  /* infer: the answer, piece by piece */
 };
-
-/* A connection, from accept to close, for the receive deadline: MHD calls
- * the access handler only once a request's head is whole, so a client that
- * trickles its head (slow loris) is seen only here. Under srv->reg_mu. */
-typedef struct conn_track {
-    struct conn_track *prev, *next;
-    int fd;
-    double since;     /* when the current request's head started (accept, or the last answer) */
-    bool receiving;   /* its head or body is still arriving */
-    bool cut;         /* shut down for passing the deadline */
-    uint64_t url_bytes; /* the current request's URL as sent (on_uri); the connection's MHD thread only */
-} conn_track;
 
 static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving);
 
@@ -1171,10 +1159,7 @@ static enum MHD_Result answer_tokens(request *rq)
  * becomes the request's *con_cls: none yet. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
 {
-    (void)cls;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    conn_track *t = ci ? ci->socket_context : NULL;
-    if (t) t->url_bytes = uri ? strlen(uri) : 0;
+    mhd_conns_set_url_bytes(((http_server *)cls)->conns, c, uri ? strlen(uri) : 0);
     return NULL;
 }
 
@@ -1196,9 +1181,7 @@ static int head_check(const request *rq, struct MHD_Connection *c, const char *u
                       const char *version, char *msg, size_t cap)
 {
     uint64_t limit = rq->srv->max_header;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    const conn_track *t = ci ? ci->socket_context : NULL;
-    uint64_t url_bytes = t ? t->url_bytes : strlen(url);
+    uint64_t url_bytes = mhd_conns_url_bytes(c, strlen(url));
     if (url_bytes > limit) {
         snprintf(msg, cap, "URL is %llu bytes, more than this server takes (%llu, --max-header)",
                  (unsigned long long)url_bytes, (unsigned long long)limit);
@@ -1360,80 +1343,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- connections: the receive deadline ------------------------------------------ */
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe)
-{
-    http_server *srv = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        conn_track *t = calloc(1, sizeof *t);
-        if (!t || !ci) {
-            free(t);
-            return; /* untracked: it only misses the deadline */
-        }
-        *t = (conn_track){.fd = ci->connect_fd, .since = util_now(), .receiving = true};
-        pthread_mutex_lock(&srv->reg_mu);
-        t->next = srv->conns;
-        if (srv->conns) srv->conns->prev = t;
-        srv->conns = t;
-        pthread_mutex_unlock(&srv->reg_mu);
-        *socket_context = t;
-        return;
-    }
-    /* CLOSED: MHD notifies before it closes the socket, so while a track is
-     * listed (under reg_mu) its fd is this connection's */
-    conn_track *t = *socket_context;
-    if (!t) return;
-    pthread_mutex_lock(&srv->reg_mu);
-    if (t->prev) t->prev->next = t->next;
-    else srv->conns = t->next;
-    if (t->next) t->next->prev = t->prev;
-    pthread_mutex_unlock(&srv->reg_mu);
-    free(t);
-    *socket_context = NULL;
-}
-
 /* A request's head is whole and its body received (receiving false), or
  * it was answered and the connection waits for the next head (true: the
- * deadline starts again). */
+ * deadline starts again). An idle keep-alive connection counts as receiving
+ * its next head; the reaper (below) cuts those past the deadline. */
 static void conn_mark(http_server *srv, struct MHD_Connection *c, bool receiving)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    conn_track *t = ci ? ci->socket_context : NULL;
-    if (!t) return;
-    pthread_mutex_lock(&srv->reg_mu);
-    t->receiving = receiving;
-    t->since = util_now();
-    pthread_mutex_unlock(&srv->reg_mu);
-}
-
-/* Has the client of a connection still receiving its request closed its
- * side? Only an end of stream with nothing left unread says so (a peek
- * returns 0): the request can then never complete. */
-static bool sender_closed(int fd)
-{
-    char b;
-    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-/* Shuts down connections that took longer than the deadline to send a
- * request (head and body), and those whose client closed its side before
- * the request was whole: MHD then sees the socket fail and closes it
- * itself. (libmicrohttpd 0.9.75 leaves a connection whose client sent half
- * a body and closed in CLOSE-WAIT until its timeout: a soak of clients
- * that give up mid-upload piled up descriptors for --request-timeout.) An
- * idle keep-alive connection counts as receiving its next head. */
-static void cut_slow_connections(http_server *srv)
-{
-    double now = util_now();
-    pthread_mutex_lock(&srv->reg_mu);
-    for (conn_track *t = srv->conns; t; t = t->next)
-        if (t->receiving && !t->cut && (now - t->since > srv->request_timeout_s || sender_closed(t->fd))) {
-            t->cut = true;
-            shutdown(t->fd, SHUT_RDWR);
-        }
-    pthread_mutex_unlock(&srv->reg_mu);
+    mhd_conns_mark(srv->conns, c, receiving);
 }
 
 /* Percent-decoding of the path, except %00: a NUL would end the path early
@@ -1475,7 +1391,7 @@ static void *reaper_main(void *arg)
     http_server *srv = arg;
     while (!__atomic_load_n(&srv->reaper_stop, __ATOMIC_ACQUIRE)) {
         usleep(REAP_INTERVAL_US);
-        cut_slow_connections(srv);
+        mhd_conns_cut_slow(srv->conns);
         request *gone[REAP_BATCH];
         int n = 0;
         pthread_mutex_lock(&srv->reg_mu);
@@ -1530,6 +1446,10 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     pthread_rwlock_init(&srv->lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&srv->reg_mu, NULL);
+    if (!(srv->conns = mhd_conns_new(o->request_timeout_s, 0))) {
+        http_server_stop(srv);
+        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
 
     struct addrinfo *ai;
     ferry_status rst = mhd_resolve(o->host, o->port, "--host", &ai);
@@ -1549,7 +1469,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     srv->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, srv,
                               MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                              MHD_OPTION_NOTIFY_CONNECTION, mhd_conns_notify, srv->conns,
                               MHD_OPTION_UNESCAPE_CALLBACK, unescape, srv,
                               MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
@@ -1659,6 +1579,7 @@ void http_server_stop(http_server *s)
         MHD_stop_daemon(s->d);
         if (fd != MHD_INVALID_SOCKET) close(fd); /* MHD's threads may use it until stopped */
     }
+    mhd_conns_free(s->conns); /* MHD has closed every connection */
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->reg_mu);
     free(s->name);

@@ -1,14 +1,18 @@
 /*
  * mhd_common.h - what the two libmicrohttpd listeners (http.c: KServe v2,
  * admin.c: the admin API) do alike: resolving the address to bind, and
- * passing MHD's own log lines on, quietly unless FERRY_HTTP_LOG is set.
+ * passing MHD's own log lines on, quietly unless FERRY_HTTP_LOG is set;
+ * and the list of open connections that keeps a receive deadline (and, on
+ * the admin API, a limit on connections still sending their request).
  */
 #ifndef FERRY_MHD_COMMON_H
 #define FERRY_MHD_COMMON_H
 
+#include <microhttpd.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "../engine/base/status.h"
 
@@ -19,5 +23,51 @@ ferry_status mhd_resolve(const char *host, int port, const char *flag, struct ad
 /* One of MHD's messages on stderr as "ferry: WHO: ..." (trailing newlines
  * dropped) when `on`. */
 void mhd_log(bool on, const char *who, const char *fmt, va_list ap);
+
+/* ---- open connections: the receive deadline and the waiting limit --------------
+
+ * MHD calls the access handler only once a request's head is whole, so a
+ * client that trickles its head (slow loris) is seen only in its connection
+ * notifications. An mhd_conns lists every open connection of a daemon
+ * (MHD_OPTION_NOTIFY_CONNECTION, mhd_conns_notify) with whether it is
+ * still receiving its request - its head and body, or, kept alive, its
+ * next head - and since when.
+ *
+ *   deadline: mhd_conns_cut_slow (called every fraction of a second)
+ *     shuts down a connection receiving for longer than deadline_s, or
+ *     whose client closed its side before the request was whole; MHD then
+ *     sees the socket fail and closes it.
+ *   waiting limit (max_waiting > 0): when a connection opens and
+ *     max_waiting connections are already receiving, the one receiving
+ *     longest is shut down, one that never had a request admitted
+ *     (mhd_conns_admit) before one that did; if none is receiving, the new
+ *     connection is. Clients that hold connections open without finishing
+ *     a head thus cannot keep a client that sends its request at once out.
+ *
+ * The daemon's own MHD_OPTION_CONNECTION_LIMIT must leave room above
+ * max_waiting: a connection shut down is counted by MHD until it closes it. */
+typedef struct mhd_conns mhd_conns;
+
+/* NULL when out of memory. */
+mhd_conns *mhd_conns_new(int deadline_s, int max_waiting);
+void mhd_conns_free(mhd_conns *cs);
+/* MHD_OPTION_NOTIFY_CONNECTION's callback, cls the mhd_conns. */
+void mhd_conns_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                      enum MHD_ConnectionNotificationCode toe);
+/* A request's head is whole and its body received (receiving false), or it
+ * was answered and the connection waits for the next head (true: the
+ * deadline starts again). */
+void mhd_conns_mark(mhd_conns *cs, struct MHD_Connection *c, bool receiving);
+/* The connection's request was let in (authenticated): it is shut down for
+ * the waiting limit only after every connection that never was. */
+void mhd_conns_admit(mhd_conns *cs, struct MHD_Connection *c);
+/* The current request's URL as the client sent it (MHD's URI log
+ * callback: query included, before unescaping), kept for a head-size check
+ * (http.c); the connection's MHD thread only. Untracked: `otherwise`. */
+void mhd_conns_set_url_bytes(mhd_conns *cs, struct MHD_Connection *c, uint64_t n);
+uint64_t mhd_conns_url_bytes(struct MHD_Connection *c, uint64_t otherwise);
+/* Shuts down the connections past the deadline or left by their client;
+ * returns how many it shut down. */
+int mhd_conns_cut_slow(mhd_conns *cs);
 
 #endif

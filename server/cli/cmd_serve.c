@@ -179,7 +179,8 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
 {
     *token = NULL;
     *ao = (admin_opts){.host = cfg->admin_host, .port = (int)cfg->admin_port, .model_name = name,
-                       .export_root = cfg->export_dir};
+                       .export_root = cfg->export_dir, .request_timeout_s = (int)cfg->request_timeout,
+                       .max_connections = (int)cfg->admin_max_connections};
     if (cfg->admin_port == 0) return 0;
     if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
     char where[512];

@@ -655,3 +655,137 @@ def test_stale_temporaries_removed_at_start(ferry_bin, tiny, token_file, tmp_pat
     finally:
         stop(srv)
         os.close(fd)
+
+
+def test_swapped_temporary_is_not_published(ferry_bin, tiny, vocab, token_file, tmp_path):
+    """Issue 29.7: the job's temporary directory renamed away mid-job and a
+    symlink put under its name: the job ends failed saying the temporary
+    was replaced, nothing (not the link) appears as ROOT/NAME, the link's
+    target is untouched, and the server keeps serving and exporting."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("not ferry's")
+    srv, adm = start(ferry_bin, tiny, "--export-dir", root, env=clean_env(FERRY_EXPORT_DELAY_MS="4000"),
+                     token_file=token_file)
+    try:
+        want = infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0]
+        job = export(adm, "swapped")
+        temps = [p for p in root.iterdir() if p.name.startswith(".ferry-export-swapped.tmp.")]
+        assert len(temps) == 1, only_final_dirs(root)
+        moved = tmp_path / "moved-away"
+        os.rename(temps[0], moved)
+        os.symlink(target, temps[0])
+        st, _, obj = areq(adm, "GET", "/admin/v1/jobs/%s" % job)
+        assert obj["state"] in ("queued", "running"), "the job ended before the swap: raise FERRY_EXPORT_DELAY_MS"
+        obj = wait_job(adm, job)
+        assert obj["state"] == "failed", obj
+        assert "temporary directory" in obj["error"] and "replaced" in obj["error"], obj
+        assert not os.path.lexists(root / "swapped"), os.listdir(root)
+        assert only_final_dirs(root) == [], only_final_dirs(root)  # the link under the job's name is gone
+        assert sorted(os.listdir(target)) == ["keep.txt"]
+        assert os.listdir(moved) == []  # what the job wrote, removed through its descriptor
+        assert infer(srv, [prompt_ids(vocab, 4, 7)], 8)[0] == want
+        st, _, s = areq(adm, "GET", "/admin/v1/status")
+        assert st == 200 and s["jobs"]["recent"][0]["state"] == "failed", s["jobs"]
+    finally:
+        stop(srv)
+
+
+# --------------------------------------------------------------------------
+# connections: slow loris (issue 29.6)
+# --------------------------------------------------------------------------
+
+class Tricklers:
+    """n connections to the admin port sending a request head one byte
+    every `every` seconds, forever (a background thread); closed() says
+    which ones the server has closed."""
+
+    def __init__(self, adm, n, every=1.0):
+        import socket
+        import threading
+        self.socks = []
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", adm.port), timeout=10)
+            s.sendall(b"GET /admin/v1/status HTTP/1.1\r\nHost: x\r\n")
+            s.setblocking(False)  # the polls below must not wait
+            self.socks.append(s)
+        self.gone = set()
+        self.stop_ev = threading.Event()
+        self.every = every
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _poll(self):
+        import socket
+        for i, s in enumerate(self.socks):
+            if i in self.gone:
+                continue
+            try:
+                if s.recv(1, socket.MSG_PEEK) == b"":
+                    self.gone.add(i)
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.gone.add(i)
+                continue
+            try:
+                s.send(b"X")  # a header name that never ends
+            except OSError:
+                self.gone.add(i)
+
+    def _run(self):
+        while not self.stop_ev.wait(self.every):
+            self._poll()
+
+    def wait_closed(self, count, timeout):
+        """Waits (a hang guard, not a measurement) until `count` are closed."""
+        deadline = time.monotonic() + timeout
+        while len(self.gone) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return set(self.gone)
+
+    def close(self):
+        self.stop_ev.set()
+        self.thread.join()
+        for s in self.socks:
+            s.close()
+
+
+def test_trickled_heads_do_not_lock_the_operator_out(ferry_bin, tiny, token_file):
+    """16 connections trickling a head a byte a second (which keeps MHD's own
+    idle timeout from firing): an authorised GET status still succeeds, and
+    every trickling connection is closed once --request-timeout (2 s) has
+    passed; the listener serves on."""
+    srv, adm = start(ferry_bin, tiny, "--request-timeout", 2, env=clean_env(), token_file=token_file)
+    tr = Tricklers(adm, 16)
+    try:
+        st, _, obj = areq(adm, "GET", "/admin/v1/status")
+        assert st == 200 and obj["model"], (st, obj)
+        gone = tr.wait_closed(16, timeout=25)  # far below MHD's 30 s idle timeout, which the trickle resets anyway
+        assert len(gone) == 16, "%d of 16 trickling connections still open" % (16 - len(gone))
+        assert areq(adm, "GET", "/admin/v1/status")[0] == 200
+    finally:
+        tr.close()
+        stop(srv)
+
+
+def test_waiting_limit_closes_the_oldest_waiting_connection(ferry_bin, tiny, token_file):
+    """--admin-max-connections 4 with 4 connections trickling heads and a
+    deadline far off (--request-timeout 300): the operator's connection is
+    let in by closing the oldest of them, and its GET succeeds."""
+    srv, adm = start(ferry_bin, tiny, "--request-timeout", 300, "--admin-max-connections", 4,
+                     env=clean_env(), token_file=token_file)
+    tr = Tricklers(adm, 4)
+    try:
+        for _ in range(3):
+            st, _, obj = areq(adm, "GET", "/admin/v1/status")
+            assert st == 200 and obj["model"], (st, obj)
+        gone = tr.wait_closed(1, timeout=10)
+        assert 0 in gone, gone  # the first to connect waited longest
+        assert len(gone) <= 3, gone  # one per connection that opened at the limit
+    finally:
+        tr.close()
+        stop(srv)
