@@ -46,6 +46,7 @@
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
 #include "../../engine/base/util.h"
+#include "../../engine/text/chat_template.h"
 #include "cli.h"
 #include "../grpc/grpc_server.h"
 #include "../admin.h"
@@ -347,6 +348,7 @@ int cmd_serve(const ferry_config *cfg)
     /* both front ends stop accepting at once; the requests in flight on
      * either have --drain-timeout to finish, then what runs is cancelled */
     double deadline = util_now() + (double)cfg->drain_timeout;
+    tmpl_cancel_renders(); /* a render is not a request in flight yet: it ends now (503) */
     http_server_drain(srv, 0);
     if (gf) grpc_front_stop(gf, (int)cfg->drain_timeout);
     http_server_drain(srv, deadline);
