@@ -1,0 +1,47 @@
+"""Issue 29, item 8: the smaller defects of the second red-team pass, each
+with the answer a client (or an operator) now gets."""
+
+import json
+import shutil
+
+import pytest
+
+from test_http import assert_alive, request, serve
+from text_util import DEMO_TOKENIZER, text_model
+
+
+def _post(srv, path, obj):
+    st, _, body = request(srv, "POST", path, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+    return st, json.loads(body)
+
+
+# --------------------------------------------------------------------------
+# a Replace normalizer with long content
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def srv_long_replace(ferry_bin, ferry, tmp_path_factory):
+    root = tmp_path_factory.mktemp("longrep")
+    tok = root / "tok"
+    tok.mkdir()
+    tj = json.loads((DEMO_TOKENIZER / "tokenizer.json").read_text(encoding="utf-8"))
+    # a space becomes 300 letters: longer than the size bound's scratch (256 code points)
+    tj["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": " "}, "content": "x" * 300}, {"type": "NFC"}]}
+    (tok / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    shutil.copy(DEMO_TOKENIZER / "tokenizer_config.json", tok)
+    m = text_model(ferry, root / "m", tok, seed=97)
+    yield from serve(ferry_bin, m, name="longrep")
+
+
+def test_long_replace_content_is_not_server_busy(srv_long_replace):
+    """The encode's size bound used to saturate to SIZE_MAX for any text
+    with a space, and the budget sum wrapped: every text request was 503
+    'server busy' on an idle server. Now the bound is the content's length
+    and short texts are served."""
+    got = [_post(srv_long_replace, "/v2/models/longrep/generate",
+                 {"text_input": "hi there", "parameters": {"max_new_tokens": 1}}),
+           _post(srv_long_replace, "/tokenize", {"content": "hi there"}),
+           _post(srv_long_replace, "/v1/completions", {"prompt": "hi there", "max_tokens": 1})]
+    assert [st for st, _ in got] == [200, 200, 200], got
+    assert_alive(srv_long_replace)
