@@ -140,6 +140,11 @@ static void test_render(void)
     RENDERS("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'late' %}{{ s }}", "{\"s\": \"caller\"}", "[]late");
     /* caller keywords and the globals */
     RENDERS("{{ enable_thinking }}{{ range(3)|list }}", "{\"enable_thinking\": false}", "False[0, 1, 2]");
+    /* items near the ends of int64 (i * step overflows int64 before a + ...) */
+    RENDERS("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}", NULL,
+            "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
+    RENDERS("{{ range(9223372036854775807, -9223372036854775807, -4611686018427387904)|list }}", NULL,
+            "[9223372036854775807, 4611686018427387903, -1, -4611686018427387905]");
     RENDERS("", NULL, "");
 }
 
