@@ -2,6 +2,7 @@
 with the answer a client (or an operator) now gets."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -45,3 +46,30 @@ def test_long_replace_content_is_not_server_busy(srv_long_replace):
            _post(srv_long_replace, "/v1/completions", {"prompt": "hi there", "max_tokens": 1})]
     assert [st for st, _ in got] == [200, 200, 200], got
     assert_alive(srv_long_replace)
+
+
+# --------------------------------------------------------------------------
+# a NUL in the admin token
+# --------------------------------------------------------------------------
+
+ADMIN_TOKEN = "adm1n-T0ken-for-tests-0123456789"
+
+
+def _token_file(path, data):
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+    return path
+
+
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FERRY_FAULT")}
+
+
+def test_nul_in_the_admin_token_file_is_refused(ferry, models, tmp_path):
+    """'TOKEN\\0rest' used to load as TOKEN, silently; now serve refuses the
+    file, naming it and the NUL."""
+    tf = _token_file(tmp_path / "token", ADMIN_TOKEN.encode() + b"\0more\n")
+    p = ferry.run("serve", "--model", models.get("llama", "tiny", seed=81), "--http-port", 0, "--grpc-port", -1,
+                  "--host", "127.0.0.1", "--admin-port", -1, "--admin-token-file", tf, env=_clean_env(), timeout=60)
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode == 2 and str(tf) in err and "NUL" in err, (p.returncode, err)
