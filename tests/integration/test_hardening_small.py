@@ -73,3 +73,25 @@ def test_nul_in_the_admin_token_file_is_refused(ferry, models, tmp_path):
                   "--host", "127.0.0.1", "--admin-port", -1, "--admin-token-file", tf, env=_clean_env(), timeout=60)
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 2 and str(tf) in err and "NUL" in err, (p.returncode, err)
+
+
+# --------------------------------------------------------------------------
+# ferry config --print runs serve's checks
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--batch", "100", "--max-step-tokens", "10"], "--batch 100 exceeds --max-step-tokens 10"),
+    (["--request-memory", "1KiB"], "--request-memory must be at least --max-body"),
+    (["--max-connections", "10", "--max-connections-per-ip", "20"], "--max-connections-per-ip 20 exceeds"),
+    (["--max-output-tokens", "1"], "--max-output-tokens must be at least"),
+    (["--name", "a/b"], "--name must be 1..200 characters"),
+    (["--max-memory", "host=lots"], "bad size 'lots'"),
+])
+def test_config_print_refuses_what_serve_refuses(ferry, flags, needle):
+    """`ferry config --print` used to print these (exit 0) though serve
+    refuses them; now it exits 2 with serve's own message."""
+    p = ferry.run("config", "--print", *flags, env=_clean_env())
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode == 2 and needle in err, (p.returncode, err, p.stdout[:200])
+    ok = ferry.run("config", "--print", env=_clean_env())
+    assert ok.returncode == 0 and json.loads(ok.stdout), ok.stderr
