@@ -148,6 +148,10 @@ ferry_status admin_token_read(const char *path, const char *from, char **out)
         size_t got = 0;
         while (got < sizeof buf - 1 && (n = read(fd, buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)n;
         if (n < 0) st = ferry_fail(FERRY_ERR_IO, "%s %s: %s", from, path, strerror(errno));
+        /* a NUL would end the token there, silently: a shorter token than the file says */
+        else if (memchr(buf, '\0', got))
+            st = ferry_fail(FERRY_ERR_INVALID, "%s %s: holds a NUL byte (the token must be printable ASCII)", from,
+                            path);
         buf[got] = '\0';
     }
     close(fd);

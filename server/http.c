@@ -848,9 +848,9 @@ static uint64_t parse_hold(const request *rq, size_t len)
 static int take_more(request *rq, uint64_t n, const char *what, char *msg, size_t cap)
 {
     req_budget *b = rq->srv->budget;
-    if (rq->mem + n > b->limit) {
+    if (n > b->limit || rq->mem > b->limit - n) { /* n may be UINT64_MAX: a bound that saturated */
         snprintf(msg, cap, "%s may need %llu bytes, more than --request-memory (%llu)", what,
-                 (unsigned long long)(rq->mem + n), (unsigned long long)b->limit);
+                 (unsigned long long)(n > UINT64_MAX - rq->mem ? UINT64_MAX : rq->mem + n), (unsigned long long)b->limit);
         return 413;
     }
     if (!mem_take(rq, n)) {
@@ -1053,7 +1053,9 @@ static ferry_status hold_grown_text(request *rq, const text_model *tm, const jso
         return FERRY_OK; /* tokenize_body refuses it */
     size_t size = text_encode_size(tm, content->str, content->len);
     if (size <= len) return FERRY_OK;
-    uint64_t more = text_encode_bound(size) - text_encode_bound(len) + (uint64_t)(size - len) * 12;
+    /* saturates as text_encode_bound does, not wrapping to a small sum */
+    uint64_t more = size > UINT64_MAX / 32 ? UINT64_MAX
+                                           : text_encode_bound(size) - text_encode_bound(len) + (uint64_t)(size - len) * 12;
     char msg[200];
     int status = take_more(rq, more, "encoding the content (grown when normalized)", msg, sizeof msg);
     if (status) return ferry_fail(status == 413 ? FERRY_ERR_TOO_LARGE : FERRY_ERR_BUSY, "%s", msg);

@@ -32,4 +32,9 @@ void tmpl_free(chat_template *t);
  * the caller passes). Output past max_out bytes is FERRY_ERR_TOO_LARGE. */
 ferry_status tmpl_render(const chat_template *t, const json_value *vars, size_t max_out, strbuf *out);
 
+/* Ends every render running and to come with FERRY_ERR_BUSY ("the server
+ * is shutting down"): each checks this where it charges its work. For a
+ * server's drain; there is no undoing it. Async-signal-safe. */
+void tmpl_cancel_renders(void);
+
 #endif

@@ -1503,7 +1503,8 @@ bool tmpl_call_func(trender *r, int fn, const tval *args, size_t nargs, const ch
             return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: range too big (the sandbox allows at most %d items)", r->line, TMPL_MAX_RANGE);
         tlist *l = tmpl_list_new(r, (size_t)cnt, LF_RANGE);
         if (!l) return false;
-        for (int64_t i = 0; i < (int64_t)cnt; i++) l->items[i] = tv_int(a + i * st);
+        /* i * st may pass int64 where a + i * st (between a and b) does not */
+        for (int64_t i = 0; i < (int64_t)cnt; i++) l->items[i] = tv_int((int64_t)((__int128)a + (__int128)i * st));
         l->n = (size_t)cnt;
         l->r_start = a;
         l->r_stop = b;

@@ -25,12 +25,17 @@
  * budget (evaluation steps plus bytes scanned by string builtins), the
  * arena's byte budget and the output limit. Each ends the render with an
  * error; nothing is left behind because all of it lives in the arena.
+ * Every operation is charged by what it touches: a step, plus a unit per
+ * TMPL_BYTES_PER_STEP bytes a string operation reads (comparison, hashing,
+ * startswith, `in`, ...) or an item a list operation visits. A render
+ * cancelled by tmpl_cancel_renders stops at its next charge.
  */
 #define _GNU_SOURCE /* memmem */
 #include "tmpl_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +100,14 @@ bool tmpl_fail_undef(trender *r, const tval *v)
     }
 }
 
+static atomic_bool g_cancelled;
+
+void tmpl_cancel_renders(void) { atomic_store(&g_cancelled, true); }
+
 bool tmpl_charge(trender *r, uint64_t units)
 {
+    if (atomic_load_explicit(&g_cancelled, memory_order_relaxed))
+        return tmpl_fail(r, FERRY_ERR_BUSY, "chat template render cancelled: the server is shutting down");
     r->work += units;
     if (r->work > TMPL_MAX_WORK)
         return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "chat template render exceeds its work limit (%llu steps)",

@@ -408,8 +408,12 @@ struct trender {
 bool tmpl_fail(trender *r, ferry_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An error naming the undefined value v ("'x' is undefined"). */
 bool tmpl_fail_undef(trender *r, const tval *v);
-/* Adds work units; false (with an error) past the budget. */
+/* Adds work units; false (with an error) past the budget, or once renders
+ * are cancelled (tmpl_cancel_renders). */
 bool tmpl_charge(trender *r, uint64_t units);
+/* The units for reading n bytes of strings. */
+#define TMPL_BYTES_PER_STEP 16
+static inline bool tmpl_charge_bytes(trender *r, size_t n) { return tmpl_charge(r, n / TMPL_BYTES_PER_STEP); }
 /* Allocation from the render arena; NULL with an error recorded. */
 void *tmpl_ralloc(trender *r, size_t n);
 void *tmpl_rgrow(trender *r, void *p, size_t old_n, size_t new_n);

@@ -1009,6 +1009,7 @@ static bool sub_range(trender *r, const tval *s, const tval *start, const tval *
     *e = s->s.n;
     *cp_base = 0;
     if ((!start || start->kind == TV_NONE) && (!end || end->kind == TV_NONE)) return true;
+    if (!tmpl_charge_bytes(r, s->s.n)) return false; /* counted, then walked to the bounds */
     size_t count = tmpl_utf8_count(s->s.p, s->s.n);
     int64_t a, z;
     if (!tmpl_slice_bound(r, start, 0, &a) || !tmpl_slice_bound(r, end, INT64_MAX, &z)) return false;
@@ -1030,6 +1031,7 @@ static bool affix(trender *r, const tval *s, const tval *pre, const tval *start,
         cands = pre->list->items;
         nc = pre->list->n;
     }
+    if (!tmpl_charge(r, nc)) return false;
     *res = false;
     for (size_t i = 0; i < nc; i++) {
         if (cands[i].kind != TV_STR)
@@ -1037,6 +1039,7 @@ static bool affix(trender *r, const tval *s, const tval *pre, const tval *start,
                                         : "startswith first arg must be str or a tuple of str, not %s", &cands[i]);
         size_t m = cands[i].s.n;
         if (m > e - b) continue;
+        if (!tmpl_charge_bytes(r, m)) return false;
         if (memcmp(suffix ? s->s.p + e - m : s->s.p + b, cands[i].s.p, m) == 0) *res = true;
     }
     return true;
@@ -1299,6 +1302,7 @@ bool tmpl_str_method(trender *r, const tval *s, int id, const tval *args, size_t
         size_t m = p[0].s.n;
         *out = *s;
         if (m <= s->s.n) {
+            if (!tmpl_charge_bytes(r, m)) return false;
             if (id == TM_REMOVEPREFIX && memcmp(s->s.p, p[0].s.p, m) == 0) *out = tv_str(s->s.p + m, s->s.n - m);
             if (id == TM_REMOVESUFFIX && m && memcmp(s->s.p + s->s.n - m, p[0].s.p, m) == 0) *out = tv_str(s->s.p, s->s.n - m);
         }

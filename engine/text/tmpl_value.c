@@ -149,6 +149,7 @@ static bool hash_depth(trender *r, const tval *v, uint64_t *h, int depth)
         return true;
     }
     case TV_STR: {
+        if (!tmpl_charge_bytes(r, v->s.n)) return false;
         uint64_t x = 1469598103934665603ULL;
         for (size_t i = 0; i < v->s.n; i++) x = (x ^ (unsigned char)v->s.p[i]) * 1099511628211ULL;
         *h = x;
@@ -163,7 +164,7 @@ static bool hash_depth(trender *r, const tval *v, uint64_t *h, int depth)
                 x = mix64(x ^ e) + i;
             }
             *h = x;
-            return true;
+            return tmpl_charge(r, v->list->n);
         }
         break;
     case TV_FUNC: *h = mix64((uint64_t)v->fn + 77); return true;
@@ -359,7 +360,11 @@ static bool equal_depth(trender *r, const tval *a, const tval *b, bool *eq, int 
     if (a->kind != b->kind) return true;
     switch (a->kind) {
     case TV_UNDEF: case TV_NONE: *eq = true; return true;
-    case TV_STR: *eq = a->s.n == b->s.n && memcmp(a->s.p, b->s.p, a->s.n) == 0; return true;
+    case TV_STR:
+        if (a->s.n != b->s.n) return true;
+        if (!tmpl_charge_bytes(r, a->s.n)) return false;
+        *eq = memcmp(a->s.p, b->s.p, a->s.n) == 0;
+        return true;
     case TV_LIST: {
         const tlist *x = a->list, *y = b->list;
         if (x == y) { *eq = true; return true; }
@@ -419,6 +424,7 @@ static bool cmp_depth(trender *r, int op, const tval *a, const tval *b, int *res
     }
     if (a->kind == TV_STR && b->kind == TV_STR) {
         size_t n = a->s.n < b->s.n ? a->s.n : b->s.n;
+        if (!tmpl_charge_bytes(r, n)) return false;
         int c = memcmp(a->s.p, b->s.p, n); /* UTF-8 byte order is code point order */
         *res = c < 0 ? -1 : c > 0 ? 1 : a->s.n < b->s.n ? -1 : a->s.n > b->s.n;
         return true;
@@ -427,6 +433,7 @@ static bool cmp_depth(trender *r, int op, const tval *a, const tval *b, int *res
         (a->list->flavour == LF_LIST || a->list->flavour == LF_TUPLE)) {
         const tlist *x = a->list, *y = b->list;
         size_t n = x->n < y->n ? x->n : y->n;
+        if (!tmpl_charge(r, n)) return false;
         for (size_t i = 0; i < n; i++) {
             bool eq;
             if (!equal_depth(r, &x->items[i], &y->items[i], &eq, depth + 1)) return false;

@@ -152,12 +152,31 @@ enum { GROWN_MAX_CPS = 256 }; /* U+FDFA's compatibility decomposition is 18 */
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 static size_t mul_sat(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
 
+/* The most n code points become through the normalizers from step `from`
+ * on, in bytes, without following them: each step's most code points for
+ * one (lowercase 2, a Unicode form 18 - U+FDFA -, a one-character Replace
+ * its content's), 4 bytes each. char_grown's bound once its scratch is
+ * too small (a Replace whose content is long). */
+static size_t grown_bound(const tokenizer *t, size_t from, size_t n)
+{
+    for (size_t i = from; i < t->n_norm; i++) {
+        const tok_normalizer *nz = &t->norm[i];
+        size_t per = 1;
+        if (nz->kind == TOK_NORM_LOWERCASE) per = 2;
+        else if (nz->kind == TOK_NORM_NFC || nz->kind == TOK_NORM_NFD || nz->kind == TOK_NORM_NFKC ||
+                 nz->kind == TOK_NORM_NFKD) per = 18;
+        else if (nz->kind == TOK_NORM_REPLACE && nz->lit_cp >= 0) per = nz->str_len ? nz->str_len : 1;
+        n = mul_sat(n, per);
+    }
+    return mul_sat(n, 4);
+}
+
 /* What one character becomes through the normalizers from step `from` on:
  * a Unicode form at the character's full decomposition (what composition
  * then does only shortens it), lowercase as norm_lowercase maps, a Replace
  * of that one character by its content. Replaces of other patterns,
  * Prepend and Strip leave it as it is here (tok_encode_size adds theirs).
- * Returns its bytes (SIZE_MAX past the scratch: no bound). */
+ * Returns its bytes; past the scratch, grown_bound's. */
 static size_t char_grown(const tokenizer *t, size_t from, uint32_t cp)
 {
     utf8proc_int32_t a[GROWN_MAX_CPS], b[GROWN_MAX_CPS];
@@ -169,7 +188,7 @@ static size_t char_grown(const tokenizer *t, size_t from, uint32_t cp)
         switch (nz->kind) {
         case TOK_NORM_LOWERCASE:
             for (size_t j = 0; j < n; j++) {
-                if (m + 2 > GROWN_MAX_CPS) return SIZE_MAX;
+                if (m + 2 > GROWN_MAX_CPS) return grown_bound(t, i, n);
                 if (a[j] == 0x130) b[m++] = 'i', b[m++] = 0x307;
                 else b[m++] = utf8proc_tolower(a[j]);
             }
@@ -183,7 +202,7 @@ static size_t char_grown(const tokenizer *t, size_t from, uint32_t cp)
                 int last = 0;
                 utf8proc_ssize_t r = utf8proc_decompose_char(a[j], b + m, (utf8proc_ssize_t)(GROWN_MAX_CPS - m),
                                                              (utf8proc_option_t)opt, &last);
-                if (r < 0 || (size_t)r > GROWN_MAX_CPS - m) return SIZE_MAX;
+                if (r < 0 || (size_t)r > GROWN_MAX_CPS - m) return grown_bound(t, i, n);
                 m += (size_t)r;
             }
             break;
@@ -192,14 +211,14 @@ static size_t char_grown(const tokenizer *t, size_t from, uint32_t cp)
             if (nz->lit_cp < 0) continue;
             for (size_t j = 0; j < n; j++) {
                 if (a[j] != nz->lit_cp) {
-                    if (m == GROWN_MAX_CPS) return SIZE_MAX;
+                    if (m == GROWN_MAX_CPS) return grown_bound(t, i, n);
                     b[m++] = a[j];
                     continue;
                 }
                 for (size_t k = 0; k < nz->str_len;) {
                     uint32_t c;
                     k += tok_utf8_next(nz->str + k, nz->str_len - k, &c);
-                    if (m == GROWN_MAX_CPS) return SIZE_MAX;
+                    if (m == GROWN_MAX_CPS) return grown_bound(t, i, n);
                     b[m++] = (utf8proc_int32_t)c;
                 }
             }

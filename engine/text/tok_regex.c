@@ -23,6 +23,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,12 +31,39 @@
 
 struct tok_regex {
     pcre2_code *code;
+    char what[320]; /* the field it came from, for errors */
+    char shown[64]; /* the pattern as written, cut short, for errors */
 };
+
+/* ---- work limit -------------------------------------------------------------
+ *
+ * A pattern that backtracks (`(a|aa)+$`) can take seconds a byte, so every
+ * match call runs under PCRE2's match limit (its unit: one backtracking
+ * step, JIT's or the interpreter's), and the calls of one context share a
+ * budget: TOK_REGEX_WORK_BASE, plus TOK_REGEX_WORK_PER_BYTE for each byte of
+ * each text a search starts on (a normalizer's output counts when it is
+ * searched). The budget is linear in the text, so is the time.
+ *
+ * PCRE2 says only whether a call stayed within its limit, not how much it
+ * used, so each call starts at TOK_REGEX_CALL_START and doubles on
+ * PCRE2_ERROR_MATCHLIMIT, each try charged its whole limit: the charge is
+ * at least the work done and at most four times it plus the start.
+ * The interpreter's depth (its backtracking frames) is limited to the same
+ * count, its heap to TOK_REGEX_HEAP_KIB; JIT's stack grows to 16 MiB. */
+#define TOK_REGEX_WORK_BASE 1000000u
+#define TOK_REGEX_WORK_PER_BYTE 1000u
+#define TOK_REGEX_CALL_START 32u
+#define TOK_REGEX_HEAP_KIB (64u * 1024)
+/* Each pattern is run at load over runs of one character followed by
+ * another (PROBE_RUN bytes each), under the budget of that text: one that
+ * blows it is refused then, not on a client's text. */
+#define PROBE_RUN 1024
 
 struct tok_match_ctx {
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *stack;
+    uint64_t work_left; /* of the budget */
 };
 
 /* Oniguruma's \s and \w as PCRE2 class items. */
@@ -259,6 +287,8 @@ static void escape_literal(const char *s, size_t n, strbuf *out)
 
 /* ---- compile ------------------------------------------------------------- */
 
+static ferry_status probe(const tok_regex *re);
+
 ferry_status tok_regex_compile(const char *pat, size_t len, bool literal, const char *what, tok_regex **out)
 {
     *out = NULL;
@@ -284,6 +314,8 @@ ferry_status tok_regex_compile(const char *pat, size_t len, bool literal, const 
     pcre2_set_bsr(cc, PCRE2_BSR_UNICODE);
     int err;
     PCRE2_SIZE at;
+    snprintf(re->what, sizeof re->what, "%s", what);
+    snprintf(re->shown, sizeof re->shown, "%.*s%s", len > 48 ? 48 : (int)len, pat, len > 48 ? "..." : "");
     re->code = pcre2_compile((PCRE2_SPTR)(src.data ? src.data : ""), src.len,
                              PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NO_UTF_CHECK, &err, &at, cc);
     if (!re->code) {
@@ -294,6 +326,7 @@ ferry_status tok_regex_compile(const char *pat, size_t len, bool literal, const 
     }
     /* without JIT the interpreter runs the same pattern, only slower */
     (void)pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);
+    if ((st = probe(re)) != FERRY_OK) goto fail;
     pcre2_compile_context_free(cc);
     sb_free(&src);
     *out = re;
@@ -330,7 +363,8 @@ tok_match_ctx *tok_match_ctx_new(void)
     }
     /* the interpreter's backtracking frames: bounded, so that an odd pattern
      * over a long text fails with an error instead of taking gigabytes */
-    pcre2_set_heap_limit(mc->mctx, 64 * 1024); /* KiB */
+    pcre2_set_heap_limit(mc->mctx, TOK_REGEX_HEAP_KIB);
+    mc->work_left = TOK_REGEX_WORK_BASE;
     return mc;
 }
 
@@ -358,13 +392,20 @@ bool tok_spans_push(tok_spans *sp, size_t start, size_t end)
     return true;
 }
 
-ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_regex_iter *it,
-                           tok_span *m, bool *found)
+/* One pcre2_match at it->pos under the context's budget (see "work limit"):
+ * its result code, or a failure naming the pattern once the budget is spent. */
+static ferry_status match_within(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, size_t pos,
+                                 int *rc)
 {
-    *found = false;
-    while (it->pos <= n) {
-        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, it->pos, PCRE2_NO_UTF_CHECK, mc->md, mc->mctx);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !mc->stack) {
+    uint64_t limit = TOK_REGEX_CALL_START;
+    for (;;) {
+        if (limit > mc->work_left) limit = mc->work_left;
+        if (limit == 0) break;
+        pcre2_set_match_limit(mc->mctx, (uint32_t)limit);
+        pcre2_set_depth_limit(mc->mctx, (uint32_t)limit);
+        mc->work_left -= limit;
+        *rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, mc->md, mc->mctx);
+        if (*rc == PCRE2_ERROR_JIT_STACKLIMIT && !mc->stack) {
             /* deep backtracking over a long input: JIT's default 32 KiB
              * stack is too small, so give it one that grows to 16 MiB */
             mc->stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
@@ -373,17 +414,33 @@ ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *
                 continue;
             }
         }
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+        if (*rc == PCRE2_ERROR_JIT_STACKLIMIT)
             /* still too deep: the interpreter keeps its backtracking on the heap */
-            rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, it->pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, mc->md,
-                             mc->mctx);
+            *rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, mc->md, mc->mctx);
+        if (*rc != PCRE2_ERROR_MATCHLIMIT && *rc != PCRE2_ERROR_DEPTHLIMIT) return FERRY_OK;
+        limit = limit > UINT32_MAX / 2 ? UINT32_MAX : limit * 2;
+    }
+    return ferry_fail(FERRY_ERR_TOO_LARGE,
+                      "tokenizer: the regex work limit was reached matching %s (`%s`) on this %zu-byte text: the "
+                      "pattern backtracks too much (limit %u steps + %u a byte)",
+                      re->what, re->shown, n, TOK_REGEX_WORK_BASE, TOK_REGEX_WORK_PER_BYTE);
+}
+
+ferry_status tok_regex_next(const tok_regex *re, tok_match_ctx *mc, const char *s, size_t n, tok_regex_iter *it,
+                           tok_span *m, bool *found)
+{
+    *found = false;
+    if (it->pos == 0 && !it->have_last) /* a search starts: its text's share of the budget */
+        mc->work_left += (uint64_t)TOK_REGEX_WORK_PER_BYTE * n;
+    while (it->pos <= n) {
+        int rc = PCRE2_ERROR_NOMATCH;
+        FERRY_TRY(match_within(re, mc, s, n, it->pos, &rc));
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
             return ferry_fail(rc == PCRE2_ERROR_NOMEMORY ? FERRY_ERR_NOMEM : FERRY_ERR_TOO_LARGE,
-                              "tokenizer: matching the pre-tokenizer pattern failed on this text: %s",
-                              (const char *)msg);
+                              "tokenizer: matching %s failed on this text: %s", re->what, (const char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(mc->md);
         size_t ms = ov[0], me = ov[1];
@@ -414,4 +471,33 @@ ferry_status tok_regex_find_all(const tok_regex *re, tok_match_ctx *mc, const ch
         if (!found) return FERRY_OK;
         if (!tok_spans_push(out, m.start, m.end)) return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory");
     }
+}
+
+/* The load-time probe (PROBE_RUN above): each run under a fresh context,
+ * whose budget is what an encode of that text would have. */
+static ferry_status probe(const tok_regex *re)
+{
+    static const char *const k_chars[] = {"a", " ", "0", "!", "'", "\n", "\xc3\xa9", "\xe4\xb8\xad"};
+    char text[PROBE_RUN + 8];
+    tok_spans sp = {0};
+    ferry_status st = FERRY_OK;
+    for (size_t c = 0; c < sizeof k_chars / sizeof k_chars[0] && st == FERRY_OK; c++) {
+        size_t k = strlen(k_chars[c]), n = 0;
+        while (n + k <= PROBE_RUN) memcpy(text + n, k_chars[c], k), n += k;
+        text[n++] = c == 0 ? '!' : 'a'; /* a character the run is not made of */
+        tok_match_ctx *mc = tok_match_ctx_new();
+        if (!mc) {
+            st = ferry_fail(FERRY_ERR_NOMEM, "%s: out of memory", re->what);
+            break;
+        }
+        st = tok_regex_find_all(re, mc, text, n, &sp);
+        tok_match_ctx_free(mc);
+        if (st == FERRY_ERR_TOO_LARGE)
+            st = ferry_fail(FERRY_ERR_INVALID, "%s: the regex `%s` reaches the tokenizer's regex work limit on a "
+                            "probe text (%zu bytes of '%s' and one other character): it backtracks too much to "
+                            "run on clients' text, so this tokenizer is refused", re->what, re->shown, n - 1,
+                            c == 5 ? "\\n" : k_chars[c]);
+    }
+    free(sp.v);
+    return st;
 }

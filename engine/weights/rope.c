@@ -13,6 +13,7 @@
  */
 #include "rope.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,9 +46,11 @@ static ferry_status get_num(const json_value *obj, const char *label, const char
             return ferry_fail(FERRY_ERR_INVALID, "%s: %s of type '%s' needs '%s'", label, field, type, key);
         return FERRY_OK;
     }
-    if (!isfinite(*out) || fabs(*out) > 3.0e38 || (positive && !(*out > 0)))
-        return ferry_fail(FERRY_ERR_INVALID, "%s: %s.%s = %g must be a %snumber within float range", label, field,
-                          key, *out, positive ? "positive " : "");
+    /* the kernels compute in float: a value below FLT_MIN (1e-320) would be 0
+     * there, and a factor of 0 divides every frequency into inf */
+    if (!isfinite(*out) || fabs(*out) > 3.0e38 || (*out != 0 && fabs(*out) < FLT_MIN) || (positive && !(*out > 0)))
+        return ferry_fail(FERRY_ERR_INVALID, "%s: %s.%s = %g must be a %snumber within float range (%g..%g)", label,
+                          field, key, *out, positive ? "positive " : "", (double)FLT_MIN, 3.0e38);
     return FERRY_OK;
 }
 

@@ -26,6 +26,9 @@ int cmd_mkmodel(const ferry_config *cfg);
 int cmd_bench(const ferry_config *cfg);
 int cmd_plan(const ferry_config *cfg);
 int cmd_serve(const ferry_config *cfg);
+/* serve's checks of its settings alone and together (also run by `config
+ * --print`): 0, or the exit status after the error is printed. Fills *eo. */
+int serve_settings_check(const ferry_config *cfg, engine_opts *eo);
 int cmd_export(const ferry_config *cfg);
 int cmd_tokenize(const ferry_config *cfg);
 int cmd_detokenize(const ferry_config *cfg);

@@ -17,6 +17,10 @@ int cmd_config(const ferry_config *cfg)
         return 0;
     }
     if (!cfg->print) return cli_error(EXIT_USAGE, "config: nothing to do (give --print, or --docs for the settings table)");
+    /* what serve would refuse is refused here too, with serve's message */
+    engine_opts eo;
+    int rc = serve_settings_check(cfg, &eo);
+    if (rc) return rc;
     strbuf sb;
     sb_init(&sb);
     config_print_json(&sb, cfg);

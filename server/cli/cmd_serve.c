@@ -46,6 +46,7 @@
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
 #include "../../engine/base/util.h"
+#include "../../engine/text/chat_template.h"
 #include "cli.h"
 #include "../grpc/grpc_server.h"
 #include "../admin.h"
@@ -125,11 +126,17 @@ static void default_name(const char *dir, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n - start), dir + start);
 }
 
-/* The flags of serve alone, checked; fills the front end's options
- * (counters set by the caller) and the engine's per-request caps. Returns
- * 0 or the exit status it printed. */
-static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], http_opts *ho, grpc_front_opts *go)
+/* The name the model is served as: --name, or the model directory's. */
+static void serve_name(const ferry_config *cfg, char name[256])
 {
+    if (cfg->name) snprintf(name, 256, "%s", cfg->name);
+    else default_name(cfg->model ? cfg->model : "", name, 256);
+}
+
+int serve_settings_check(const ferry_config *cfg, engine_opts *eo)
+{
+    int rc = cli_engine_opts(cfg, eo);
+    if (rc) return rc;
     if (eo->max_seqs > eo->max_step_tokens)
         return cli_error(EXIT_USAGE, "--batch %d exceeds --max-step-tokens %d (every sequence needs a row per step)",
                          eo->max_seqs, eo->max_step_tokens);
@@ -144,13 +151,29 @@ static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], 
     if (cfg->max_output_tokens < d.max_new_tokens) /* what a request that names none asks for */
         return cli_error(EXIT_USAGE, "--max-output-tokens must be at least %lld, the max_new_tokens of a request that names none",
                          (long long)d.max_new_tokens);
+    if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
+    char name[256];
+    serve_name(cfg, name);
+    if ((cfg->name || cfg->model) && (!*name || strchr(name, '/') || strlen(name) > 200))
+        return cli_error(EXIT_USAGE, "--name must be 1..200 characters without '/' (got '%s')", name);
+    if (cfg->admin_port == 0) return 0;
+    char where[512];
+    if (!cfg->admin_host || !*cfg->admin_host)
+        return cli_error(EXIT_USAGE, "%s must not be empty", config_where(cfg, SETTING_admin_host, where, sizeof where));
+    if (cfg->admin_token && cfg->admin_token_file && cfg->source[SETTING_admin_token] == cfg->source[SETTING_admin_token_file])
+        return cli_error(EXIT_USAGE, "admin_token and admin_token_file are both set%s: give one",
+                         cfg->source[SETTING_admin_token] == SOURCE_FILE ? " in the config file" : " in the environment");
+    return 0;
+}
+
+/* The flags of serve alone (checked by serve_settings_check); fills the
+ * front end's options (counters set by the caller) and the engine's
+ * per-request caps. Returns 0 or the exit status it printed. */
+static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], http_opts *ho, grpc_front_opts *go)
+{
     eo->max_prompt = (int)cfg->max_prompt_tokens;
     eo->max_new = (int)cfg->max_output_tokens;
-    if (!cfg->host || !*cfg->host) return cli_error(EXIT_USAGE, "--host must not be empty");
-    if (cfg->name) snprintf(name, 256, "%s", cfg->name);
-    else default_name(cfg->model, name, 256);
-    if (!*name || strchr(name, '/') || strlen(name) > 200)
-        return cli_error(EXIT_USAGE, "--name must be 1..200 characters without '/' (got '%s')", name);
+    serve_name(cfg, name);
     *ho = (http_opts){.host = cfg->host,
                       .port = (int)cfg->http_port,
                       .model_name = name,
@@ -183,9 +206,7 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
                        .max_connections = (int)cfg->admin_max_connections};
     if (cfg->admin_port == 0) return 0;
     if (ao->port == -1) ao->port = 0; /* MHD's "any free port" */
-    char where[512];
-    if (!cfg->admin_host || !*cfg->admin_host)
-        return cli_error(EXIT_USAGE, "%s must not be empty", config_where(cfg, SETTING_admin_host, where, sizeof where));
+    char where[512]; /* admin_host and the token settings' sources: serve_settings_check */
     if (cfg->export_dir) { /* checked as export_start opens it: a directory, not a symlink */
         int fd = open(cfg->export_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
@@ -197,12 +218,8 @@ static int admin_setup(const ferry_config *cfg, const char *name, admin_opts *ao
     /* Both given: the one from the higher-precedence source (a flag over the
      * environment over the file); from the same source, it is ambiguous. */
     bool use_file = cfg->admin_token_file != NULL;
-    if (cfg->admin_token && cfg->admin_token_file) {
-        if (cfg->source[SETTING_admin_token] == cfg->source[SETTING_admin_token_file])
-            return cli_error(EXIT_USAGE, "admin_token and admin_token_file are both set%s: give one",
-                             cfg->source[SETTING_admin_token] == SOURCE_FILE ? " in the config file" : " in the environment");
+    if (cfg->admin_token && cfg->admin_token_file)
         use_file = cfg->source[SETTING_admin_token_file] > cfg->source[SETTING_admin_token];
-    }
     char from[512];
     if (use_file) {
         config_where(cfg, SETTING_admin_token_file, from, sizeof from);
@@ -239,7 +256,7 @@ int cmd_serve(const ferry_config *cfg)
     grpc_front_opts go;
     admin_opts ao;
     char name[256], *token = NULL;
-    int rc = cli_engine_opts(cfg, &eo);
+    int rc = serve_settings_check(cfg, &eo);
     if (rc || (rc = serve_opts(cfg, &eo, name, &ho, &go)) != 0 || (rc = admin_setup(cfg, name, &ao, &token)) != 0)
         return rc;
 
@@ -348,6 +365,7 @@ int cmd_serve(const ferry_config *cfg)
     /* both front ends stop accepting at once; the requests in flight on
      * either have --drain-timeout to finish, then what runs is cancelled */
     double deadline = util_now() + (double)cfg->drain_timeout;
+    tmpl_cancel_renders(); /* a render is not a request in flight yet: it ends now (503) */
     http_server_drain(srv, 0);
     if (gf) grpc_front_stop(gf, (int)cfg->drain_timeout);
     http_server_drain(srv, deadline);

@@ -18,6 +18,7 @@
 
 #define SERVICE "/inference.GRPCInferenceService/"
 #define GRPC_STREAM_QUEUE_MAX (256u << 10)
+#define GRPC_WORKERS 2 /* threads that parse ModelInfer messages and encode their text */
 
 enum tag_kind { TAG_NEW, TAG_RECV, TAG_SENT, TAG_CLOSED, TAG_WRITE, TAG_SHUTDOWN };
 
@@ -39,6 +40,8 @@ struct grpc_front {
     uint64_t stream_queue_max; /* grpc_stream.c, S4: GRPC_STREAM_QUEUE_MAX, or FERRY_GRPC_STREAM_QUEUE_MAX
                               * (tests: 1 pauses reading after every response) */
     rpc_tag shutdown_tag;
+    pthread_t workers[GRPC_WORKERS]; /* grpc_server.c: parse and encode, off the CQ thread */
+    int n_workers;
 
     pthread_mutex_t mu;      /* guards what follows */
     pthread_cond_t cond;     /* shutdown_done or live_rpcs changed */
@@ -49,6 +52,9 @@ struct grpc_front {
     bool shutdown_done;      /* the shutdown tag came */
     int live_rpcs;           /* R3 */
     int live_calls;          /* of those, the calls that arrived (not the one asked for next) */
+    struct work_item *work_head, *work_tail; /* messages waiting for a worker */
+    pthread_cond_t work_cond; /* work_head or work_stop changed */
+    bool work_stop;
 };
 
 struct rpc {
@@ -64,7 +70,7 @@ struct rpc {
     int cancelled;           /* set by RECV_CLOSE_ON_SERVER */
     const char *endpoint;    /* the metrics' name of the method, set by the first RECV */
 
-    pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread) */
+    pthread_mutex_t mu;      /* guards what follows (engine thread vs CQ thread and workers) */
     int refs;                /* R1 */
     uint64_t mem;            /* taken from g->budget, given back in rpc_free */
     /* ModelInfer */
@@ -135,7 +141,7 @@ void rpc_observe_queue(const rpc *r, double seconds);
  * busy gets the message); with r->mu held where another thread may too. */
 bool rpc_mem_take(rpc *r, uint64_t n, char *busy, size_t cap);
 
-/* grpc_stream.c: the CQ thread hands a ModelStreamInfer call its events */
+/* grpc_stream.c: the CQ thread (a worker: rpc_stream_message) hands a ModelStreamInfer call its events */
 ferry_status rpc_stream_init(rpc *r);
 void rpc_stream_message(rpc *r, const uint8_t *buf, size_t len); /* one request; reads the next */
 void rpc_stream_read_end(rpc *r);   /* the client half-closed, or the call ended */

@@ -20,7 +20,12 @@
  *           frees their KV sequence at the next step boundary)
  *
  * ModelStreamInfer calls read and write many messages: grpc_stream.c (its
- * WRITE tag is one SEND_MESSAGE). Connections come from grpc_listen.c's
+ * WRITE tag is one SEND_MESSAGE). The messages of ModelInfer and
+ * ModelStreamInfer are parsed, encoded and submitted by GRPC_WORKERS
+ * threads of their own (work_main), not by cq_main: an encode takes time in
+ * proportion to its text (up to the tokenizer's regex work limit), and
+ * cq_main serves every other call. A stream's next message is read only
+ * once its last was submitted, so a stream's messages stay in order. Connections come from grpc_listen.c's
  * thread, which accepts them and hands them to the server.
  *
  * Invariants of an rpc:
@@ -524,6 +529,59 @@ static const char *endpoint_of(const rpc *r)
     return "grpc_other";
 }
 
+/* ---- the workers ---------------------------------------------------------------- */
+
+typedef struct work_item {
+    struct work_item *next;
+    rpc *r;            /* its main flow's reference (R1) is the item's until it is handled */
+    grpc_slice msg;
+    bool stream;
+} work_item;
+
+static void work_handle(rpc *r, grpc_slice msg, bool stream)
+{
+    if (stream) rpc_stream_message(r, GRPC_SLICE_START_PTR(msg), GRPC_SLICE_LENGTH(msg));
+    else dispatch(r, GRPC_SLICE_START_PTR(msg), GRPC_SLICE_LENGTH(msg));
+    grpc_slice_unref(msg);
+}
+
+static void *work_main(void *arg)
+{
+    grpc_front *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->work_head && !g->work_stop) pthread_cond_wait(&g->work_cond, &g->mu);
+        work_item *w = g->work_head;
+        if (!w) break; /* stopping, and nothing left */
+        if (!(g->work_head = w->next)) g->work_tail = NULL;
+        pthread_mutex_unlock(&g->mu);
+        work_handle(w->r, w->msg, w->stream);
+        free(w);
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* Hands the message to a worker, which owns msg from here; handled here
+ * when there is no worker or no memory for the item. */
+static void work_post(rpc *r, grpc_slice msg, bool stream)
+{
+    grpc_front *g = r->g;
+    work_item *w = g->n_workers ? malloc(sizeof *w) : NULL;
+    if (!w) {
+        work_handle(r, msg, stream);
+        return;
+    }
+    *w = (work_item){NULL, r, msg, stream};
+    pthread_mutex_lock(&g->mu);
+    if (g->work_tail) g->work_tail->next = w;
+    else g->work_head = w;
+    g->work_tail = w;
+    pthread_cond_signal(&g->work_cond);
+    pthread_mutex_unlock(&g->mu);
+}
+
 static void on_recv(rpc *r, bool ok)
 {
     if (!r->endpoint) r->endpoint = endpoint_of(r);
@@ -544,10 +602,14 @@ static void on_recv(rpc *r, bool ok)
     if (readable) grpc_byte_buffer_reader_destroy(&rd);
     grpc_byte_buffer_destroy(r->recv);
     r->recv = NULL;
-    if (stream) rpc_stream_message(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
-    else if (!readable) rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "unreadable request message", NULL, 0);
-    else dispatch(r, GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl));
-    grpc_slice_unref(sl);
+    if (!stream && !readable) {
+        rpc_finish(r, GRPC_STATUS_INVALID_ARGUMENT, "unreadable request message", NULL, 0);
+        grpc_slice_unref(sl);
+    } else if (stream || method_is(r, "ModelInfer")) {
+        work_post(r, sl, stream);
+    } else {
+        work_handle(r, sl, false);
+    }
 }
 
 static void on_closed(rpc *r)
@@ -625,6 +687,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->stream_queue_max = qmax && *qmax ? strtoull(qmax, NULL, 10) : GRPC_STREAM_QUEUE_MAX;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
+    pthread_cond_init(&g->work_cond, NULL);
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
     grpc_init();
     int max_msg = o->max_message > INT_MAX ? INT_MAX : (int)o->max_message;
@@ -661,6 +724,8 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         /* not reached in practice; leave the process to exit */
         return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the completion-queue thread");
     }
+    while (g->n_workers < GRPC_WORKERS && pthread_create(&g->workers[g->n_workers], NULL, work_main, g) == 0)
+        g->n_workers++; /* none: the CQ thread handles the messages itself (work_post) */
     *out = g;
     if (grpc_listener_start(g->listener, g->server) != FERRY_OK) {
         grpc_front_stop(g, 0); /* keeps the listener's message */
@@ -704,13 +769,17 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     }
     pthread_mutex_lock(&g->mu);
     while (!g->shutdown_done || g->live_rpcs > 0) pthread_cond_wait(&g->cond, &g->mu); /* R3 */
+    g->work_stop = true; /* no item is left: each holds a live rpc */
+    pthread_cond_broadcast(&g->work_cond);
     pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
     grpc_server_destroy(g->server);
     grpc_completion_queue_shutdown(g->cq);
     pthread_join(g->thread, NULL); /* it drains the queue to GRPC_QUEUE_SHUTDOWN */
     grpc_completion_queue_destroy(g->cq);
     grpc_shutdown();
     pthread_cond_destroy(&g->cond);
+    pthread_cond_destroy(&g->work_cond);
     pthread_mutex_destroy(&g->mu);
     free(g->model_name);
     free(g);

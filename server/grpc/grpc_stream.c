@@ -383,6 +383,13 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (grpc_front_stop first) */
         q->s = g->s;
         st = sched_submit(g->s, &p, &cb, q, &q->sid);
+        if (st == FERRY_OK) {
+            /* S2: a worker submits, so the call may have gone meanwhile */
+            pthread_mutex_lock(&r->mu);
+            bool gone = r->stream->gone;
+            pthread_mutex_unlock(&r->mu);
+            if (gone) sched_cancel(g->s, q->sid);
+        }
         pthread_mutex_unlock(&g->mu);
         if (st == FERRY_OK) return;
         code = grpc_status_of(st);

@@ -239,6 +239,18 @@ def test_factor_not_positive_refused(ferry, victim, rope_type, factor):
     assert "positive" in line
 
 
+@pytest.mark.parametrize("factor", [1e-320, 1e-40])
+@pytest.mark.parametrize("rope_type", ["linear", "yarn", "llama3"])
+def test_factor_too_small_for_a_float_refused(ferry, victim, rope_type, factor):
+    """A factor that is positive as a double but 0 (or subnormal) as the
+    kernels' float used to load and then fail every step with inf/NaN
+    blamed on the weights; it is refused at load, naming the field."""
+    _with_config(victim, {"rope_scaling": {"rope_type": rope_type, "factor": factor, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
+    line = assert_ferry_error(gen(ferry, victim), ["config.json", "rope_scaling.factor = ", "within float range"])
+    assert "weights" not in line, line
+
+
 def test_llama3_missing_field_refused(ferry, victim):
     _with_config(victim, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0}})

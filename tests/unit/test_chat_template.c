@@ -140,6 +140,11 @@ static void test_render(void)
     RENDERS("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'late' %}{{ s }}", "{\"s\": \"caller\"}", "[]late");
     /* caller keywords and the globals */
     RENDERS("{{ enable_thinking }}{{ range(3)|list }}", "{\"enable_thinking\": false}", "False[0, 1, 2]");
+    /* items near the ends of int64 (i * step overflows int64 before a + ...) */
+    RENDERS("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}", NULL,
+            "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
+    RENDERS("{{ range(9223372036854775807, -9223372036854775807, -4611686018427387904)|list }}", NULL,
+            "[9223372036854775807, 4611686018427387903, -1, -4611686018427387905]");
     RENDERS("", NULL, "");
 }
 
@@ -261,6 +266,18 @@ static void test_limits(void)
           FERRY_ERR_TOO_LARGE, "");
     FAILS("{{ 'x' * 100000000000 }}", NULL, FERRY_ERR_TOO_LARGE, "too large");
     FAILS("{{ range(1000000)|list }}", NULL, FERRY_ERR_TOO_LARGE, "range too big");
+    /* every operation on two 4 MB strings is charged by the bytes it reads:
+     * 2000 of them (16 GB read) end at the work limit */
+#define TWO_LONG "{% set a = 'x' * 4000000 %}{% set b = 'x' * 4000000 %}{% set d = {b: 1} %}{% set l = [b] %}" \
+                 "{% for i in range(2000) %}"
+    FAILS(TWO_LONG "{% if a == b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a < b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a.startswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a.endswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a in l %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a in d %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+    FAILS(TWO_LONG "{% if a.removeprefix(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
+#undef TWO_LONG
     /* values nested deeper than the printers allow */
     FAILS("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
           NULL, FERRY_ERR_INVALID, "nested too deeply");
@@ -380,5 +397,8 @@ int main(void)
     test_limits();
     test_api();
     test_threads();
+    /* last: it cannot be undone */
+    tmpl_cancel_renders();
+    FAILS("{{ 1 }}", NULL, FERRY_ERR_BUSY, "the server is shutting down");
     return check_report();
 }
