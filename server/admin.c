@@ -617,6 +617,10 @@ static void body_append(admin_request *rq, const char *data, size_t n)
     rq->body[rq->len] = '\0';
 }
 
+/* 401 lines logged at most: a burst per window (ferry_admin_auth_failures_total counts every one) */
+#define ADMIN_401_LOG_BURST 10
+#define ADMIN_401_LOG_WINDOW_S 10
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -635,8 +639,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             char peer[INET6_ADDRSTRLEN + 16];
             peer_name(c, peer, sizeof peer);
             metrics_count_admin_auth_failure(a->counters);
-            fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s\n", method,
-                    rq->d.ep == AEP_OTHER ? "(other path)" : url, peer, why);
+            /* a client chooses the method and how often: escaped, and at
+             * most a burst of lines a window (the counter has them all) */
+            static mhd_log_limit limit = MHD_LOG_LIMIT_INIT(ADMIN_401_LOG_BURST, ADMIN_401_LOG_WINDOW_S);
+            uint64_t held = 0;
+            if (mhd_log_allow(&limit, &held)) {
+                char m[48], u[160], more[64] = "";
+                if (held)
+                    snprintf(more, sizeof more, " (%llu more 401s not logged)", (unsigned long long)held);
+                fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s%s\n", mhd_log_escape(method, m, sizeof m),
+                        rq->d.ep == AEP_OTHER ? "(other path)" : mhd_log_escape(url, u, sizeof u), peer, why, more);
+            }
             return reply_error(a, rq, c, 401, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ferry-admin\"",
                                "unauthorized: %s (send Authorization: Bearer <token>)", why);
         }

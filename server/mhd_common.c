@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "../engine/base/util.h"
 
@@ -189,4 +190,53 @@ int mhd_conns_cut_slow(mhd_conns *cs)
         }
     pthread_mutex_unlock(&cs->mu);
     return n;
+}
+
+const char *mhd_log_escape(const char *s, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (cap == 0) return out;
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        bool plain = *p >= 0x20 && *p < 0x7f && *p != '\\';
+        size_t need = plain ? 1 : 4;
+        if (o + need + 4 > cap) { /* room for "..." and the NUL */
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (plain) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static pthread_mutex_t log_limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+bool mhd_log_allow(mhd_log_limit *l, uint64_t *held_back)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    pthread_mutex_lock(&log_limit_mu);
+    if (ts.tv_sec - l->window_start >= l->window_s) {
+        l->window_start = ts.tv_sec;
+        l->in_window = 0;
+    }
+    bool ok = l->in_window < l->burst;
+    if (ok) {
+        l->in_window++;
+        *held_back = l->held_back;
+        l->held_back = 0;
+    } else {
+        l->held_back++;
+    }
+    pthread_mutex_unlock(&log_limit_mu);
+    return ok;
 }

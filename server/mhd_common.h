@@ -24,6 +24,23 @@ ferry_status mhd_resolve(const char *host, int port, const char *flag, struct ad
  * dropped) when `on`. */
 void mhd_log(bool on, const char *who, const char *fmt, va_list ap);
 
+/* What a client sent (a method, a path), fit for one log line: bytes
+ * outside printable ASCII, and backslash, as \xNN; at most `cap` - 1 bytes
+ * written, cut with "..." when longer. Returns out. */
+const char *mhd_log_escape(const char *s, char *out, size_t cap);
+
+/* Log lines a client can provoke, at most `burst` per `window_s` seconds:
+ * mhd_log_allow says whether to write one now, and how many were held back
+ * since the last one written (to say so in it). Thread-safe. */
+typedef struct {
+    int burst, window_s;
+    int64_t window_start; /* monotonic seconds */
+    int in_window;
+    uint64_t held_back;
+} mhd_log_limit;
+#define MHD_LOG_LIMIT_INIT(burst, window_s) {(burst), (window_s), 0, 0, 0}
+bool mhd_log_allow(mhd_log_limit *l, uint64_t *held_back);
+
 /* ---- open connections: the receive deadline and the waiting limit --------------
 
  * MHD calls the access handler only once a request's head is whole, so a

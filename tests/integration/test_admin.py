@@ -34,6 +34,7 @@ import concurrent.futures
 import json
 import os
 import re
+import socket
 import time
 from pathlib import Path
 
@@ -227,8 +228,20 @@ def test_bearer_scheme_is_case_insensitive(served):
     assert st == 200, obj
 
 
-def test_auth_failures_logged_without_the_token(served):
-    srv, adm = served
+@pytest.fixture
+def fresh(ferry_bin, tiny, token_file):
+    """A server of its own: 401 log lines are rate-limited per process, and
+    the module's server has refused many requests already."""
+    srv, adm = start(ferry_bin, tiny, env=clean_env(), token_file=token_file)
+    try:
+        yield srv, adm
+        stop(srv)
+    finally:
+        srv.kill()
+
+
+def test_auth_failures_logged_without_the_token(fresh):
+    srv, adm = fresh
     secret = "s3cr3t-guess-" + "q" * 20
     n = len(srv.log)
     st, _, _ = areq(adm, "GET", "/admin/v1/status", token=secret)
@@ -789,3 +802,25 @@ def test_waiting_limit_closes_the_oldest_waiting_connection(ferry_bin, tiny, tok
     finally:
         tr.close()
         stop(srv)
+
+
+def test_401_log_lines_escaped_and_limited(fresh):
+    """What a client sends reaches the log escaped (no raw control bytes: a
+    path with ESC and CR cannot forge or recolour log lines), and a flood of
+    refused requests writes at most a burst of lines (10 per 10 s); the
+    counter has every one."""
+    srv, adm = fresh
+    n, before = len(srv.log), auth_failures(srv)
+    with socket.create_connection(("127.0.0.1", adm.port), timeout=10) as s:
+        s.sendall(b"G\x1b[2J\x7fET /admin/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    for _ in range(40):
+        st, _, _ = areq(adm, "GET", "/admin/v1/status", token="wrong")
+        assert st == 401
+    assert auth_failures(srv) == before + 41
+    time.sleep(0.3)
+    lines = [ln for ln in srv.log[n:] if "admin: 401" in ln]
+    assert 1 <= len(lines) <= 10, lines
+    assert "\\x1b" in lines[0] and "\x1b" not in lines[0] and "\r" not in lines[0], lines[0]
+    assert not any(ln.startswith("ferry: forged") for ln in srv.log), srv.logtail()
