@@ -4,10 +4,12 @@
  * gRPC core 1.51 takes every connection its listener accepts (a connection
  * limit, GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS, came in later
  * releases), so ferry does not give core a port: one thread, listen_main,
- * accepts, and hands each connection to core with
- * grpc_server_add_channel_from_fd, which builds the same transport and
- * channel stack (the server's channel args: streams per connection, idle
- * and keepalive) as core's own listener, without its handshake.
+ * accepts, and hands each connection to the relay (grpc_relay.c, which
+ * bounds what 1.51 does not: reset streams, header blocks) and the
+ * relay's end of it to core with grpc_server_add_channel_from_fd, which
+ * builds the same transport and channel stack (the server's channel args:
+ * streams per connection, idle and keepalive) as core's own listener,
+ * without its handshake.
  *
  * A connection ferry holds is in one of two states:
  *
@@ -17,9 +19,9 @@
  *            closed when --request-timeout passes (core's handshake timeout,
  *            GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, runs only in core's own
  *            listener), or when what came is not HTTP/2's preface
- *   HANDED   given to core, which owns the fd and closes it when the
- *            connection ends. ferry keeps the fd's number and its socket's
- *            inode to see when that happened.
+ *   HANDED   given to the relay, which owns the fd and closes it when the
+ *            connection ends. listen_main keeps the fd's number and its
+ *            socket's inode to see when that happened.
  *
  * Invariants:
  *   L1. n_conns (both states) <= max_conns: at the limit the listening
@@ -56,15 +58,14 @@
 #include <unistd.h>
 
 #include "../mhd_common.h"
+#include "grpc_relay.h"
+#include "h2_frame.h"
 
 #define LISTEN_BACKLOG 512     /* as the HTTP front end's (MHD_OPTION_LISTEN_BACKLOG_SIZE) */
 #define SWEEP_MS 200           /* L2: how often a full table looks for ended connections */
 #define LOG_EVERY_MS 10000     /* a refusal's log line, at most this often */
 
-/* RFC 9113 3.4: the client's preface, then a SETTINGS frame (its 9-octet
- * header: length 3, type 4, flags, stream 0) */
-static const char k_magic[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-enum { MAGIC_LEN = sizeof k_magic - 1, PREFACE_LEN = MAGIC_LEN + 9, FRAME_SETTINGS = 4 };
+enum { PREFACE_LEN = H2_PREFACE_LEN };
 
 typedef struct {
     sa_family_t family;      /* AF_INET (an IPv4-mapped IPv6 address too) or AF_INET6 */
@@ -88,6 +89,7 @@ struct grpc_listener {
     int port;
     grpc_listen_opts o;
     grpc_server *server;
+    grpc_relay *relay;
     grpc_server_credentials *creds;
     pthread_t thread;
     bool running;
@@ -95,11 +97,11 @@ struct grpc_listener {
     conn *conns;             /* [n_conns] WAITING and HANDED, any order */
     int n_conns, cap;
     int64_t paused_until_ms; /* accept failed for want of fds: try again then */
-    int64_t last_log_ms[3];  /* per kind of log line (enum log_kind) */
-    int quiet[3];            /* lines not written since */
+    int64_t last_log_ms[4];  /* per kind of log line (enum log_kind) */
+    int quiet[4];            /* lines not written since */
 };
 
-enum log_kind { LOG_PER_IP, LOG_FULL, LOG_ACCEPT };
+enum log_kind { LOG_PER_IP, LOG_FULL, LOG_ACCEPT, LOG_RELAY };
 
 static int64_t now_ms(void)
 {
@@ -276,18 +278,26 @@ static void accept_all(grpc_listener *l)
 static void preface_check(grpc_listener *l, int i, short revents)
 {
     conn *c = &l->conns[i];
-    char buf[PREFACE_LEN];
+    uint8_t buf[PREFACE_LEN];
     ssize_t n = recv(c->fd, buf, sizeof buf, MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n == PREFACE_LEN) {
-        if (memcmp(buf, k_magic, MAGIC_LEN) != 0 || buf[MAGIC_LEN + 3] != FRAME_SETTINGS) {
-            close(c->fd); /* not HTTP/2 with prior knowledge: core would close it too */
+    enum h2_preface pf = n > 0 ? h2_preface_check(buf, (size_t)n) : H2_PREFACE_MORE;
+    if (pf == H2_PREFACE_BAD) { /* not HTTP/2 with prior knowledge: core would close it too */
+        close(c->fd);
+        conn_remove(l, i);
+        return;
+    }
+    if (pf == H2_PREFACE_OK) {
+        set_int_opt(c->fd, SOL_SOCKET, SO_RCVLOWAT, 1); /* the relay's reads want every byte */
+        int core_fd;
+        if (grpc_relay_add(l->relay, c->fd, &core_fd) != FERRY_OK) {
+            note(l, LOG_RELAY, "cannot relay a connection: %s", ferry_errmsg());
+            close(c->fd);
             conn_remove(l, i);
             return;
         }
-        set_int_opt(c->fd, SOL_SOCKET, SO_RCVLOWAT, 1); /* core's reads want every byte */
-        c->state = HANDED;
-        grpc_server_add_channel_from_fd(l->server, c->fd, l->creds); /* core owns the fd now */
+        c->state = HANDED; /* the relay owns the fd now, core the other end */
+        grpc_server_add_channel_from_fd(l->server, core_fd, l->creds);
         return;
     }
     if (n <= 0 || (revents & (POLLRDHUP | POLLHUP | POLLERR))) { /* ended before its preface */
@@ -422,9 +432,10 @@ ferry_status grpc_listener_open(const grpc_listen_opts *o, grpc_listener **out)
 
 int grpc_listener_port(const grpc_listener *l) { return l->port; }
 
-ferry_status grpc_listener_start(grpc_listener *l, grpc_server *server)
+ferry_status grpc_listener_start(grpc_listener *l, grpc_server *server, grpc_relay *relay)
 {
     l->server = server;
+    l->relay = relay;
     l->creds = grpc_insecure_server_credentials_create();
     if (pthread_create(&l->thread, NULL, listen_main, l) != 0)
         return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the accepting thread");
