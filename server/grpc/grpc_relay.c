@@ -39,8 +39,9 @@
  *   Y2. only octets the guard passed reach core (h2_frame.h G2).
  *   Y3. a GOAWAY follows only a frame boundary of core's stream; when the
  *       client has part of a frame already, the connection closes without.
- *   Y4. a connection on the list is the relay thread's, but for
- *       grpc_relay_add's insert (under mu, before the thread can see it).
+ *   Y4. a connection is the relay thread's once its client end is in the
+ *       epoll set; the list (conns, prev, next) is changed and scanned
+ *       under mu, which grpc_relay_add's insert holds too.
  *   Y5. a connection ended within one epoll_wait batch is only marked dead
  *       and freed after the batch: a later event of the batch may name it.
  */
@@ -93,6 +94,7 @@ struct relay_conn {
     bool core_gone;             /* core's end hung up: off the epoll set, read as the client takes it */
     int64_t linger_until_ms;
     relay_conn *prev, *next;
+    relay_conn *expired;        /* relay_main's list of lingers that are over */
 };
 
 struct grpc_relay {
@@ -374,16 +376,25 @@ static void *relay_main(void *arg)
     struct epoll_event ev[64];
     for (;;) {
         int n = epoll_wait(r->ep, ev, 64, r->n_closing ? 100 : -1);
+        if (n > 0) { /* Y4: grpc_relay_add's writes come before (epoll orders them, but not for TSan) */
+            pthread_mutex_lock(&r->mu);
+            pthread_mutex_unlock(&r->mu);
+        }
         for (int i = 0; i < n; i++) {
             if (!ev[i].data.ptr) goto out; /* grpc_relay_stop */
             on_event(r, ev[i].data.ptr, ev[i].events);
         }
-        if (r->n_closing) { /* lingers that are over */
+        if (r->n_closing) { /* lingers that are over; the list is read under mu (Y4) */
             int64_t t = now_ms();
-            for (relay_conn *c = r->conns, *next; c; c = next) {
-                next = c->next;
-                if (c->closing && t >= c->linger_until_ms) conn_end(r, c);
-            }
+            relay_conn *over = NULL;
+            pthread_mutex_lock(&r->mu);
+            for (relay_conn *c = r->conns; c; c = c->next)
+                if (c->closing && t >= c->linger_until_ms) {
+                    c->expired = over;
+                    over = c;
+                }
+            pthread_mutex_unlock(&r->mu);
+            for (relay_conn *c = over; c; c = c->expired) conn_end(r, c);
         }
         for (relay_conn *c = r->dead, *next; c; c = next) { /* Y5 */
             next = c->next;
