@@ -347,6 +347,7 @@ static void on_event(grpc_relay *r, relay_end *e, uint32_t ev)
     relay_conn *c = e->c;
     if (c->dead) return; /* Y5 */
     int side = e == &c->end[CLIENT] ? CLIENT : CORE;
+    if (c->fd[side] < 0) return; /* closed earlier in this batch (CLOSING: core's end) */
     if (side == CLIENT && (ev & (EPOLLERR | EPOLLHUP))) { /* the client is gone both ways */
         conn_end(r, c);
         return;
