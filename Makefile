@@ -222,7 +222,8 @@ TSAN_ENV     = TSAN_OPTIONS=suppressions=$(SAN_SUPP)/tsan.supp:log_path=$(CURDIR
 # the integration tests that drive concurrency: the HTTP and gRPC servers
 # (many clients, streams, cancellation, drain) and the pipeline on cpu-split
 TSAN_PYTEST ?= tests/integration/test_http.py tests/integration/test_grpc.py tests/integration/test_openai.py \
-               tests/integration/test_hardening.py tests/integration/test_placement.py
+               tests/integration/test_hardening.py tests/integration/test_placement.py \
+               tests/integration/test_grpc_attacks.py
 TSAN_K      ?= not placement or split
 # what test-asan runs of the integration suite (all of it)
 ASAN_PYTEST ?= tests/integration
@@ -236,7 +237,8 @@ SAN_REPORTS := scripts/sanitizer_reports.sh
 # test for CI's 20.
 CI_ASAN_PYTEST ?= tests/integration/test_bad_inputs.py tests/integration/test_hardening.py \
                   tests/integration/test_limits.py tests/integration/test_http.py tests/integration/test_openai.py \
-                  tests/integration/test_grpc.py tests/integration/test_text_http.py tests/integration/test_faults.py
+                  tests/integration/test_grpc.py tests/integration/test_text_http.py tests/integration/test_faults.py \
+                  tests/integration/test_grpc_attacks.py
 
 .PHONY: check-asan check-tsan tsan tsan-unit ci-sanitizers
 ci-sanitizers:
