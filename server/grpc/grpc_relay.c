@@ -52,20 +52,19 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "grpc_thread.h"
 
 #define RELAY_CHUNK (64 * 1024) /* one read; the most a direction holds (Y1) */
 #define RELAY_ROUNDS 4          /* reads per direction per wake: a busy connection leaves room for others */
 #define RELAY_LINGER_MS 1000    /* CLOSING: how long the client's input is drained */
-#define LOG_EVERY_MS 10000
 
 enum { UP, DOWN };              /* directions */
 enum { CLIENT, CORE };          /* ends */
@@ -106,17 +105,9 @@ struct grpc_relay {
     relay_conn *conns;
     relay_conn *dead;           /* Y5: ended in this batch, via next */
     int n_closing;
-    int64_t last_log_ms;
-    int quiet;
+    grpc_ratelog log;           /* the connections closed */
     uint8_t scratch[RELAY_CHUNK];
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 /* ---- a connection's life ---------------------------------------------------------- */
 
@@ -178,26 +169,6 @@ static void conn_free(relay_conn *c)
     free(c);
 }
 
-static void note(grpc_relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(grpc_relay *r, const char *fmt, ...)
-{
-    int64_t t = now_ms();
-    if (r->last_log_ms && t - r->last_log_ms < LOG_EVERY_MS) {
-        r->quiet++;
-        return;
-    }
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (r->quiet) fprintf(stderr, "ferry: grpc: %s (and %d more in the last %d s)\n", msg, r->quiet,
-                          (int)((t - r->last_log_ms) / 1000));
-    else fprintf(stderr, "ferry: grpc: %s\n", msg);
-    r->last_log_ms = t;
-    r->quiet = 0;
-}
-
 static void peer_str(int fd, char *buf, size_t cap)
 {
     struct sockaddr_storage ss;
@@ -253,10 +224,10 @@ static void conn_refuse(grpc_relay *r, relay_conn *c, enum h2_verdict v)
 {
     char a[INET6_ADDRSTRLEN];
     peer_str(c->fd[CLIENT], a, sizeof a);
-    note(r, "closed a connection from %s with GOAWAY ENHANCE_YOUR_CALM: %s", a, h2_verdict_str(v));
+    grpc_ratelog_note(&r->log, "closed a connection from %s with GOAWAY ENHANCE_YOUR_CALM: %s", a, h2_verdict_str(v));
     c->closing = true;
     r->n_closing++;
-    c->linger_until_ms = now_ms() + RELAY_LINGER_MS;
+    c->linger_until_ms = grpc_now_ms() + RELAY_LINGER_MS;
     free(c->dir[UP].pend);
     c->dir[UP] = (relay_dir){0};
     close_end(c, CORE); /* core ends the connection's streams */
@@ -301,7 +272,7 @@ static bool dir_pump(grpc_relay *r, relay_conn *c, int d)
         if (c->closing || (d == UP && c->core_gone)) continue; /* the client's input is dropped */
         size_t ok = (size_t)n;
         enum h2_verdict v = H2_OK;
-        if (d == UP) v = h2_guard_feed(&c->guard, r->scratch, (size_t)n, now_ms(), &ok); /* Y2 */
+        if (d == UP) v = h2_guard_feed(&c->guard, r->scratch, (size_t)n, grpc_now_ms(), &ok); /* Y2 */
         else h2_frames_feed(&c->down, r->scratch, (size_t)n);
         if (v != H2_OK) {
             conn_refuse(r, c, v);
@@ -324,7 +295,7 @@ static bool conn_settle(grpc_relay *r, relay_conn *c)
             shutdown(c->fd[CLIENT], SHUT_WR);
             c->client_shut = true;
         }
-        if (c->dir[UP].eof || now_ms() >= c->linger_until_ms) {
+        if (c->dir[UP].eof || grpc_now_ms() >= c->linger_until_ms) {
             conn_end(r, c);
             return false;
         }
@@ -386,7 +357,7 @@ static void *relay_main(void *arg)
             on_event(r, ev[i].data.ptr, ev[i].events);
         }
         if (r->n_closing) { /* lingers that are over; the list is read under mu (Y4) */
-            int64_t t = now_ms();
+            int64_t t = grpc_now_ms();
             relay_conn *over = NULL;
             pthread_mutex_lock(&r->mu);
             for (relay_conn *c = r->conns; c; c = c->next)
@@ -443,7 +414,7 @@ ferry_status grpc_relay_add(grpc_relay *r, int client_fd, int *core_fd)
     }
     c->fd[CLIENT] = client_fd;
     c->fd[CORE] = sv[0];
-    h2_guard_init(&c->guard, &r->lim, now_ms());
+    h2_guard_init(&c->guard, &r->lim, grpc_now_ms());
     h2_frames_init(&c->down, 0);
     for (int s = CLIENT; s <= CORE; s++) c->end[s] = (relay_end){.c = c, .events = end_wants(c, s)};
     pthread_mutex_lock(&r->mu); /* Y4 */
@@ -471,12 +442,7 @@ ferry_status grpc_relay_add(grpc_relay *r, int client_fd, int *core_fd)
 void grpc_relay_stop(grpc_relay *r)
 {
     if (!r) return;
-    if (r->running) {
-        uint64_t one = 1;
-        ssize_t w = write(r->wake, &one, sizeof one); /* fails only when already woken */
-        (void)w;
-        pthread_join(r->thread, NULL);
-    }
+    if (r->running) grpc_thread_stop(r->wake, r->thread);
     for (relay_conn *c = r->conns, *next; c; c = next) {
         next = c->next;
         close_end(c, CLIENT);
