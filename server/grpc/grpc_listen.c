@@ -66,10 +66,7 @@
 
 enum { PREFACE_LEN = H2_PREFACE_LEN };
 
-typedef struct {
-    sa_family_t family;      /* AF_INET (an IPv4-mapped IPv6 address too) or AF_INET6 */
-    uint8_t a[16];
-} peer_addr;
+typedef grpc_peer peer_addr;
 
 enum conn_state { WAITING, HANDED };
 
@@ -261,7 +258,7 @@ static void preface_check(grpc_listener *l, int i, short revents)
     if (pf == H2_PREFACE_OK) {
         set_int_opt(c->fd, SOL_SOCKET, SO_RCVLOWAT, 1); /* the relay's reads want every byte */
         int core_fd;
-        if (grpc_relay_add(l->relay, c->fd, &core_fd) != FERRY_OK) {
+        if (grpc_relay_add(l->relay, c->fd, &c->peer, &core_fd) != FERRY_OK) {
             grpc_ratelog_note(&l->log[LOG_RELAY], "cannot relay a connection: %s", ferry_errmsg());
             close(c->fd);
             conn_remove(l, i);

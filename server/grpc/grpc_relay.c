@@ -44,6 +44,13 @@
  *       under mu, which grpc_relay_add's insert holds too.
  *   Y5. a connection ended within one epoll_wait batch is only marked dead
  *       and freed after the batch: a later event of the batch may name it.
+ *   Y6. the connections of one client address count their resets in one
+ *       bucket (a client that opens connection after connection gets no
+ *       fresh bucket with each). An address's entry stays while it has
+ *       connections or its bucket is not yet full again (a full one is as
+ *       good as new), at most RELAY_MAX_PEERS of them; past that a
+ *       connection keeps a bucket of its own. Only the relay thread
+ *       touches the table.
  */
 #define _GNU_SOURCE
 #include "grpc_relay.h"
@@ -65,11 +72,21 @@
 #define RELAY_CHUNK (64 * 1024) /* one read; the most a direction holds (Y1) */
 #define RELAY_ROUNDS 4          /* reads per direction per wake: a busy connection leaves room for others */
 #define RELAY_LINGER_MS 1000    /* CLOSING: how long the client's input is drained */
+#define RELAY_PEER_CHAINS 1024  /* the table of client addresses: hash chains */
+#define RELAY_MAX_PEERS 65536   /* and its most entries (Y6) */
 
 enum { UP, DOWN };              /* directions */
 enum { CLIENT, CORE };          /* ends */
 
 typedef struct relay_conn relay_conn;
+
+/* A client address's reset bucket, shared by its connections (Y6). */
+typedef struct relay_peer {
+    grpc_peer addr;
+    h2_bucket resets;
+    int conns;                  /* its connections relayed now */
+    struct relay_peer *next;    /* in its hash chain */
+} relay_peer;
 
 typedef struct {
     relay_conn *c;
@@ -87,6 +104,9 @@ struct relay_conn {
     relay_end end[2];
     relay_dir dir[2];           /* [UP], [DOWN] */
     h2_guard guard;             /* UP's frames */
+    grpc_peer addr;
+    relay_peer *peer;           /* NULL until its first event; then its address's bucket (or none: Y6) */
+    bool peer_bound;
     h2_frames down;             /* DOWN's frame boundaries */
     uint64_t down_written;      /* octets of DOWN the client took */
     bool closing, core_shut, client_shut, dead;
@@ -104,6 +124,8 @@ struct grpc_relay {
     pthread_mutex_t mu;         /* Y4 */
     relay_conn *conns;
     relay_conn *dead;           /* Y5: ended in this batch, via next */
+    relay_peer *peers[RELAY_PEER_CHAINS]; /* Y6 */
+    int n_peers;
     int n_closing;
     grpc_ratelog log;           /* the connections closed */
     uint8_t scratch[RELAY_CHUNK];
@@ -140,6 +162,56 @@ static void close_end(relay_conn *c, int side)
     c->fd[side] = -1;
 }
 
+/* ---- client addresses (Y6) ---------------------------------------------------------- */
+
+static unsigned peer_hash(const grpc_peer *a)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    const uint8_t *p = (const uint8_t *)a;
+    for (size_t i = 0; i < sizeof *a; i++) h = (h ^ p[i]) * 16777619u;
+    return h % RELAY_PEER_CHAINS;
+}
+
+/* Drops the entries of chain k that hold nothing: no connection, a full
+ * bucket (all of them, full or not, with `all`). */
+static void peer_sweep(grpc_relay *r, unsigned k, int64_t now, bool all)
+{
+    for (relay_peer **pp = &r->peers[k]; *pp;) {
+        relay_peer *p = *pp;
+        if (p->conns == 0 && (all || h2_bucket_full(&p->resets, r->lim.resets_per_s, now))) {
+            *pp = p->next;
+            free(p);
+            r->n_peers--;
+        } else pp = &p->next;
+    }
+}
+
+/* c's resets go to its address's bucket from now on (Y6). */
+static void peer_bind(grpc_relay *r, relay_conn *c)
+{
+    c->peer_bound = true;
+    int64_t now = grpc_now_ms();
+    unsigned k = peer_hash(&c->addr);
+    peer_sweep(r, k, now, false);
+    relay_peer *p = r->peers[k];
+    while (p && memcmp(&p->addr, &c->addr, sizeof p->addr) != 0) p = p->next;
+    if (!p) {
+        if (r->n_peers >= RELAY_MAX_PEERS)
+            for (unsigned j = 0; j < RELAY_PEER_CHAINS; j++) peer_sweep(r, j, now, true);
+        if (r->n_peers >= RELAY_MAX_PEERS || !(p = calloc(1, sizeof *p))) return; /* a bucket of its own */
+        p->addr = c->addr;
+        h2_bucket_init(&p->resets, r->lim.resets_per_s, now);
+        p->next = r->peers[k];
+        r->peers[k] = p;
+        r->n_peers++;
+    }
+    p->conns++;
+    c->peer = p;
+    h2_guard_share_resets(&c->guard, &p->resets);
+}
+
+/* ---- a connection's end ----------------------------------------------------------- */
+
 static void list_unlink(grpc_relay *r, relay_conn *c)
 {
     pthread_mutex_lock(&r->mu); /* Y4 */
@@ -156,6 +228,7 @@ static void conn_end(grpc_relay *r, relay_conn *c)
     close_end(c, CLIENT);
     close_end(c, CORE);
     if (c->closing) r->n_closing--;
+    if (c->peer) c->peer->conns--; /* its entry goes when its bucket is full again (Y6) */
     c->dead = true;
     list_unlink(r, c);
     c->next = r->dead;
@@ -319,6 +392,7 @@ static void on_event(grpc_relay *r, relay_end *e, uint32_t ev)
     if (c->dead) return; /* Y5 */
     int side = e == &c->end[CLIENT] ? CLIENT : CORE;
     if (c->fd[side] < 0) return; /* closed earlier in this batch (CLOSING: core's end) */
+    if (!c->peer_bound) peer_bind(r, c);
     if (side == CLIENT && (ev & (EPOLLERR | EPOLLHUP))) { /* the client is gone both ways */
         conn_end(r, c);
         return;
@@ -401,7 +475,7 @@ ferry_status grpc_relay_start(const h2_limits *lim, grpc_relay **out)
     return FERRY_OK;
 }
 
-ferry_status grpc_relay_add(grpc_relay *r, int client_fd, int *core_fd)
+ferry_status grpc_relay_add(grpc_relay *r, int client_fd, const grpc_peer *peer, int *core_fd)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
@@ -414,6 +488,7 @@ ferry_status grpc_relay_add(grpc_relay *r, int client_fd, int *core_fd)
     }
     c->fd[CLIENT] = client_fd;
     c->fd[CORE] = sv[0];
+    c->addr = *peer;
     h2_guard_init(&c->guard, &r->lim, grpc_now_ms());
     h2_frames_init(&c->down, 0);
     for (int s = CLIENT; s <= CORE; s++) c->end[s] = (relay_end){.c = c, .events = end_wants(c, s)};
@@ -453,6 +528,11 @@ void grpc_relay_stop(grpc_relay *r)
         next = c->next;
         conn_free(c);
     }
+    for (unsigned k = 0; k < RELAY_PEER_CHAINS; k++)
+        for (relay_peer *p = r->peers[k], *next; p; p = next) {
+            next = p->next;
+            free(p);
+        }
     if (r->ep >= 0) close(r->ep);
     if (r->wake >= 0) close(r->wake);
     pthread_mutex_destroy(&r->mu);

@@ -99,24 +99,43 @@ uint64_t h2_frames_boundary(const h2_frames *f)
 
 /* ---- the guard -------------------------------------------------------------------- */
 
+void h2_bucket_init(h2_bucket *b, uint32_t resets_per_s, int64_t now_ms)
+{
+    *b = (h2_bucket){.tokens = (int64_t)resets_per_s * 1000, .refilled_ms = now_ms};
+}
+
+static void bucket_refill(h2_bucket *b, uint32_t per_s, int64_t now_ms)
+{
+    int64_t cap = (int64_t)per_s * 1000;
+    if (now_ms <= b->refilled_ms) return;
+    int64_t add = (now_ms - b->refilled_ms) * per_s;
+    b->tokens = add >= cap - b->tokens ? cap : b->tokens + add;
+    b->refilled_ms = now_ms;
+}
+
+bool h2_bucket_full(const h2_bucket *b, uint32_t resets_per_s, int64_t now_ms)
+{
+    h2_bucket now = *b;
+    bucket_refill(&now, resets_per_s, now_ms);
+    return now.tokens == (int64_t)resets_per_s * 1000;
+}
+
 void h2_guard_init(h2_guard *g, const h2_limits *lim, int64_t now_ms)
 {
-    *g = (h2_guard){.lim = *lim, .verdict = H2_OK, .refilled_ms = now_ms,
-                    .reset_tokens = (int64_t)lim->resets_per_s * 1000};
+    *g = (h2_guard){.lim = *lim, .verdict = H2_OK};
+    h2_bucket_init(&g->own_resets, lim->resets_per_s, now_ms);
+    g->resets = &g->own_resets;
     h2_frames_init(&g->frames, H2_MAGIC_LEN);
 }
 
-/* G3: one RST_STREAM takes a token; the bucket refills resets_per_s a second */
+void h2_guard_share_resets(h2_guard *g, h2_bucket *b) { g->resets = b; }
+
+/* G3: one RST_STREAM takes a token */
 static bool reset_allowed(h2_guard *g, int64_t now_ms)
 {
-    int64_t cap = (int64_t)g->lim.resets_per_s * 1000;
-    if (now_ms > g->refilled_ms) {
-        int64_t add = (now_ms - g->refilled_ms) * g->lim.resets_per_s;
-        g->reset_tokens = add >= cap - g->reset_tokens ? cap : g->reset_tokens + add;
-        g->refilled_ms = now_ms;
-    }
-    if (g->reset_tokens < 1000) return false;
-    g->reset_tokens -= 1000;
+    bucket_refill(g->resets, g->lim.resets_per_s, now_ms);
+    if (g->resets->tokens < 1000) return false;
+    g->resets->tokens -= 1000;
     return true;
 }
 

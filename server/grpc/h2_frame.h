@@ -74,6 +74,17 @@ typedef struct {
                                   * second (--grpc-max-resets) */
 } h2_limits;
 
+/* RST_STREAM frames allowed: a bucket of resets_per_s, refilled at
+ * resets_per_s a second, in thousandths of a reset (G3). */
+typedef struct {
+    int64_t tokens;
+    int64_t refilled_ms;
+} h2_bucket;
+
+void h2_bucket_init(h2_bucket *b, uint32_t resets_per_s, int64_t now_ms);
+/* Whether b has refilled to the brim by now: then it is as good as a new one. */
+bool h2_bucket_full(const h2_bucket *b, uint32_t resets_per_s, int64_t now_ms);
+
 enum h2_verdict { H2_OK, H2_TOO_MANY_RESETS, H2_BLOCK_TOO_LARGE, H2_TOO_MANY_CONTINUATIONS };
 
 /* The client -> server direction of one connection. Invariants:
@@ -81,7 +92,7 @@ enum h2_verdict { H2_OK, H2_TOO_MANY_RESETS, H2_BLOCK_TOO_LARGE, H2_TOO_MANY_CON
  *   G2. a frame that breaks a limit is judged on its header: none of its
  *       payload, and of its header only what earlier feeds passed, has been
  *       let through when the verdict comes (the caller forwards *ok_len).
- *   G3. 0 <= reset_tokens <= resets_per_s * 1000 (milli-resets). */
+ *   G3. 0 <= resets->tokens <= resets_per_s * 1000 (milli-resets). */
 typedef struct {
     h2_limits lim;
     h2_frames frames;
@@ -89,13 +100,17 @@ typedef struct {
     bool in_block;               /* a HEADERS without END_HEADERS came; CONTINUATION follows */
     uint64_t block_octets;
     uint32_t continuations;
-    int64_t reset_tokens;        /* G3 */
-    int64_t refilled_ms;
+    h2_bucket own_resets;
+    h2_bucket *resets;           /* G3: own_resets, or the bucket all connections of the client's
+                                  * address share (grpc_relay.c); the guard is not to be copied */
     uint32_t last_stream;        /* the highest stream a HEADERS opened (GOAWAY's last-stream-id) */
 } h2_guard;
 
-/* The stream begins with the 24 octets of the magic (checked already). */
+/* The stream begins with the 24 octets of the magic (checked already).
+ * The guard counts resets in a bucket of its own until h2_guard_share_resets. */
 void h2_guard_init(h2_guard *g, const h2_limits *lim, int64_t now_ms);
+/* Counts g's resets in b from now on (b outlives g's use). */
+void h2_guard_share_resets(h2_guard *g, h2_bucket *b);
 /* Feeds n octets the client sent; *ok_len is how many of them may be
  * forwarded (all of them while the verdict is H2_OK). */
 enum h2_verdict h2_guard_feed(h2_guard *g, const uint8_t *p, size_t n, int64_t now_ms, size_t *ok_len);

@@ -10,7 +10,8 @@
  *
  * Promises checked: the preface check says MORE only while fewer than
  * H2_PREFACE_LEN octets are in, and once BAD or OK it stays so as more
- * arrive; the guard's verdict and the octets it lets through do not depend
+ * arrive; guards sharing a reset bucket let through no more than one
+ * alone would; the guard's verdict and the octets it lets through do not depend
  * on how the stream is cut into reads, but for the start of the offending
  * frame's header that earlier reads let through (G2 holds for any cut); what it lets
  * through, fed to a fresh guard, passes; a verdict is final (G1); the
@@ -66,7 +67,7 @@ static enum h2_verdict feed_cut(h2_guard *g, const uint8_t *p, size_t n, const u
         CHECK(ok <= len);
         if (was != H2_OK) CHECK(v == was && ok == 0); /* G1 */
         if (v == H2_OK) CHECK(ok == len);
-        CHECK(g->reset_tokens >= 0 && g->reset_tokens <= (int64_t)g->lim.resets_per_s * 1000); /* G3 */
+        CHECK(g->resets->tokens >= 0 && g->resets->tokens <= (int64_t)g->lim.resets_per_s * 1000); /* G3 */
         *passed += ok;
         off += len;
         t += step;
@@ -106,6 +107,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     h2_guard_init(&timed, &lim, 0);
     size_t passed_timed;
     feed_cut(&timed, p, n, p + n / 2, n - n / 2 < 16 ? n - n / 2 : 16, step, &passed_timed);
+    /* two connections of one address: a shared bucket, the same promises,
+     * and the second never allowed more than a lone guard would be */
+    h2_bucket shared;
+    h2_bucket_init(&shared, lim.resets_per_s, 0);
+    h2_guard first, second, lone;
+    h2_guard_init(&first, &lim, 0);
+    h2_guard_init(&second, &lim, 0);
+    h2_guard_init(&lone, &lim, 0);
+    h2_guard_share_resets(&first, &shared);
+    h2_guard_share_resets(&second, &shared);
+    size_t passed_first, passed_second, passed_lone;
+    feed_cut(&first, p, n, NULL, 0, 0, &passed_first);
+    feed_cut(&second, p, n, NULL, 0, 0, &passed_second);
+    feed_cut(&lone, p, n, NULL, 0, 0, &passed_lone);
+    CHECK(passed_first == passed_lone && passed_second <= passed_lone);
+    CHECK(!h2_bucket_full(&shared, lim.resets_per_s, 0) || shared.tokens == (int64_t)lim.resets_per_s * 1000);
 
     /* frame boundaries, whole and cut */
     h2_frames fw, fc;
