@@ -222,7 +222,8 @@ TSAN_ENV     = TSAN_OPTIONS=suppressions=$(SAN_SUPP)/tsan.supp:log_path=$(CURDIR
 # the integration tests that drive concurrency: the HTTP and gRPC servers
 # (many clients, streams, cancellation, drain) and the pipeline on cpu-split
 TSAN_PYTEST ?= tests/integration/test_http.py tests/integration/test_grpc.py tests/integration/test_openai.py \
-               tests/integration/test_hardening.py tests/integration/test_placement.py
+               tests/integration/test_hardening.py tests/integration/test_placement.py \
+               tests/integration/test_grpc_attacks.py
 TSAN_K      ?= not placement or split
 # what test-asan runs of the integration suite (all of it)
 ASAN_PYTEST ?= tests/integration
@@ -236,7 +237,8 @@ SAN_REPORTS := scripts/sanitizer_reports.sh
 # test for CI's 20.
 CI_ASAN_PYTEST ?= tests/integration/test_bad_inputs.py tests/integration/test_hardening.py \
                   tests/integration/test_limits.py tests/integration/test_http.py tests/integration/test_openai.py \
-                  tests/integration/test_grpc.py tests/integration/test_text_http.py tests/integration/test_faults.py
+                  tests/integration/test_grpc.py tests/integration/test_text_http.py tests/integration/test_faults.py \
+                  tests/integration/test_grpc_attacks.py
 
 .PHONY: check-asan check-tsan tsan tsan-unit ci-sanitizers
 ci-sanitizers:
@@ -298,9 +300,10 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
-# code generated for it (no gRPC: it reads and writes bytes)
+# code generated for it, fuzz_h2_frame its HTTP/2 preface and frame-header
+# reader (no gRPC: they read and write bytes)
 FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/openai.c server/text.c server/budget.c \
-                server/admin_route.c server/grpc/grpc_messages.c $(PROTO_C)
+                server/admin_route.c server/grpc/grpc_messages.c server/grpc/h2_frame.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)

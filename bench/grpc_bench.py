@@ -35,7 +35,7 @@ import numpy as np
 import grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = os.path.join(ROOT, "build", "ferry")
+FERRY = os.environ.get("FERRY_BIN") or os.path.join(ROOT, "build", "ferry")  # as the tests take it
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import kserve_stubs  # noqa: E402
 

@@ -90,25 +90,26 @@ static void *load_main(void *arg)
     return NULL;
 }
 
-/* Every connection is a descriptor: raise the soft limit to what
+/* Every connection takes descriptors (a gRPC one three, relayed): raise the soft limit to what
  * max_connections needs on each front end (HTTP, and gRPC unless it is
  * off) plus the engine's own files, up to the hard limit, and say so when
  * that is not enough: the front ends then share what there is. */
 static int fit_fd_limit(http_opts *ho, grpc_front_opts *go, bool grpc_on)
 {
-    int fronts = grpc_on ? 2 : 1;
+    /* descriptors one connection to each front end takes */
+    int per_conn = 1 + (grpc_on ? GRPC_FDS_PER_CONNECTION : 0);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-    rlim_t want = (rlim_t)ho->max_connections * fronts + 256;
+    rlim_t want = (rlim_t)ho->max_connections * (rlim_t)per_conn + 256;
     if (rl.rlim_cur < want) {
         rl.rlim_cur = want < rl.rlim_max ? want : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
         getrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rl.rlim_cur < want) {
-        if (rl.rlim_cur < 256 + 8 * (rlim_t)fronts)
+        if (rl.rlim_cur < 256 + 8 * (rlim_t)per_conn)
             return cli_error(EXIT_RUNTIME, "the open-file limit (%llu) is too low to serve", (unsigned long long)rl.rlim_cur);
-        int each = (int)((rl.rlim_cur - 256) / (rlim_t)fronts);
+        int each = (int)((rl.rlim_cur - 256) / (rlim_t)per_conn);
         ho->max_connections = go->max_connections = each;
         fprintf(stderr, "ferry: warning: open-file limit %llu: at most %d connections%s\n", (unsigned long long)rl.rlim_cur,
                 each, grpc_on ? " to each front end" : "");
@@ -189,6 +190,8 @@ static int serve_opts(const ferry_config *cfg, engine_opts *eo, char name[256], 
                             .model_name = name,
                             .max_message = cfg->max_body,
                             .max_streams = (int)cfg->grpc_max_streams,
+                            .max_header = cfg->max_header,
+                            .max_resets = (int)cfg->grpc_max_resets,
                             .connection_timeout_s = (int)cfg->connection_timeout,
                             .request_timeout_s = (int)cfg->request_timeout,
                             .max_connections = (int)cfg->max_connections,

@@ -31,7 +31,8 @@ typedef struct {
 struct grpc_front {
     grpc_server *server;
     grpc_completion_queue *cq;
-    struct grpc_listener *listener; /* grpc_listen.c: accepts, and hands connections to server */
+    struct grpc_listener *listener; /* grpc_listen.c: accepts, and hands connections to relay */
+    struct grpc_relay *relay;       /* grpc_relay.c: between each client and server */
     pthread_t thread;
     int port;
     char *model_name;

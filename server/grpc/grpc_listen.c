@@ -4,10 +4,12 @@
  * gRPC core 1.51 takes every connection its listener accepts (a connection
  * limit, GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS, came in later
  * releases), so ferry does not give core a port: one thread, listen_main,
- * accepts, and hands each connection to core with
- * grpc_server_add_channel_from_fd, which builds the same transport and
- * channel stack (the server's channel args: streams per connection, idle
- * and keepalive) as core's own listener, without its handshake.
+ * accepts, and hands each connection to the relay (grpc_relay.c, which
+ * bounds what 1.51 does not: reset streams, header blocks) and the
+ * relay's end of it to core with grpc_server_add_channel_from_fd, which
+ * builds the same transport and channel stack (the server's channel args:
+ * streams per connection, idle and keepalive) as core's own listener,
+ * without its handshake.
  *
  * A connection ferry holds is in one of two states:
  *
@@ -17,9 +19,9 @@
  *            closed when --request-timeout passes (core's handshake timeout,
  *            GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, runs only in core's own
  *            listener), or when what came is not HTTP/2's preface
- *   HANDED   given to core, which owns the fd and closes it when the
- *            connection ends. ferry keeps the fd's number and its socket's
- *            inode to see when that happened.
+ *   HANDED   given to the relay, which owns the fd and closes it when the
+ *            connection ends. listen_main keeps the fd's number and its
+ *            socket's inode to see when that happened.
  *
  * Invariants:
  *   L1. n_conns (both states) <= max_conns: at the limit the listening
@@ -52,24 +54,19 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../mhd_common.h"
+#include "grpc_relay.h"
+#include "grpc_thread.h"
+#include "h2_frame.h"
 
 #define LISTEN_BACKLOG 512     /* as the HTTP front end's (MHD_OPTION_LISTEN_BACKLOG_SIZE) */
 #define SWEEP_MS 200           /* L2: how often a full table looks for ended connections */
-#define LOG_EVERY_MS 10000     /* a refusal's log line, at most this often */
 
-/* RFC 9113 3.4: the client's preface, then a SETTINGS frame (its 9-octet
- * header: length 3, type 4, flags, stream 0) */
-static const char k_magic[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-enum { MAGIC_LEN = sizeof k_magic - 1, PREFACE_LEN = MAGIC_LEN + 9, FRAME_SETTINGS = 4 };
+enum { PREFACE_LEN = H2_PREFACE_LEN };
 
-typedef struct {
-    sa_family_t family;      /* AF_INET (an IPv4-mapped IPv6 address too) or AF_INET6 */
-    uint8_t a[16];
-} peer_addr;
+typedef grpc_peer peer_addr;
 
 enum conn_state { WAITING, HANDED };
 
@@ -82,12 +79,15 @@ typedef struct {
     int64_t deadline_ms;     /* WAITING: its preface is due */
 } conn;
 
+enum log_kind { LOG_PER_IP, LOG_FULL, LOG_ACCEPT, LOG_RELAY, LOG_KINDS };
+
 struct grpc_listener {
     int fd;                  /* listening socket */
     int wake;                /* eventfd: grpc_listener_stop */
     int port;
     grpc_listen_opts o;
     grpc_server *server;
+    grpc_relay *relay;
     grpc_server_credentials *creds;
     pthread_t thread;
     bool running;
@@ -95,41 +95,10 @@ struct grpc_listener {
     conn *conns;             /* [n_conns] WAITING and HANDED, any order */
     int n_conns, cap;
     int64_t paused_until_ms; /* accept failed for want of fds: try again then */
-    int64_t last_log_ms[3];  /* per kind of log line (enum log_kind) */
-    int quiet[3];            /* lines not written since */
+    grpc_ratelog log[LOG_KINDS]; /* per kind of log line (enum log_kind): a flood of refused connections
+                              * must not become a flood of lines */
 };
 
-enum log_kind { LOG_PER_IP, LOG_FULL, LOG_ACCEPT };
-
-static int64_t now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-/* A line on stderr at most every LOG_EVERY_MS per kind: a flood of refused
- * connections must not become a flood of lines. */
-static void note(grpc_listener *l, enum log_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void note(grpc_listener *l, enum log_kind kind, const char *fmt, ...)
-{
-    int64_t t = now_ms();
-    if (l->last_log_ms[kind] && t - l->last_log_ms[kind] < LOG_EVERY_MS) {
-        l->quiet[kind]++;
-        return;
-    }
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (l->quiet[kind])
-        fprintf(stderr, "ferry: grpc: %s (and %d more like it in the last %d s)\n", msg, l->quiet[kind],
-                (int)((t - l->last_log_ms[kind]) / 1000));
-    else fprintf(stderr, "ferry: grpc: %s\n", msg);
-    l->last_log_ms[kind] = t;
-    l->quiet[kind] = 0;
-}
 
 /* ---- the table of connections ----------------------------------------------- */
 
@@ -226,8 +195,9 @@ static void accept_one(grpc_listener *l, int fd, const struct sockaddr_storage *
     peer_addr p = peer_of(ss);
     if (count_from(l, &p) >= l->o.max_conns_per_ip && sweep(l, &p) >= l->o.max_conns_per_ip) { /* L3 */
         char a[INET6_ADDRSTRLEN];
-        note(l, LOG_PER_IP, "refused a connection from %s: %d open from that address (--max-connections-per-ip)",
-             peer_str(&p, a, sizeof a), l->o.max_conns_per_ip);
+        grpc_ratelog_note(&l->log[LOG_PER_IP],
+                          "refused a connection from %s: %d open from that address (--max-connections-per-ip)",
+                          peer_str(&p, a, sizeof a), l->o.max_conns_per_ip);
         close(fd);
         return;
     }
@@ -242,7 +212,7 @@ static void accept_one(grpc_listener *l, int fd, const struct sockaddr_storage *
     /* poll says readable once the whole preface is there (or at EOF) */
     set_int_opt(fd, SOL_SOCKET, SO_RCVLOWAT, PREFACE_LEN);
     l->conns[l->n_conns++] = (conn){.fd = fd, .state = WAITING, .dev = st.st_dev, .ino = st.st_ino, .peer = p,
-                                    .deadline_ms = now_ms() + (int64_t)l->o.preface_timeout_s * 1000};
+                                    .deadline_ms = grpc_now_ms() + (int64_t)l->o.preface_timeout_s * 1000};
 }
 
 /* Accepts what the queue holds, while there is room (L1), at most
@@ -264,8 +234,8 @@ static void accept_all(grpc_listener *l)
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             /* the connection stays queued; polling the socket now would spin */
-            note(l, LOG_ACCEPT, "cannot accept a connection: %s", strerror(errno));
-            l->paused_until_ms = now_ms() + SWEEP_MS;
+            grpc_ratelog_note(&l->log[LOG_ACCEPT], "cannot accept a connection: %s", strerror(errno));
+            l->paused_until_ms = grpc_now_ms() + SWEEP_MS;
         }
         return; /* EAGAIN, or the socket is closing */
     }
@@ -276,18 +246,26 @@ static void accept_all(grpc_listener *l)
 static void preface_check(grpc_listener *l, int i, short revents)
 {
     conn *c = &l->conns[i];
-    char buf[PREFACE_LEN];
+    uint8_t buf[PREFACE_LEN];
     ssize_t n = recv(c->fd, buf, sizeof buf, MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n == PREFACE_LEN) {
-        if (memcmp(buf, k_magic, MAGIC_LEN) != 0 || buf[MAGIC_LEN + 3] != FRAME_SETTINGS) {
-            close(c->fd); /* not HTTP/2 with prior knowledge: core would close it too */
+    enum h2_preface pf = n > 0 ? h2_preface_check(buf, (size_t)n) : H2_PREFACE_MORE;
+    if (pf == H2_PREFACE_BAD) { /* not HTTP/2 with prior knowledge: core would close it too */
+        close(c->fd);
+        conn_remove(l, i);
+        return;
+    }
+    if (pf == H2_PREFACE_OK) {
+        set_int_opt(c->fd, SOL_SOCKET, SO_RCVLOWAT, 1); /* the relay's reads want every byte */
+        int core_fd;
+        if (grpc_relay_add(l->relay, c->fd, &c->peer, &core_fd) != FERRY_OK) {
+            grpc_ratelog_note(&l->log[LOG_RELAY], "cannot relay a connection: %s", ferry_errmsg());
+            close(c->fd);
             conn_remove(l, i);
             return;
         }
-        set_int_opt(c->fd, SOL_SOCKET, SO_RCVLOWAT, 1); /* core's reads want every byte */
-        c->state = HANDED;
-        grpc_server_add_channel_from_fd(l->server, c->fd, l->creds); /* core owns the fd now */
+        c->state = HANDED; /* the relay owns the fd now, core the other end */
+        grpc_server_add_channel_from_fd(l->server, core_fd, l->creds);
         return;
     }
     if (n <= 0 || (revents & (POLLRDHUP | POLLHUP | POLLERR))) { /* ended before its preface */
@@ -303,13 +281,14 @@ static void *listen_main(void *arg)
     int *who = NULL; /* pfd[k] is conns[who[k]] from k = 2 */
     int pcap = 0;
     for (;;) {
-        int64_t t = now_ms();
+        int64_t t = grpc_now_ms();
         bool full = l->n_conns >= l->o.max_conns;
         if (full) {
             sweep(l, NULL);
             if ((full = l->n_conns >= l->o.max_conns))
-                note(l, LOG_FULL, "%d connections open (--max-connections): more wait in the listen queue",
-                     l->o.max_conns);
+                grpc_ratelog_note(&l->log[LOG_FULL],
+                                  "%d connections open (--max-connections): more wait in the listen queue",
+                                  l->o.max_conns);
         }
         if (pcap < l->n_conns + 2) {
             int cap = l->n_conns + 66;
@@ -337,13 +316,13 @@ static void *listen_main(void *arg)
         int wait = next == INT64_MAX ? -1 : next <= t ? 0 : (int)(next - t);
         int r = poll(pfd, (nfds_t)np, wait);
         if (r < 0 && errno != EINTR) { /* ENOMEM: what is held stays core's; try again shortly */
-            note(l, LOG_ACCEPT, "poll: %s", strerror(errno));
+            grpc_ratelog_note(&l->log[LOG_ACCEPT], "poll: %s", strerror(errno));
             poll(NULL, 0, SWEEP_MS);
             continue;
         }
         if (r > 0 && pfd[0].revents) break; /* grpc_listener_stop */
         /* from the end: conn_remove moves the last entry into the hole */
-        t = now_ms();
+        t = grpc_now_ms();
         for (int k = np - 1; k >= 2; k--) {
             int i = who[k];
             if (pfd[k].revents) preface_check(l, i, pfd[k].revents);
@@ -422,9 +401,10 @@ ferry_status grpc_listener_open(const grpc_listen_opts *o, grpc_listener **out)
 
 int grpc_listener_port(const grpc_listener *l) { return l->port; }
 
-ferry_status grpc_listener_start(grpc_listener *l, grpc_server *server)
+ferry_status grpc_listener_start(grpc_listener *l, grpc_server *server, grpc_relay *relay)
 {
     l->server = server;
+    l->relay = relay;
     l->creds = grpc_insecure_server_credentials_create();
     if (pthread_create(&l->thread, NULL, listen_main, l) != 0)
         return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the accepting thread");
@@ -435,12 +415,7 @@ ferry_status grpc_listener_start(grpc_listener *l, grpc_server *server)
 void grpc_listener_stop(grpc_listener *l)
 {
     if (!l) return;
-    if (l->running) {
-        uint64_t one = 1;
-        ssize_t w = write(l->wake, &one, sizeof one); /* fails only when already woken */
-        (void)w;
-        pthread_join(l->thread, NULL);
-    }
+    if (l->running) grpc_thread_stop(l->wake, l->thread);
     close(l->fd);
     close(l->wake);
     for (int i = 0; i < l->n_conns; i++)

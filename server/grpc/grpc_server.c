@@ -690,13 +690,30 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     pthread_cond_init(&g->work_cond, NULL);
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
     grpc_init();
+    h2_limits lim = {.max_block = o->max_header > UINT32_MAX ? UINT32_MAX : (uint32_t)o->max_header,
+                     .max_continuations = H2_MAX_CONTINUATIONS,
+                     .resets_per_s = (uint32_t)o->max_resets};
+    ferry_status rst = grpc_relay_start(&lim, &g->relay);
+    if (rst != FERRY_OK) {
+        grpc_listener_stop(g->listener);
+        free(g->model_name);
+        free(g);
+        return rst;
+    }
     int max_msg = o->max_message > INT_MAX ? INT_MAX : (int)o->max_message;
+    int max_meta = o->max_header > INT_MAX ? INT_MAX : (int)o->max_header;
     int idle_ms = o->connection_timeout_s > INT_MAX / 1000 ? INT_MAX : o->connection_timeout_s * 1000;
     /* No GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS: core's handshake runs only in
      * its own listener; grpc_listen.c holds a connection to --request-timeout
      * until its preface came. No GRPC_ARG_MAX_CONNECTION_AGE_MS either: idle
      * connections go after --connection-timeout, and an age limit's grace
-     * would cut a long generation (docs/limits.md). */
+     * would cut a long generation (docs/limits.md).
+     * Compression: identity only. Core 1.51 inflates a compressed message
+     * whole before it checks its size (a 1 MiB gzip of zeros is 1 GiB); with
+     * the algorithm disabled it fails the call (UNIMPLEMENTED, "Compression
+     * algorithm 'gzip' is disabled") when its metadata arrives, before any
+     * message is read. Clients that compress by default fall back to
+     * identity: core's grpc-accept-encoding says identity only. */
     struct {
         const char *key;
         int value;
@@ -709,6 +726,8 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0},
         {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 300000},
         {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2},
+        {GRPC_ARG_MAX_METADATA_SIZE, max_meta},
+        {GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE},
     };
     enum { N_ARGS = sizeof k_args / sizeof k_args[0] };
     grpc_arg args[N_ARGS];
@@ -727,7 +746,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     while (g->n_workers < GRPC_WORKERS && pthread_create(&g->workers[g->n_workers], NULL, work_main, g) == 0)
         g->n_workers++; /* none: the CQ thread handles the messages itself (work_post) */
     *out = g;
-    if (grpc_listener_start(g->listener, g->server) != FERRY_OK) {
+    if (grpc_listener_start(g->listener, g->server, g->relay) != FERRY_OK) {
         grpc_front_stop(g, 0); /* keeps the listener's message */
         *out = NULL;
         return FERRY_ERR_IO;
@@ -774,6 +793,7 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     pthread_mutex_unlock(&g->mu);
     for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
     grpc_server_destroy(g->server);
+    grpc_relay_stop(g->relay); /* after core's GOAWAYs and last answers went through it */
     grpc_completion_queue_shutdown(g->cq);
     pthread_join(g->thread, NULL); /* it drains the queue to GRPC_QUEUE_SHUTDOWN */
     grpc_completion_queue_destroy(g->cq);

@@ -9,7 +9,9 @@
  * the engine: ModelInfer submits its rows to the scheduler and the last
  * row's on_done (engine thread) sends the answer. See grpc_server.c.
  * Connections are accepted by ferry, not core (grpc_listen.c), so that
- * their number is bounded; core bounds each one's calls and idle time.
+ * their number is bounded, and relayed by ferry (grpc_relay.c), so that
+ * their reset streams and header blocks are; core bounds each one's calls,
+ * idle time and metadata, and refuses compressed messages.
  *
  * Shutdown order: grpc_front_stop (stops accepting, lets calls in flight
  * finish within the grace period, then cancels them; every call has ended
@@ -33,6 +35,10 @@ typedef struct {
     const char *model_name;
     uint64_t max_message;    /* largest request message; larger ones get RESOURCE_EXHAUSTED */
     int max_streams;         /* calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS) */
+    uint64_t max_header;     /* a call's header block as sent (over it the connection gets GOAWAY) and its
+                              * metadata decoded (over it the call gets RESOURCE_EXHAUSTED) */
+    int max_resets;          /* RST_STREAM frames per second on one connection (a burst of as many);
+                              * more: GOAWAY ENHANCE_YOUR_CALM */
     int connection_timeout_s; /* a connection with no call open this long is closed (GOAWAY) */
     int request_timeout_s;   /* a connection's HTTP/2 preface must come within it */
     int max_connections;     /* connections held at once; more wait in the listen queue */
@@ -44,6 +50,10 @@ typedef struct {
 } grpc_front_opts;
 
 typedef struct grpc_front grpc_front;
+
+/* Descriptors a gRPC connection holds: the client's socket and the two
+ * ends of the socketpair that relays it to core (grpc_relay.c). */
+#define GRPC_FDS_PER_CONNECTION 3
 
 /* Binds, and starts the completion-queue thread and the accepting one. */
 ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out);

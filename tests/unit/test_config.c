@@ -53,6 +53,7 @@ static void test_defaults(void)
     CHECK(cfg.offload_dir == NULL);
     CHECK_EQ_STR(cfg.max_memory_scope, "all");
     CHECK_EQ_INT(cfg.admin_max_connections, 32);
+    CHECK_EQ_INT(cfg.grpc_max_resets, 200);
     CHECK_EQ_INT(cfg.group_size, 1);
     CHECK_EQ_INT(cfg.prefetch, 0); /* the planner's */
     CHECK_EQ_INT(cfg.max_step_tokens, 512);
@@ -104,7 +105,7 @@ static void test_defaults(void)
     CHECK(cfg.admin_token == NULL);
     CHECK(cfg.config_file == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 75); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 76); /* a new setting needs a default check above */
 }
 
 static void test_find(void)
