@@ -364,6 +364,14 @@ ferry_status plan_make(const plan_model *m, const uint64_t *unit_bytes, const pl
         if (over < 0) break;
         uint64_t weights = over == 0 ? out->tier_bytes[TIER_DEVICE]
                                      : out->tier_bytes[TIER_HOST] + (o.unified ? out->tier_bytes[TIER_DEVICE] : 0);
+        if (!o.prefetch && out->prefetch > PLAN_DEFAULT_PREFETCH && round < PLAN_MAX_ROUNDS) {
+            /* the planner's read-ahead beyond its default gives way first, a
+             * group at a time: a group kept resident saves its whole read
+             * every step, a group more in flight only some disk rate */
+            o.readahead_cap = out->prefetch - 1;
+            plan_free(out);
+            continue;
+        }
         if (weights == 0 && !o.prefetch && out->prefetch > 1 && round < PLAN_MAX_ROUNDS) {
             /* every weight is off this memory already: the planner's
              * read-ahead gives way next, one group at a time, down to 1 */

@@ -23,13 +23,16 @@
  * bounds nothing else. What gives way, in order: the working memory at its
  * least (the slots the streamed groups need, the activations, the expert
  * slots, and a KV pool of one sequence of the whole context, or
- * --kv-memory) is reserved first; the weights take what is left, in the
- * placement order above, the groups that do not fit going to disk (more
- * streamed groups may need bigger slots: placed again until it holds); a
- * default KV pool then grows into what the budget still has. With every
- * weight on disk and still too little, the planner's own read-ahead (not a
- * --prefetch given) shortens, down to one group ahead; a budget that cannot
- * hold even that is refused, naming the numbers. Code, libraries and small buffers (the
+ * --kv-memory) is reserved first, and the planner's read-ahead beyond
+ * PLAN_DEFAULT_PREFETCH shortens before any weight leaves (a group kept
+ * resident saves its whole read every step; a group more in flight, some
+ * disk rate); the weights take what is left, in the placement order above,
+ * the groups that do not fit going to disk (more streamed groups may need
+ * bigger slots: placed again until it holds); a default KV pool then grows
+ * into what the budget still has. With every weight on disk and still too
+ * little, the planner's read-ahead (never a --prefetch given) shortens on,
+ * down to one group ahead; a budget that cannot hold even that is refused,
+ * naming the numbers. Code, libraries and small buffers (the
  * process's own baseline) are outside the budget; request buffers are
  * bounded by --request-memory.
  *

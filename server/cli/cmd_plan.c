@@ -13,7 +13,8 @@
 /* Who chose the prefetch depth: the user (--prefetch N) or the planner. */
 static const char *prefetch_source(const plan *p)
 {
-    return p->opts.prefetch > 0 ? "given" : "planner";
+    if (p->opts.prefetch > 0) return "given";
+    return p->opts.readahead_cap && p->prefetch == p->opts.readahead_cap ? "planner, shortened for the budget" : "planner";
 }
 
 static const char *group_name(const plan_group *g, char *buf, size_t cap)
@@ -134,6 +135,8 @@ static void print_text(strbuf *sb, const plan *p, const engine_opts *eo, uint64_
                   util_fmt_bytes(p->stage_bytes, b2, sizeof b2));
     if (p->n_streamed && p->opts.prefetch > 0)
         sb_printf(sb, " (prefetch %d: --prefetch, as given)", p->prefetch);
+    else if (p->n_streamed && p->opts.readahead_cap && p->prefetch == p->opts.readahead_cap)
+        sb_printf(sb, " (prefetch %d: the planner's, shortened to fit --max-memory)", p->prefetch);
     else if (p->n_streamed && p->prefetch > PLAN_DEFAULT_PREFETCH)
         sb_printf(sb, " (prefetch %d: the planner's, to read %s ahead from disk)", p->prefetch,
                   util_fmt_bytes(PLAN_READAHEAD_BYTES, b3, sizeof b3));

@@ -867,8 +867,47 @@ static void test_budgets(void)
     plan_free(&p);
 }
 
+/* Under a budget the planner's read-ahead beyond its default gives way
+ * before any weight leaves, and shortens on below it only with every weight
+ * gone (plan.h). */
+static void test_budget_readahead(void)
+{
+    plan_model m = model_of(40);
+    uint64_t units[42];
+    units[0] = units[41] = 31ull << 20;
+    for (int i = 1; i <= 40; i++) units[i] = 31ull << 20;
+    plan_opts o = opts_of(UNL, 0, 1, 0); /* host=0: bounds nothing, every group on disk */
+    plan p;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_INT(p.prefetch, 9); /* 256 MiB of 31 MiB groups */
+    uint64_t floor_work = p.act_bytes + p.kv_bytes;
+    plan_free(&p);
+    o.budget[1] = 20 * (31ull << 20);
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK(p.tier_bytes[TIER_DISK] > 0 && p.tier_bytes[TIER_DEVICE] > 0);
+    CHECK_EQ_INT(p.prefetch, PLAN_DEFAULT_PREFETCH); /* not 9 with fewer groups resident */
+    CHECK(ram_used(&p) <= o.budget[1]);
+    plan_free(&p);
+    /* a budget that holds the weights only without the read-ahead: all of them resident, nothing streams */
+    o.budget[1] = 42 * (31ull << 20) + floor_work;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DISK], 0);
+    plan_free(&p);
+    /* every weight on disk and still short: below the default, down to 1 */
+    o.budget[1] = floor_work + 2 * (31ull << 20) + 1;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_OK);
+    CHECK_EQ_U64(p.tier_bytes[TIER_DEVICE], 0);
+    CHECK_EQ_INT(p.prefetch, 1);
+    plan_free(&p);
+    /* a --prefetch given never shortens: refused instead */
+    o.prefetch = 9;
+    CHECK_STATUS(plan_make(&m, units, &o, &p), FERRY_ERR_NOMEM);
+    CHECK_MSG_HAS("cannot hold the least");
+}
+
 int main(void)
 {
+    test_budget_readahead();
     test_budgets();
     test_experts();
     test_unlimited();
