@@ -4,19 +4,24 @@
  * kserve.c (KServe v2, Triton's generate) and openai.c (/v1), the text
  * they share in text.c.
  *
- * Threads. MHD runs a small pool of worker threads (poll: see http_server_start); each connection
+ * Threads. MHD runs a small pool of connection threads (poll: see http_server_start); each connection
  * is handled by one of them at a time, so the access handler, the stream
- * reader and the completion callback of one request never run at once. The
- * engine thread runs the scheduler callbacks. Nothing here blocks on the
- * engine.
+ * reader and the completion callback of one request never run at once. A
+ * POST's work once its body is in (parse, chat template, encode, submit;
+ * /tokenize) runs on PREP_THREADS prep workers (prep_start), its
+ * connection suspended meanwhile, so a slow encode never stalls the other
+ * connections of an MHD thread. The engine thread runs the scheduler
+ * callbacks. Nothing here blocks on the engine.
  *
  * Request life cycle (struct request, one per HTTP request):
  *
  *   RECEIVING --body complete--> answered at once (GET, errors)
  *       |
- *       +--rows submitted--> RUNNING --done (or first token)--> answered
- *                               ^  |                            (STREAMING)
- *                               +--+ suspended until resumed
+ *       +--POST--> PREPARING (prep worker) --error--> answered on resume
+ *                      |
+ *                      +--rows submitted--> RUNNING --done (or first token)--> answered
+ *                                              ^  |                            (STREAMING)
+ *                                              +--+ suspended until resumed
  *
  * Suspend/resume invariant: `suspended` is set, and MHD_suspend_connection
  * called, by the connection's MHD thread with rq->mu held, only when there
@@ -61,6 +66,7 @@
 #include "mhd_common.h"
 #include "openai.h"
 #include "text.h"
+#include "workq.h"
 
 static int hexval(char c)
 {
@@ -70,7 +76,8 @@ static int hexval(char c)
     return -1;
 }
 
-#define WORKER_THREADS 4
+#define WORKER_THREADS 4 /* MHD's: connections, heads, bodies, answers */
+#define PREP_THREADS 2   /* parse, render, encode, submit (prep_start) */
 #define STREAM_BLOCK 4096
 #define STOP_GRACE_MS 2000
 #define DRAIN_MIN (1u << 20) /* body bytes past --max-body read to answer 413 */
@@ -128,9 +135,11 @@ struct http_server {
     int64_t attached_unix;   /* when the model became ready: /v1/models' created */
     int draining;            /* atomic: stopping; new requests get 503, ready says not */
     MHD_socket listen_fd;    /* after http_server_drain: the socket MHD no longer accepts on */
+    pthread_rwlock_t work_lock; /* guards work: read to post, written to close it (http_server_stop) */
+    workq *work;             /* PREP_THREADS threads: the POST endpoints' work (prep_start); NULL once stopped */
 };
 
-typedef enum { RQ_RECEIVING, RQ_RUNNING, RQ_STREAMING, RQ_ANSWERED } rq_state;
+typedef enum { RQ_RECEIVING, RQ_PREPARING, RQ_RUNNING, RQ_STREAMING, RQ_ANSWERED } rq_state;
 
 typedef struct request request;
 
@@ -152,7 +161,7 @@ struct request {
     http_server *srv;
     struct request *prev, *next; /* srv->live, under srv->reg_mu */
     endpoint ep;
-    rq_state state;              /* the connection's MHD thread only */
+    rq_state state;              /* the connection's MHD thread, or its prep worker while PREPARING */
     /* decided from the method and path; answered once the body is in */
     int early_code;
     const char *early_msg, *allow;
@@ -162,9 +171,17 @@ struct request {
     char *body;
     size_t len, cap;
     bool too_large, over_budget;
+    bool raw_answered;           /* too_large midway: the 413 went out past MHD (refuse_midway) */
     uint64_t received;           /* body bytes received, kept or not */
     uint64_t mem;                /* bytes of the budget this request holds (MHD thread; last unref) */
     uint64_t encode_held;        /* of mem: the OpenAI prompts' encodes, until the parse is done */
+    int64_t header_len;          /* Inference-Header-Content-Length (header_length), read before PREPARING */
+    /* PREPARING: a prep worker's answer, queued by the MHD thread once resumed (prep_deliver) */
+    bool on_worker;              /* respond() keeps its answer in pending instead of queueing it */
+    bool prepared;               /* the worker is done: prep_deliver on the next call */
+    struct MHD_Response *pending;
+    unsigned pending_code;
+    bool pending_fail;           /* the worker's step failed without an answer: close the connection */
     /* work: fixed once submitted */
     kserve_request kr;
     oai_request *oai;            /* the OpenAI endpoints' parse, else NULL */
@@ -247,6 +264,7 @@ static void request_unref(request *rq)
     if (rq->next) rq->next->prev = rq->prev;
     pthread_mutex_unlock(&srv->reg_mu);
     body_release(rq);
+    if (rq->pending) MHD_destroy_response(rq->pending); /* answered by a worker, but the client left first */
     if (rq->rows)
         for (int i = 0; i < rq->n_rows; i++) {
             free(rq->rows[i].tokens);
@@ -417,9 +435,14 @@ static enum MHD_Result respond(request *rq, int code, const char *type, char *bo
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (h1) MHD_add_response_header(r, h1, v1);
+    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], code);
+    if (rq->on_worker) { /* queued by the MHD thread (prep_deliver) */
+        rq->pending = r;
+        rq->pending_code = (unsigned)code;
+        return MHD_YES;
+    }
     enum MHD_Result ret = MHD_queue_response(rq->conn, (unsigned)code, r);
     MHD_destroy_response(r);
-    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], code);
     return ret;
 }
 
@@ -436,13 +459,18 @@ static enum MHD_Result respond_sb(request *rq, int code, strbuf *sb, const char 
 
 /* An error in the format of the request's protocol: OpenAI's error object
  * on /v1 (param and code only there), {"error": msg} elsewhere. */
+static void error_body(const request *rq, strbuf *sb, int code, const char *msg, const char *param, const char *errcode)
+{
+    if (rq->openai_errors) oai_error_body(sb, code, msg, param, errcode);
+    else kserve_error(sb, msg);
+}
+
 static enum MHD_Result respond_fail(request *rq, int code, const char *msg, const char *param, const char *errcode,
                                     const char *h1, const char *v1)
 {
     strbuf sb;
     sb_init(&sb);
-    if (rq->openai_errors) oai_error_body(&sb, code, msg, param, errcode);
-    else kserve_error(&sb, msg);
+    error_body(rq, &sb, code, msg, param, errcode);
     return respond_sb(rq, code, &sb, h1, v1);
 }
 
@@ -883,7 +911,7 @@ static bool parse_body(request *rq, const engine_limits *lim, enum MHD_Result *r
         if (st != FERRY_OK) *ret = respond_fail(rq, err.status, ferry_errmsg(), err.param, err.code, NULL, NULL);
         return st == FERRY_OK;
     }
-    int64_t hl = rq->ep == EP_INFER ? header_length(rq->conn) : -1;
+    int64_t hl = rq->ep == EP_INFER ? rq->header_len : -1;
     if (rq->ep == EP_INFER) st = kserve_parse_infer(body, rq->len, hl, lim, &rq->kr);
     else st = kserve_parse_generate(body, rq->len, lim, &rq->kr);
     if (st != FERRY_OK) *ret = respond_error(rq, kserve_http_status(st), ferry_errmsg(), NULL, NULL);
@@ -935,7 +963,7 @@ static enum MHD_Result start_inference(request *rq)
     rq->tm = tm; /* outlives the server's requests (http.h) */
 
     ferry_status st;
-    if (rq->ep == EP_INFER && header_length(rq->conn) == -2)
+    if (rq->ep == EP_INFER && rq->header_len == -2)
         return respond_error(rq, 400, "Inference-Header-Content-Length is not a byte count", NULL, NULL);
     /* the parse may hold up to parse_hold of the body's size */
     uint64_t parse = parse_hold(rq, rq->len);
@@ -1016,7 +1044,7 @@ static enum MHD_Result start_inference(request *rq)
     pthread_rwlock_unlock(&srv->lock);
     if (st != FERRY_OK) return respond_error(rq, kserve_http_status(st), msg, NULL, NULL);
     rq->state = RQ_RUNNING;
-    return finish_or_wait(rq);
+    return rq->on_worker ? MHD_YES : finish_or_wait(rq); /* on a worker: prep_deliver waits */
 }
 
 /* ---- /tokenize and /detokenize --------------------------------------------------- */
@@ -1091,8 +1119,8 @@ static ferry_status detokenize_body(const tokenizer *t, const json_value *root, 
     return st;
 }
 
-/* Synchronous on the MHD thread: no engine, only the tokenizer. Their
- * errors are KServe-style {"error": ...}, as the other paths outside /v1. */
+/* No engine, only the tokenizer, answered on a prep worker (prep_start).
+ * Their errors are KServe-style {"error": ...}, as the other paths outside /v1. */
 static enum MHD_Result answer_tokens(request *rq)
 {
     http_server *srv = rq->srv;
@@ -1197,19 +1225,105 @@ static int head_check(const request *rq, struct MHD_Connection *c, const char *u
     return 431;
 }
 
+/* ---- the prep workers ------------------------------------------------------------ */
+
+/* A POST's body is in: what follows - parsing it, rendering a chat
+ * template, encoding text, submitting the rows, or answering /tokenize -
+ * takes time in proportion to the body (up to the regex and template work
+ * limits), so it runs on a prep worker, never on an MHD thread, which
+ * serves many other connections (health checks, other clients' tokens).
+ * The connection is suspended meanwhile; `suspended` stays false, so no
+ * scheduler callback resumes it: only the worker does, when it is done,
+ * and the MHD thread then queues the worker's answer (prep_deliver) or, if
+ * rows were submitted, waits for them as usual (finish_or_wait). */
+static enum MHD_Result post_work(request *rq)
+{
+    return rq->ep == EP_TOKENIZE || rq->ep == EP_DETOKENIZE ? answer_tokens(rq) : start_inference(rq);
+}
+
+static void prep_run(void *arg)
+{
+    request *rq = arg;
+    rq->on_worker = true;
+    enum MHD_Result ret = post_work(rq);
+    rq->on_worker = false;
+    rq->pending_fail = ret == MHD_NO && !rq->pending;
+    pthread_mutex_lock(&rq->mu);
+    rq->prepared = true;
+    MHD_resume_connection(rq->conn);
+    pthread_mutex_unlock(&rq->mu);
+}
+
+static enum MHD_Result prep_start(request *rq)
+{
+    http_server *srv = rq->srv;
+    rq->header_len = header_length(rq->conn);
+    pthread_rwlock_rdlock(&srv->work_lock);
+    if (!srv->work) { /* stopping (or no queue): answered here */
+        pthread_rwlock_unlock(&srv->work_lock);
+        return post_work(rq);
+    }
+    rq->state = RQ_PREPARING;
+    pthread_mutex_lock(&rq->mu);
+    MHD_suspend_connection(rq->conn);
+    pthread_mutex_unlock(&rq->mu);
+    workq_post(srv->work, prep_run, rq); /* without a thread or memory: run here, resumed at once */
+    pthread_rwlock_unlock(&srv->work_lock);
+    return MHD_YES;
+}
+
+/* The MHD thread, resumed after prep_run: its answer, or the rows' wait. */
+static enum MHD_Result prep_deliver(request *rq)
+{
+    rq->prepared = false;
+    if (rq->pending) {
+        struct MHD_Response *r = rq->pending;
+        rq->pending = NULL;
+        enum MHD_Result ret = MHD_queue_response(rq->conn, rq->pending_code, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    if (rq->pending_fail || rq->state != RQ_RUNNING) return MHD_NO;
+    return finish_or_wait(rq);
+}
+
 /* ---- MHD callbacks -------------------------------------------------------------- */
+
+static void too_large_msg(const request *rq, char *msg, size_t cap)
+{
+    snprintf(msg, cap, "request body larger than %llu bytes (--max-body)", (unsigned long long)rq->srv->max_body);
+}
+
+/* A chunked body (which announces no length) just went past --max-body:
+ * its 413 goes out now, past MHD (mhd_answer_raw), and the rest of the body
+ * is read and dropped until it ends or the drain allowance is spent
+ * (on_request), then the connection closes - so the client reads the 413
+ * however much more it meant to send. */
+static void refuse_midway(request *rq)
+{
+    char msg[96];
+    too_large_msg(rq, msg, sizeof msg);
+    strbuf sb;
+    sb_init(&sb);
+    error_body(rq, &sb, 413, msg, NULL, NULL);
+    /* written whole in practice (a few hundred bytes); either way the write
+     * side is shut: tried once */
+    mhd_answer_raw(rq->conn, 413, "application/json", sb.oom ? "" : sb.data, sb.oom ? 0 : sb.len);
+    rq->raw_answered = true;
+    metrics_count_request(rq->srv->counters, k_ep_name[rq->ep], 413);
+    sb_free(&sb);
+}
 
 static enum MHD_Result dispatch(request *rq)
 {
     if (rq->early_code) return respond_error(rq, rq->early_code, rq->early_msg, rq->allow ? MHD_HTTP_HEADER_ALLOW : NULL, rq->allow);
     if (rq->too_large) {
         char msg[96];
-        snprintf(msg, sizeof msg, "request body larger than %llu bytes (--max-body)", (unsigned long long)rq->srv->max_body);
+        too_large_msg(rq, msg, sizeof msg);
         return respond_error(rq, 413, msg, NULL, NULL);
     }
     if (rq->over_budget) return respond_error(rq, 503, "server busy: too many request bytes in flight", NULL, NULL);
-    if (rq->ep == EP_TOKENIZE || rq->ep == EP_DETOKENIZE) return answer_tokens(rq);
-    if (is_post_endpoint(rq->ep)) return start_inference(rq);
+    if (is_post_endpoint(rq->ep)) return prep_start(rq);
     return answer_get(rq);
 }
 
@@ -1290,27 +1404,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
+    pthread_mutex_lock(&rq->mu); /* what the worker wrote before its resume */
+    bool prepared = rq->prepared;
+    pthread_mutex_unlock(&rq->mu);
+    if (prepared) return prep_deliver(rq);
     switch (rq->state) {
     case RQ_RECEIVING:
         if (*upload_data_size) {
             body_append(rq, upload_data, *upload_data_size);
             rq->received += *upload_data_size;
             *upload_data_size = 0;
-            /* past --max-body (a chunked body announces no length): MHD can
-             * answer only once the body is in, so the rest is read and
+            /* past --max-body (a chunked body announces no length): the 413
+             * goes out at once (refuse_midway), and the rest is read and
              * dropped - for at most another max(--max-body, 1 MiB), so that
-             * a client a little over the limit is told 413; beyond that the
-             * connection is closed at once rather than read on (a 30 GB body) */
+             * the client reads it rather than a reset; beyond that the
+             * connection is closed rather than read on (a 30 GB body) */
+            if (rq->too_large && !rq->raw_answered) refuse_midway(rq);
             if (rq->too_large && rq->received - srv->max_body > (srv->max_body > DRAIN_MIN ? srv->max_body : DRAIN_MIN)) {
-                metrics_count_request(srv->counters, k_ep_name[rq->ep], 413);
+                if (!rq->raw_answered) metrics_count_request(srv->counters, k_ep_name[rq->ep], 413);
                 rq->state = RQ_ANSWERED;
                 return MHD_NO;
             }
             return MHD_YES;
         }
         conn_mark(srv, c, false);
+        if (rq->raw_answered) { /* the body ended within the drain: its 413 is out, the connection closes */
+            rq->state = RQ_ANSWERED;
+            return MHD_NO;
+        }
         return dispatch(rq);
     case RQ_RUNNING: return finish_or_wait(rq);
+    case RQ_PREPARING: /* not called while suspended */
     case RQ_STREAMING:
     case RQ_ANSWERED: *upload_data_size = 0; return MHD_YES;
     }
@@ -1448,6 +1572,8 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     pthread_rwlock_init(&srv->lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&srv->reg_mu, NULL);
+    pthread_rwlock_init(&srv->work_lock, NULL);
+    srv->work = workq_new(PREP_THREADS, "ferry-http-prep"); /* NULL: answered on MHD's threads */
     if (!(srv->conns = mhd_conns_new(o->request_timeout_s, 0))) {
         http_server_stop(srv);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -1554,6 +1680,13 @@ void http_server_stop(http_server *s)
         pthread_join(s->reaper, NULL);
         s->reaper_running = false;
     }
+    /* every request a worker prepares is resumed when it is done: none is
+     * left suspended for it below (later ones are answered on MHD's thread) */
+    pthread_rwlock_wrlock(&s->work_lock);
+    workq *work = s->work;
+    s->work = NULL;
+    pthread_rwlock_unlock(&s->work_lock);
+    workq_free(work);
     if (s->d) {
         /* MHD aborts when stopped with a connection suspended. sched_free has
          * ended every request it knew; one still waiting means a callback
@@ -1583,6 +1716,7 @@ void http_server_stop(http_server *s)
     }
     mhd_conns_free(s->conns); /* MHD has closed every connection */
     pthread_rwlock_destroy(&s->lock);
+    pthread_rwlock_destroy(&s->work_lock);
     pthread_mutex_destroy(&s->reg_mu);
     free(s->name);
     free(s);

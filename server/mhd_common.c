@@ -192,6 +192,24 @@ int mhd_conns_cut_slow(mhd_conns *cs)
     return n;
 }
 
+bool mhd_answer_raw(struct MHD_Connection *c, unsigned code, const char *type, const char *body, size_t len)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    const char *reason = MHD_get_reason_phrase_for(code);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %u %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
+                     reason && *reason ? reason : "Error", type, len);
+    if (n < 0 || (size_t)n >= sizeof head) return false;
+    struct iovec iov[2] = {{head, (size_t)n}, {(void *)body, len}};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+    /* a few hundred bytes into a send buffer nothing else wrote to: one call */
+    ssize_t w = sendmsg(ci->connect_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(ci->connect_fd, SHUT_WR);
+    return w == (ssize_t)((size_t)n + len);
+}
+
 const char *mhd_log_escape(const char *s, char *out, size_t cap)
 {
     static const char hex[] = "0123456789abcdef";

@@ -41,6 +41,18 @@ typedef struct {
 #define MHD_LOG_LIMIT_INIT(burst, window_s) {(burst), (window_s), 0, 0, 0}
 bool mhd_log_allow(mhd_log_limit *l, uint64_t *held_back);
 
+/* An answer MHD cannot queue: libmicrohttpd 0.9.75 queues one only before
+ * a request's body or after all of it, so a chunked body found over a limit
+ * midway would otherwise end in a close, and a close with unread bytes
+ * resets the connection before the client reads any answer. This writes
+ * the whole answer (status line, Content-Type, Content-Length, Connection:
+ * close, body) straight to the socket - nothing else is ever written on it
+ * - and shuts down its write side, so the client reads the answer, then
+ * end of stream. The caller goes on reading the body and dropping it for a
+ * while (a lingering close), then closes, without queueing any answer.
+ * False: not all of it could be written (the connection's MHD thread only). */
+bool mhd_answer_raw(struct MHD_Connection *c, unsigned code, const char *type, const char *body, size_t len);
+
 /* ---- open connections: the receive deadline and the waiting limit --------------
 
  * MHD calls the access handler only once a request's head is whole, so a

@@ -41,8 +41,7 @@ struct grpc_front {
     uint64_t stream_queue_max; /* grpc_stream.c, S4: GRPC_STREAM_QUEUE_MAX, or FERRY_GRPC_STREAM_QUEUE_MAX
                               * (tests: 1 pauses reading after every response) */
     rpc_tag shutdown_tag;
-    pthread_t workers[GRPC_WORKERS]; /* grpc_server.c: parse and encode, off the CQ thread */
-    int n_workers;
+    struct workq *work;      /* grpc_server.c: GRPC_WORKERS threads that parse and encode, off the CQ thread */
 
     pthread_mutex_t mu;      /* guards what follows */
     pthread_cond_t cond;     /* shutdown_done or live_rpcs changed */
@@ -53,9 +52,6 @@ struct grpc_front {
     bool shutdown_done;      /* the shutdown tag came */
     int live_rpcs;           /* R3 */
     int live_calls;          /* of those, the calls that arrived (not the one asked for next) */
-    struct work_item *work_head, *work_tail; /* messages waiting for a worker */
-    pthread_cond_t work_cond; /* work_head or work_stop changed */
-    bool work_stop;
 };
 
 struct rpc {

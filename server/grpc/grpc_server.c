@@ -22,7 +22,7 @@
  * ModelStreamInfer calls read and write many messages: grpc_stream.c (its
  * WRITE tag is one SEND_MESSAGE). The messages of ModelInfer and
  * ModelStreamInfer are parsed, encoded and submitted by GRPC_WORKERS
- * threads of their own (work_main), not by cq_main: an encode takes time in
+ * threads of their own (workq.h), not by cq_main: an encode takes time in
  * proportion to its text (up to the tokenizer's regex work limit), and
  * cq_main serves every other call. A stream's next message is read only
  * once its last was submitted, so a stream's messages stay in order. Connections come from grpc_listen.c's
@@ -56,6 +56,7 @@
 #include <time.h>
 
 #include "../kserve.h"
+#include "../workq.h"
 #include "grpc_call.h"
 #include "grpc_listen.h"
 #include "grpc_messages.h"
@@ -532,7 +533,6 @@ static const char *endpoint_of(const rpc *r)
 /* ---- the workers ---------------------------------------------------------------- */
 
 typedef struct work_item {
-    struct work_item *next;
     rpc *r;            /* its main flow's reference (R1) is the item's until it is handled */
     grpc_slice msg;
     bool stream;
@@ -545,41 +545,24 @@ static void work_handle(rpc *r, grpc_slice msg, bool stream)
     grpc_slice_unref(msg);
 }
 
-static void *work_main(void *arg)
+static void work_run(void *arg)
 {
-    grpc_front *g = arg;
-    pthread_mutex_lock(&g->mu);
-    for (;;) {
-        while (!g->work_head && !g->work_stop) pthread_cond_wait(&g->work_cond, &g->mu);
-        work_item *w = g->work_head;
-        if (!w) break; /* stopping, and nothing left */
-        if (!(g->work_head = w->next)) g->work_tail = NULL;
-        pthread_mutex_unlock(&g->mu);
-        work_handle(w->r, w->msg, w->stream);
-        free(w);
-        pthread_mutex_lock(&g->mu);
-    }
-    pthread_mutex_unlock(&g->mu);
-    return NULL;
+    work_item *w = arg;
+    work_handle(w->r, w->msg, w->stream);
+    free(w);
 }
 
 /* Hands the message to a worker, which owns msg from here; handled here
- * when there is no worker or no memory for the item. */
+ * when there is no worker or no memory for the item (workq_post). */
 static void work_post(rpc *r, grpc_slice msg, bool stream)
 {
-    grpc_front *g = r->g;
-    work_item *w = g->n_workers ? malloc(sizeof *w) : NULL;
+    work_item *w = malloc(sizeof *w);
     if (!w) {
         work_handle(r, msg, stream);
         return;
     }
-    *w = (work_item){NULL, r, msg, stream};
-    pthread_mutex_lock(&g->mu);
-    if (g->work_tail) g->work_tail->next = w;
-    else g->work_head = w;
-    g->work_tail = w;
-    pthread_cond_signal(&g->work_cond);
-    pthread_mutex_unlock(&g->mu);
+    *w = (work_item){r, msg, stream};
+    workq_post(r->g->work, work_run, w);
 }
 
 static void on_recv(rpc *r, bool ok)
@@ -687,7 +670,6 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->stream_queue_max = qmax && *qmax ? strtoull(qmax, NULL, 10) : GRPC_STREAM_QUEUE_MAX;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cond, NULL);
-    pthread_cond_init(&g->work_cond, NULL);
     g->shutdown_tag = (rpc_tag){TAG_SHUTDOWN, NULL};
     grpc_init();
     h2_limits lim = {.max_block = o->max_header > UINT32_MAX ? UINT32_MAX : (uint32_t)o->max_header,
@@ -743,8 +725,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
         /* not reached in practice; leave the process to exit */
         return ferry_fail(FERRY_ERR_IO, "grpc: cannot start the completion-queue thread");
     }
-    while (g->n_workers < GRPC_WORKERS && pthread_create(&g->workers[g->n_workers], NULL, work_main, g) == 0)
-        g->n_workers++; /* none: the CQ thread handles the messages itself (work_post) */
+    g->work = workq_new(GRPC_WORKERS, "ferry-grpc-work"); /* without: the CQ thread handles the messages (work_post) */
     *out = g;
     if (grpc_listener_start(g->listener, g->server, g->relay) != FERRY_OK) {
         grpc_front_stop(g, 0); /* keeps the listener's message */
@@ -788,10 +769,8 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     }
     pthread_mutex_lock(&g->mu);
     while (!g->shutdown_done || g->live_rpcs > 0) pthread_cond_wait(&g->cond, &g->mu); /* R3 */
-    g->work_stop = true; /* no item is left: each holds a live rpc */
-    pthread_cond_broadcast(&g->work_cond);
     pthread_mutex_unlock(&g->mu);
-    for (int i = 0; i < g->n_workers; i++) pthread_join(g->workers[i], NULL);
+    workq_free(g->work); /* no item is left: each holds a live rpc */
     grpc_server_destroy(g->server);
     grpc_relay_stop(g->relay); /* after core's GOAWAYs and last answers went through it */
     grpc_completion_queue_shutdown(g->cq);
@@ -799,7 +778,6 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     grpc_completion_queue_destroy(g->cq);
     grpc_shutdown();
     pthread_cond_destroy(&g->cond);
-    pthread_cond_destroy(&g->work_cond);
     pthread_mutex_destroy(&g->mu);
     free(g->model_name);
     free(g);

@@ -331,21 +331,45 @@ def test_nul_in_the_model_name_does_not_match(srv_tiny):
 
 
 def test_huge_chunked_body_is_cut_off(srv_tiny):
-    """A chunked body far past --max-body (1 KiB): the server closes the
-    connection after about 1 MiB instead of reading 64 MiB."""
+    """A chunked body far past --max-body (1 KiB): the client is told 413
+    as soon as the body passes the limit (its status line, a JSON error
+    naming --max-body, then end of stream: a lingering close, issue 29), and
+    the server closes the connection after about 1 MiB more instead of
+    reading 64 MiB. Before, the connection was only reset, and the client
+    never read an answer."""
     s = socket.create_connection(("127.0.0.1", srv_tiny.port), timeout=10)
     sent = 0
+    got = bytearray()
+
+    def read_answer():
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    return
+                got.extend(b)
+        except OSError:
+            return
+
+    reader = threading.Thread(target=read_answer)
     try:
         s.sendall(b"POST /v2/models/m/generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                   b"Content-Type: application/json\r\n\r\n")
+        reader.start()
         chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
         with pytest.raises(OSError):
             while sent < 64 * MIB:
                 s.sendall(chunk)
                 sent += 65536
+        reader.join(timeout=10)
     finally:
         s.close()
+        reader.join()
     assert sent < 16 * MIB, sent
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), bytes(got[:300])
+    assert b"connection: close" in head.lower(), head
+    assert "--max-body" in json.loads(body)["error"], body
     assert_alive(srv_tiny)
 
 

@@ -112,3 +112,60 @@ def test_grpc_encodes_off_the_completion_queue_thread(srv_regex, pb):
     finally:
         ch1.close()
         ch2.close()
+
+
+def test_http_encodes_off_the_connection_threads(srv_regex):
+    """/tokenize requests whose text takes seconds each to encode (1 MB that
+    makes the pattern backtrack, within the work limit) do not hold up other
+    connections: health checks on twelve kept-alive connections, sent after
+    the six slow requests (on six more such connections), are all answered
+    while every one of those is still encoding. Before, each encoded on the
+    libmicrohttpd connection thread its connection belongs to (four in all,
+    connections spread over them as accepted), so a health check on a
+    connection that shares a thread with a slow one waited for its encode."""
+    import http.client
+    import threading
+    text = ("ab" * 9 + "!") * (1000000 // 19)
+    body = json.dumps({"content": text}).encode()
+    conns = []
+    try:
+        for _ in range(18):  # connected, and each given to a connection thread, before any slow request
+            c = http.client.HTTPConnection("127.0.0.1", srv_regex.port, timeout=REQ_TIMEOUT)
+            c.request("GET", "/v2/health/live")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+            conns.append(c)
+        done, errors = [], []
+
+        def tokenize(c):
+            try:
+                c.request("POST", "/tokenize", body=body, headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                out = r.read()
+                done.append(r.status)
+                if r.status != 200:
+                    errors.append((r.status, out[:200]))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=tokenize, args=(c,)) for c in conns[:6]]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # for the bodies to reach the server (not asserted on)
+        late = []
+        for i, c in enumerate(conns[6:]):
+            c.request("GET", "/v2/health/live")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+            if done:
+                late.append(i)
+        for t in threads:
+            t.join()
+        assert not late, "health checks on connections %s waited for an encode to end" % late
+        assert not errors, errors
+    finally:
+        for c in conns:
+            c.close()
+    assert_alive(srv_regex)
