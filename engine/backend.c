@@ -13,7 +13,6 @@
 #define _GNU_SOURCE
 #include "backend.h"
 #include "base/util.h"
-#include "cpu/split.h"
 
 #include <dlfcn.h>
 #include <limits.h>

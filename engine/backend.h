@@ -24,53 +24,8 @@
 
 #include "batch.h"
 #include "weights/dtype.h"
+#include "weights/weight.h"
 #include "base/status.h"
-
-/* How a weight's values are stored. Quantized weights are weight-only,
- * symmetric (zero point 0), in the layouts compressed-tensors writes, so a
- * checkpoint's tensors are used as they are:
- *   WQ_INT8: data int8 [rows, cols]; one scale per output row (group = cols)
- *            or per `group` input columns (compressed-tensors' W8A16 from 0.19).
- *   WQ_INT4: data [rows, ceil(cols / 8)] little-endian int32 words: element c
- *            of a row is bits 4*(c % 8) .. 4*(c % 8)+3 of word c / 8 (so byte
- *            c / 2, low nibble for even c), stored as q + 8 in 0..15; one
- *            scale per `group` input columns (128; a row's last group may be
- *            shorter).
- * The value of element (r, c) is q(r, c) * scales[r * n_groups + c / group],
- * n_groups = ceil(cols / group), scales in scale_dtype (F32/F16/BF16). */
-typedef enum { WQ_NONE, WQ_INT8, WQ_INT4 } weight_quant;
-
-/* A weight tensor as compute reads it. 1-D weights have rows == 1. */
-typedef struct {
-    ferry_dtype dtype;        /* WQ_NONE: F32/F16/BF16; WQ_INT8: I8; WQ_INT4: I32 (packed words) */
-    int64_t rows, cols;       /* the logical shape, before packing */
-    const void *data;         /* backend-readable; NULL for an absent optional weight */
-    weight_quant quant;
-    int group;                /* quantized: input columns per scale */
-    ferry_dtype scale_dtype;  /* quantized: F32/F16/BF16 */
-    const void *scales;       /* quantized: [rows, ceil(cols / group)], backend-readable */
-} weight;
-
-/* Scales per row (0 for an unquantized weight), bytes of one row of data,
- * and of data and scales together. */
-static inline int64_t weight_groups(const weight *w)
-{
-    return w->quant == WQ_NONE ? 0 : (w->cols + w->group - 1) / w->group;
-}
-static inline size_t weight_row_bytes(const weight *w)
-{
-    switch (w->quant) {
-    case WQ_INT8: /* I8; I32: a pack-quantized checkpoint's four per word (convert.c) */
-        return w->dtype == DT_I32 ? 4 * (size_t)((w->cols + 3) / 4) : (size_t)w->cols;
-    case WQ_INT4: return 4 * (size_t)((w->cols + 7) / 8);
-    default: return (size_t)w->cols * dtype_size(w->dtype);
-    }
-}
-static inline size_t weight_bytes(const weight *w)
-{
-    size_t scales = w->quant == WQ_NONE ? 0 : (size_t)(w->rows * weight_groups(w)) * dtype_size(w->scale_dtype);
-    return (size_t)w->rows * weight_row_bytes(w) + scales;
-}
 
 /* The KV cache of one layer, paged (kv.h): K and V are [n_blocks,
  * block_size, kv_dim] f32; table [n_seqs, max_blocks] (backend memory) lists
@@ -201,6 +156,10 @@ static inline void backend_free(backend *be)
     if (be) be->ops->free(be);
 }
 
+/* The built-in backends (backend_create picks by name): the CPU kernels
+ * (cpu/cpu_backend.c), and cpu-split, the same kernels behind a GPU's
+ * separate memory and streams (cpu/split_backend.c). */
 ferry_status cpu_backend_create(const backend_opts *opts, backend **out);
+ferry_status split_backend_create(const backend_opts *opts, backend **out);
 
 #endif

@@ -9,24 +9,21 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../config/config.h"
 #include "base/util.h"
 #include "weights/model_dir.h"
 #include "weights/quant.h"
 
 void engine_opts_init(engine_opts *o)
 {
-    ferry_config d;
-    config_defaults(&d);
-    *o = (engine_opts){.device = d.device,
-                       .threads = (int)d.threads,
-                       .max_seqs = (int)d.batch,
-                       .max_ctx = (int)d.context,
-                       .max_step_tokens = (int)d.max_step_tokens,
+    *o = (engine_opts){.device = "cpu",
+                       .threads = 0,
+                       .max_seqs = ENGINE_DEFAULT_MAX_SEQS,
+                       .max_ctx = 0,
+                       .max_step_tokens = ENGINE_DEFAULT_MAX_STEP_TOKENS,
                        .budget = {PLAN_UNLIMITED, PLAN_UNLIMITED},
-                       .group_size = (int)d.group_size,
-                       .prefetch = (int)d.prefetch,
-                       .verify_reads = d.verify_reads,
+                       .group_size = 1,
+                       .prefetch = 0,
+                       .verify_reads = true,
                        .convert = convert_identity()};
 }
 
@@ -257,7 +254,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     plan_inputs in = {&e->cfg, e->ck, e->be};
     if ((st = make_plan(opts, &in, &e->placement)) != FERRY_OK) goto fail;
     e->popts = e->placement.opts;
-    if ((st = plan_check(&e->placement, &e->popts, plan_host_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
+    if ((st = plan_check(&e->placement, &e->popts, util_mem_available(), e->be->ops->mem_available(e->be))) != FERRY_OK)
         goto fail;
     if ((st = model_weights_alloc(&e->cfg, &e->w)) != FERRY_OK) goto fail;
     e->seq_seen = calloc((size_t)e->popts.n_seqs, 1);

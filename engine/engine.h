@@ -49,7 +49,14 @@ typedef struct {
     int max_new;
 } engine_opts;
 
-/* The defaults of config/settings.def, budgets unlimited, no model. */
+/* The engine's own defaults, no model: the CPU backend, a thread per core,
+ * ENGINE_DEFAULT_MAX_SEQS sequences, the model's context, steps of
+ * ENGINE_DEFAULT_MAX_STEP_TOKENS rows, one layer a group, the planner's
+ * read-ahead, reads verified, budgets unlimited, weights as stored. The
+ * commands fill every field from their settings (config/settings.def,
+ * whose defaults test_config checks equal these). */
+#define ENGINE_DEFAULT_MAX_SEQS 64
+#define ENGINE_DEFAULT_MAX_STEP_TOKENS 512
 void engine_opts_init(engine_opts *o);
 
 ferry_status engine_open(const engine_opts *opts, engine **out);

@@ -59,7 +59,7 @@
 #include "base/json.h"
 #include "base/util.h"
 #include "io/crc32c.h"
-#include "io/fault.h"
+#include "base/fault.h"
 #include "store.h"
 #include "weights/convert.h"
 #include "weights/ct_config.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "base/util.h"
-#include "io/fault.h"
+#include "base/fault.h"
 
 struct kv_pool {
     int n_blocks, max_seqs, max_blocks;

@@ -11,7 +11,6 @@
 #include "base/util.h"
 #include "kv.h"
 
-
 const char *tier_name(tier t)
 {
     switch (t) {
@@ -522,20 +521,4 @@ ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, 
                           util_fmt_bytes(p->kv_bytes, d, sizeof d),
                           util_fmt_bytes(p->act_bytes, e, sizeof e), util_fmt_bytes(device_avail, f, sizeof f));
     return FERRY_OK;
-}
-
-uint64_t plan_host_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return PLAN_UNLIMITED;
-    char line[256];
-    unsigned long long kb = 0;
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            found = true;
-            break;
-        }
-    fclose(f);
-    return found ? kb * 1024ull : PLAN_UNLIMITED;
 }

@@ -103,7 +103,7 @@ typedef struct {
     int max_step_tokens;  /* most token rows in one step */
     bool unified;         /* device memory is host memory (the CPU backend) */
     uint64_t device_avail; /* not unified: device memory the backend can give; 0 = unknown */
-    uint64_t host_avail;   /* unified: host memory the OS can give (plan_host_available); 0 = unknown */
+    uint64_t host_avail;   /* unified: host memory the OS can give (util_mem_available); 0 = unknown */
     uint64_t expert_cache; /* bytes of expert slots wanted (--expert-cache); at least PLAN_EXPERT_MIN_SLOTS x top_k slots */
     int readahead_cap;     /* plan_make: the planner's prefetch at most this (0: no cap), where a budget needs it */
 } plan_opts;
@@ -215,7 +215,5 @@ ferry_status plan_check(const plan *p, const plan_opts *o, uint64_t host_avail, 
 
 const char *tier_name(tier t);
 
-/* Memory the OS says can be had without swapping (MemAvailable), in bytes. */
-uint64_t plan_host_available(void);
 
 #endif

@@ -9,13 +9,13 @@
 #define _GNU_SOURCE
 #include "scheduler.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "../config/config.h"
 #include "base/util.h"
 
 typedef struct req {
@@ -505,13 +505,7 @@ ferry_status sched_create(engine *e, const sched_opts *o, sched **out)
     s->e = e;
     s->lim = lim;
     s->serving = o && o->serving;
-    if (o && o->max_queued > 0) {
-        s->max_queued = o->max_queued;
-    } else {
-        ferry_config d;
-        config_defaults(&d);
-        s->max_queued = (int)d.max_queued;
-    }
+    s->max_queued = o && o->max_queued > 0 ? o->max_queued : INT_MAX;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->seqs = calloc((size_t)lim.max_seqs, sizeof *s->seqs);

@@ -48,7 +48,7 @@ typedef struct {
 } sched_callbacks;
 
 typedef struct {
-    int max_queued;          /* requests waiting to start; 0 = the max_queued default of settings.def */
+    int max_queued;          /* requests waiting to start; 0 = no limit (serve passes --max-queued) */
     /* a long-running server: failed steps are logged to stderr, blobs they
      * found damaged are rebuilt (engine_repair) before the next step, and
      * after SCHED_UNHEALTHY_STEPS failures in a row an idle engine runs a

@@ -4,7 +4,7 @@
 #define _GNU_SOURCE
 #include "util.h"
 
-#include "../io/fault.h"
+#include "fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -272,4 +272,20 @@ size_t util_utf8_put(char *dst, uint32_t cp)
     dst[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
     dst[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
+}
+
+uint64_t util_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return UINT64_MAX;
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            found = true;
+            break;
+        }
+    fclose(f);
+    return found ? kb * 1024ull : UINT64_MAX;
 }

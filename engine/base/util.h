@@ -59,6 +59,10 @@ const char *util_fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* Seconds on a monotonic clock. */
 double util_now(void);
+
+/* Memory the OS says can be had without swapping (MemAvailable in
+ * /proc/meminfo), in bytes; UINT64_MAX when it does not say. */
+uint64_t util_mem_available(void);
 /* Seconds since the epoch (the wall clock: for reports, never for intervals). */
 double util_wall_now(void);
 

@@ -9,8 +9,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../io/fault.h"
-#include "../plan.h"
+#include "../base/fault.h"
+#include "../base/util.h"
 #include "cpu.h"
 
 float *cpu_scratch_get(cpu_backend *cb, int worker, size_t n)
@@ -100,7 +100,7 @@ static void cpu_event_sync(backend *be, be_event *ev) { (void)be, (void)ev; }
 static uint64_t cpu_mem_available(backend *be)
 {
     (void)be;
-    return plan_host_available();
+    return util_mem_available();
 }
 
 static ferry_status cpu_set_batch(backend *be, const batch *b)

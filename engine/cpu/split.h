@@ -23,8 +23,6 @@
 
 #include "../backend.h"
 
-/* `--device cpu-split` (backend.c). */
-ferry_status split_backend_create(const backend_opts *opts, backend **out);
 
 typedef struct split_stream split_stream;
 

@@ -32,8 +32,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../io/fault.h"
-#include "../plan.h"
+#include "../base/fault.h"
+#include "../base/util.h"
 #include "split.h"
 
 #define MAX_DELAY_US 10000000u
@@ -210,7 +210,7 @@ static void split_event_sync(backend *be, be_event *ev)
 static uint64_t split_mem_available(backend *be)
 {
     (void)be;
-    return plan_host_available();
+    return util_mem_available();
 }
 
 /* ---- the step's batch ---------------------------------------------------------- */

@@ -32,7 +32,7 @@ extern "C" {
 /* The weight dtypes compute reads; cuda_backend.c maps ferry_dtype. */
 typedef enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 } cuda_dtype;
 
-/* How a weight's values are stored (backend.h's weight_quant). */
+/* How a weight's values are stored (weights/weight.h's weight_quant). */
 typedef enum { CUDA_Q_NONE = 0, CUDA_Q_INT8 = 1, CUDA_Q_INT4 = 2 } cuda_quant;
 
 typedef struct {

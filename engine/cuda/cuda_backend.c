@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "../backend.h"
-#include "../io/fault.h"
+#include "../base/fault.h"
 #include "cuda.h"
 
 /* The library's one export; engine/backend.c resolves it with dlsym. */

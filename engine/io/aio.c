@@ -40,7 +40,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fault.h"
+#include "../base/fault.h"
 
 #define AIO_BLOCK 4096u      /* the O_DIRECT granule every resubmission keeps */
 #define AIO_MAX_DEPTH 4096u  /* far beyond what a disk can use; bounds the ring */

@@ -14,7 +14,7 @@
  * layers). A tied model whose head is quantized holds the head apart
  * (convert_config): the embedding table stays as it is for the row gather,
  * the head is a quantized copy of it. A quantized engine tensor is
- * one unit of data and scales (backend.h), laid out as
+ * one unit of data and scales (weight.h), laid out as
  *     [data: rows x weight_row_bytes][pad to CONVERT_ALIGN][scales]
  * wherever it is stored, so a group moves as one contiguous copy.
  *
@@ -31,7 +31,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../backend.h"
+#include "../base/status.h"
+#include "weight.h"
 #include "model.h"
 
 #define CONVERT_KEEP (-1) /* convert_opts: as the checkpoint */

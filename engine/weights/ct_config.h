@@ -21,7 +21,8 @@
 #ifndef FERRY_CT_CONFIG_H
 #define FERRY_CT_CONFIG_H
 
-#include "../backend.h"
+#include "../base/status.h"
+#include "weight.h"
 #include "../base/json.h"
 
 /* A linear layer of the export. */

@@ -23,7 +23,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../backend.h"
+#include "../base/status.h"
+#include "weight.h"
 #include "rope.h"
 #include "safetensors.h"
 
@@ -167,7 +168,7 @@ ferry_status model_tensor_entries(const model_config *cfg, model_weights *w, ten
  * mapping), validating names, shapes and dtypes. In a compressed-tensors
  * checkpoint a linear layer NAME.weight is NAME.weight_packed (int32, with
  * NAME.weight_shape) or NAME.weight (int8) with NAME.weight_scale, bound
- * as a quantized weight (backend.h), or a plain NAME.weight where the
+ * as a quantized weight (weights/weight.h), or a plain NAME.weight where the
  * checkpoint left that layer unquantized (its `ignore` list). Which of the
  * config's schemes a quantized layer has is read off its tensors - the
  * bits from the data's width, the group from the scale's columns - and

@@ -3,7 +3,7 @@
  * compressed-tensors.
  *
  * Turns an F32/F16/BF16 weight [rows, cols] into the quantized layouts of
- * backend.h (WQ_INT8: int8 per output channel; WQ_INT4: packed int32 words,
+ * weight.h (WQ_INT8: int8 per output channel; WQ_INT4: packed int32 words,
  * one scale per group of input columns), computing scales with the min-max
  * observer and quantizing the way compressed-tensors does for symmetric
  * weight-only W8A16 ("channel") and W4A16 ("group", 128) - so a checkpoint
@@ -21,7 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend.h"
+#include "../base/status.h"
+#include "weight.h"
 
 /* compressed-tensors' W4A16 preset: 128 input columns per scale. */
 #define QUANT_INT4_GROUP 128

@@ -197,7 +197,7 @@ int cmd_plan(const ferry_config *cfg)
     if (st != FERRY_OK) return cli_fail(st);
     uint64_t need_host, need_dev;
     plan_needs(&p, &po, &need_host, &need_dev);
-    uint64_t avail = plan_host_available();
+    uint64_t avail = util_mem_available();
     strbuf sb;
     sb_init(&sb);
     char conv[160];

@@ -1,5 +1,5 @@
 """The fault matrix (docs/faults.md): every fault FERRY_FAULT can inject
-(engine/io/fault.h) in every component it reaches, driven through the real
+(engine/base/fault.h) in every component it reaches, driven through the real
 binary - `ferry serve` over real sockets, `ferry generate`, `ferry export`.
 
 One test per row of the matrix; each checks the three promises:

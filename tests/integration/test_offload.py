@@ -1,6 +1,6 @@
 """The offload dir (the disk tier): layout and manifest, reuse across
 restarts, rebuilds when the inputs change or a blob is damaged, and the I/O
-faults of engine/fault.h (FERRY_FAULT): short reads, EIO, ENOSPC.
+faults of engine/base/fault.h (FERRY_FAULT): short reads, EIO, ENOSPC.
 
 Every run that succeeds must give the tokens and logits of the all-resident
 run of the same checkpoint.

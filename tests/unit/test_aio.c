@@ -1,6 +1,6 @@
 /*
  * test_aio.c - asynchronous reads (engine/aio.h) and the fault hooks that
- * exercise their error paths (engine/fault.h).
+ * exercise their error paths (engine/base/fault.h).
  *
  * One file of 20 MiB + 4096 bytes of a known pattern, in a fresh directory
  * under /tmp (ext4 here, so O_DIRECT works). It is read whole as several
@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "../../engine/io/aio.h"
-#include "../../engine/io/fault.h"
+#include "../../engine/base/fault.h"
 #include "../../engine/base/util.h"
 #include "check.h"
 #include "seccomp_child.h"

@@ -16,6 +16,7 @@
 
 #include "../../config/config.h"
 #include "../../engine/base/util.h"
+#include "../../engine/engine.h"
 #include "check.h"
 
 static void test_defaults(void)
@@ -106,6 +107,29 @@ static void test_defaults(void)
     CHECK(cfg.config_file == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
     CHECK_EQ_INT(SETTING_COUNT, 76); /* a new setting needs a default check above */
+}
+
+/* The engine's own defaults (engine_opts_init: the engine reads no
+ * settings) are the settings' defaults, so a library user and the
+ * commands get the same engine. */
+static void test_engine_defaults(void)
+{
+    ferry_config cfg;
+    config_defaults(&cfg);
+    engine_opts eo;
+    engine_opts_init(&eo);
+    CHECK_EQ_STR(eo.device, cfg.device);
+    CHECK_EQ_INT(eo.threads, (int)cfg.threads);
+    CHECK_EQ_INT(eo.max_seqs, (int)cfg.batch);
+    CHECK_EQ_INT(eo.max_ctx, (int)cfg.context);
+    CHECK_EQ_INT(eo.max_step_tokens, (int)cfg.max_step_tokens);
+    CHECK_EQ_INT(eo.group_size, (int)cfg.group_size);
+    CHECK_EQ_INT(eo.prefetch, (int)cfg.prefetch);
+    CHECK(eo.verify_reads == cfg.verify_reads);
+    CHECK_EQ_U64(eo.kv_memory, cfg.kv_memory);
+    CHECK_EQ_U64(eo.expert_cache, cfg.expert_cache);
+    CHECK(eo.expert_prefetch == cfg.expert_prefetch);
+    CHECK(cfg.max_memory == NULL && eo.budget[0] == PLAN_UNLIMITED && eo.budget[1] == PLAN_UNLIMITED);
 }
 
 static void test_find(void)
@@ -635,6 +659,7 @@ static void test_sizes(void)
 int main(void)
 {
     test_defaults();
+    test_engine_defaults();
     test_find();
     test_set();
     test_ranges();

@@ -40,7 +40,7 @@
 #include "../../engine/plan.h"
 #include "../../engine/store.h"
 #include "../../engine/base/util.h"
-#include "../../engine/io/fault.h"
+#include "../../engine/base/fault.h"
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/safetensors.h"
 #include "check.h"

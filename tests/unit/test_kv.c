@@ -3,14 +3,14 @@
  * as sequences grow, given back on release, refusal when the pool is
  * exhausted (nothing taken), no leaks after any mix, and the memory of a
  * pool on the CPU and cpu-split backends (every block addressable through
- * the table the kernels read); the faults of engine/io/fault.h that reach
+ * the table the kernels read); the faults of engine/base/fault.h that reach
  * it (kv_block: a reservation finds the pool empty; dev_alloc: its memory
  * cannot be had).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/io/fault.h"
+#include "../../engine/base/fault.h"
 #include "../../engine/kv.h"
 #include "check.h"
 

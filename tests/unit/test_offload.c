@@ -31,7 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../engine/io/fault.h"
+#include "../../engine/base/fault.h"
 #include "../../engine/io/crc32c.h"
 #include "../../engine/io/offload.h"
 #include "../../engine/base/util.h"

@@ -16,7 +16,7 @@
  * tied bf16, 4 layers: the table in the head group) under every placement
  * (host, disk, mixed, only the embedding off the device), group sizes 1 and
  * 2, prefetch 1 and 2, the compute stream inline and on its own thread,
- * copies landing at once and 300 us late. Then faults (engine/io/fault.h):
+ * copies landing at once and 300 us late. Then faults (engine/base/fault.h):
  * read_short on every completion changes nothing; read_eio fails exactly
  * one step with FERRY_ERR_IO and a message naming the blob, whole, and the
  * steps after it are right. The stats count steps and streamed bytes. Last,
@@ -37,7 +37,7 @@
 #include "../../engine/plan.h"
 #include "../../engine/store.h"
 #include "../../engine/base/util.h"
-#include "../../engine/io/fault.h"
+#include "../../engine/base/fault.h"
 #include "../../engine/weights/model.h"
 #include "../../engine/weights/safetensors.h"
 #include "check.h"
