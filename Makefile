@@ -19,10 +19,17 @@ OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -MMD -MP
 LDLIBS   += -lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread
 
-ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c engine/text/*.c) $(wildcard config/*.c)
-SERVER_SRC := $(wildcard server/*.c server/cli/*.c server/grpc/*.c)
+# The layers, bottom up: engine/ (inference) and config/ (the settings), text/
+# (tokenizers, chat templates, the text layer), server/ (the front ends),
+# cli/ (main and the commands). The unit tests and tools link the first three.
+ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) $(wildcard config/*.c)
+TEXT_SRC   := $(wildcard text/*.c)
+SERVER_SRC := $(wildcard server/*.c server/grpc/*.c)
+CLI_SRC    := $(wildcard cli/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+TEXT_OBJ   := $(TEXT_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 
 # The gRPC front end: C generated from server/proto/*.proto by protoc-c into
 # $(BUILD)/gen (build outputs, never committed), gRPC C core and protobuf-c
@@ -69,7 +76,7 @@ SMOLLM2   := $(BUILD)/smollm2-135m-instruct
 .PHONY: all deps run demo test unit integration bench bench-offload bench-quant asan test-asan clean docs soak
 all: $(BUILD)/ferry
 
-$(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
+$(BUILD)/ferry: $(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
 $(BUILD)/obj/%.o: %.c
@@ -90,24 +97,20 @@ $(BUILD)/obj/gen/%.o: $(GEN)/%.c
 
 # server/grpc includes the generated headers: they exist before it compiles
 $(BUILD)/obj/server/grpc/%.o: CFLAGS += -I$(GEN) $(GRPC_CFLAGS)
-$(filter $(BUILD)/obj/server/grpc/%,$(SERVER_OBJ)) $(BUILD)/obj/server/cli/cmd_serve.o: | $(PROTO_C:.c=.h)
+$(filter $(BUILD)/obj/server/grpc/%,$(SERVER_OBJ)) $(BUILD)/obj/cli/cmd_serve.o: | $(PROTO_C:.c=.h)
 
-$(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ)
+$(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ) $(TEXT_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # test tools: small programs the integration tests drive (tests/tools/)
 TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/tok_tool $(BUILD)/tests/template_tool
-$(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(ENGINE_OBJ)
+$(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(ENGINE_OBJ) $(TEXT_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
-# test_kserve also links the protocol layer of the server (and the text layer it encodes text_input with)
-$(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o $(BUILD)/obj/server/text.o
-# test_text: the text layer (server/text.c) on the demo tokenizer
-$(BUILD)/tests/test_text: $(BUILD)/obj/server/text.o
-# test_tokenizer: an encode's memory against what the front ends reserve for it (text_encode_bound)
-$(BUILD)/tests/test_tokenizer: $(BUILD)/obj/server/text.o
+# test_kserve also links the protocol layer of the server
+$(BUILD)/tests/test_kserve: $(BUILD)/obj/server/kserve.o
 # test_budget: the request-memory budget of the front ends
 $(BUILD)/tests/test_budget: $(BUILD)/obj/server/budget.o
 
@@ -302,7 +305,7 @@ FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fn
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
 # code generated for it, fuzz_h2_frame its HTTP/2 preface and frame-header
 # reader (no gRPC: they read and write bytes)
-FUZZ_LIB_SRC := $(ENGINE_SRC) server/kserve.c server/openai.c server/text.c server/budget.c \
+FUZZ_LIB_SRC := $(ENGINE_SRC) $(TEXT_SRC) server/kserve.c server/openai.c server/budget.c \
                 server/admin_route.c server/grpc/grpc_messages.c server/grpc/h2_frame.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
@@ -354,7 +357,7 @@ FUZZ_MAIN_SRC := $(wildcard tests/fuzz/*.c)
 clean:
 	rm -rf $(BUILD) $(ASAN_DIR) $(TSAN_DIR)
 
--include $(ENGINE_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(UNIT_BIN:=.d)
+-include $(ENGINE_OBJ:.o=.d) $(TEXT_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(PROTO_OBJ:.o=.d) $(UNIT_BIN:=.d)
 
 # ---- CUDA backend -----------------------------------------------------------
 # engine/cuda/ builds into $(BUILD)/libferry_cuda.so whenever nvcc is found (on

@@ -2,7 +2,7 @@
 """Tokenizer benchmark (not a test): load time of each tokenizer.json and
 single-threaded encode throughput on 1 MB of mixed text (English, code,
 Japanese, Russian, Arabic, emoji, digits, whitespace runs, special-token
-text), ferry (build/tests/tok_tool, engine/text/) against HF tokenizers,
+text), ferry (build/tests/tok_tool, text/) against HF tokenizers,
 in the same run, on the same files. Every encode's ids are compared too.
 
     build/venv/bin/python bench/tokenizer_bench.py [--reps 5] [--mb 1]

@@ -13,7 +13,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC_DIRS = ("engine", "server", "config")
+SRC_DIRS = ("engine", "text", "server", "cli", "config")
 
 
 def project_includes(path):

@@ -65,7 +65,7 @@
 #include "kserve.h"
 #include "mhd_common.h"
 #include "openai.h"
-#include "text.h"
+#include "../text/text.h"
 #include "workq.h"
 
 static int hexval(char c)

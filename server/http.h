@@ -24,7 +24,7 @@
 #include "../engine/scheduler.h"
 #include "budget.h"
 #include "metrics.h"
-#include "text.h"
+#include "../text/text.h"
 
 typedef struct {
     const char *host;        /* address to bind: "0.0.0.0", "127.0.0.1", "::", a host name */

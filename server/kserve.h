@@ -35,7 +35,7 @@
 #include "../engine/base/json.h"
 #include "../engine/request.h"
 #include "../engine/stats.h"
-#include "text.h"
+#include "../text/text.h"
 
 #define FERRY_VERSION "0.1.0"
 #define KSERVE_MODEL_VERSION "1"

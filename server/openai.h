@@ -30,7 +30,7 @@
 
 #include "../engine/base/json.h"
 #include "../engine/request.h"
-#include "text.h"
+#include "../text/text.h"
 
 #define OAI_MAX_N 64        /* choices per prompt */
 #define OAI_MAX_ROWS 1024   /* prompts x n in one request */

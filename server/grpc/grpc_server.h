@@ -27,7 +27,7 @@
 #include "../../engine/scheduler.h"
 #include "../budget.h"
 #include "../metrics.h"
-#include "../text.h"
+#include "../../text/text.h"
 
 typedef struct {
     const char *host;        /* address to bind, as http_opts.host */

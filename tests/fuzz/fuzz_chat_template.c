@@ -1,6 +1,6 @@
 /*
  * fuzz_chat_template.c - libFuzzer target for the chat-template interpreter
- * (engine/text/chat_template.h), whose templates come with checkpoints and
+ * (text/chat_template.h), whose templates come with checkpoints and
  * whose variables come from requests.
  *
  * The input is a template, optionally followed by a line "\n--vars--\n" and
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "../../engine/base/json.h"
-#include "../../engine/text/chat_template.h"
+#include "../../text/chat_template.h"
 
 static const char default_vars[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"hi {{ x }}\"},"

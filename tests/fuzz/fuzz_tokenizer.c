@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c - libFuzzer target for tokenizers (engine/text/tokenizer.h):
+ * fuzz_tokenizer.c - libFuzzer target for tokenizers (text/tokenizer.h):
  * loading a tokenizer.json (tok_parse), and encoding and decoding text with
  * it (tok_encode, tok_decode, the streaming tok_stream).
  *
@@ -23,7 +23,7 @@
  * text comes back: decode(encode(text)) is text when it is valid UTF-8 (in
  * NFC for the demo one; without U+2581, which Llama 2 writes spaces as, and
  * special-token text not parsed, for Llama 2), and encoding it holds no
- * more memory than text_encode_bound of its tok_encode_size (server/text.h),
+ * more memory than text_encode_bound of its tok_encode_size (text/text.h),
  * what the server reserves for it (checked through the AddressSanitizer allocator's hooks;
  * a build without ASan skips it; FUZZ_TOKENIZER_NO_ENCODE_BOUND=1 turns it
  * off, to fuzz the rest while such a finding is open). A broken promise aborts,
@@ -38,8 +38,8 @@
 #include <utf8proc.h>
 
 #include "../../engine/base/util.h"
-#include "../../engine/text/tokenizer.h"
-#include "../../server/text.h"
+#include "../../text/tokenizer.h"
+#include "../../text/text.h"
 
 #include "fuzz_asan.h"
 #ifdef FUZZ_HAVE_ASAN

@@ -1,4 +1,4 @@
-"""ferry's chat-template interpreter (engine/text/chat_template.c, driven
+"""ferry's chat-template interpreter (text/chat_template.c, driven
 through build/tests/template_tool) against Python jinja2 configured exactly
 as transformers' apply_chat_template configures it: an
 ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and the

@@ -1,4 +1,4 @@
-"""The tokenizer (engine/text/) against HF tokenizers, bit for bit.
+"""The tokenizer (text/) against HF tokenizers, bit for bit.
 
 Reference tokenizers: the tokenizer.json files `make deps` builds with the
 `tokenizers` library from llama.cpp's real vocabularies

@@ -1,6 +1,6 @@
 /*
  * template_tool.c - renders one chat template for many variable sets with
- * engine/text/chat_template.c, for tests/integration/test_chat_template.py
+ * text/chat_template.c, for tests/integration/test_chat_template.py
  * (and for throwing mutated templates at the interpreter under ASan).
  *
  *   template_tool [--max-out BYTES] TEMPLATE_FILE CASES_JSON
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "../../engine/base/json.h"
-#include "../../engine/text/chat_template.h"
+#include "../../text/chat_template.h"
 
 static char *read_all(const char *path, size_t *len)
 {

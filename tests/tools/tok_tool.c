@@ -23,7 +23,7 @@
 
 #include "../../engine/base/json.h"
 #include "../../engine/base/util.h"
-#include "../../engine/text/tokenizer.h"
+#include "../../text/tokenizer.h"
 
 static void put_hex(const char *s, size_t n)
 {

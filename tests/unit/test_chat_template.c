@@ -1,5 +1,5 @@
 /*
- * test_chat_template.c - the chat-template interpreter (engine/text/
+ * test_chat_template.c - the chat-template interpreter (text/
  * chat_template.h) on its own: what it renders, which errors it gives and
  * when, and that hostile templates end with an error instead of a crash or
  * a hang. (Byte-for-byte agreement with Python jinja2 on real templates is
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "../../engine/base/json.h"
-#include "../../engine/text/chat_template.h"
+#include "../../text/chat_template.h"
 #include "check.h"
 
 #define MAX_OUT ((size_t)1 << 20)

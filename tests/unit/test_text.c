@@ -1,5 +1,5 @@
 /*
- * test_text.c - the text layer (server/text.h) on the repository's demo
+ * test_text.c - the text layer (text/text.h) on the repository's demo
  * tokenizer (config/demo-tokenizer; run from the repository root, as
  * `make unit` does).
  *
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "../../engine/base/util.h"
-#include "../../server/text.h"
+#include "../../text/text.h"
 #include "check.h"
 
 #define DEMO "config/demo-tokenizer"

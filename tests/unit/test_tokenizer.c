@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c - the tokenizer (engine/text/tokenizer.h) on small
+ * test_tokenizer.c - the tokenizer (text/tokenizer.h) on small
  * handwritten tokenizer.json files written into a temporary directory.
  *
  * Covers: both merge forms and rank order (a reversed order gives other
@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "../../engine/base/util.h"
-#include "../../engine/text/tokenizer.h"
-#include "../../server/text.h"
+#include "../../text/tokenizer.h"
+#include "../../text/text.h"
 #include "check.h"
 
 /* ---- the memory an encode holds ----------------------------------------------------------- */

@@ -17,8 +17,8 @@
 
 #include <stddef.h>
 
-#include "../base/json.h"
-#include "../base/status.h"
+#include "../engine/base/json.h"
+#include "../engine/base/status.h"
 
 typedef struct chat_template chat_template;
 

@@ -1,9 +1,9 @@
 /*
  * tok_internal.h - the tokenizer's private structures, shared by
- * engine/text/tokenizer.c (loading), tok_bpe.c (the model), tok_normalize.c,
+ * text/tokenizer.c (loading), tok_bpe.c (the model), tok_normalize.c,
  * tok_encode.c (added tokens, pre-tokenizers, the pipeline), tok_decode.c,
  * tok_regex.c (PCRE2 with Oniguruma's semantics) and tok_util.c (tables,
- * UTF-8, Unicode classes). Nothing here is visible outside engine/text/.
+ * UTF-8, Unicode classes). Nothing here is visible outside text/.
  *
  * The pipeline mirrors HF tokenizers 0.23 stage for stage, so that each
  * piece can be checked against its Rust counterpart:
@@ -20,9 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/arena.h"
-#include "../base/json.h"
-#include "../base/status.h"
+#include "../engine/base/arena.h"
+#include "../engine/base/json.h"
+#include "../engine/base/status.h"
 #include "tokenizer.h"
 
 /* Token ids are kept below this so that id-indexed tables stay small; real

@@ -19,7 +19,7 @@
  * the template and after any tag whose end consumed a newline (trim_blocks,
  * or "-%}" followed by whitespace ending in one). The same flag is kept here.
  */
-#include "../base/util.h"
+#include "../engine/base/util.h"
 #include "tmpl_internal.h"
 
 #include <errno.h>

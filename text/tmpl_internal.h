@@ -37,9 +37,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/arena.h"
-#include "../base/json.h"
-#include "../base/status.h"
+#include "../engine/base/arena.h"
+#include "../engine/base/json.h"
+#include "../engine/base/status.h"
 
 /* ---- limits ----------------------------------------------------------- */
 

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/text/chat_template.h"
+#include "chat_template.h"
 #include "../engine/weights/model_dir.h"
 
 struct text_model {

@@ -13,13 +13,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../../engine/backend.h"
-#include "../../engine/engine.h"
-#include "../../engine/io/aio.h"
-#include "../../engine/sampling.h"
-#include "../../engine/store.h"
-#include "../../engine/base/json.h"
-#include "../../engine/base/util.h"
+#include "../engine/backend.h"
+#include "../engine/engine.h"
+#include "../engine/io/aio.h"
+#include "../engine/sampling.h"
+#include "../engine/store.h"
+#include "../engine/base/json.h"
+#include "../engine/base/util.h"
 #include "cli.h"
 
 /* ---- memory bandwidth ------------------------------------------------- */

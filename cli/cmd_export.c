@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/base/util.h"
-#include "../../engine/export.h"
+#include "../engine/base/json.h"
+#include "../engine/base/util.h"
+#include "../engine/export.h"
 #include "cli.h"
 
 static volatile sig_atomic_t g_interrupted;

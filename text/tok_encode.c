@@ -13,7 +13,7 @@
  * Invalid UTF-8 in the input is first replaced by U+FFFD, as Python's
  * bytes.decode('utf-8', 'replace') would before calling HF.
  *
- * Memory: a front end reserves text_encode_bound (server/text.h: 16 bytes
+ * Memory: a front end reserves text_encode_bound (text/text.h: 16 bytes
  * a byte of text, and 64 KiB) for an encode, so what one holds must not
  * grow with the number of words in the text, only with the ids. Each step
  * therefore hands on one piece at a time, never a list: the added tokens
@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../base/util.h"
+#include "../engine/base/util.h"
 #include "tok_internal.h"
 
 typedef struct {

@@ -1,6 +1,6 @@
 /*
  * cmd_tokenize.c - `ferry tokenize` and `ferry detokenize`: the
- * checkpoint's tokenizer (engine/text/tokenizer.h) on the command line, for
+ * checkpoint's tokenizer (text/tokenizer.h) on the command line, for
  * scripts and for checking ferry against HF tokenizers.
  *
  *   tokenize   --text S | --file F [--add-special] [--json]
@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/base/util.h"
-#include "../../engine/text/tokenizer.h"
+#include "../engine/base/json.h"
+#include "../engine/base/util.h"
+#include "../text/tokenizer.h"
 #include "cli.h"
 
 /* A JSON string of s[0..n): unlike sb_json_str, a NUL inside is kept. */

@@ -10,7 +10,7 @@
  * a few characters ('ß'.upper() is 'SS' in Python, 'ß' here).
  */
 #define _GNU_SOURCE /* memmem */
-#include "../base/util.h"
+#include "../engine/base/util.h"
 #include "tmpl_internal.h"
 
 #include <ctype.h>

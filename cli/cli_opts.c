@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/weights/model_dir.h"
+#include "../engine/weights/model_dir.h"
 #include "cli.h"
 
 int cli_model_resolve(ferry_config *cfg, bool sets_name, char **dir, char **name)

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/base/util.h"
+#include "../engine/base/json.h"
+#include "../engine/base/util.h"
 #include "cli.h"
 
 /* Who chose the prefetch depth: the user (--prefetch N) or the planner. */

@@ -3,7 +3,7 @@
  * --json), optionally the last prompt position's logits to a file. Several
  * prompts separated by ';' run as one batch.
  *
- * --prompt TEXT takes the prompt as text instead (server/text.h: encoded
+ * --prompt TEXT takes the prompt as text instead (text/text.h: encoded
  * with the tokenizer's special tokens, as a completion prompt; the model's
  * generation_config.json gives the sampling defaults the flags leave unset
  * and the end-of-sequence ids that stop it) and prints the answer as text.
@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/engine.h"
-#include "../../engine/scheduler.h"
-#include "../../engine/weights/model.h"
-#include "../../engine/base/json.h"
-#include "../../engine/base/util.h"
-#include "../text.h"
+#include "../engine/engine.h"
+#include "../engine/scheduler.h"
+#include "../engine/weights/model.h"
+#include "../engine/base/json.h"
+#include "../engine/base/util.h"
+#include "../text/text.h"
 #include "cli.h"
 
 typedef struct {

@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/weights/convert.h"
-#include "../../engine/weights/model.h"
-#include "../../engine/weights/quant.h"
-#include "../../engine/base/util.h"
+#include "../engine/base/json.h"
+#include "../engine/weights/convert.h"
+#include "../engine/weights/model.h"
+#include "../engine/weights/quant.h"
+#include "../engine/base/util.h"
 #include "cli.h"
 
 /* The rope scaling's parameters beyond its type, as config.json names them. */

@@ -48,8 +48,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../base/json.h"
-#include "../base/status.h"
+#include "../engine/base/json.h"
+#include "../engine/base/status.h"
 
 typedef struct tokenizer tokenizer;
 

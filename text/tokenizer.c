@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../base/util.h"
-#include "../weights/model_dir.h"
+#include "../engine/base/util.h"
+#include "../engine/weights/model_dir.h"
 #include "tok_internal.h"
 
 #define TOK_GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"

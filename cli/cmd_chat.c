@@ -5,7 +5,7 @@
  * Each turn renders the whole conversation so far (the history: every
  * user message and every answer, as the model wrote it - a stopped one as
  * far as it went) with add_generation_prompt, encodes it as the server
- * encodes a chat prompt (server/text.h) and generates through the
+ * encodes a chat prompt (text/text.h) and generates through the
  * scheduler, the one generation path. The engine thread hands each
  * token's text to the main thread (the callbacks must not block on a
  * terminal); the main thread prints it.
@@ -29,10 +29,10 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/engine.h"
-#include "../../engine/scheduler.h"
-#include "../text.h"
+#include "../engine/base/json.h"
+#include "../engine/engine.h"
+#include "../engine/scheduler.h"
+#include "../text/text.h"
 #include "cli.h"
 
 #define RENDER_MAX (64u << 20) /* bytes a rendered conversation may have */

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "../base/util.h"
+#include "../engine/base/util.h"
 #include "tok_internal.h"
 
 static ferry_status oom(void) { return ferry_fail(FERRY_ERR_NOMEM, "tokenizer: out of memory"); }

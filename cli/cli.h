@@ -7,9 +7,9 @@
 #ifndef FERRY_CLI_H
 #define FERRY_CLI_H
 
-#include "../../config/config.h"
-#include "../../engine/base/status.h"
-#include "../../engine/engine.h"
+#include "../config/config.h"
+#include "../engine/base/status.h"
+#include "../engine/engine.h"
 
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1

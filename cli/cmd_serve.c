@@ -6,7 +6,7 @@
  * loader when loading ended, SIGINT/SIGTERM/SIGHUP to stop (SIGHUP is a
  * graceful stop too: a closed terminal must not cut answers off).
  *
- * The loader also reads the model's text files (server/text.h): a
+ * The loader also reads the model's text files (text/text.h): a
  * checkpoint without a tokenizer serves token ids, and the text endpoints
  * answer why not (said once on stderr when the model is ready).
  *
@@ -43,16 +43,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../engine/engine.h"
-#include "../../engine/scheduler.h"
-#include "../../engine/base/util.h"
-#include "../../engine/text/chat_template.h"
+#include "../engine/engine.h"
+#include "../engine/scheduler.h"
+#include "../engine/base/util.h"
+#include "../text/chat_template.h"
 #include "cli.h"
-#include "../grpc/grpc_server.h"
-#include "../admin.h"
-#include "../http.h"
-#include "../metrics.h"
-#include "../text.h"
+#include "../server/grpc/grpc_server.h"
+#include "../server/admin.h"
+#include "../server/http.h"
+#include "../server/metrics.h"
+#include "../text/text.h"
 
 
 enum { LOAD_RUNNING, LOAD_READY, LOAD_FAILED };

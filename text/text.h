@@ -44,7 +44,7 @@
 #include "../engine/base/json.h"
 #include "../engine/base/status.h"
 #include "../engine/request.h"
-#include "../engine/text/tokenizer.h"
+#include "tokenizer.h"
 
 #define TEXT_MAX_STOPS 16        /* stop strings in one request */
 #define TEXT_MAX_STOP_BYTES 256  /* bytes of one stop string */

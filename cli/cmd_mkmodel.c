@@ -26,11 +26,11 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "../../engine/base/json.h"
-#include "../../engine/weights/model.h"
-#include "../../engine/weights/st_writer.h"
-#include "../../engine/base/util.h"
-#include "../../engine/text/tokenizer.h"
+#include "../engine/base/json.h"
+#include "../engine/weights/model.h"
+#include "../engine/weights/st_writer.h"
+#include "../engine/base/util.h"
+#include "../text/tokenizer.h"
 #include "cli.h"
 
 /* A model shape. The mixtures of experts take theirs from their own tables:
