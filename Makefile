@@ -104,7 +104,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_OBJ) $(TEXT_OBJ)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # test tools: small programs the integration tests drive (tests/tools/)
-TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/tok_tool $(BUILD)/tests/template_tool
+TOOL_BIN := $(BUILD)/tests/quant_tool $(BUILD)/tests/tok_tool $(BUILD)/tests/template_tool $(BUILD)/tests/gguf_tool
 $(TOOL_BIN): $(BUILD)/tests/%: tests/tools/%.c $(ENGINE_OBJ) $(TEXT_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)

@@ -1,0 +1,136 @@
+/*
+ * gguf_tool.c - prints what engine/weights/gguf.c reads from a GGUF file,
+ * as one JSON object, for tests/integration/test_gguf.py to compare with
+ * the `gguf` package's reader (GGUFReader), which ferry did not write.
+ *
+ *   gguf_tool FILE   -> {"version", "alignment", "data_offset", "kv": [...], "tensors": [...]}
+ *
+ * Strings (keys, values, tensor names) are written as hex of their bytes;
+ * arrays in full. A file the reader refuses: "ERR <status>: <message>" on
+ * stdout, exit status 1. Usage errors: exit status 2.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../engine/weights/gguf.h"
+
+static void put_hex(gguf_str s)
+{
+    static const char hx[] = "0123456789abcdef";
+    putchar('"');
+    for (uint64_t i = 0; i < s.len; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        putchar(hx[c >> 4]);
+        putchar(hx[c & 15]);
+    }
+    putchar('"');
+}
+
+static uint64_t le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* item i of a numeric array, as JSON */
+static void put_item(gguf_vtype t, const uint8_t *p)
+{
+    switch (t) {
+    case GGUF_V_U8: case GGUF_V_BOOL: printf("%u", p[0]); break;
+    case GGUF_V_I8: printf("%d", (int8_t)p[0]); break;
+    case GGUF_V_U16: printf("%u", (unsigned)le(p, 2)); break;
+    case GGUF_V_I16: printf("%d", (int16_t)le(p, 2)); break;
+    case GGUF_V_U32: printf("%u", (unsigned)le(p, 4)); break;
+    case GGUF_V_I32: printf("%d", (int32_t)le(p, 4)); break;
+    case GGUF_V_U64: printf("%" PRIu64, le(p, 8)); break;
+    case GGUF_V_I64: printf("%" PRId64, (int64_t)le(p, 8)); break;
+    case GGUF_V_F32: {
+        uint32_t b = (uint32_t)le(p, 4);
+        float f;
+        memcpy(&f, &b, 4);
+        printf("%.9g", f);
+        break;
+    }
+    case GGUF_V_F64: {
+        uint64_t b = le(p, 8);
+        double f;
+        memcpy(&f, &b, 8);
+        printf("%.17g", f);
+        break;
+    }
+    default: printf("null");
+    }
+}
+
+static int item_size(gguf_vtype t)
+{
+    switch (t) {
+    case GGUF_V_U8: case GGUF_V_I8: case GGUF_V_BOOL: return 1;
+    case GGUF_V_U16: case GGUF_V_I16: return 2;
+    case GGUF_V_U32: case GGUF_V_I32: case GGUF_V_F32: return 4;
+    default: return 8;
+    }
+}
+
+static void put_value(const gguf_kv *kv)
+{
+    switch (kv->type) {
+    case GGUF_V_STRING: put_hex(kv->v.s); break;
+    case GGUF_V_ARRAY:
+        printf("{\"type\": %d, \"items\": [", kv->v.arr.type);
+        for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+            if (i) printf(", ");
+            if (kv->v.arr.type == GGUF_V_STRING) put_hex(kv->v.arr.strs[i]);
+            else put_item(kv->v.arr.type, kv->v.arr.data + i * item_size(kv->v.arr.type));
+        }
+        printf("]}");
+        break;
+    case GGUF_V_F32: printf("%.9g", kv->v.f); break;
+    case GGUF_V_F64: printf("%.17g", kv->v.f); break;
+    case GGUF_V_I8: case GGUF_V_I16: case GGUF_V_I32: case GGUF_V_I64: printf("%" PRId64, kv->v.i); break;
+    default: printf("%" PRIu64, kv->v.u);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: gguf_tool FILE\n");
+        return 2;
+    }
+    gguf_file *g;
+    ferry_status st = gguf_open(argv[1], &g);
+    if (st != FERRY_OK) {
+        printf("ERR %s: %s\n", ferry_status_name(st), ferry_errmsg());
+        return 1;
+    }
+    printf("{\"version\": %u, \"alignment\": %u, \"data_offset\": %" PRIu64 ",\n \"kv\": [", gguf_version(g),
+           gguf_alignment(g), gguf_data_offset(g));
+    for (size_t i = 0; i < gguf_kv_count(g); i++) {
+        const gguf_kv *kv = gguf_kv_at(g, i);
+        printf("%s\n  {\"key\": ", i ? "," : "");
+        put_hex(kv->key);
+        printf(", \"type\": %d, \"value\": ", kv->type);
+        put_value(kv);
+        putchar('}');
+    }
+    printf("],\n \"tensors\": [");
+    for (size_t i = 0; i < gguf_tensor_count(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[1024];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        printf("%s\n  {\"name\": ", i ? "," : "");
+        put_hex(t->name);
+        printf(", \"dims\": [");
+        for (uint32_t d = 0; d < t->n_dims; d++) printf("%s%" PRIu64, d ? ", " : "", t->dims[d]);
+        printf("], \"type\": %u, \"type_name\": \"%s\", \"offset\": %" PRIu64 ", \"nbytes\": %" PRIu64
+               ", \"found\": %s}",
+               t->type, gguf_type_name(t->type), t->offset, t->nbytes,
+               (t->name.len >= sizeof name || gguf_find_tensor(g, name) == t) ? "true" : "false");
+    }
+    printf("]}\n");
+    gguf_close(g);
+    return 0;
+}
