@@ -15,6 +15,10 @@
  * The immutable sandbox transformers renders with refuses methods that
  * modify a list or dict (append, update, pop, ...): calling one is an error
  * here too.
+ *
+ * A filter is one function and one row of `filters` (the row's index is the
+ * id the parser stores); a method of a dict, list or loop is one function
+ * in `object_methods`, indexed by its TM_* id (a str's: tmpl_str.c).
  */
 #include "tmpl_internal.h"
 
@@ -25,33 +29,6 @@
 #include <time.h>
 
 /* ---- names ------------------------------------------------------------ */
-
-enum {
-    F_ABS, F_ATTR, F_CAPITALIZE, F_CENTER, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT, F_FORMAT,
-    F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX, F_MIN, F_REJECT,
-    F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SORT, F_STRING, F_SUM,
-    F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_FORCEESCAPE, F_TRUNCATE, F_BATCH, F_SLICE,
-};
-
-static const struct {
-    const char *name;
-    int id;
-} filter_names[] = {
-    {"abs", F_ABS}, {"attr", F_ATTR}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER}, {"count", F_LENGTH},
-    {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE}, {"escape", F_ESCAPE},
-    {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE}, {"format", F_FORMAT}, {"indent", F_INDENT},
-    {"int", F_INT}, {"items", F_ITEMS}, {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST},
-    {"lower", F_LOWER}, {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT},
-    {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
-    {"safe", F_SAFE}, {"select", F_SELECT}, {"selectattr", F_SELECTATTR}, {"sort", F_SORT}, {"string", F_STRING},
-    {"sum", F_SUM}, {"title", F_TITLE}, {"tojson", F_TOJSON}, {"trim", F_TRIM}, {"unique", F_UNIQUE},
-    {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT}, {"truncate", F_TRUNCATE}, {"batch", F_BATCH}, {"slice", F_SLICE},
-};
-
-/* jinja2's own filters, for telling "not supported" from "does not exist" */
-static const char *const jinja_filters[] = {
-    "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode",
-    "urlize", "wordwrap", "xmlattr", NULL};
 
 enum {
     T_ODD, T_EVEN, T_DIVISIBLEBY, T_DEFINED, T_UNDEFINED, T_FILTER, T_TEST, T_NONE, T_BOOLEAN, T_FALSE, T_TRUE,
@@ -74,16 +51,6 @@ static const struct {
 };
 
 static bool name_is(const char *s, size_t n, const char *lit) { return strlen(lit) == n && memcmp(s, lit, n) == 0; }
-
-int tmpl_filter_id(const char *name, size_t n, bool *known)
-{
-    if (known) *known = false;
-    for (size_t i = 0; i < sizeof filter_names / sizeof filter_names[0]; i++)
-        if (name_is(name, n, filter_names[i].name)) return filter_names[i].id;
-    for (int i = 0; jinja_filters[i]; i++)
-        if (name_is(name, n, jinja_filters[i]) && known) *known = true;
-    return -1;
-}
 
 int tmpl_test_id(const char *name, size_t n, bool *known)
 {
@@ -156,37 +123,37 @@ bool tmpl_type_error(trender *r, const char *fmt, const tval *v)
 }
 
 /* Binds positional and keyword arguments to parameters, as Python does. */
-bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tval *args,
-                 size_t nargs, const char **kwn, const size_t *kwnn, const tval *kwv, size_t nkw, tval *out, bool *given)
+bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tmpl_args *a,
+               tval *out, bool *given)
 {
     for (size_t i = 0; i < nparams; i++) given[i] = false;
-    if (nargs > nparams)
+    if (a->nargs > nparams)
         return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s takes at most %zu argument(s) (%zu given)", r->line, what,
-                         nparams, nargs);
-    for (size_t i = 0; i < nargs; i++) {
-        out[i] = args[i];
+                         nparams, a->nargs);
+    for (size_t i = 0; i < a->nargs; i++) {
+        out[i] = a->args[i];
         given[i] = true;
     }
-    for (size_t k = 0; k < nkw; k++) {
+    for (size_t k = 0; k < a->nkw; k++) {
         size_t p;
         for (p = 0; p < nparams; p++)
-            if (name_is(kwn[k], kwnn[k], names[p])) break;
+            if (name_is(a->kwn[k], a->kwnn[k], names[p])) break;
         if (p == nparams)
             return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s got an unexpected keyword argument '%.*s'", r->line,
-                             what, (int)kwnn[k], kwn[k]);
+                             what, (int)a->kwnn[k], a->kwn[k]);
         if (given[p])
             return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s got multiple values for argument '%s'", r->line, what,
                              names[p]);
-        out[p] = kwv[k];
+        out[p] = a->kwv[k];
         given[p] = true;
     }
     return true;
 }
 
 
-bool tmpl_no_args(trender *r, const char *what, size_t nargs, size_t nkw)
+bool tmpl_no_args(trender *r, const char *what, const tmpl_args *a)
 {
-    if (nargs || nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s takes no arguments", r->line, what);
+    if (a->nargs || a->nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s takes no arguments", r->line, what);
     return true;
 }
 
@@ -603,6 +570,9 @@ static bool sorted_list(trender *r, const tlist *in, const tval *keys, bool reve
 
 /* ---- filters ---------------------------------------------------------- */
 
+/* A filter, `in|name(args)`: one function below and one row of `filters`. */
+typedef bool filter_fn(trender *r, const tval *in, const tmpl_args *a, tval *out);
+
 static bool round_value(trender *r, const tval *v, int64_t prec, const tval *method, tval *out)
 {
     if (!tv_is_num(v)) return tmpl_type_error(r, "type %s doesn't define __round__ method", v);
@@ -648,8 +618,7 @@ static bool round_value(trender *r, const tval *v, int64_t prec, const tval *met
     return true;
 }
 
-static bool tojson_filter(trender *r, const tval *v, const tval *args, size_t nargs, const char **kwn,
-                          const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
+static bool filter_tojson(trender *r, const tval *in, const tmpl_args *a, tval *out)
 {
     BIND("tojson()", "ensure_ascii", "indent", "separators", "sort_keys");
     tmpl_json_opts o = {0};
@@ -690,7 +659,7 @@ static bool tojson_filter(trender *r, const tval *v, const tval *args, size_t na
     }
     strbuf sb;
     sb_init(&sb);
-    if (!tmpl_json(r, v, &o, &sb)) {
+    if (!tmpl_json(r, in, &o, &sb)) {
         sb_free(&sb);
         return false;
     }
@@ -700,15 +669,16 @@ static bool tojson_filter(trender *r, const tval *v, const tval *args, size_t na
 static tlist *gen_of(trender *r) { return tmpl_list_new(r, 0, LF_GEN); }
 
 /* select/reject/selectattr/rejectattr */
-static bool select_filter(trender *r, const tval *v, const tval *args, size_t nargs, bool attr, bool keep,
-                          tval *out)
+static bool select_filter(trender *r, const tval *v, const tmpl_args *a, bool attr, bool keep, tval *out)
 {
+    if (a->nkw) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: keyword arguments to select/reject are not supported", r->line);
     tlist *res = gen_of(r);
     size_t cap = 0;
     if (!res) return false;
     *out = tv_list(res);
     if (!tmpl_truthy(v)) return true; /* jinja iterates only `if value` */
-    size_t off = attr ? 1 : 0;
+    const tval *args = a->args;
+    size_t nargs = a->nargs, off = attr ? 1 : 0;
     if (attr && nargs < 1) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: missing parameter for attribute name", r->line);
     int test = -1;
     if (nargs > off) {
@@ -733,21 +703,40 @@ static bool select_filter(trender *r, const tval *v, const tval *args, size_t na
     return tmpl_charge(r, items->n);
 }
 
-static bool map_filter(trender *r, const tval *v, const tval *args, size_t nargs, const char **kwn,
-                       const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
+static bool filter_select(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return select_filter(r, in, a, false, true, out);
+}
+
+static bool filter_reject(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return select_filter(r, in, a, false, false, out);
+}
+
+static bool filter_selectattr(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return select_filter(r, in, a, true, true, out);
+}
+
+static bool filter_rejectattr(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return select_filter(r, in, a, true, false, out);
+}
+
+static bool filter_map(trender *r, const tval *in, const tmpl_args *a, tval *out)
 {
     tlist *items, *res = gen_of(r);
     size_t cap = 0;
     if (!res) return false;
     *out = tv_list(res);
-    if (!tmpl_truthy(v)) return true;
-    if (!tmpl_iterate(r, v, &items)) return false;
-    if (nargs == 0) {
+    if (!tmpl_truthy(in)) return true;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    if (a->nargs == 0) {
         const tval *attr = NULL, *dflt = NULL;
-        for (size_t k = 0; k < nkw; k++) {
-            if (name_is(kwn[k], kwnn[k], "attribute")) attr = &kwv[k];
-            else if (name_is(kwn[k], kwnn[k], "default")) dflt = &kwv[k];
-            else return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: unexpected keyword argument '%.*s'", r->line, (int)kwnn[k], kwn[k]);
+        for (size_t k = 0; k < a->nkw; k++) {
+            if (name_is(a->kwn[k], a->kwnn[k], "attribute")) attr = &a->kwv[k];
+            else if (name_is(a->kwn[k], a->kwnn[k], "default")) dflt = &a->kwv[k];
+            else return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: unexpected keyword argument '%.*s'", r->line, (int)a->kwnn[k], a->kwn[k]);
         }
         if (!attr) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: map requires a filter argument", r->line);
         for (size_t i = 0; i < items->n; i++) {
@@ -758,19 +747,20 @@ static bool map_filter(trender *r, const tval *v, const tval *args, size_t nargs
         }
         return true;
     }
-    if (args[0].kind != TV_STR) return tmpl_type_error(r, "filter name must be a str, not %s", &args[0]);
-    int f = tmpl_filter_id(args[0].s.p, args[0].s.n, NULL);
-    if (f < 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no filter named '%.*s'", r->line, (int)args[0].s.n, args[0].s.p);
+    const tval *name = &a->args[0];
+    if (name->kind != TV_STR) return tmpl_type_error(r, "filter name must be a str, not %s", name);
+    int f = tmpl_filter_id(name->s.p, name->s.n, NULL);
+    if (f < 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no filter named '%.*s'", r->line, (int)name->s.n, name->s.p);
     for (size_t i = 0; i < items->n; i++) {
         tval x;
-        if (!tmpl_call_filter_id(r, f, &items->items[i], args + 1, nargs - 1, kwn, kwnn, kwv, nkw, &x)) return false;
+        if (!tmpl_call_filter_id(r, f, &items->items[i], a->args + 1, a->nargs - 1, a->kwn, a->kwnn, a->kwv, a->nkw, &x))
+            return false;
         if (!tmpl_list_push(r, res, &cap, x)) return false;
     }
     return true;
 }
 
-static bool minmax(trender *r, const tval *v, const tval *args, size_t nargs, const char **kwn,
-                   const size_t *kwnn, const tval *kwv, size_t nkw, bool max, tval *out)
+static bool minmax(trender *r, const tval *v, const tmpl_args *a, bool max, tval *out)
 {
     BIND(max ? "max()" : "min()", "case_sensitive", "attribute");
     tlist *items;
@@ -799,423 +789,576 @@ static bool minmax(trender *r, const tval *v, const tval *args, size_t nargs, co
     return true;
 }
 
+static bool filter_max(trender *r, const tval *in, const tmpl_args *a, tval *out) { return minmax(r, in, a, true, out); }
+
+static bool filter_min(trender *r, const tval *in, const tmpl_args *a, tval *out) { return minmax(r, in, a, false, out); }
+
+static bool filter_abs(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "abs()", a)) return false;
+    if (in->kind == TV_FLOAT) *out = tv_float(fabs(in->f));
+    else if (tv_is_int(in)) {
+        if (tv_int_of(in) == INT64_MIN) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: integer overflow", r->line);
+        *out = tv_int(tv_int_of(in) < 0 ? -tv_int_of(in) : tv_int_of(in));
+    } else return tmpl_type_error(r, "bad operand type for abs(): '%s'", in);
+    return true;
+}
+
+static bool filter_attr(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("attr()", "name");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: attr() needs a name", r->line);
+    if (!tmpl_arg_str(r, &p[0], "attribute name")) return false;
+    if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
+    bool found;
+    if (!attribute(r, in, p[0].s.p, p[0].s.n, out, &found)) return false;
+    if (!found) *out = tmpl_undef_lookup(in, UD_ATTR, &p[0]);
+    return true;
+}
+
+static bool filter_batch(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    /* jinja's batch: lists of linecount items, the last filled up when asked */
+    BIND("batch()", "linecount", "fill_with");
+    int64_t k = 0;
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: batch() needs a count", r->line);
+    if (!tmpl_arg_int(r, &p[0], &k)) return false;
+    tlist *items, *res = gen_of(r), *tmp = tmpl_list_new(r, 0, LF_LIST);
+    size_t cap = 0, tcap = 0;
+    if (!res || !tmp || !tmpl_iterate(r, in, &items)) return false;
+    *out = tv_list(res);
+    for (size_t i = 0; i < items->n; i++) {
+        if ((int64_t)tmp->n == k) {
+            if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
+            if (!(tmp = tmpl_list_new(r, 0, LF_LIST))) return false;
+            tcap = 0;
+        }
+        if (!tmpl_list_push(r, tmp, &tcap, items->items[i])) return false;
+    }
+    if (tmp->n) {
+        while (g[1] && p[1].kind != TV_NONE && (int64_t)tmp->n < k)
+            if (!tmpl_list_push(r, tmp, &tcap, p[1])) return false;
+        if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
+    }
+    return true;
+}
+
+static bool filter_capitalize(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    tval s;
+    if (!tmpl_no_args(r, "capitalize()", a) || !tmpl_to_str(r, in, &s)) return false;
+    return tmpl_str_title(r, s.s.p, s.s.n, true, out);
+}
+
+static bool filter_center(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("center()", "width");
+    int64_t w = 80;
+    tval s;
+    if (g[0] && !tmpl_arg_int(r, &p[0], &w)) return false;
+    if (!tmpl_to_str(r, in, &s)) return false;
+    if (w > 1 << 20) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: center width too large", r->line);
+    int64_t len = (int64_t)tmpl_utf8_count(s.s.p, s.s.n);
+    if (w <= len) { *out = s; return true; }
+    int64_t marg = w - len, left = marg / 2 + (marg & w & 1);
+    strbuf sb;
+    sb_init(&sb);
+    for (int64_t i = 0; i < left; i++) sb_putc(&sb, ' ');
+    sb_append(&sb, s.s.p, s.s.n);
+    for (int64_t i = left; i < marg; i++) sb_putc(&sb, ' ');
+    return tmpl_sb_out(r, &sb, out);
+}
+
+static bool filter_default(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("default()", "default_value", "boolean");
+    bool boolean = g[1] && tmpl_truthy(&p[1]);
+    if (in->kind == TV_UNDEF || (boolean && !tmpl_truthy(in))) *out = g[0] ? p[0] : tv_str("", 0);
+    else *out = *in;
+    return true;
+}
+
+static bool filter_dictsort(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("dictsort()", "case_sensitive", "by", "reverse");
+    if (in->kind != TV_DICT) return tmpl_type_error(r, "dictsort needs a mapping, not %s", in);
+    int pos = 0;
+    if (g[1]) {
+        if (p[1].kind == TV_STR && name_is(p[1].s.p, p[1].s.n, "value")) pos = 1;
+        else if (!(p[1].kind == TV_STR && name_is(p[1].s.p, p[1].s.n, "key")))
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: you can only sort by either \"key\" or \"value\"", r->line);
+    }
+    const tdict *d = in->dict;
+    tlist *pairs = tmpl_list_new(r, d->n, LF_LIST);
+    tval *keys = tmpl_ralloc(r, (d->n + 1) * sizeof *keys);
+    if (!pairs || !keys) return false;
+    for (size_t i = 0; i < d->n; i++) {
+        tlist *t = tmpl_list_new(r, 2, LF_TUPLE);
+        if (!t) return false;
+        t->items[0] = d->keys[i];
+        t->items[1] = d->vals[i];
+        t->n = 2;
+        pairs->items[i] = tv_list(t);
+        keys[i] = pos ? d->vals[i] : d->keys[i];
+        if (!(g[0] && tmpl_truthy(&p[0])) && !ignore_case(r, &keys[i], &keys[i])) return false;
+    }
+    pairs->n = d->n;
+    tlist *o;
+    if (!sorted_list(r, pairs, keys, g[2] && tmpl_truthy(&p[2]), &o)) return false;
+    *out = tv_list(o);
+    return true;
+}
+
+static bool filter_escape(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "escape()", a) && tmpl_html_escape(r, in, out, false);
+}
+
+static bool filter_forceescape(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "escape()", a) && tmpl_html_escape(r, in, out, true);
+}
+
+static bool filter_first(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "first()", a)) return false;
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    *out = items->n ? items->items[0] : tmpl_undef_named(UD_OTHER, "no first item, sequence was empty", 33);
+    return true;
+}
+
+static bool filter_float(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("float()", "default");
+    if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in); /* float(Undefined) raises */
+    tval dflt = g[0] ? p[0] : tv_float(0.0);
+    double x;
+    if (in->kind == TV_FLOAT) *out = *in;
+    else if (tv_is_int(in)) *out = tv_float((double)tv_int_of(in));
+    else if (in->kind == TV_STR && tmpl_parse_float(in, &x)) *out = tv_float(x);
+    else *out = dflt;
+    return true;
+}
+
+static bool filter_format(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (a->nargs && a->nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: can't handle positional and keyword arguments at the same time", r->line);
+    tval s, fa;
+    if (!tmpl_to_str(r, in, &s)) return false;
+    if (a->nkw) {
+        tdict *d = tmpl_dict_new(r, a->nkw);
+        if (!d) return false;
+        for (size_t k = 0; k < a->nkw; k++)
+            if (!tmpl_dict_set(r, d, tv_str(a->kwn[k], a->kwnn[k]), a->kwv[k])) return false;
+        fa = (tval){.kind = TV_DICT, .dict = d};
+    } else {
+        tlist *t = tmpl_list_new(r, a->nargs, LF_TUPLE);
+        if (!t) return false;
+        if (a->nargs) memcpy(t->items, a->args, a->nargs * sizeof *a->args);
+        t->n = a->nargs;
+        fa = tv_list(t);
+    }
+    return tmpl_percent_format(r, &s, &fa, out);
+}
+
+static bool filter_indent(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("indent()", "width", "first", "blank");
+    /* jinja's indent appends "\n" to the value itself: only a str survives that */
+    if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
+    if (in->kind != TV_STR) return tmpl_type_error(r, "indent() needs a str, not %s", in);
+    return tmpl_str_indent(r, in, g[0] ? &p[0] : NULL, g[1] && tmpl_truthy(&p[1]), g[2] && tmpl_truthy(&p[2]), out);
+}
+
+static bool filter_int(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("int()", "default", "base");
+    if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in); /* int(Undefined) raises */
+    tval dflt = g[0] ? p[0] : tv_int(0);
+    int64_t base = 10, x;
+    if (g[1] && !tmpl_arg_int(r, &p[1], &base)) return false;
+    bool overflow;
+    double f;
+    if (tv_is_int(in)) {
+        *out = tv_int(tv_int_of(in));
+    } else if (in->kind == TV_FLOAT) {
+        if (isnan(in->f)) *out = dflt;
+        else if (isinf(in->f) || fabs(in->f) >= 9.2e18) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: cannot convert float %s to integer", r->line, isinf(in->f) ? "infinity" : "(too large)");
+        else *out = tv_int((int64_t)in->f);
+    } else if (in->kind == TV_STR) {
+        if (tmpl_parse_int(in, (int)base, &x, &overflow)) *out = tv_int(x);
+        else if (overflow) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: integer too large (Python's big integers are not supported)", r->line);
+        else if (tmpl_parse_float(in, &f)) {
+            if (isnan(f)) *out = dflt;
+            else if (isinf(f) || fabs(f) >= 9.2e18) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: cannot convert float to integer", r->line);
+            else *out = tv_int((int64_t)f);
+        } else *out = dflt;
+    } else {
+        *out = dflt;
+    }
+    return true;
+}
+
+static bool filter_items(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "items()", a)) return false;
+    tlist *res = gen_of(r);
+    if (!res) return false;
+    *out = tv_list(res);
+    if (in->kind == TV_UNDEF) return true;
+    if (in->kind != TV_DICT) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: can only get item pairs from a mapping", r->line);
+    tval view;
+    tmethod m = {.self = *in, .id = TM_ITEMS};
+    if (!tmpl_call_method(r, &m, NULL, 0, NULL, NULL, NULL, 0, &view)) return false;
+    res->items = view.list->items;
+    res->n = view.list->n;
+    return true;
+}
+
+static bool filter_join(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("join()", "d", "attribute");
+    tval sep = g[0] ? p[0] : tv_str("", 0);
+    if (!tmpl_to_str(r, &sep, &sep)) return false;
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    strbuf sb;
+    sb_init(&sb);
+    for (size_t i = 0; i < items->n; i++) {
+        tval x = items->items[i];
+        if (g[1] && p[1].kind != TV_NONE && !attr_path(r, &items->items[i], &p[1], &x)) {
+            sb_free(&sb);
+            return false;
+        }
+        if (i) sb_append(&sb, sep.s.p, sep.s.n);
+        if (!tmpl_str(r, &x, &sb) || sb.len > r->arena.limit) {
+            sb_free(&sb);
+            return r->st != FERRY_OK ? false : tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
+        }
+    }
+    return tmpl_sb_out(r, &sb, out);
+}
+
+static bool filter_last(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "last()", a)) return false;
+    if (in->kind == TV_LIST && in->list->flavour == LF_GEN)
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: 'generator' object is not reversible", r->line);
+    if (in->kind != TV_UNDEF && in->kind != TV_STR && in->kind != TV_LIST && in->kind != TV_DICT)
+        return tmpl_type_error(r, "'%s' object is not reversible", in);
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    *out = items->n ? items->items[items->n - 1] : tmpl_undef_named(UD_OTHER, "no last item, sequence was empty", 32);
+    return true;
+}
+
+static bool filter_length(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "length()", a)) return false;
+    int64_t n;
+    if (!tmpl_length(r, in, &n)) return false;
+    *out = tv_int(n);
+    return true;
+}
+
+static bool filter_list(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "list()", a)) return false;
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    tlist *l = tmpl_list_new(r, items->n, LF_LIST);
+    if (!l) return false;
+    if (items->n) memcpy(l->items, items->items, items->n * sizeof(tval));
+    l->n = items->n;
+    *out = tv_list(l);
+    return tmpl_charge(r, l->n);
+}
+
+/* lower and upper (both say "lower()" about arguments) */
+static bool case_filter(trender *r, const tval *in, const tmpl_args *a, int mode, tval *out)
+{
+    tval s;
+    if (!tmpl_no_args(r, "lower()", a) || !tmpl_to_str(r, in, &s)) return false;
+    return tmpl_str_case(r, s.s.p, s.s.n, mode, out);
+}
+
+static bool filter_lower(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return case_filter(r, in, a, TMPL_CASE_LOWER, out);
+}
+
+static bool filter_upper(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    return case_filter(r, in, a, TMPL_CASE_UPPER, out);
+}
+
+static bool filter_replace(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("replace()", "old", "new", "count");
+    if (!g[0] || !g[1]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replace() needs old and new", r->line);
+    tval s, old, nw;
+    int64_t count = -1;
+    if (g[2] && p[2].kind != TV_NONE && !tmpl_arg_int(r, &p[2], &count)) return false;
+    if (!tmpl_to_str(r, in, &s) || !tmpl_to_str(r, &p[0], &old) || !tmpl_to_str(r, &p[1], &nw)) return false;
+    return tmpl_str_replace(r, &s, &old, &nw, count, out);
+}
+
+static bool filter_reverse(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "reverse()", a)) return false;
+    if (in->kind == TV_STR) {
+        tval step = tv_int(-1);
+        return tmpl_slice(r, in, NULL, NULL, &step, out);
+    }
+    bool iterator = in->kind == TV_UNDEF || in->kind == TV_DICT ||
+                    (in->kind == TV_LIST && in->list->flavour != LF_GEN);
+    if (!iterator && !(in->kind == TV_LIST))
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: argument must be iterable", r->line);
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    tlist *l = tmpl_list_new(r, items->n, iterator ? LF_GEN : LF_LIST);
+    if (!l) return false;
+    for (size_t i = 0; i < items->n; i++) l->items[i] = items->items[items->n - 1 - i];
+    l->n = items->n;
+    *out = tv_list(l);
+    return tmpl_charge(r, l->n);
+}
+
+static bool filter_round(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("round()", "precision", "method");
+    int64_t prec = 0;
+    if (g[0] && !tmpl_arg_int(r, &p[0], &prec)) return false;
+    return round_value(r, in, prec, g[1] ? &p[1] : NULL, out);
+}
+
+static bool filter_safe(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "safe()", a) || !tmpl_to_str(r, in, out)) return false;
+    out->sub |= STR_MARKUP;
+    return true;
+}
+
+static bool filter_slice(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    /* jinja's slice: k columns as even as can be, the first ones one longer */
+    BIND("slice()", "slices", "fill_with");
+    int64_t k = 0;
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: slice() needs a count", r->line);
+    if (!tmpl_arg_int(r, &p[0], &k)) return false;
+    if (k == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: integer division or modulo by zero", r->line);
+    if (k < 0 || k > 100000) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: slice() count out of range", r->line);
+    bool fill = g[1] && p[1].kind != TV_NONE;
+    tlist *items, *res = gen_of(r);
+    size_t cap = 0;
+    if (!res || !tmpl_iterate(r, in, &items)) return false;
+    *out = tv_list(res);
+    int64_t len = (int64_t)items->n, per = len / k, extra = len % k, offset = 0;
+    for (int64_t sn = 0; sn < k; sn++) {
+        int64_t start = offset + sn * per;
+        if (sn < extra) offset++;
+        int64_t end = offset + (sn + 1) * per;
+        bool pad = fill && sn >= extra;
+        tlist *chunk = tmpl_list_new(r, (size_t)(end - start) + pad, LF_LIST);
+        if (!chunk) return false;
+        if (end > start) memcpy(chunk->items, items->items + start, (size_t)(end - start) * sizeof(tval));
+        chunk->n = (size_t)(end - start);
+        if (pad) chunk->items[chunk->n++] = p[1];
+        if (!tmpl_list_push(r, res, &cap, tv_list(chunk))) return false;
+    }
+    return tmpl_charge(r, items->n + (uint64_t)k);
+}
+
+static bool filter_sort(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("sort()", "reverse", "case_sensitive", "attribute");
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    tval *keys = tmpl_ralloc(r, (items->n + 1) * sizeof *keys);
+    if (!keys) return false;
+    tval none = tv_none();
+    for (size_t i = 0; i < items->n; i++)
+        if (!sort_key(r, &items->items[i], g[2] ? &p[2] : &none, g[1] && tmpl_truthy(&p[1]), true, &keys[i])) return false;
+    tlist *o;
+    if (!sorted_list(r, items, keys, g[0] && tmpl_truthy(&p[0]), &o)) return false;
+    *out = tv_list(o);
+    return true;
+}
+
+static bool filter_string(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "string()", a)) return false;
+    return tmpl_to_str(r, in, out);
+}
+
+static bool filter_sum(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("sum()", "attribute", "start");
+    tval acc = g[1] ? p[1] : tv_int(0);
+    if (acc.kind == TV_STR) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: sum() can't sum strings", r->line);
+    tlist *items;
+    if (!tmpl_iterate(r, in, &items)) return false;
+    for (size_t i = 0; i < items->n; i++) {
+        tval x = items->items[i];
+        if (g[0] && p[0].kind != TV_NONE && !attr_path(r, &items->items[i], &p[0], &x)) return false;
+        if (!tmpl_add_values(r, &acc, &x, &acc)) return false;
+    }
+    *out = acc;
+    return true;
+}
+
+static bool filter_title(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    tval s;
+    if (!tmpl_no_args(r, "title()", a) || !tmpl_to_str(r, in, &s)) return false;
+    return tmpl_jinja_title(r, &s, out);
+}
+
+static bool filter_trim(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("trim()", "chars");
+    tval s;
+    if (!tmpl_to_str(r, in, &s)) return false;
+    return tmpl_str_strip(r, &s, g[0] ? &p[0] : NULL, true, true, out);
+}
+
+static bool filter_truncate(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("truncate()", "length", "killwords", "end", "leeway");
+    int64_t length = 255, leeway = 5; /* jinja's default policy truncate.leeway */
+    tval end = g[2] ? p[2] : tv_str("...", 3);
+    if ((g[0] && !tmpl_arg_int(r, &p[0], &length)) || (g[3] && p[3].kind != TV_NONE && !tmpl_arg_int(r, &p[3], &leeway)))
+        return false;
+    if (!tmpl_arg_str(r, &end, "truncate() end")) return false;
+    int64_t endn = (int64_t)tmpl_utf8_count(end.s.p, end.s.n), n;
+    if (length < endn || leeway < 0)
+        return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: truncate() length must be >= len(end) and leeway >= 0", r->line);
+    /* what is short enough comes back as it is, whatever it is (Undefined too) */
+    if (!tmpl_length(r, in, &n)) return false;
+    if (n <= length + leeway) {
+        *out = *in;
+        return true;
+    }
+    if (!tmpl_arg_str(r, in, "truncate() value")) return false;
+    size_t cut = tmpl_cp_to_byte(in->s.p, in->s.n, (size_t)(length - endn));
+    if (!(g[1] && tmpl_truthy(&p[1]))) {
+        /* rsplit(" ", 1)[0]: up to the last space, if any */
+        size_t k = cut;
+        while (k > 0 && in->s.p[k - 1] != ' ') k--;
+        if (k > 0) cut = k - 1;
+    }
+    strbuf sb;
+    sb_init(&sb);
+    sb_append(&sb, in->s.p, cut);
+    sb_append(&sb, end.s.p, end.s.n);
+    return tmpl_sb_out(r, &sb, out);
+}
+
+static bool filter_unique(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    BIND("unique()", "case_sensitive", "attribute");
+    tlist *items, *res = gen_of(r);
+    size_t cap = 0;
+    tdict *seen = tmpl_dict_new(r, 8);
+    if (!res || !seen || !tmpl_iterate(r, in, &items)) return false;
+    tval none = tv_none();
+    for (size_t i = 0; i < items->n; i++) {
+        tval k, dummy;
+        bool found;
+        if (!sort_key(r, &items->items[i], g[1] ? &p[1] : &none, g[0] && tmpl_truthy(&p[0]), false, &k)) return false;
+        if (!tmpl_dict_get(r, seen, &k, &dummy, &found)) return false;
+        if (found) continue;
+        if (!tmpl_dict_set(r, seen, k, tv_none()) || !tmpl_list_push(r, res, &cap, items->items[i])) return false;
+    }
+    *out = tv_list(res);
+    return true;
+}
+
+static bool filter_wordcount(trender *r, const tval *in, const tmpl_args *a, tval *out)
+{
+    tval s;
+    if (!tmpl_no_args(r, "wordcount()", a) || !tmpl_to_str(r, in, &s)) return false;
+    *out = tv_int(tmpl_str_wordcount(s.s.p, s.s.n));
+    return tmpl_charge(r, s.s.n / 16);
+}
+
+/* The filters by name; a row's index is the filter's id (tmpl_expr.fn).
+ * Adding one is a function above and a row here. */
+static const struct {
+    const char *name;
+    filter_fn *fn;
+} filters[] = {
+    {"abs", filter_abs},
+    {"attr", filter_attr},
+    {"batch", filter_batch},
+    {"capitalize", filter_capitalize},
+    {"center", filter_center},
+    {"count", filter_length},
+    {"d", filter_default},
+    {"default", filter_default},
+    {"dictsort", filter_dictsort},
+    {"e", filter_escape},
+    {"escape", filter_escape},
+    {"first", filter_first},
+    {"float", filter_float},
+    {"forceescape", filter_forceescape},
+    {"format", filter_format},
+    {"indent", filter_indent},
+    {"int", filter_int},
+    {"items", filter_items},
+    {"join", filter_join},
+    {"last", filter_last},
+    {"length", filter_length},
+    {"list", filter_list},
+    {"lower", filter_lower},
+    {"map", filter_map},
+    {"max", filter_max},
+    {"min", filter_min},
+    {"reject", filter_reject},
+    {"rejectattr", filter_rejectattr},
+    {"replace", filter_replace},
+    {"reverse", filter_reverse},
+    {"round", filter_round},
+    {"safe", filter_safe},
+    {"select", filter_select},
+    {"selectattr", filter_selectattr},
+    {"slice", filter_slice},
+    {"sort", filter_sort},
+    {"string", filter_string},
+    {"sum", filter_sum},
+    {"title", filter_title},
+    {"tojson", filter_tojson},
+    {"trim", filter_trim},
+    {"truncate", filter_truncate},
+    {"unique", filter_unique},
+    {"upper", filter_upper},
+    {"wordcount", filter_wordcount},
+};
+
+/* jinja2's own filters that are not here, for telling "not supported" from
+ * "does not exist" */
+static const char *const jinja_filters[] = {
+    "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode",
+    "urlize", "wordwrap", "xmlattr", NULL};
+
+int tmpl_filter_id(const char *name, size_t n, bool *known)
+{
+    if (known) *known = false;
+    for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+        if (name_is(name, n, filters[i].name)) return (int)i;
+    for (int i = 0; jinja_filters[i]; i++)
+        if (name_is(name, n, jinja_filters[i]) && known) *known = true;
+    return -1;
+}
+
 bool tmpl_call_filter_id(trender *r, int id, const tval *in, const tval *args, size_t nargs, const char **kwn,
                          const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
 {
-    tval s;
-    switch (id) {
-    case F_ABS:
-        if (!tmpl_no_args(r, "abs()", nargs, nkw)) return false;
-        if (in->kind == TV_FLOAT) *out = tv_float(fabs(in->f));
-        else if (tv_is_int(in)) {
-            if (tv_int_of(in) == INT64_MIN) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: integer overflow", r->line);
-            *out = tv_int(tv_int_of(in) < 0 ? -tv_int_of(in) : tv_int_of(in));
-        } else return tmpl_type_error(r, "bad operand type for abs(): '%s'", in);
-        return true;
-    case F_ATTR: {
-        BIND("attr()", "name");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: attr() needs a name", r->line);
-        if (!tmpl_arg_str(r, &p[0], "attribute name")) return false;
-        if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
-        bool found;
-        if (!attribute(r, in, p[0].s.p, p[0].s.n, out, &found)) return false;
-        if (!found) *out = tmpl_undef_lookup(in, UD_ATTR, &p[0]);
-        return true;
-    }
-    case F_CAPITALIZE:
-        if (!tmpl_no_args(r, "capitalize()", nargs, nkw) || !tmpl_to_str(r, in, &s)) return false;
-        return tmpl_str_title(r, s.s.p, s.s.n, true, out);
-    case F_CENTER: {
-        BIND("center()", "width");
-        int64_t w = 80;
-        if (g[0] && !tmpl_arg_int(r, &p[0], &w)) return false;
-        if (!tmpl_to_str(r, in, &s)) return false;
-        if (w > 1 << 20) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: center width too large", r->line);
-        int64_t len = (int64_t)tmpl_utf8_count(s.s.p, s.s.n);
-        if (w <= len) { *out = s; return true; }
-        int64_t marg = w - len, left = marg / 2 + (marg & w & 1);
-        strbuf sb;
-        sb_init(&sb);
-        for (int64_t i = 0; i < left; i++) sb_putc(&sb, ' ');
-        sb_append(&sb, s.s.p, s.s.n);
-        for (int64_t i = left; i < marg; i++) sb_putc(&sb, ' ');
-        return tmpl_sb_out(r, &sb, out);
-    }
-    case F_DEFAULT: {
-        BIND("default()", "default_value", "boolean");
-        bool boolean = g[1] && tmpl_truthy(&p[1]);
-        if (in->kind == TV_UNDEF || (boolean && !tmpl_truthy(in))) *out = g[0] ? p[0] : tv_str("", 0);
-        else *out = *in;
-        return true;
-    }
-    case F_DICTSORT: {
-        BIND("dictsort()", "case_sensitive", "by", "reverse");
-        if (in->kind != TV_DICT) return tmpl_type_error(r, "dictsort needs a mapping, not %s", in);
-        int pos = 0;
-        if (g[1]) {
-            if (p[1].kind == TV_STR && name_is(p[1].s.p, p[1].s.n, "value")) pos = 1;
-            else if (!(p[1].kind == TV_STR && name_is(p[1].s.p, p[1].s.n, "key")))
-                return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: you can only sort by either \"key\" or \"value\"", r->line);
-        }
-        const tdict *d = in->dict;
-        tlist *pairs = tmpl_list_new(r, d->n, LF_LIST);
-        tval *keys = tmpl_ralloc(r, (d->n + 1) * sizeof *keys);
-        if (!pairs || !keys) return false;
-        for (size_t i = 0; i < d->n; i++) {
-            tlist *t = tmpl_list_new(r, 2, LF_TUPLE);
-            if (!t) return false;
-            t->items[0] = d->keys[i];
-            t->items[1] = d->vals[i];
-            t->n = 2;
-            pairs->items[i] = tv_list(t);
-            keys[i] = pos ? d->vals[i] : d->keys[i];
-            if (!(g[0] && tmpl_truthy(&p[0])) && !ignore_case(r, &keys[i], &keys[i])) return false;
-        }
-        pairs->n = d->n;
-        tlist *o;
-        if (!sorted_list(r, pairs, keys, g[2] && tmpl_truthy(&p[2]), &o)) return false;
-        *out = tv_list(o);
-        return true;
-    }
-    case F_ESCAPE:
-    case F_FORCEESCAPE:
-        return tmpl_no_args(r, "escape()", nargs, nkw) && tmpl_html_escape(r, in, out, id == F_FORCEESCAPE);
-    case F_FIRST: {
-        if (!tmpl_no_args(r, "first()", nargs, nkw)) return false;
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        *out = items->n ? items->items[0] : tmpl_undef_named(UD_OTHER, "no first item, sequence was empty", 33);
-        return true;
-    }
-    case F_LAST: {
-        if (!tmpl_no_args(r, "last()", nargs, nkw)) return false;
-        if (in->kind == TV_LIST && in->list->flavour == LF_GEN)
-            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: 'generator' object is not reversible", r->line);
-        if (in->kind != TV_UNDEF && in->kind != TV_STR && in->kind != TV_LIST && in->kind != TV_DICT)
-            return tmpl_type_error(r, "'%s' object is not reversible", in);
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        *out = items->n ? items->items[items->n - 1] : tmpl_undef_named(UD_OTHER, "no last item, sequence was empty", 32);
-        return true;
-    }
-    case F_FLOAT: {
-        BIND("float()", "default");
-        if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in); /* float(Undefined) raises */
-        tval dflt = g[0] ? p[0] : tv_float(0.0);
-        double x;
-        if (in->kind == TV_FLOAT) *out = *in;
-        else if (tv_is_int(in)) *out = tv_float((double)tv_int_of(in));
-        else if (in->kind == TV_STR && tmpl_parse_float(in, &x)) *out = tv_float(x);
-        else *out = dflt;
-        return true;
-    }
-    case F_INT: {
-        BIND("int()", "default", "base");
-        if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in); /* int(Undefined) raises */
-        tval dflt = g[0] ? p[0] : tv_int(0);
-        int64_t base = 10, x;
-        if (g[1] && !tmpl_arg_int(r, &p[1], &base)) return false;
-        bool overflow;
-        double f;
-        if (tv_is_int(in)) {
-            *out = tv_int(tv_int_of(in));
-        } else if (in->kind == TV_FLOAT) {
-            if (isnan(in->f)) *out = dflt;
-            else if (isinf(in->f) || fabs(in->f) >= 9.2e18) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: cannot convert float %s to integer", r->line, isinf(in->f) ? "infinity" : "(too large)");
-            else *out = tv_int((int64_t)in->f);
-        } else if (in->kind == TV_STR) {
-            if (tmpl_parse_int(in, (int)base, &x, &overflow)) *out = tv_int(x);
-            else if (overflow) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: integer too large (Python's big integers are not supported)", r->line);
-            else if (tmpl_parse_float(in, &f)) {
-                if (isnan(f)) *out = dflt;
-                else if (isinf(f) || fabs(f) >= 9.2e18) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: cannot convert float to integer", r->line);
-                else *out = tv_int((int64_t)f);
-            } else *out = dflt;
-        } else {
-            *out = dflt;
-        }
-        return true;
-    }
-    case F_FORMAT: {
-        if (nargs && nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: can't handle positional and keyword arguments at the same time", r->line);
-        if (!tmpl_to_str(r, in, &s)) return false;
-        tval a;
-        if (nkw) {
-            tdict *d = tmpl_dict_new(r, nkw);
-            if (!d) return false;
-            for (size_t k = 0; k < nkw; k++)
-                if (!tmpl_dict_set(r, d, tv_str(kwn[k], kwnn[k]), kwv[k])) return false;
-            a = (tval){.kind = TV_DICT, .dict = d};
-        } else {
-            tlist *t = tmpl_list_new(r, nargs, LF_TUPLE);
-            if (!t) return false;
-            if (nargs) memcpy(t->items, args, nargs * sizeof *args);
-            t->n = nargs;
-            a = tv_list(t);
-        }
-        return tmpl_percent_format(r, &s, &a, out);
-    }
-    case F_INDENT: {
-        BIND("indent()", "width", "first", "blank");
-        /* jinja's indent appends "\n" to the value itself: only a str survives that */
-        if (in->kind == TV_UNDEF) return tmpl_fail_undef(r, in);
-        if (in->kind != TV_STR) return tmpl_type_error(r, "indent() needs a str, not %s", in);
-        return tmpl_str_indent(r, in, g[0] ? &p[0] : NULL, g[1] && tmpl_truthy(&p[1]), g[2] && tmpl_truthy(&p[2]), out);
-    }
-    case F_ITEMS: {
-        if (!tmpl_no_args(r, "items()", nargs, nkw)) return false;
-        tlist *res = gen_of(r);
-        if (!res) return false;
-        *out = tv_list(res);
-        if (in->kind == TV_UNDEF) return true;
-        if (in->kind != TV_DICT) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: can only get item pairs from a mapping", r->line);
-        tval view;
-        tmethod m = {.self = *in, .id = TM_ITEMS};
-        if (!tmpl_call_method(r, &m, NULL, 0, NULL, NULL, NULL, 0, &view)) return false;
-        res->items = view.list->items;
-        res->n = view.list->n;
-        return true;
-    }
-    case F_JOIN: {
-        BIND("join()", "d", "attribute");
-        tval sep = g[0] ? p[0] : tv_str("", 0);
-        if (!tmpl_to_str(r, &sep, &sep)) return false;
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        strbuf sb;
-        sb_init(&sb);
-        for (size_t i = 0; i < items->n; i++) {
-            tval x = items->items[i];
-            if (g[1] && p[1].kind != TV_NONE && !attr_path(r, &items->items[i], &p[1], &x)) {
-                sb_free(&sb);
-                return false;
-            }
-            if (i) sb_append(&sb, sep.s.p, sep.s.n);
-            if (!tmpl_str(r, &x, &sb) || sb.len > r->arena.limit) {
-                sb_free(&sb);
-                return r->st != FERRY_OK ? false : tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
-            }
-        }
-        return tmpl_sb_out(r, &sb, out);
-    }
-    case F_LENGTH: {
-        if (!tmpl_no_args(r, "length()", nargs, nkw)) return false;
-        int64_t n;
-        if (!tmpl_length(r, in, &n)) return false;
-        *out = tv_int(n);
-        return true;
-    }
-    case F_LIST: {
-        if (!tmpl_no_args(r, "list()", nargs, nkw)) return false;
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        tlist *l = tmpl_list_new(r, items->n, LF_LIST);
-        if (!l) return false;
-        if (items->n) memcpy(l->items, items->items, items->n * sizeof(tval));
-        l->n = items->n;
-        *out = tv_list(l);
-        return tmpl_charge(r, l->n);
-    }
-    case F_LOWER:
-    case F_UPPER:
-        if (!tmpl_no_args(r, "lower()", nargs, nkw) || !tmpl_to_str(r, in, &s)) return false;
-        return tmpl_str_case(r, s.s.p, s.s.n, id == F_LOWER ? TMPL_CASE_LOWER : TMPL_CASE_UPPER, out);
-    case F_MAP: return map_filter(r, in, args, nargs, kwn, kwnn, kwv, nkw, out);
-    case F_MAX:
-    case F_MIN: return minmax(r, in, args, nargs, kwn, kwnn, kwv, nkw, id == F_MAX, out);
-    case F_SELECT:
-    case F_REJECT:
-    case F_SELECTATTR:
-    case F_REJECTATTR:
-        if (nkw) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: keyword arguments to select/reject are not supported", r->line);
-        return select_filter(r, in, args, nargs, id == F_SELECTATTR || id == F_REJECTATTR,
-                             id == F_SELECT || id == F_SELECTATTR, out);
-    case F_REPLACE: {
-        BIND("replace()", "old", "new", "count");
-        if (!g[0] || !g[1]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replace() needs old and new", r->line);
-        tval old, nw;
-        int64_t count = -1;
-        if (g[2] && p[2].kind != TV_NONE && !tmpl_arg_int(r, &p[2], &count)) return false;
-        if (!tmpl_to_str(r, in, &s) || !tmpl_to_str(r, &p[0], &old) || !tmpl_to_str(r, &p[1], &nw)) return false;
-        return tmpl_str_replace(r, &s, &old, &nw, count, out);
-    }
-    case F_REVERSE: {
-        if (!tmpl_no_args(r, "reverse()", nargs, nkw)) return false;
-        if (in->kind == TV_STR) {
-            tval step = tv_int(-1);
-            return tmpl_slice(r, in, NULL, NULL, &step, out);
-        }
-        bool iterator = in->kind == TV_UNDEF || in->kind == TV_DICT ||
-                        (in->kind == TV_LIST && in->list->flavour != LF_GEN);
-        if (!iterator && !(in->kind == TV_LIST))
-            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: argument must be iterable", r->line);
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        tlist *l = tmpl_list_new(r, items->n, iterator ? LF_GEN : LF_LIST);
-        if (!l) return false;
-        for (size_t i = 0; i < items->n; i++) l->items[i] = items->items[items->n - 1 - i];
-        l->n = items->n;
-        *out = tv_list(l);
-        return tmpl_charge(r, l->n);
-    }
-    case F_ROUND: {
-        BIND("round()", "precision", "method");
-        int64_t prec = 0;
-        if (g[0] && !tmpl_arg_int(r, &p[0], &prec)) return false;
-        return round_value(r, in, prec, g[1] ? &p[1] : NULL, out);
-    }
-    case F_SAFE:
-        if (!tmpl_no_args(r, "safe()", nargs, nkw) || !tmpl_to_str(r, in, out)) return false;
-        out->sub |= STR_MARKUP;
-        return true;
-    case F_SORT: {
-        BIND("sort()", "reverse", "case_sensitive", "attribute");
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        tval *keys = tmpl_ralloc(r, (items->n + 1) * sizeof *keys);
-        if (!keys) return false;
-        tval none = tv_none();
-        for (size_t i = 0; i < items->n; i++)
-            if (!sort_key(r, &items->items[i], g[2] ? &p[2] : &none, g[1] && tmpl_truthy(&p[1]), true, &keys[i])) return false;
-        tlist *o;
-        if (!sorted_list(r, items, keys, g[0] && tmpl_truthy(&p[0]), &o)) return false;
-        *out = tv_list(o);
-        return true;
-    }
-    case F_STRING:
-        if (!tmpl_no_args(r, "string()", nargs, nkw)) return false;
-        return tmpl_to_str(r, in, out);
-    case F_SUM: {
-        BIND("sum()", "attribute", "start");
-        tval acc = g[1] ? p[1] : tv_int(0);
-        if (acc.kind == TV_STR) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: sum() can't sum strings", r->line);
-        tlist *items;
-        if (!tmpl_iterate(r, in, &items)) return false;
-        for (size_t i = 0; i < items->n; i++) {
-            tval x = items->items[i];
-            if (g[0] && p[0].kind != TV_NONE && !attr_path(r, &items->items[i], &p[0], &x)) return false;
-            if (!tmpl_add_values(r, &acc, &x, &acc)) return false;
-        }
-        *out = acc;
-        return true;
-    }
-    case F_TITLE:
-        if (!tmpl_no_args(r, "title()", nargs, nkw) || !tmpl_to_str(r, in, &s)) return false;
-        return tmpl_jinja_title(r, &s, out);
-    case F_TOJSON: return tojson_filter(r, in, args, nargs, kwn, kwnn, kwv, nkw, out);
-    case F_TRIM: {
-        BIND("trim()", "chars");
-        if (!tmpl_to_str(r, in, &s)) return false;
-        return tmpl_str_strip(r, &s, g[0] ? &p[0] : NULL, true, true, out);
-    }
-    case F_UNIQUE: {
-        BIND("unique()", "case_sensitive", "attribute");
-        tlist *items, *res = gen_of(r);
-        size_t cap = 0;
-        tdict *seen = tmpl_dict_new(r, 8);
-        if (!res || !seen || !tmpl_iterate(r, in, &items)) return false;
-        tval none = tv_none();
-        for (size_t i = 0; i < items->n; i++) {
-            tval k, dummy;
-            bool found;
-            if (!sort_key(r, &items->items[i], g[1] ? &p[1] : &none, g[0] && tmpl_truthy(&p[0]), false, &k)) return false;
-            if (!tmpl_dict_get(r, seen, &k, &dummy, &found)) return false;
-            if (found) continue;
-            if (!tmpl_dict_set(r, seen, k, tv_none()) || !tmpl_list_push(r, res, &cap, items->items[i])) return false;
-        }
-        *out = tv_list(res);
-        return true;
-    }
-    case F_TRUNCATE: {
-        BIND("truncate()", "length", "killwords", "end", "leeway");
-        int64_t length = 255, leeway = 5; /* jinja's default policy truncate.leeway */
-        tval end = g[2] ? p[2] : tv_str("...", 3);
-        if ((g[0] && !tmpl_arg_int(r, &p[0], &length)) || (g[3] && p[3].kind != TV_NONE && !tmpl_arg_int(r, &p[3], &leeway)))
-            return false;
-        if (!tmpl_arg_str(r, &end, "truncate() end")) return false;
-        int64_t endn = (int64_t)tmpl_utf8_count(end.s.p, end.s.n), n;
-        if (length < endn || leeway < 0)
-            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: truncate() length must be >= len(end) and leeway >= 0", r->line);
-        /* what is short enough comes back as it is, whatever it is (Undefined too) */
-        if (!tmpl_length(r, in, &n)) return false;
-        if (n <= length + leeway) {
-            *out = *in;
-            return true;
-        }
-        if (!tmpl_arg_str(r, in, "truncate() value")) return false;
-        size_t cut = tmpl_cp_to_byte(in->s.p, in->s.n, (size_t)(length - endn));
-        if (!(g[1] && tmpl_truthy(&p[1]))) {
-            /* rsplit(" ", 1)[0]: up to the last space, if any */
-            size_t k = cut;
-            while (k > 0 && in->s.p[k - 1] != ' ') k--;
-            if (k > 0) cut = k - 1;
-        }
-        strbuf sb;
-        sb_init(&sb);
-        sb_append(&sb, in->s.p, cut);
-        sb_append(&sb, end.s.p, end.s.n);
-        return tmpl_sb_out(r, &sb, out);
-    }
-    case F_BATCH: {
-        /* jinja's batch: lists of linecount items, the last filled up when asked */
-        BIND("batch()", "linecount", "fill_with");
-        int64_t k = 0;
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: batch() needs a count", r->line);
-        if (!tmpl_arg_int(r, &p[0], &k)) return false;
-        tlist *items, *res = gen_of(r), *tmp = tmpl_list_new(r, 0, LF_LIST);
-        size_t cap = 0, tcap = 0;
-        if (!res || !tmp || !tmpl_iterate(r, in, &items)) return false;
-        *out = tv_list(res);
-        for (size_t i = 0; i < items->n; i++) {
-            if ((int64_t)tmp->n == k) {
-                if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
-                if (!(tmp = tmpl_list_new(r, 0, LF_LIST))) return false;
-                tcap = 0;
-            }
-            if (!tmpl_list_push(r, tmp, &tcap, items->items[i])) return false;
-        }
-        if (tmp->n) {
-            while (g[1] && p[1].kind != TV_NONE && (int64_t)tmp->n < k)
-                if (!tmpl_list_push(r, tmp, &tcap, p[1])) return false;
-            if (!tmpl_list_push(r, res, &cap, tv_list(tmp))) return false;
-        }
-        return true;
-    }
-    case F_SLICE: {
-        /* jinja's slice: k columns as even as can be, the first ones one longer */
-        BIND("slice()", "slices", "fill_with");
-        int64_t k = 0;
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: slice() needs a count", r->line);
-        if (!tmpl_arg_int(r, &p[0], &k)) return false;
-        if (k == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: integer division or modulo by zero", r->line);
-        if (k < 0 || k > 100000) return tmpl_fail(r, FERRY_ERR_UNSUPPORTED, "line %d: slice() count out of range", r->line);
-        bool fill = g[1] && p[1].kind != TV_NONE;
-        tlist *items, *res = gen_of(r);
-        size_t cap = 0;
-        if (!res || !tmpl_iterate(r, in, &items)) return false;
-        *out = tv_list(res);
-        int64_t len = (int64_t)items->n, per = len / k, extra = len % k, offset = 0;
-        for (int64_t sn = 0; sn < k; sn++) {
-            int64_t start = offset + sn * per;
-            if (sn < extra) offset++;
-            int64_t end = offset + (sn + 1) * per;
-            bool pad = fill && sn >= extra;
-            tlist *chunk = tmpl_list_new(r, (size_t)(end - start) + pad, LF_LIST);
-            if (!chunk) return false;
-            if (end > start) memcpy(chunk->items, items->items + start, (size_t)(end - start) * sizeof(tval));
-            chunk->n = (size_t)(end - start);
-            if (pad) chunk->items[chunk->n++] = p[1];
-            if (!tmpl_list_push(r, res, &cap, tv_list(chunk))) return false;
-        }
-        return tmpl_charge(r, items->n + (uint64_t)k);
-    }
-    case F_WORDCOUNT: {
-        if (!tmpl_no_args(r, "wordcount()", nargs, nkw) || !tmpl_to_str(r, in, &s)) return false;
-        *out = tv_int(tmpl_str_wordcount(s.s.p, s.s.n));
-        return tmpl_charge(r, s.s.n / 16);
-    }
-    }
-    return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown filter %d", r->line, id);
+    if (id < 0 || (size_t)id >= sizeof filters / sizeof filters[0])
+        return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown filter %d", r->line, id);
+    const tmpl_args a = {args, nargs, kwn, kwnn, kwv, nkw};
+    return filters[id].fn(r, in, &a, out);
 }
 
 /* ---- tests ------------------------------------------------------------ */
@@ -1357,90 +1500,134 @@ static bool dict_view(trender *r, const tdict *d, int which, tval *out)
     return tmpl_charge(r, d->n);
 }
 
+static bool dict_items(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "items()", a) && dict_view(r, self->dict, TM_ITEMS, out);
+}
+
+static bool dict_keys(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "items()", a) && dict_view(r, self->dict, TM_KEYS, out);
+}
+
+static bool dict_values(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "items()", a) && dict_view(r, self->dict, TM_VALUES, out);
+}
+
+static bool dict_get(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    BIND("get()", "key", "default");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: get expected at least 1 argument, got 0", r->line);
+    if (a->nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: get() takes no keyword arguments", r->line);
+    bool found;
+    if (!tmpl_dict_get(r, self->dict, &p[0], out, &found)) return false;
+    if (!found) *out = g[1] ? p[1] : tv_none();
+    return true;
+}
+
+static bool dict_copy(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "copy()", a)) return false;
+    tdict *d = tmpl_dict_new(r, self->dict->n);
+    if (!d) return false;
+    for (size_t i = 0; i < self->dict->n; i++)
+        if (!tmpl_dict_set(r, d, self->dict->keys[i], self->dict->vals[i])) return false;
+    *out = (tval){.kind = TV_DICT, .dict = d};
+    return true;
+}
+
+static bool list_copy(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "copy()", a)) return false;
+    tlist *l = tmpl_list_new(r, self->list->n, LF_LIST);
+    if (!l) return false;
+    if (self->list->n) memcpy(l->items, self->list->items, self->list->n * sizeof(tval));
+    l->n = self->list->n;
+    *out = tv_list(l);
+    return true;
+}
+
+/* list.index(x[, start[, stop]]), or list.count(x) */
+static bool list_find(trender *r, const tlist *l, const tmpl_args *a, bool index, tval *out)
+{
+    size_t nargs = a->nargs;
+    if (a->nkw || nargs < 1 || nargs > 3) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s() takes 1 to 3 positional arguments", r->line, index ? "index" : "count");
+    int64_t count = 0;
+    if (!tmpl_charge(r, l->n)) return false;
+    int64_t start = 0, stop = (int64_t)l->n;
+    if (index && nargs > 1) {
+        if (!tmpl_slice_bound(r, &a->args[1], 0, &start) || (nargs > 2 && !tmpl_slice_bound(r, &a->args[2], INT64_MAX, &stop))) return false;
+        tmpl_slice_adjust((int64_t)l->n, &start, &stop, 1);
+    }
+    for (int64_t i = start; i < stop; i++) {
+        bool eq;
+        if (!tmpl_equal(r, &l->items[i], &a->args[0], &eq)) return false;
+        if (!eq) continue;
+        if (index) {
+            *out = tv_int(i);
+            return true;
+        }
+        count++;
+    }
+    if (index) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: value is not in list", r->line);
+    *out = tv_int(count);
+    return true;
+}
+
+static bool list_index(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    return list_find(r, self->list, a, true, out);
+}
+
+static bool list_count(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    return list_find(r, self->list, a, false, out);
+}
+
+static bool loop_cycle(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    if (a->nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: cycle() takes no keyword arguments", r->line);
+    if (!a->nargs) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no items for cycling given", r->line);
+    *out = a->args[self->loop->i % a->nargs];
+    return true;
+}
+
+static bool loop_changed(trender *r, const tval *self, const tmpl_args *a, tval *out)
+{
+    tloop *l = self->loop;
+    if (a->nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: changed() takes no keyword arguments", r->line);
+    tlist *t = tmpl_list_new(r, a->nargs, LF_LIST);
+    if (!t) return false;
+    if (a->nargs) memcpy(t->items, a->args, a->nargs * sizeof *a->args);
+    t->n = a->nargs;
+    tval now = tv_list(t);
+    bool eq = false;
+    if (l->has_changed && !tmpl_equal(r, &now, &l->changed_last, &eq)) return false;
+    *out = tv_bool(!l->has_changed || !eq);
+    l->has_changed = true;
+    l->changed_last = now;
+    return true;
+}
+
+/* the methods of dicts, lists and loops by id (a str's are tmpl_str.c's);
+ * adding one is a TM_* id, a row of method_names, a function above and an
+ * entry here */
+static tmpl_method_fn *const object_methods[TM_COUNT_] = {
+    [TM_ITEMS] = dict_items,     [TM_KEYS] = dict_keys,       [TM_VALUES] = dict_values,
+    [TM_GET] = dict_get,         [TM_DICT_COPY] = dict_copy,  [TM_LIST_COPY] = list_copy,
+    [TM_INDEX] = list_index,     [TM_COUNT] = list_count,     [TM_LOOP_CYCLE] = loop_cycle,
+    [TM_LOOP_CHANGED] = loop_changed,
+};
+
 bool tmpl_call_method(trender *r, const tmethod *m, const tval *args, size_t nargs, const char **kwn,
                       const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
 {
-    const tval *self = &m->self;
-    if (self->kind == TV_STR) return tmpl_str_method(r, self, m->id, args, nargs, kwn, kwnn, kwv, nkw, out);
-    switch (m->id) {
-    case TM_ITEMS:
-    case TM_KEYS:
-    case TM_VALUES:
-        return tmpl_no_args(r, "items()", nargs, nkw) && dict_view(r, self->dict, m->id, out);
-    case TM_GET: {
-        BIND("get()", "key", "default");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: get expected at least 1 argument, got 0", r->line);
-        if (nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: get() takes no keyword arguments", r->line);
-        bool found;
-        if (!tmpl_dict_get(r, self->dict, &p[0], out, &found)) return false;
-        if (!found) *out = g[1] ? p[1] : tv_none();
-        return true;
-    }
-    case TM_DICT_COPY: {
-        if (!tmpl_no_args(r, "copy()", nargs, nkw)) return false;
-        tdict *d = tmpl_dict_new(r, self->dict->n);
-        if (!d) return false;
-        for (size_t i = 0; i < self->dict->n; i++)
-            if (!tmpl_dict_set(r, d, self->dict->keys[i], self->dict->vals[i])) return false;
-        *out = (tval){.kind = TV_DICT, .dict = d};
-        return true;
-    }
-    case TM_LIST_COPY: {
-        if (!tmpl_no_args(r, "copy()", nargs, nkw)) return false;
-        tlist *l = tmpl_list_new(r, self->list->n, LF_LIST);
-        if (!l) return false;
-        if (self->list->n) memcpy(l->items, self->list->items, self->list->n * sizeof(tval));
-        l->n = self->list->n;
-        *out = tv_list(l);
-        return true;
-    }
-    case TM_INDEX:
-    case TM_COUNT: {
-        if (nkw || nargs < 1 || nargs > 3) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: %s() takes 1 to 3 positional arguments", r->line, m->id == TM_INDEX ? "index" : "count");
-        const tlist *l = self->list;
-        int64_t count = 0;
-        if (!tmpl_charge(r, l->n)) return false;
-        int64_t a = 0, z = (int64_t)l->n;
-        if (m->id == TM_INDEX && nargs > 1) {
-            if (!tmpl_slice_bound(r, &args[1], 0, &a) || (nargs > 2 && !tmpl_slice_bound(r, &args[2], INT64_MAX, &z))) return false;
-            tmpl_slice_adjust((int64_t)l->n, &a, &z, 1);
-        }
-        for (int64_t i = a; i < z; i++) {
-            bool eq;
-            if (!tmpl_equal(r, &l->items[i], &args[0], &eq)) return false;
-            if (!eq) continue;
-            if (m->id == TM_INDEX) {
-                *out = tv_int(i);
-                return true;
-            }
-            count++;
-        }
-        if (m->id == TM_INDEX) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: value is not in list", r->line);
-        *out = tv_int(count);
-        return true;
-    }
-    case TM_LOOP_CYCLE:
-        if (nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: cycle() takes no keyword arguments", r->line);
-        if (!nargs) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: no items for cycling given", r->line);
-        *out = args[self->loop->i % nargs];
-        return true;
-    case TM_LOOP_CHANGED: {
-        tloop *l = self->loop;
-        if (nkw) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: changed() takes no keyword arguments", r->line);
-        tlist *t = tmpl_list_new(r, nargs, LF_LIST);
-        if (!t) return false;
-        if (nargs) memcpy(t->items, args, nargs * sizeof *args);
-        t->n = nargs;
-        tval now = tv_list(t);
-        bool eq = false;
-        if (l->has_changed && !tmpl_equal(r, &now, &l->changed_last, &eq)) return false;
-        *out = tv_bool(!l->has_changed || !eq);
-        l->has_changed = true;
-        l->changed_last = now;
-        return true;
-    }
-    }
-    return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown method %d", r->line, m->id);
+    const tmpl_args a = {args, nargs, kwn, kwnn, kwv, nkw};
+    if (m->self.kind == TV_STR) return tmpl_str_method(r, &m->self, m->id, &a, out);
+    if (m->id < 0 || m->id >= TM_COUNT_ || !object_methods[m->id])
+        return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown method %d", r->line, m->id);
+    return object_methods[m->id](r, &m->self, &a, out);
 }
 
 /* ---- globals ---------------------------------------------------------- */
@@ -1537,6 +1724,7 @@ bool tmpl_call_func(trender *r, int fn, const tval *args, size_t nargs, const ch
         return false;
     }
     case TF_STRFTIME_NOW: {
+        const tmpl_args call = {args, nargs, kwn, kwnn, kwv, nkw}, *a = &call;
         BIND("strftime_now()", "format");
         if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: strftime_now() needs a format", r->line);
         return strftime_now(r, &p[0], out);

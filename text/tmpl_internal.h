@@ -511,19 +511,32 @@ static inline tval tv_list(tlist *l) { tval v = {0}; v.kind = TV_LIST; v.list = 
 
 /* fmt is a printf format with one %s for the type name of v */
 bool tmpl_type_error(trender *r, const char *fmt, const tval *v);
+/* The arguments of a call to a builtin (a filter, a method): positional,
+ * then keyword. */
+typedef struct {
+    const tval *args;
+    size_t nargs;
+    const char **kwn;
+    const size_t *kwnn;
+    const tval *kwv;
+    size_t nkw;
+} tmpl_args;
+/* self.name(args): a method of a value (tmpl_call_method dispatches on the
+ * receiver's kind and the TM_* id) */
+typedef bool tmpl_method_fn(trender *r, const tval *self, const tmpl_args *a, tval *out);
 /* Binds positional and keyword arguments to named parameters, as Python
  * does (out/given hold nparams entries). */
-bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tval *args, size_t nargs,
-               const char **kwn, const size_t *kwnn, const tval *kwv, size_t nkw, tval *out, bool *given);
-/* BIND("f()", "a", "b") in a builtin with the usual argument names binds
- * args/kwargs to p[] with g[] saying which were given. */
+bool tmpl_bind(trender *r, const char *what, const char *const *names, size_t nparams, const tmpl_args *a,
+               tval *out, bool *given);
+/* BIND("f()", "x", "y") in a builtin whose arguments are `a` binds them to
+ * p[] with g[] saying which were given. */
 #define BIND(what, ...)                                                                            \
     static const char *const names_[] = {__VA_ARGS__};                                            \
     enum { NP_ = sizeof names_ / sizeof names_[0] };                                               \
     tval p[NP_];                                                                                  \
     bool g[NP_];                                                                                  \
-    if (!tmpl_bind(r, what, names_, NP_, args, nargs, kwn, kwnn, kwv, nkw, p, g)) return false
-bool tmpl_no_args(trender *r, const char *what, size_t nargs, size_t nkw);
+    if (!tmpl_bind(r, what, names_, NP_, a, p, g)) return false
+bool tmpl_no_args(trender *r, const char *what, const tmpl_args *a);
 bool tmpl_arg_int(trender *r, const tval *v, int64_t *out);
 bool tmpl_arg_str(trender *r, const tval *v, const char *what);
 /* the strbuf (freed) as a string value */
@@ -557,8 +570,8 @@ bool tmpl_html_escape(trender *r, const tval *v, tval *out, bool force);
  * ValueError (*overflow: the value does not fit int64) */
 bool tmpl_parse_int(const tval *s, int base, int64_t *out, bool *overflow);
 bool tmpl_parse_float(const tval *s, double *out);
-bool tmpl_str_method(trender *r, const tval *s, int id, const tval *args, size_t nargs, const char **kwn,
-                     const size_t *kwnn, const tval *kwv, size_t nkw, tval *out);
+/* s.name(args) for the str method TM_* id */
+bool tmpl_str_method(trender *r, const tval *s, int id, const tmpl_args *a, tval *out);
 
 /* eval hooks the builtins need (map/select call filters and tests by name,
  * macros are called through the evaluator) */

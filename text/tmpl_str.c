@@ -770,8 +770,7 @@ static bool format_spec(trender *r, const tval *v, const char *s, size_t n, strb
 }
 
 /* str.format(*args, **kwargs) through the sandbox's formatter */
-static bool str_format(trender *r, const tval *fmt, const tval *args, size_t nargs, const char **kwn,
-                       const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
+static bool str_format(trender *r, const tval *fmt, const tmpl_args *a, tval *out)
 {
     strbuf sb;
     sb_init(&sb);
@@ -808,19 +807,19 @@ static bool str_format(trender *r, const tval *fmt, const tval *args, size_t nar
         while (j < namel && field[j] != '.' && field[j] != '[') j++;
         tval v;
         if (j == 0) {
-            if (auto_idx >= nargs) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replacement index %zu out of range", r->line, auto_idx); break; }
-            v = args[auto_idx++];
+            if (auto_idx >= a->nargs) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replacement index %zu out of range", r->line, auto_idx); break; }
+            v = a->args[auto_idx++];
         } else if (isdigit((unsigned char)field[0])) {
             size_t idx = 0;
             for (size_t q = 0; q < j; q++) idx = idx * 10 + (size_t)(field[q] - '0');
-            if (idx >= nargs) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replacement index %zu out of range", r->line, idx); break; }
-            v = args[idx];
+            if (idx >= a->nargs) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replacement index %zu out of range", r->line, idx); break; }
+            v = a->args[idx];
         } else {
             size_t q;
-            for (q = 0; q < nkw; q++)
-                if (kwnn[q] == j && memcmp(kwn[q], field, j) == 0) break;
-            if (q == nkw) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: format key '%.*s' not given", r->line, (int)j, field); break; }
-            v = kwv[q];
+            for (q = 0; q < a->nkw; q++)
+                if (a->kwnn[q] == j && memcmp(a->kwn[q], field, j) == 0) break;
+            if (q == a->nkw) { ok = tmpl_fail(r, FERRY_ERR_INVALID, "line %d: format key '%.*s' not given", r->line, (int)j, field); break; }
+            v = a->kwv[q];
         }
         while (ok && j < namel) {
             if (field[j] == '.') {
@@ -1116,229 +1115,406 @@ static bool justify(trender *r, const tval *s, const tval *width, const tval *fi
     return tmpl_sb_out(r, &sb, out);
 }
 
-bool tmpl_str_method(trender *r, const tval *s, int id, const tval *args, size_t nargs, const char **kwn,
-                       const size_t *kwnn, const tval *kwv, size_t nkw, tval *out)
+/* ---- str methods ------------------------------------------------------ */
+
+static bool strip_method(trender *r, const tval *s, const tmpl_args *a, bool left, bool right, tval *out)
 {
-    switch (id) {
-    case TM_STRIP:
-    case TM_LSTRIP:
-    case TM_RSTRIP: {
-        BIND("strip()", "chars");
-        return tmpl_str_strip(r, s, g[0] ? &p[0] : NULL, id != TM_RSTRIP, id != TM_LSTRIP, out);
-    }
-    case TM_SPLIT:
-    case TM_RSPLIT: {
-        BIND("split()", "sep", "maxsplit");
-        int64_t maxsplit = -1;
-        if (g[1] && !tmpl_arg_int(r, &p[1], &maxsplit)) return false;
-        return do_split(r, s, g[0] ? &p[0] : NULL, maxsplit, id == TM_RSPLIT, out);
-    }
-    case TM_SPLITLINES: {
-        BIND("splitlines()", "keepends");
-        tlist *l;
-        if (!splitlines(r, s->s.p, s->s.n, g[0] && tmpl_truthy(&p[0]), &l)) return false;
-        *out = tv_list(l);
-        return true;
-    }
-    case TM_STARTSWITH:
-    case TM_ENDSWITH: {
-        BIND("startswith()", "prefix", "start", "end");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: startswith/endswith needs an argument", r->line);
-        bool res;
-        if (!affix(r, s, &p[0], g[1] ? &p[1] : NULL, g[2] ? &p[2] : NULL, id == TM_ENDSWITH, &res)) return false;
-        *out = tv_bool(res);
-        return true;
-    }
-    case TM_UPPER: return tmpl_no_args(r, "upper()", nargs, nkw) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_UPPER, out);
-    case TM_LOWER:
-    case TM_CASEFOLD: return tmpl_no_args(r, "lower()", nargs, nkw) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_LOWER, out);
-    case TM_SWAPCASE: return tmpl_no_args(r, "swapcase()", nargs, nkw) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_SWAP, out);
-    case TM_TITLE: return tmpl_no_args(r, "title()", nargs, nkw) && tmpl_str_title(r, s->s.p, s->s.n, false, out);
-    case TM_CAPITALIZE: return tmpl_no_args(r, "capitalize()", nargs, nkw) && tmpl_str_title(r, s->s.p, s->s.n, true, out);
-    case TM_REPLACE: {
-        BIND("replace()", "old", "new", "count");
-        if (!g[0] || !g[1]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replace() needs old and new", r->line);
-        if (!tmpl_arg_str(r, &p[0], "replace() argument 1") || !tmpl_arg_str(r, &p[1], "replace() argument 2")) return false;
-        int64_t count = -1;
-        if (g[2] && !tmpl_arg_int(r, &p[2], &count)) return false;
-        return tmpl_str_replace(r, s, &p[0], &p[1], count, out);
-    }
-    case TM_FIND:
-    case TM_RFIND:
-    case TM_INDEX:
-    case TM_RINDEX:
-    case TM_COUNT: {
-        BIND("find()", "sub", "start", "end");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: find() needs an argument", r->line);
-        return find_sub(r, s, &p[0], g[1] ? &p[1] : NULL, g[2] ? &p[2] : NULL, id, out);
-    }
-    case TM_JOIN: {
-        BIND("join()", "iterable");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: join() takes exactly one argument", r->line);
-        tlist *items;
-        if (!tmpl_iterate(r, &p[0], &items)) return false;
-        strbuf sb;
-        sb_init(&sb);
-        for (size_t i = 0; i < items->n; i++) {
-            if (items->items[i].kind != TV_STR) {
-                sb_free(&sb);
-                return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: sequence item %zu: expected str instance, %s found",
-                                 r->line, i, tmpl_type_name(&items->items[i]));
-            }
-            if (i) sb_append(&sb, s->s.p, s->s.n);
-            sb_append(&sb, items->items[i].s.p, items->items[i].s.n);
-            if (sb.len > r->arena.limit) {
-                sb_free(&sb);
-                return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
-            }
+    BIND("strip()", "chars");
+    return tmpl_str_strip(r, s, g[0] ? &p[0] : NULL, left, right, out);
+}
+
+static bool str_strip(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return strip_method(r, s, a, true, true, out);
+}
+
+static bool str_lstrip(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return strip_method(r, s, a, true, false, out);
+}
+
+static bool str_rstrip(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return strip_method(r, s, a, false, true, out);
+}
+
+static bool split_method(trender *r, const tval *s, const tmpl_args *a, bool from_right, tval *out)
+{
+    BIND("split()", "sep", "maxsplit");
+    int64_t maxsplit = -1;
+    if (g[1] && !tmpl_arg_int(r, &p[1], &maxsplit)) return false;
+    return do_split(r, s, g[0] ? &p[0] : NULL, maxsplit, from_right, out);
+}
+
+static bool str_split(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return split_method(r, s, a, false, out);
+}
+
+static bool str_rsplit(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return split_method(r, s, a, true, out);
+}
+
+static bool str_splitlines(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    BIND("splitlines()", "keepends");
+    tlist *l;
+    if (!splitlines(r, s->s.p, s->s.n, g[0] && tmpl_truthy(&p[0]), &l)) return false;
+    *out = tv_list(l);
+    return true;
+}
+
+static bool affix_method(trender *r, const tval *s, const tmpl_args *a, bool suffix, tval *out)
+{
+    BIND("startswith()", "prefix", "start", "end");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: startswith/endswith needs an argument", r->line);
+    bool res;
+    if (!affix(r, s, &p[0], g[1] ? &p[1] : NULL, g[2] ? &p[2] : NULL, suffix, &res)) return false;
+    *out = tv_bool(res);
+    return true;
+}
+
+static bool str_startswith(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return affix_method(r, s, a, false, out);
+}
+
+static bool str_endswith(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return affix_method(r, s, a, true, out);
+}
+
+static bool str_upper(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "upper()", a) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_UPPER, out);
+}
+
+/* lower and casefold */
+static bool str_lower(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "lower()", a) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_LOWER, out);
+}
+
+static bool str_swapcase(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "swapcase()", a) && tmpl_str_case(r, s->s.p, s->s.n, TMPL_CASE_SWAP, out);
+}
+
+static bool str_title(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "title()", a) && tmpl_str_title(r, s->s.p, s->s.n, false, out);
+}
+
+static bool str_capitalize(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return tmpl_no_args(r, "capitalize()", a) && tmpl_str_title(r, s->s.p, s->s.n, true, out);
+}
+
+static bool str_replace(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    BIND("replace()", "old", "new", "count");
+    if (!g[0] || !g[1]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: replace() needs old and new", r->line);
+    if (!tmpl_arg_str(r, &p[0], "replace() argument 1") || !tmpl_arg_str(r, &p[1], "replace() argument 2")) return false;
+    int64_t count = -1;
+    if (g[2] && !tmpl_arg_int(r, &p[2], &count)) return false;
+    return tmpl_str_replace(r, s, &p[0], &p[1], count, out);
+}
+
+/* find, rfind, index, rindex, count (mode: which) */
+static bool find_method(trender *r, const tval *s, const tmpl_args *a, int mode, tval *out)
+{
+    BIND("find()", "sub", "start", "end");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: find() needs an argument", r->line);
+    return find_sub(r, s, &p[0], g[1] ? &p[1] : NULL, g[2] ? &p[2] : NULL, mode, out);
+}
+
+static bool str_find(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return find_method(r, s, a, TM_FIND, out);
+}
+
+static bool str_rfind(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return find_method(r, s, a, TM_RFIND, out);
+}
+
+static bool str_index(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return find_method(r, s, a, TM_INDEX, out);
+}
+
+static bool str_rindex(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return find_method(r, s, a, TM_RINDEX, out);
+}
+
+static bool str_count(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return find_method(r, s, a, TM_COUNT, out);
+}
+
+static bool str_join(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    BIND("join()", "iterable");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: join() takes exactly one argument", r->line);
+    tlist *items;
+    if (!tmpl_iterate(r, &p[0], &items)) return false;
+    strbuf sb;
+    sb_init(&sb);
+    for (size_t i = 0; i < items->n; i++) {
+        if (items->items[i].kind != TV_STR) {
+            sb_free(&sb);
+            return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: sequence item %zu: expected str instance, %s found",
+                             r->line, i, tmpl_type_name(&items->items[i]));
         }
-        return tmpl_sb_out(r, &sb, out);
-    }
-    case TM_FORMAT: return str_format(r, s, args, nargs, kwn, kwnn, kwv, nkw, out);
-    case TM_ISDIGIT:
-    case TM_ISNUMERIC:
-        if (!tmpl_no_args(r, "isdigit()", nargs, nkw)) return false;
-        *out = tv_bool(str_all(s, cp_is_numeric, true));
-        return true;
-    case TM_ISDECIMAL:
-        if (!tmpl_no_args(r, "isdecimal()", nargs, nkw)) return false;
-        *out = tv_bool(str_all(s, cp_is_decimal, true));
-        return true;
-    case TM_ISALPHA:
-        if (!tmpl_no_args(r, "isalpha()", nargs, nkw)) return false;
-        *out = tv_bool(str_all(s, cp_is_alpha, true));
-        return true;
-    case TM_ISALNUM: {
-        if (!tmpl_no_args(r, "isalnum()", nargs, nkw)) return false;
-        bool ok = s->s.n > 0;
-        for (size_t i = 0; i < s->s.n && ok;) {
-            uint32_t cp;
-            i += tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
-            ok = cp_is_alpha(cp) || cp_is_numeric(cp);
-        }
-        *out = tv_bool(ok);
-        return true;
-    }
-    case TM_ISSPACE:
-        if (!tmpl_no_args(r, "isspace()", nargs, nkw)) return false;
-        *out = tv_bool(str_all(s, tmpl_py_isspace, true));
-        return true;
-    case TM_ISLOWER:
-    case TM_ISUPPER:
-        if (!tmpl_no_args(r, "islower()", nargs, nkw)) return false;
-        *out = tv_bool(tmpl_str_case_is(s, id == TM_ISUPPER));
-        return true;
-    case TM_ISTITLE: {
-        if (!tmpl_no_args(r, "istitle()", nargs, nkw)) return false;
-        bool prev_cased = false, cased = false, ok = true;
-        for (size_t i = 0; i < s->s.n && ok;) {
-            uint32_t cp;
-            i += tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
-            if (cp_is_upper(cp)) {
-                if (prev_cased) ok = false;
-                prev_cased = cased = true;
-            } else if (cp_is_lower(cp)) {
-                if (!prev_cased) ok = false;
-                prev_cased = cased = true;
-            } else {
-                prev_cased = false;
-            }
-        }
-        *out = tv_bool(ok && cased);
-        return true;
-    }
-    case TM_CENTER:
-    case TM_LJUST:
-    case TM_RJUST: {
-        BIND("center()", "width", "fillchar");
-        if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: width argument missing", r->line);
-        return justify(r, s, &p[0], g[1] ? &p[1] : NULL, id == TM_CENTER ? '^' : id == TM_LJUST ? '<' : '>', out);
-    }
-    case TM_ZFILL: {
-        BIND("zfill()", "width");
-        int64_t w = 0;
-        if (!g[0] || !tmpl_arg_int(r, &p[0], &w)) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: zfill() needs a width", r->line);
-        if (w > 1 << 20) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: width too large", r->line);
-        int64_t len = (int64_t)tmpl_utf8_count(s->s.p, s->s.n);
-        if (w <= len) { *out = *s; return true; }
-        strbuf sb;
-        sb_init(&sb);
-        size_t skip = 0;
-        if (s->s.n && (s->s.p[0] == '+' || s->s.p[0] == '-')) {
-            sb_putc(&sb, s->s.p[0]);
-            skip = 1;
-        }
-        for (int64_t i = 0; i < w - len; i++) sb_putc(&sb, '0');
-        sb_append(&sb, s->s.p + skip, s->s.n - skip);
-        return tmpl_sb_out(r, &sb, out);
-    }
-    case TM_PARTITION:
-    case TM_RPARTITION: {
-        BIND("partition()", "sep");
-        if (!g[0] || !tmpl_arg_str(r, &p[0], "separator")) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: partition() needs a separator", r->line);
-        if (p[0].s.n == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: empty separator", r->line);
-        tval idx;
-        if (!find_sub(r, s, &p[0], NULL, NULL, id == TM_PARTITION ? TM_FIND : TM_RFIND, &idx)) return false;
-        tlist *t = tmpl_list_new(r, 3, LF_TUPLE);
-        if (!t) return false;
-        t->n = 3;
-        if (idx.i < 0) {
-            t->items[0] = id == TM_PARTITION ? *s : tv_str("", 0);
-            t->items[1] = tv_str("", 0);
-            t->items[2] = id == TM_PARTITION ? tv_str("", 0) : *s;
-        } else {
-            size_t b = tmpl_cp_to_byte(s->s.p, s->s.n, (size_t)idx.i);
-            t->items[0] = tv_str(s->s.p, b);
-            t->items[1] = tv_str(s->s.p + b, p[0].s.n);
-            t->items[2] = tv_str(s->s.p + b + p[0].s.n, s->s.n - b - p[0].s.n);
-        }
-        *out = tv_list(t);
-        return true;
-    }
-    case TM_REMOVEPREFIX:
-    case TM_REMOVESUFFIX: {
-        BIND("removeprefix()", "affix");
-        if (!g[0] || !tmpl_arg_str(r, &p[0], "argument")) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: argument missing", r->line);
-        size_t m = p[0].s.n;
-        *out = *s;
-        if (m <= s->s.n) {
-            if (!tmpl_charge_bytes(r, m)) return false;
-            if (id == TM_REMOVEPREFIX && memcmp(s->s.p, p[0].s.p, m) == 0) *out = tv_str(s->s.p + m, s->s.n - m);
-            if (id == TM_REMOVESUFFIX && m && memcmp(s->s.p + s->s.n - m, p[0].s.p, m) == 0) *out = tv_str(s->s.p, s->s.n - m);
-        }
-        return true;
-    }
-    case TM_EXPANDTABS: {
-        BIND("expandtabs()", "tabsize");
-        int64_t ts = 8;
-        if (g[0] && !tmpl_arg_int(r, &p[0], &ts)) return false;
-        if (ts > 4096) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: tab size too large", r->line);
-        strbuf sb;
-        sb_init(&sb);
-        int64_t col = 0;
-        for (size_t i = 0; i < s->s.n;) {
-            uint32_t cp;
-            size_t k = tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
-            if (cp == '\t') {
-                if (ts > 0) {
-                    int64_t sp = ts - col % ts;
-                    for (int64_t j = 0; j < sp; j++) sb_putc(&sb, ' ');
-                    col += sp;
-                }
-            } else {
-                sb_append(&sb, s->s.p + i, k);
-                col = (cp == '\n' || cp == '\r') ? 0 : col + 1;
-            }
-            i += k;
-            if (sb.len > r->arena.limit) break;
-        }
+        if (i) sb_append(&sb, s->s.p, s->s.n);
+        sb_append(&sb, items->items[i].s.p, items->items[i].s.n);
         if (sb.len > r->arena.limit) {
             sb_free(&sb);
             return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
         }
-        return tmpl_sb_out(r, &sb, out);
     }
+    return tmpl_sb_out(r, &sb, out);
+}
+
+/* isdigit and isnumeric */
+static bool str_isdigit(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "isdigit()", a)) return false;
+    *out = tv_bool(str_all(s, cp_is_numeric, true));
+    return true;
+}
+
+static bool str_isdecimal(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "isdecimal()", a)) return false;
+    *out = tv_bool(str_all(s, cp_is_decimal, true));
+    return true;
+}
+
+static bool str_isalpha(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "isalpha()", a)) return false;
+    *out = tv_bool(str_all(s, cp_is_alpha, true));
+    return true;
+}
+
+static bool str_isalnum(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "isalnum()", a)) return false;
+    bool ok = s->s.n > 0;
+    for (size_t i = 0; i < s->s.n && ok;) {
+        uint32_t cp;
+        i += tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
+        ok = cp_is_alpha(cp) || cp_is_numeric(cp);
     }
-    return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown str method %d", r->line, id);
+    *out = tv_bool(ok);
+    return true;
+}
+
+static bool str_isspace(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "isspace()", a)) return false;
+    *out = tv_bool(str_all(s, tmpl_py_isspace, true));
+    return true;
+}
+
+/* islower and isupper (both say "islower()" about arguments) */
+static bool case_is_method(trender *r, const tval *s, const tmpl_args *a, bool upper, tval *out)
+{
+    if (!tmpl_no_args(r, "islower()", a)) return false;
+    *out = tv_bool(tmpl_str_case_is(s, upper));
+    return true;
+}
+
+static bool str_islower(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return case_is_method(r, s, a, false, out);
+}
+
+static bool str_isupper(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return case_is_method(r, s, a, true, out);
+}
+
+static bool str_istitle(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    if (!tmpl_no_args(r, "istitle()", a)) return false;
+    bool prev_cased = false, cased = false, ok = true;
+    for (size_t i = 0; i < s->s.n && ok;) {
+        uint32_t cp;
+        i += tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
+        if (cp_is_upper(cp)) {
+            if (prev_cased) ok = false;
+            prev_cased = cased = true;
+        } else if (cp_is_lower(cp)) {
+            if (!prev_cased) ok = false;
+            prev_cased = cased = true;
+        } else {
+            prev_cased = false;
+        }
+    }
+    *out = tv_bool(ok && cased);
+    return true;
+}
+
+/* center, ljust, rjust (how: '^', '<', '>') */
+static bool justify_method(trender *r, const tval *s, const tmpl_args *a, char how, tval *out)
+{
+    BIND("center()", "width", "fillchar");
+    if (!g[0]) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: width argument missing", r->line);
+    return justify(r, s, &p[0], g[1] ? &p[1] : NULL, how, out);
+}
+
+static bool str_center(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return justify_method(r, s, a, '^', out);
+}
+
+static bool str_ljust(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return justify_method(r, s, a, '<', out);
+}
+
+static bool str_rjust(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return justify_method(r, s, a, '>', out);
+}
+
+static bool str_zfill(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    BIND("zfill()", "width");
+    int64_t w = 0;
+    if (!g[0] || !tmpl_arg_int(r, &p[0], &w)) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: zfill() needs a width", r->line);
+    if (w > 1 << 20) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: width too large", r->line);
+    int64_t len = (int64_t)tmpl_utf8_count(s->s.p, s->s.n);
+    if (w <= len) { *out = *s; return true; }
+    strbuf sb;
+    sb_init(&sb);
+    size_t skip = 0;
+    if (s->s.n && (s->s.p[0] == '+' || s->s.p[0] == '-')) {
+        sb_putc(&sb, s->s.p[0]);
+        skip = 1;
+    }
+    for (int64_t i = 0; i < w - len; i++) sb_putc(&sb, '0');
+    sb_append(&sb, s->s.p + skip, s->s.n - skip);
+    return tmpl_sb_out(r, &sb, out);
+}
+
+static bool partition_method(trender *r, const tval *s, const tmpl_args *a, bool from_right, tval *out)
+{
+    BIND("partition()", "sep");
+    if (!g[0] || !tmpl_arg_str(r, &p[0], "separator")) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: partition() needs a separator", r->line);
+    if (p[0].s.n == 0) return tmpl_fail(r, FERRY_ERR_INVALID, "line %d: empty separator", r->line);
+    tval idx;
+    if (!find_sub(r, s, &p[0], NULL, NULL, from_right ? TM_RFIND : TM_FIND, &idx)) return false;
+    tlist *t = tmpl_list_new(r, 3, LF_TUPLE);
+    if (!t) return false;
+    t->n = 3;
+    if (idx.i < 0) {
+        t->items[0] = from_right ? tv_str("", 0) : *s;
+        t->items[1] = tv_str("", 0);
+        t->items[2] = from_right ? *s : tv_str("", 0);
+    } else {
+        size_t b = tmpl_cp_to_byte(s->s.p, s->s.n, (size_t)idx.i);
+        t->items[0] = tv_str(s->s.p, b);
+        t->items[1] = tv_str(s->s.p + b, p[0].s.n);
+        t->items[2] = tv_str(s->s.p + b + p[0].s.n, s->s.n - b - p[0].s.n);
+    }
+    *out = tv_list(t);
+    return true;
+}
+
+static bool str_partition(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return partition_method(r, s, a, false, out);
+}
+
+static bool str_rpartition(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return partition_method(r, s, a, true, out);
+}
+
+static bool remove_affix_method(trender *r, const tval *s, const tmpl_args *a, bool suffix, tval *out)
+{
+    BIND("removeprefix()", "affix");
+    if (!g[0] || !tmpl_arg_str(r, &p[0], "argument")) return g[0] ? false : tmpl_fail(r, FERRY_ERR_INVALID, "line %d: argument missing", r->line);
+    size_t m = p[0].s.n;
+    *out = *s;
+    if (m <= s->s.n) {
+        if (!tmpl_charge_bytes(r, m)) return false;
+        if (!suffix && memcmp(s->s.p, p[0].s.p, m) == 0) *out = tv_str(s->s.p + m, s->s.n - m);
+        if (suffix && m && memcmp(s->s.p + s->s.n - m, p[0].s.p, m) == 0) *out = tv_str(s->s.p, s->s.n - m);
+    }
+    return true;
+}
+
+static bool str_removeprefix(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return remove_affix_method(r, s, a, false, out);
+}
+
+static bool str_removesuffix(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    return remove_affix_method(r, s, a, true, out);
+}
+
+static bool str_expandtabs(trender *r, const tval *s, const tmpl_args *a, tval *out)
+{
+    BIND("expandtabs()", "tabsize");
+    int64_t ts = 8;
+    if (g[0] && !tmpl_arg_int(r, &p[0], &ts)) return false;
+    if (ts > 4096) return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: tab size too large", r->line);
+    strbuf sb;
+    sb_init(&sb);
+    int64_t col = 0;
+    for (size_t i = 0; i < s->s.n;) {
+        uint32_t cp;
+        size_t k = tmpl_utf8_decode((const unsigned char *)s->s.p + i, s->s.n - i, &cp);
+        if (cp == '\t') {
+            if (ts > 0) {
+                int64_t sp = ts - col % ts;
+                for (int64_t j = 0; j < sp; j++) sb_putc(&sb, ' ');
+                col += sp;
+            }
+        } else {
+            sb_append(&sb, s->s.p + i, k);
+            col = (cp == '\n' || cp == '\r') ? 0 : col + 1;
+        }
+        i += k;
+        if (sb.len > r->arena.limit) break;
+    }
+    if (sb.len > r->arena.limit) {
+        sb_free(&sb);
+        return tmpl_fail(r, FERRY_ERR_TOO_LARGE, "line %d: string too large", r->line);
+    }
+    return tmpl_sb_out(r, &sb, out);
+}
+
+/* The str methods by id; adding one is a TM_* id, a row of method_names
+ * (tmpl_builtins.c), a function above and an entry here. */
+static tmpl_method_fn *const str_methods[TM_COUNT_] = {
+    [TM_STRIP] = str_strip,           [TM_LSTRIP] = str_lstrip,         [TM_RSTRIP] = str_rstrip,
+    [TM_SPLIT] = str_split,           [TM_RSPLIT] = str_rsplit,         [TM_SPLITLINES] = str_splitlines,
+    [TM_STARTSWITH] = str_startswith, [TM_ENDSWITH] = str_endswith,     [TM_UPPER] = str_upper,
+    [TM_LOWER] = str_lower,           [TM_CASEFOLD] = str_lower,        [TM_SWAPCASE] = str_swapcase,
+    [TM_TITLE] = str_title,           [TM_CAPITALIZE] = str_capitalize, [TM_REPLACE] = str_replace,
+    [TM_FIND] = str_find,             [TM_RFIND] = str_rfind,           [TM_INDEX] = str_index,
+    [TM_RINDEX] = str_rindex,         [TM_COUNT] = str_count,           [TM_JOIN] = str_join,
+    [TM_FORMAT] = str_format,         [TM_ISDIGIT] = str_isdigit,       [TM_ISNUMERIC] = str_isdigit,
+    [TM_ISDECIMAL] = str_isdecimal,   [TM_ISALPHA] = str_isalpha,       [TM_ISALNUM] = str_isalnum,
+    [TM_ISSPACE] = str_isspace,       [TM_ISLOWER] = str_islower,       [TM_ISUPPER] = str_isupper,
+    [TM_ISTITLE] = str_istitle,       [TM_CENTER] = str_center,         [TM_LJUST] = str_ljust,
+    [TM_RJUST] = str_rjust,           [TM_ZFILL] = str_zfill,           [TM_PARTITION] = str_partition,
+    [TM_RPARTITION] = str_rpartition, [TM_REMOVEPREFIX] = str_removeprefix,
+    [TM_REMOVESUFFIX] = str_removesuffix, [TM_EXPANDTABS] = str_expandtabs,
+};
+
+bool tmpl_str_method(trender *r, const tval *s, int id, const tmpl_args *a, tval *out)
+{
+    if (id < 0 || id >= TM_COUNT_ || !str_methods[id])
+        return tmpl_fail(r, FERRY_ERR_INTERNAL, "line %d: unknown str method %d", r->line, id);
+    return str_methods[id](r, s, a, out);
 }
 

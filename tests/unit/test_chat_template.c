@@ -48,132 +48,136 @@ static ferry_status render(const char *src, const char *vars_json, size_t max_ou
     return st;
 }
 
-/* renders and compares; on a failure names the template */
-static void check_render(const char *src, const char *vars, const char *want, int line)
+/* One case: a template, its variables as JSON (NULL: none) and what it
+ * gives - the text `want` (st FERRY_OK), or a failure with status st whose
+ * message contains `want`. */
+typedef struct {
+    const char *src, *vars;
+    ferry_status st;
+    const char *want;
+} render_case;
+
+/* renders and compares; on a failure names the table, the case and the template */
+static void check_case(const char *table, size_t i, const render_case *c)
 {
     char *got;
-    ferry_status st = render(src, vars, MAX_OUT, &got);
+    ferry_status st = render(c->src, c->vars, MAX_OUT, &got);
     check_count++;
-    if (st != FERRY_OK) {
-        fprintf(stderr, "%s:%d: %s: failed (%s): %s\n", __FILE__, line, src, ferry_status_name(st), ferry_errmsg());
+    if (c->st == FERRY_OK && st != FERRY_OK) {
+        fprintf(stderr, "%s: %s[%zu]: %s: failed (%s): %s\n", __FILE__, table, i, c->src, ferry_status_name(st),
+                ferry_errmsg());
         check_failures++;
-    } else if (strcmp(got, want) != 0) {
-        fprintf(stderr, "%s:%d: %s: expected \"%s\", got \"%s\"\n", __FILE__, line, src, want, got);
+    } else if (c->st == FERRY_OK && strcmp(got, c->want) != 0) {
+        fprintf(stderr, "%s: %s[%zu]: %s: expected \"%s\", got \"%s\"\n", __FILE__, table, i, c->src, c->want, got);
+        check_failures++;
+    } else if (c->st != FERRY_OK && (st != c->st || !strstr(ferry_errmsg(), c->want))) {
+        fprintf(stderr, "%s: %s[%zu]: %.120s: expected %s with \"%s\", got %s: \"%s\" (output \"%.80s\")\n", __FILE__,
+                table, i, c->src, ferry_status_name(c->st), c->want, ferry_status_name(st),
+                st == FERRY_OK ? "" : ferry_errmsg(), got ? got : "");
         check_failures++;
     }
     free(got);
 }
 
-/* expects status `want` and a message containing `msg` */
-static void check_fails(const char *src, const char *vars, ferry_status want, const char *msg, int line)
-{
-    char *got;
-    ferry_status st = render(src, vars, MAX_OUT, &got);
-    check_count++;
-    if (st != want || !strstr(ferry_errmsg(), msg)) {
-        fprintf(stderr, "%s:%d: %.120s: expected %s with \"%s\", got %s: \"%s\" (output \"%.80s\")\n", __FILE__, line,
-                src, ferry_status_name(want), msg, ferry_status_name(st), st == FERRY_OK ? "" : ferry_errmsg(),
-                got ? got : "");
-        check_failures++;
-    }
-    free(got);
-}
+#define CHECK_CASES(table)                                                                         \
+    for (size_t i_ = 0; i_ < sizeof table / sizeof table[0]; i_++) check_case(#table, i_, &table[i_])
 
 /* expects tmpl_parse itself to fail with INVALID and msg */
-static void check_parse_error(const char *src, const char *msg, int line)
+static void check_parse_error(const char *table, size_t i, const char *src, const char *msg)
 {
     chat_template *t = NULL;
     ferry_status st = tmpl_parse(src, strlen(src), "chat template", &t);
     check_count++;
     if (st != FERRY_ERR_INVALID || t || !strstr(ferry_errmsg(), msg)) {
-        fprintf(stderr, "%s:%d: %s: expected a parse error with \"%s\", got %s: \"%s\"\n", __FILE__, line, src, msg,
-                ferry_status_name(st), st == FERRY_OK ? "" : ferry_errmsg());
+        fprintf(stderr, "%s: %s[%zu]: %s: expected a parse error with \"%s\", got %s: \"%s\"\n", __FILE__, table, i,
+                src, msg, ferry_status_name(st), st == FERRY_OK ? "" : ferry_errmsg());
         check_failures++;
     }
     tmpl_free(t);
 }
 
-#define RENDERS(src, vars, want) check_render((src), (vars), (want), __LINE__)
-#define FAILS(src, vars, st, msg) check_fails((src), (vars), (st), (msg), __LINE__)
-#define PARSE_ERROR(src, msg) check_parse_error((src), (msg), __LINE__)
-
 /* ---- rendering ---------------------------------------------------------- */
 
-static void test_render(void)
-{
-    RENDERS("Hello {{ name }}!", "{\"name\": \"W\\u00f6rld\"}", "Hello Wörld!");
-    RENDERS("{% for m in messages %}<{{ m.role }}>{{ m['content'] }}{% endfor %}",
-            "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}",
-            "<user>hi<assistant>yo");
+static const render_case renders[] = {
+    {"Hello {{ name }}!", "{\"name\": \"W\\u00f6rld\"}", FERRY_OK, "Hello Wörld!"},
+    {"{% for m in messages %}<{{ m.role }}>{{ m['content'] }}{% endfor %}",
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}",
+     FERRY_OK, "<user>hi<assistant>yo"},
     /* trim_blocks and lstrip_blocks are on, as in transformers */
-    RENDERS("a\n  {% if true %}\n  b\n  {% endif %}\nc", NULL, "a\n  b\nc");
-    RENDERS("a  {%- if true -%}  b  {%- endif -%}  c", NULL, "abc");
-    RENDERS("{{ 'x' }}\n{{ 'y' }}\n", NULL, "x\ny"); /* one final newline is dropped */
-    RENDERS("{% raw %}{{ not evaluated }}{% endraw %}", NULL, "{{ not evaluated }}");
-    RENDERS("{# comment #}x{#- c -#}  y", NULL, "xy");
+    {"a\n  {% if true %}\n  b\n  {% endif %}\nc", NULL, FERRY_OK, "a\n  b\nc"},
+    {"a  {%- if true -%}  b  {%- endif -%}  c", NULL, FERRY_OK, "abc"},
+    {"{{ 'x' }}\n{{ 'y' }}\n", NULL, FERRY_OK, "x\ny"}, /* one final newline is dropped */
+    {"{% raw %}{{ not evaluated }}{% endraw %}", NULL, FERRY_OK, "{{ not evaluated }}"},
+    {"{# comment #}x{#- c -#}  y", NULL, FERRY_OK, "xy"},
     /* the message text is never evaluated */
-    RENDERS("{{ c }}", "{\"c\": \"{{ 1 + 1 }} {% if %}\"}", "{{ 1 + 1 }} {% if %}");
+    {"{{ c }}", "{\"c\": \"{{ 1 + 1 }} {% if %}\"}", FERRY_OK, "{{ 1 + 1 }} {% if %}"},
     /* Python's str() of values */
-    RENDERS("{{ [1, 'a', none, true, 1.0, {'k': \"it's\"}] }}", NULL, "[1, 'a', None, True, 1.0, {'k': \"it's\"}]");
-    RENDERS("{{ 1e-5 }} {{ 1e16 }} {{ 0.1 + 0.2 }} {{ 7 // -2 }} {{ -7 % 3 }}", NULL,
-            "1e-05 1e+16 0.30000000000000004 -4 2");
-    RENDERS("{{ v|tojson }}", "{\"v\": {\"a\": [1, 2.5, \"\\u00e9\", null]}}", "{\"a\": [1, 2.5, \"é\", null]}");
-    RENDERS("{{ v|tojson(indent=2) }}", "{\"v\": {\"a\": [1]}}", "{\n  \"a\": [\n    1\n  ]\n}");
+    {"{{ [1, 'a', none, true, 1.0, {'k': \"it's\"}] }}", NULL, FERRY_OK, "[1, 'a', None, True, 1.0, {'k': \"it's\"}]"},
+    {"{{ 1e-5 }} {{ 1e16 }} {{ 0.1 + 0.2 }} {{ 7 // -2 }} {{ -7 % 3 }}", NULL, FERRY_OK,
+     "1e-05 1e+16 0.30000000000000004 -4 2"},
+    {"{{ v|tojson }}", "{\"v\": {\"a\": [1, 2.5, \"\\u00e9\", null]}}", FERRY_OK, "{\"a\": [1, 2.5, \"é\", null]}"},
+    {"{{ v|tojson(indent=2) }}", "{\"v\": {\"a\": [1]}}", FERRY_OK, "{\n  \"a\": [\n    1\n  ]\n}"},
     /* loop variables, namespace, slicing, filters, tests */
-    RENDERS("{% for x in 'abc' %}{{ loop.index }}{{ x }}{{ '|' if not loop.last }}{% endfor %}", NULL, "1a|2b|3c");
-    RENDERS("{% set ns = namespace(n=0) %}{% for x in [1, 2, 3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}",
-            NULL, "6");
-    RENDERS("{{ 'héllo'[::-1] }}|{{ [1, 2, 3][1:] }}|{{ 'abc'[-1] }}", NULL, "olléh|[2, 3]|c");
-    RENDERS("{{ '  x  '|trim }}|{{ [3, 1, 2]|sort|join(',') }}|{{ none|default('d') }}|{{ 'a' is string }}", NULL,
-            "x|1,2,3|None|True");
-    RENDERS("{{ m.content.split('</think>')[-1].lstrip('\\n') }}", "{\"m\": {\"content\": \"<think>a</think>\\n\\nb\"}}",
-            "b");
-    RENDERS("{% macro greet(n, p='!') %}Hi {{ n }}{{ p }}{% endmacro %}{{ greet('a') }}{{ greet('b', p='?') }}", NULL,
-            "Hi a!Hi b?");
-    RENDERS("{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}"
-            "{{ x }}{% endfor %}",
-            NULL, "13");
-    RENDERS("{% generation %}gen{% endgeneration %}", NULL, "gen");
+    {"{% for x in 'abc' %}{{ loop.index }}{{ x }}{{ '|' if not loop.last }}{% endfor %}", NULL, FERRY_OK, "1a|2b|3c"},
+    {"{% set ns = namespace(n=0) %}{% for x in [1, 2, 3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}", NULL,
+     FERRY_OK, "6"},
+    {"{{ 'héllo'[::-1] }}|{{ [1, 2, 3][1:] }}|{{ 'abc'[-1] }}", NULL, FERRY_OK, "olléh|[2, 3]|c"},
+    {"{{ '  x  '|trim }}|{{ [3, 1, 2]|sort|join(',') }}|{{ none|default('d') }}|{{ 'a' is string }}", NULL,
+     FERRY_OK, "x|1,2,3|None|True"},
+    {"{{ m.content.split('</think>')[-1].lstrip('\\n') }}", "{\"m\": {\"content\": \"<think>a</think>\\n\\nb\"}}",
+     FERRY_OK, "b"},
+    {"{% macro greet(n, p='!') %}Hi {{ n }}{{ p }}{% endmacro %}{{ greet('a') }}{{ greet('b', p='?') }}", NULL,
+     FERRY_OK, "Hi a!Hi b?"},
+    {"{% for x in [1, 2, 3, 4] %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}"
+     "{{ x }}{% endfor %}",
+     NULL, FERRY_OK, "13"},
+    {"{% generation %}gen{% endgeneration %}", NULL, FERRY_OK, "gen"},
     /* a set inside a loop is gone after the iteration (jinja's scoping) */
-    RENDERS("{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", NULL, "1");
+    {"{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", NULL, FERRY_OK, "1"},
     /* a name the template assigns later is undefined in a loop before that */
-    RENDERS("{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'late' %}{{ s }}", "{\"s\": \"caller\"}", "[]late");
+    {"{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'late' %}{{ s }}", "{\"s\": \"caller\"}", FERRY_OK, "[]late"},
     /* caller keywords and the globals */
-    RENDERS("{{ enable_thinking }}{{ range(3)|list }}", "{\"enable_thinking\": false}", "False[0, 1, 2]");
+    {"{{ enable_thinking }}{{ range(3)|list }}", "{\"enable_thinking\": false}", FERRY_OK, "False[0, 1, 2]"},
     /* items near the ends of int64 (i * step overflows int64 before a + ...) */
-    RENDERS("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}", NULL,
-            "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
-    RENDERS("{{ range(9223372036854775807, -9223372036854775807, -4611686018427387904)|list }}", NULL,
-            "[9223372036854775807, 4611686018427387903, -1, -4611686018427387905]");
-    RENDERS("", NULL, "");
-}
+    {"{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}", NULL, FERRY_OK,
+     "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]"},
+    {"{{ range(9223372036854775807, -9223372036854775807, -4611686018427387904)|list }}", NULL, FERRY_OK,
+     "[9223372036854775807, 4611686018427387903, -1, -4611686018427387905]"},
+    {"", NULL, FERRY_OK, ""},
+};
 
 /* ---- errors ------------------------------------------------------------- */
 
+/* template, a part of the message */
+static const char *const parse_errors[][2] = {
+    {"line1\n{{ x | wordwrap(5) }}", "chat template line 2: filter 'wordwrap' is not supported"},
+    {"{{ x | nosuchfilter }}", "line 1: filter 'nosuchfilter' does not exist"},
+    {"\n\n{% set y = x is nosuchtest %}", "line 3: test 'nosuchtest' does not exist"},
+    {"{% include 'other' %}", "line 1: statement 'include' is not supported"},
+    {"{% frobnicate %}", "line 1: unknown statement 'frobnicate'"},
+    {"a\nb\n{% for x in y recursive %}{% endfor %}", "line 3: recursive for loops are not supported"},
+    {"{{ s.encode('utf-8') }}", "method 'encode' is not supported"},
+    {"{{ f(*args) }}", "argument unpacking"},
+    {"{% if x %}\nno end", "unexpected end of template, expected 'elif' or 'else' or 'endif'"},
+    {"{% for x in y %}{% endif %}", "unexpected 'endif'"},
+    {"{{ x ", "line 1: unexpected end of template inside a tag"},
+    {"{{ 1 + }}", "unexpected 'end of print statement'"},
+    {"{% break %}", "'break' outside loop"},
+    {"{% for x in y %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", "'continue' outside loop"},
+    {"{# open", "missing end of comment tag"},
+    {"{% raw %} open", "missing end of raw directive"},
+    {"{{ 'unterminated }}", "unterminated string"},
+    {"{{ x['a' }}", "unexpected '}'"},
+    {"{{ x | map('wordwrap') }}", "filter 'wordwrap' is not supported"},
+    {"{{ 99999999999999999999 }}", "too large"},
+    {"{% set 1 = 2 %}", "can't assign"},
+    {"ok\xff", "not valid UTF-8 (byte 2)"},
+};
+
 static void test_parse_errors(void)
 {
-    PARSE_ERROR("line1\n{{ x | wordwrap(5) }}", "chat template line 2: filter 'wordwrap' is not supported");
-    PARSE_ERROR("{{ x | nosuchfilter }}", "line 1: filter 'nosuchfilter' does not exist");
-    PARSE_ERROR("\n\n{% set y = x is nosuchtest %}", "line 3: test 'nosuchtest' does not exist");
-    PARSE_ERROR("{% include 'other' %}", "line 1: statement 'include' is not supported");
-    PARSE_ERROR("{% frobnicate %}", "line 1: unknown statement 'frobnicate'");
-    PARSE_ERROR("a\nb\n{% for x in y recursive %}{% endfor %}", "line 3: recursive for loops are not supported");
-    PARSE_ERROR("{{ s.encode('utf-8') }}", "method 'encode' is not supported");
-    PARSE_ERROR("{{ f(*args) }}", "argument unpacking");
-    PARSE_ERROR("{% if x %}\nno end", "unexpected end of template, expected 'elif' or 'else' or 'endif'");
-    PARSE_ERROR("{% for x in y %}{% endif %}", "unexpected 'endif'");
-    PARSE_ERROR("{{ x ", "line 1: unexpected end of template inside a tag");
-    PARSE_ERROR("{{ 1 + }}", "unexpected 'end of print statement'");
-    PARSE_ERROR("{% break %}", "'break' outside loop");
-    PARSE_ERROR("{% for x in y %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", "'continue' outside loop");
-    PARSE_ERROR("{# open", "missing end of comment tag");
-    PARSE_ERROR("{% raw %} open", "missing end of raw directive");
-    PARSE_ERROR("{{ 'unterminated }}", "unterminated string");
-    PARSE_ERROR("{{ x['a' }}", "unexpected '}'");
-    PARSE_ERROR("{{ x | map('wordwrap') }}", "filter 'wordwrap' is not supported");
-    PARSE_ERROR("{{ 99999999999999999999 }}", "too large");
-    PARSE_ERROR("{% set 1 = 2 %}", "can't assign");
-    PARSE_ERROR("ok\xff", "not valid UTF-8 (byte 2)");
+    for (size_t i = 0; i < sizeof parse_errors / sizeof parse_errors[0]; i++)
+        check_parse_error("parse_errors", i, parse_errors[i][0], parse_errors[i][1]);
 
     /* nesting past the limit is an error at parse time, not a stack overflow */
     char *deep = malloc(20000);
@@ -183,20 +187,20 @@ static void test_parse_errors(void)
     deep[n] = '1';
     for (int i = 0; i < 5000; i++) deep[n + 1 + i] = ')';
     strcpy(deep + n + 5001, " }}");
-    PARSE_ERROR(deep, "nested too deeply");
+    check_parse_error("deep", 0, deep, "nested too deeply");
     free(deep);
     char *chain = malloc(60000);
     strcpy(chain, "{{ 1");
     for (int i = 0; i < 10000; i++) strcat(chain + 4 + 4 * i, " + 1");
     strcat(chain, " }}");
-    PARSE_ERROR(chain, "nested too deeply");
+    check_parse_error("chain", 0, chain, "nested too deeply");
     free(chain);
 
     /* thousands of distinct names: a bound on every per-name table */
     strbuf names;
     sb_init(&names);
     for (int i = 0; i < 5000; i++) sb_printf(&names, "{{ n%d }}", i);
-    PARSE_ERROR(names.data, "too many distinct names (limit 4096)");
+    check_parse_error("names", 0, names.data, "too many distinct names (limit 4096)");
     sb_free(&names);
 
     /* a source past the limit is refused before anything else */
@@ -209,78 +213,88 @@ static void test_parse_errors(void)
     free(src);
 }
 
+static const render_case render_errors[] = {
+    /* raise_exception carries the template's own words */
+    {"{% if messages|length > 1 %}{{ raise_exception('Roles must alternate!') }}{% endif %}", "{\"messages\": [1, 2]}",
+     FERRY_ERR_INVALID, "Roles must alternate!"},
+    {"\n{{ 'a' + 1 }}", NULL, FERRY_ERR_INVALID, "chat template line 2: unsupported operand type(s) for +: 'str' and 'int'"},
+    {"{{ 1 / 0 }}", NULL, FERRY_ERR_INVALID, "division by zero"},
+    {"{{ 1 < 'a' }}", NULL, FERRY_ERR_INVALID, "'<' not supported between instances of 'int' and 'str'"},
+    {"{% for a, b in [[1, 2, 3]] %}{% endfor %}", NULL, FERRY_ERR_INVALID, "too many values to unpack (expected 2, got 3)"},
+    {"{{ [1].append(2) }}", NULL, FERRY_ERR_INVALID, "'append' is unsafe"},
+    {"{% set d.x = 1 %}", "{\"d\": {}}", FERRY_ERR_INVALID, "cannot assign attribute on non-namespace object"},
+    {"{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", NULL, FERRY_ERR_INVALID, "macro 'm' takes not more than 1 argument(s)"},
+    {"{{ x|select('odd') }}", "{\"x\": [1]}", FERRY_ERR_UNSUPPORTED, "printing a generator"},
+    {"{{ cycler(1) }}", NULL, FERRY_ERR_UNSUPPORTED, "function 'cycler' is not supported"},
+    {"{{ 9223372036854775807 + 1 }}", NULL, FERRY_ERR_UNSUPPORTED, "integer overflow"},
+    /* inside an if (or a conditional expression) an unknown filter fails only when it runs, as in jinja */
+    {"{% if 'markdown' is filter %}{{ x|markdown }}{% else %}plain{% endif %}", NULL, FERRY_OK, "plain"},
+    {"{% if true %}\n{{ x|markdown }}{% endif %}", NULL, FERRY_ERR_INVALID, "line 2: no filter named 'markdown'"},
+    {"{{ x|nosuch if false else 'ok' }}", NULL, FERRY_OK, "ok"},
+};
+
 static void test_render_errors(void)
 {
-    /* raise_exception carries the template's own words */
-    FAILS("{% if messages|length > 1 %}{{ raise_exception('Roles must alternate!') }}{% endif %}",
-          "{\"messages\": [1, 2]}", FERRY_ERR_INVALID, "Roles must alternate!");
+    CHECK_CASES(render_errors);
+    /* the message is the template's words and nothing else */
     char *out;
     CHECK_STATUS(render("{{ raise_exception('exact') }}", NULL, MAX_OUT, &out), FERRY_ERR_INVALID);
     CHECK_EQ_STR(ferry_errmsg(), "exact");
-    FAILS("\n{{ 'a' + 1 }}", NULL, FERRY_ERR_INVALID, "chat template line 2: unsupported operand type(s) for +: 'str' and 'int'");
-    FAILS("{{ 1 / 0 }}", NULL, FERRY_ERR_INVALID, "division by zero");
-    FAILS("{{ 1 < 'a' }}", NULL, FERRY_ERR_INVALID, "'<' not supported between instances of 'int' and 'str'");
-    FAILS("{% for a, b in [[1, 2, 3]] %}{% endfor %}", NULL, FERRY_ERR_INVALID, "too many values to unpack (expected 2, got 3)");
-    FAILS("{{ [1].append(2) }}", NULL, FERRY_ERR_INVALID, "'append' is unsafe");
-    FAILS("{% set d.x = 1 %}", "{\"d\": {}}", FERRY_ERR_INVALID, "cannot assign attribute on non-namespace object");
-    FAILS("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", NULL, FERRY_ERR_INVALID, "macro 'm' takes not more than 1 argument(s)");
-    FAILS("{{ x|select('odd') }}", "{\"x\": [1]}", FERRY_ERR_UNSUPPORTED, "printing a generator");
-    FAILS("{{ cycler(1) }}", NULL, FERRY_ERR_UNSUPPORTED, "function 'cycler' is not supported");
-    FAILS("{{ 9223372036854775807 + 1 }}", NULL, FERRY_ERR_UNSUPPORTED, "integer overflow");
-    /* inside an if (or a conditional expression) an unknown filter fails only when it runs, as in jinja */
-    RENDERS("{% if 'markdown' is filter %}{{ x|markdown }}{% else %}plain{% endif %}", NULL, "plain");
-    FAILS("{% if true %}\n{{ x|markdown }}{% endif %}", NULL, FERRY_ERR_INVALID, "line 2: no filter named 'markdown'");
-    RENDERS("{{ x|nosuch if false else 'ok' }}", NULL, "ok");
 }
 
 /* jinja2's default Undefined: printable and iterable, fails on any other use */
-static void test_undefined(void)
-{
-    RENDERS("[{{ missing }}]", NULL, "[]");
-    RENDERS("{% for x in missing %}x{% else %}empty{% endfor %}", NULL, "empty");
-    RENDERS("{{ missing is defined }}{{ missing is undefined }}{{ not missing }}{{ missing|length }}", NULL,
-            "FalseTrueTrue0");
-    RENDERS("{{ missing|default('d') }}{{ missing == other }}{{ missing ~ 'x' }}{{ 'a' in missing }}", NULL,
-            "dTruexFalse");
-    RENDERS("{{ d.nokey }}|{{ d['nokey'] }}|{{ l[10] }}|{{ n.attr }}", "{\"d\": {}, \"l\": [], \"n\": null}", "|||");
-    RENDERS("{{ (d.nokey) is defined }}", "{\"d\": {}}", "False");
-    FAILS("{{ missing.attr }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
-    FAILS("{{ d.nokey.deeper }}", "{\"d\": {}}", FERRY_ERR_INVALID, "nokey");
-    FAILS("{{ missing + 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
-    FAILS("{{ missing() }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
-    FAILS("{{ missing < 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined");
-    FAILS("{{ missing|tojson }}", NULL, FERRY_ERR_INVALID, "not JSON serializable");
-}
+static const render_case undefined[] = {
+    {"[{{ missing }}]", NULL, FERRY_OK, "[]"},
+    {"{% for x in missing %}x{% else %}empty{% endfor %}", NULL, FERRY_OK, "empty"},
+    {"{{ missing is defined }}{{ missing is undefined }}{{ not missing }}{{ missing|length }}", NULL, FERRY_OK,
+     "FalseTrueTrue0"},
+    {"{{ missing|default('d') }}{{ missing == other }}{{ missing ~ 'x' }}{{ 'a' in missing }}", NULL, FERRY_OK,
+     "dTruexFalse"},
+    {"{{ d.nokey }}|{{ d['nokey'] }}|{{ l[10] }}|{{ n.attr }}", "{\"d\": {}, \"l\": [], \"n\": null}", FERRY_OK, "|||"},
+    {"{{ (d.nokey) is defined }}", "{\"d\": {}}", FERRY_OK, "False"},
+    {"{{ missing.attr }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined"},
+    {"{{ d.nokey.deeper }}", "{\"d\": {}}", FERRY_ERR_INVALID, "nokey"},
+    {"{{ missing + 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined"},
+    {"{{ missing() }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined"},
+    {"{{ missing < 1 }}", NULL, FERRY_ERR_INVALID, "'missing' is undefined"},
+    {"{{ missing|tojson }}", NULL, FERRY_ERR_INVALID, "not JSON serializable"},
+};
 
 /* ---- limits --------------------------------------------------------------- */
 
-static void test_limits(void)
-{
-    /* 10^10 iterations end at the iteration cap */
-    FAILS("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL,
-          FERRY_ERR_TOO_LARGE, "loop iterations");
-    /* unbounded recursion ends at the macro depth limit */
-    FAILS("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", NULL, FERRY_ERR_INVALID, "nested too deeply");
-    /* a string doubling 60 times passes the memory budget */
-    FAILS("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", NULL,
-          FERRY_ERR_TOO_LARGE, "");
-    FAILS("{{ 'x' * 100000000000 }}", NULL, FERRY_ERR_TOO_LARGE, "too large");
-    FAILS("{{ range(1000000)|list }}", NULL, FERRY_ERR_TOO_LARGE, "range too big");
-    /* every operation on two 4 MB strings is charged by the bytes it reads:
-     * 2000 of them (16 GB read) end at the work limit */
+/* every operation on two 4 MB strings is charged by the bytes it reads:
+ * 2000 of them (16 GB read) end at the work limit */
 #define TWO_LONG "{% set a = 'x' * 4000000 %}{% set b = 'x' * 4000000 %}{% set d = {b: 1} %}{% set l = [b] %}" \
                  "{% for i in range(2000) %}"
-    FAILS(TWO_LONG "{% if a == b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a < b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a.startswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a.endswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a in l %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a in d %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-    FAILS(TWO_LONG "{% if a.removeprefix(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit");
-#undef TWO_LONG
+
+static const render_case limits[] = {
+    /* 10^10 iterations end at the iteration cap */
+    {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE,
+     "loop iterations"},
+    /* unbounded recursion ends at the macro depth limit */
+    {"{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", NULL, FERRY_ERR_INVALID, "nested too deeply"},
+    /* a string doubling 60 times passes the memory budget */
+    {"{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", NULL,
+     FERRY_ERR_TOO_LARGE, ""},
+    {"{{ 'x' * 100000000000 }}", NULL, FERRY_ERR_TOO_LARGE, "too large"},
+    {"{{ range(1000000)|list }}", NULL, FERRY_ERR_TOO_LARGE, "range too big"},
+    {TWO_LONG "{% if a == b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a < b %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a.startswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a.endswith(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a in l %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a in d %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
+    {TWO_LONG "{% if a.removeprefix(b) %}{% endif %}{% endfor %}", NULL, FERRY_ERR_TOO_LARGE, "work limit"},
     /* values nested deeper than the printers allow */
-    FAILS("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
-          NULL, FERRY_ERR_INVALID, "nested too deeply");
+    {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}", NULL,
+     FERRY_ERR_INVALID, "nested too deeply"},
+};
+
+#undef TWO_LONG
+
+static void test_limits(void)
+{
+    CHECK_CASES(limits);
     /* the output limit */
     char *out;
     CHECK_STATUS(render("{% for i in range(100) %}0123456789{% endfor %}", NULL, 999, &out), FERRY_ERR_TOO_LARGE);
@@ -390,15 +404,16 @@ static void test_threads(void)
 
 int main(void)
 {
-    test_render();
+    CHECK_CASES(renders);
     test_parse_errors();
     test_render_errors();
-    test_undefined();
+    CHECK_CASES(undefined);
     test_limits();
     test_api();
     test_threads();
     /* last: it cannot be undone */
     tmpl_cancel_renders();
-    FAILS("{{ 1 }}", NULL, FERRY_ERR_BUSY, "the server is shutting down");
+    check_case("after tmpl_cancel_renders", 0,
+               &(render_case){"{{ 1 }}", NULL, FERRY_ERR_BUSY, "the server is shutting down"});
     return check_report();
 }
