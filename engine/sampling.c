@@ -7,13 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#include "base/util.h"
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -49,7 +43,7 @@ ferry_status sampler_init(sampler *s, const sampling_params *p, int vocab, uint6
     s->p = *p;
     s->vocab = vocab;
     uint64_t x = p->seed ^ (stream * 0xd1342543de82ef95ull);
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) s->rng[i] = util_splitmix64(&x);
     if (p->temperature > 0) {
         s->idx = malloc((size_t)vocab * sizeof *s->idx);
         s->prob = malloc((size_t)vocab * sizeof *s->prob);

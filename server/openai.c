@@ -39,19 +39,12 @@ struct oai_request {
 
 /* ---- identifiers and seeds -------------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Distinct for every call in this process, and across processes and restarts. */
 static uint64_t fresh_u64(void)
 {
     static uint64_t counter;
     uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    return mix64((uint64_t)(util_wall_now() * 1e9) ^ mix64(c) ^ ((uint64_t)getpid() << 40));
+    return util_mix64((uint64_t)(util_wall_now() * 1e9) ^ util_mix64(c) ^ ((uint64_t)getpid() << 40));
 }
 
 /* ---- field checks ------------------------------------------------------------------------- */
