@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "gen_params.h"
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -26,15 +27,7 @@ static uint64_t next_u64(uint64_t *s)
 /* Uniform in [0, 1) with 53 random bits. */
 static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
 
-ferry_status sampling_params_check(const sampling_params *p)
-{
-    if (!(p->temperature >= 0) || !isfinite(p->temperature))
-        return ferry_fail(FERRY_ERR_INVALID, "temperature must be >= 0 (got %g)", (double)p->temperature);
-    if (p->top_k < 0) return ferry_fail(FERRY_ERR_INVALID, "top_k must be >= 0 (got %d)", p->top_k);
-    if (!(p->top_p > 0 && p->top_p <= 1))
-        return ferry_fail(FERRY_ERR_INVALID, "top_p must be in (0, 1] (got %g)", (double)p->top_p);
-    return FERRY_OK;
-}
+ferry_status sampling_params_check(const sampling_params *p) { return gen_param_check_sampling(p, NULL); }
 
 ferry_status sampler_init(sampler *s, const sampling_params *p, int vocab, uint64_t stream)
 {
