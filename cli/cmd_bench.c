@@ -233,10 +233,7 @@ typedef struct {
 /* A uniform token id for sequence s at decode step `step` (--decode-input random). */
 static uint64_t mix_token(int step, int s)
 {
-    uint64_t z = ((uint64_t)(uint32_t)(step + 1) << 32 | (uint32_t)s) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return util_mix64(((uint64_t)(uint32_t)(step + 1) << 32 | (uint32_t)s) * UTIL_SPLITMIX64_GAMMA);
 }
 
 static ferry_status time_steps(engine *e, const ferry_config *cfg, bench_run *r)

@@ -267,19 +267,19 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
     memset(&a, 0, sizeof a);
     bool started = false;
     ferry_status st = render(tm, history, &prompt, &ids, &n);
-    int64_t room = lim->max_ctx - (int64_t)n;
-    if (lim->kv_positions > 0 && lim->kv_positions - n < room) room = lim->kv_positions - n;
-    int max_new = config_given(cfg, SETTING_max_new_tokens) ? (int)cfg->max_new_tokens : (int)(room > 0 ? room : 0);
+    gen_params gp;
+    gen_params_from_config(&gp, cfg);
+    int64_t room = request_context(lim) - n;
+    if (!gp.given[GEN_max_new_tokens]) gp.max_new_tokens = (int)(room > 0 ? room : 0);
+    int max_new = gp.max_new_tokens;
     if (st == FERRY_OK && (max_new < 1 || n + (int64_t)max_new > lim->max_ctx)) {
         st = ferry_fail(FERRY_ERR_INVALID, "the conversation is %d tokens and the answer may take %d: more than the "
                         "context of %d (/clear starts over)", n, max_new, lim->max_ctx);
     }
     if (st == FERRY_OK) {
-        gen_request g = {.prompt = ids, .prompt_len = n, .max_new_tokens = max_new,
-                         .sampling = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed},
-                         .stream = (uint64_t)turn_no};
-        text_given given = {config_given(cfg, SETTING_temperature), config_given(cfg, SETTING_top_p), config_given(cfg, SETTING_top_k)};
-        st = text_request_defaults(tm, &given, false, &g.sampling, g.stop_ids, &g.n_stop);
+        gen_request g = {.prompt = ids, .prompt_len = n, .stream = (uint64_t)turn_no};
+        st = text_request_defaults(tm, &gp, false);
+        request_set_params(&g, &gp);
         started = true;
         if (st == FERRY_OK) st = run_answer(s, tm, &g, cfg->json, &text, &a);
     }
@@ -302,8 +302,9 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
 
 int cmd_chat(const ferry_config *cfg)
 {
-    sampling_params sp = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed};
-    if (sampling_params_check(&sp) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
+    gen_params gp;
+    gen_params_from_config(&gp, cfg);
+    if (sampling_params_check(&gp.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     engine_opts eo;
     int rc = cli_engine_opts(cfg, &eo);
     if (rc) return rc;

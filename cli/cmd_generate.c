@@ -85,7 +85,6 @@ static ferry_status prompts_parse(const char *text, prompt_set *p)
  * defaults where the flags left them, and its end-of-sequence ids. */
 static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, prompt_set *ps, gen_request *proto)
 {
-    text_given given = {config_given(cfg, SETTING_temperature), config_given(cfg, SETTING_top_p), config_given(cfg, SETTING_top_k)};
     memset(ps, 0, sizeof *ps);
     ps->ids = calloc(1, sizeof *ps->ids);
     ps->lens = calloc(1, sizeof *ps->lens);
@@ -93,7 +92,11 @@ static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, p
     ps->n = 1;
     FERRY_TRY(text_encode(tm, cfg->prompt, strlen(cfg->prompt), true, &ps->ids[0], &ps->lens[0]));
     if (ps->lens[0] == 0) return ferry_fail(FERRY_ERR_INVALID, "--prompt encodes to no tokens");
-    return text_request_defaults(tm, &given, false, &proto->sampling, proto->stop_ids, &proto->n_stop);
+    gen_params gp;
+    gen_params_from_config(&gp, cfg);
+    FERRY_TRY(text_request_defaults(tm, &gp, false));
+    request_set_params(proto, &gp);
+    return FERRY_OK;
 }
 
 /* Every prompt against the model's config with request_check, before any
@@ -112,7 +115,7 @@ static ferry_status engine_check_requests(const engine_opts *eo, const prompt_se
         r.prompt_len = ps->lens[i];
         if (text) snprintf(what, sizeof what, "--prompt");
         else snprintf(what, sizeof what, "--prompt-ids: prompt %d", i);
-        FERRY_TRY(request_check(&r, &lim, what));
+        FERRY_TRY(request_check(&r, &lim, what, NULL));
     }
     return FERRY_OK;
 }
@@ -253,9 +256,10 @@ static void print_outputs(strbuf *sb, const ferry_config *cfg, const gen_out *ou
 int cmd_generate(const ferry_config *cfg)
 {
     if (!cfg->prompt_ids == !cfg->prompt) return cli_error(EXIT_USAGE, "give the prompt as --prompt-ids or as --prompt (one of them)");
-    gen_request proto = {.max_new_tokens = (int)cfg->max_new_tokens,
-                         .sampling = {(float)cfg->temperature, (int)cfg->top_k, (float)cfg->top_p, cfg->seed},
-                         .want_logits = cfg->dump_logits != NULL};
+    gen_request proto = {.want_logits = cfg->dump_logits != NULL};
+    gen_params gp;
+    gen_params_from_config(&gp, cfg);
+    request_set_params(&proto, &gp);
     if (sampling_params_check(&proto.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     /* the text files: needed for --prompt, and for --json's "text" when there */
     text_model *tm = NULL;

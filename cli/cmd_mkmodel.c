@@ -98,13 +98,6 @@ static const struct {
 
 /* ---- random values ------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 typedef struct {
     uint64_t state;
     float lo, hi;
@@ -112,8 +105,7 @@ typedef struct {
 
 static float gen_next(value_gen *g)
 {
-    g->state += 0x9e3779b97f4a7c15ull;
-    double u = (double)(mix64(g->state) >> 11) * 0x1.0p-53;
+    double u = (double)(util_splitmix64(&g->state) >> 11) * 0x1.0p-53;
     return g->lo + (float)u * (g->hi - g->lo);
 }
 
@@ -125,7 +117,7 @@ static bool ends_with(const char *s, const char *suffix)
 
 static void gen_for(const tensor_entry *s, uint64_t seed, int index, value_gen *g)
 {
-    g->state = mix64(seed * 0x100000001b3ull + (uint64_t)index + 1);
+    g->state = util_mix64(seed * 0x100000001b3ull + (uint64_t)index + 1);
     if (s->unit == UNIT_LAYER && ends_with(s->name, ".gate.weight")) {
         /* a router: logits of standard deviation ~2, so that each token's
          * top k stand apart from the rest and tokens differ in them */

@@ -41,7 +41,7 @@ typedef enum {
 /* Precedence order: a source overrides every source before it. */
 typedef enum { SOURCE_DEFAULT, SOURCE_FILE, SOURCE_ENV, SOURCE_FLAG } setting_source;
 
-typedef struct {
+typedef struct ferry_config {
 #define FERRY_SETTING(name, type, def, valid, where, doc) setting_##type name;
 #include "settings.def"
 #undef FERRY_SETTING

@@ -6,7 +6,10 @@
  * scheduler; the engine's limits (engine_limits) are all a front end needs
  * to know of the model to validate and describe it. request_check is the
  * one validator: token ids in the vocabulary, prompt + new tokens within
- * the context and the server's per-request caps, generation and sampling parameters in range. This header is
+ * the context and the server's per-request caps, generation and sampling
+ * parameters in range (gen_params.h's checks, the ones every protocol's
+ * reader runs). Besides its message it says which part of the request is
+ * wrong, for protocols that name it apart (OpenAI's "param"). This header is
  * what a transport-neutral protocol layer (server/kserve) includes: no
  * scheduler, engine or backend internals.
  */
@@ -17,9 +20,8 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "gen_params.h"
 #include "sampling.h"
-
-#define REQUEST_MAX_STOP 16
 
 /* One sequence to generate. */
 typedef struct {
@@ -56,8 +58,23 @@ typedef struct {
     double total_s;          /* submit -> done */
 } gen_result;
 
+/* What request_check refused: a generation parameter (a gen_param:
+ * max_new_tokens, stop_token_ids, temperature, top_k, top_p), the prompt
+ * (empty, an id outside the vocabulary, past the server's --max-prompt-tokens)
+ * or the two together past the context (request_context). */
+typedef int request_field;
+enum { REQUEST_FIELD_PROMPT = GEN_PARAM_COUNT, REQUEST_FIELD_CONTEXT };
+
 /* FERRY_ERR_INVALID with a message naming the problem, `what` naming the
- * prompt in it (e.g. "input_ids", "input_ids[2]", "prompt 1"). */
-ferry_status request_check(const gen_request *r, const engine_limits *lim, const char *what);
+ * prompt in it (e.g. "input_ids", "input_ids[2]", "prompt 1"); *bad (may be
+ * NULL) says which part is wrong. */
+ferry_status request_check(const gen_request *r, const engine_limits *lim, const char *what, request_field *bad);
+
+/* The most positions one sequence may take, prompt and new tokens: the
+ * context, or the whole KV pool where that is smaller. */
+int64_t request_context(const engine_limits *lim);
+
+/* The parameters of p in g (its prompt, stream and want_logits are left). */
+void request_set_params(gen_request *g, const gen_params *p);
 
 #endif

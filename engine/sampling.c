@@ -7,13 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#include "base/util.h"
+#include "gen_params.h"
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -32,15 +27,7 @@ static uint64_t next_u64(uint64_t *s)
 /* Uniform in [0, 1) with 53 random bits. */
 static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
 
-ferry_status sampling_params_check(const sampling_params *p)
-{
-    if (!(p->temperature >= 0) || !isfinite(p->temperature))
-        return ferry_fail(FERRY_ERR_INVALID, "temperature must be >= 0 (got %g)", (double)p->temperature);
-    if (p->top_k < 0) return ferry_fail(FERRY_ERR_INVALID, "top_k must be >= 0 (got %d)", p->top_k);
-    if (!(p->top_p > 0 && p->top_p <= 1))
-        return ferry_fail(FERRY_ERR_INVALID, "top_p must be in (0, 1] (got %g)", (double)p->top_p);
-    return FERRY_OK;
-}
+ferry_status sampling_params_check(const sampling_params *p) { return gen_param_check_sampling(p, NULL); }
 
 ferry_status sampler_init(sampler *s, const sampling_params *p, int vocab, uint64_t stream)
 {
@@ -49,7 +36,7 @@ ferry_status sampler_init(sampler *s, const sampling_params *p, int vocab, uint6
     s->p = *p;
     s->vocab = vocab;
     uint64_t x = p->seed ^ (stream * 0xd1342543de82ef95ull);
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) s->rng[i] = util_splitmix64(&x);
     if (p->temperature > 0) {
         s->idx = malloc((size_t)vocab * sizeof *s->idx);
         s->prob = malloc((size_t)vocab * sizeof *s->prob);

@@ -29,8 +29,8 @@ typedef struct {
     float *prob;     /* [vocab] */
 } sampler;
 
-/* Checks ranges (temperature >= 0, top_k >= 0, 0 < top_p <= 1) and names
- * the offending parameter. */
+/* Checks ranges (gen_params.def's: temperature in 0..1e30, top_k >= 0,
+ * 0 < top_p <= 1) and names the offending parameter. */
 ferry_status sampling_params_check(const sampling_params *p);
 
 ferry_status sampler_init(sampler *s, const sampling_params *p, int vocab, uint64_t stream);

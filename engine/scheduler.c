@@ -556,7 +556,7 @@ void sched_free(sched *s)
 
 ferry_status sched_submit(sched *s, const gen_request *p, const sched_callbacks *cb, void *user, uint64_t *id)
 {
-    FERRY_TRY(request_check(p, &s->lim, "input_ids"));
+    FERRY_TRY(request_check(p, &s->lim, "input_ids", NULL));
     req *r = calloc(1, sizeof *r);
     if (!r || !(r->prompt = malloc((size_t)p->prompt_len * sizeof *r->prompt))) {
         free(r);

@@ -663,7 +663,7 @@ static uint64_t answer_bytes(const request *rq, int vocab)
         return oai_request_bytes(rq->oai) + rows * per_row + oai_answer_bytes(rq->oai, rq->srv->name, token_bytes) +
                2 * (TEXT_MAX_STOP_BYTES + token_bytes); /* rq->delta */
     }
-    uint64_t new_tokens = (uint64_t)r->max_new_tokens;
+    uint64_t new_tokens = (uint64_t)r->gen.max_new_tokens;
     uint64_t results = kserve_held_bytes(r, vocab);
     uint64_t answer;
     if (r->text_out && rq->ep == EP_INFER) {

@@ -5,7 +5,9 @@
  * the client must change ("parameters.top_p must be a number in (0, 1]",
  * "input_ids: shape [2, 3] needs 6 values, data has 5"). Unknown fields
  * and parameters are refused rather than ignored, so that a typo
- * ("max_tokens") is an error and not a silent default.
+ * ("max_tokens") is an error and not a silent default. The generation
+ * parameters, their types and ranges are engine/gen_params.def's, read
+ * and checked by gen_params.h as gRPC and OpenAI read them.
  */
 #include "kserve.h"
 
@@ -15,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../config/config.h"
 
 #define MAX_TOKENS (1 << 28) /* B x T bound: keeps size arithmetic far from overflow */
 
@@ -34,7 +35,7 @@ size_t kserve_request_bytes(const kserve_request *r)
 
 uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
 {
-    uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->max_new_tokens;
+    uint64_t rows = (uint64_t)r->n_rows, new_tokens = (uint64_t)r->gen.max_new_tokens;
     return kserve_request_bytes(r) +
            rows * (new_tokens * sizeof(int32_t) + (r->want_logits ? (uint64_t)vocab * sizeof(float) : 0) +
                    sizeof(kserve_row));
@@ -45,10 +46,7 @@ uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
 void kserve_request_defaults(kserve_request *r)
 {
     memset(r, 0, sizeof *r);
-    ferry_config d;
-    config_defaults(&d);
-    r->max_new_tokens = (int)d.max_new_tokens;
-    r->sampling = (sampling_params){(float)d.temperature, (int)d.top_k, (float)d.top_p, d.seed};
+    gen_params_defaults(&r->gen);
 }
 
 void kserve_request_free(kserve_request *r)
@@ -78,7 +76,9 @@ static ferry_status alloc_rows(kserve_request *r, int n, size_t total)
 
 static bool is_int(const json_value *v) { return v->type == JSON_NUMBER && v->is_int; }
 
-/* text: the prompt is text_input, so stop strings are allowed */
+/* The request's "parameters": gen_params.def's by their names (stop only
+ * with text: the prompt as text_input, or infer's text_output asked for),
+ * and infer's binary_data_output. */
 static ferry_status parse_params(const json_value *params, bool infer, bool text, kserve_request *r,
                                  bool *binary_output)
 {
@@ -88,61 +88,26 @@ static ferry_status parse_params(const json_value *params, bool infer, bool text
         const char *k = params->members[i].key;
         const json_value *v = &params->members[i].value;
         if (v->type == JSON_NULL) continue; /* null: the default */
-        if (!strcmp(k, "max_new_tokens")) {
-            if (!is_int(v) || v->integer < 1 || v->integer > MAX_TOKENS)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.max_new_tokens must be an integer in 1..%d", MAX_TOKENS);
-            r->max_new_tokens = (int)v->integer;
-        } else if (!strcmp(k, "temperature")) {
-            if (v->type != JSON_NUMBER || !(v->number >= 0) || !isfinite(v->number) || v->number > 1e30)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.temperature must be a number >= 0");
-            r->sampling.temperature = (float)v->number;
-            r->given.temperature = true;
-        } else if (!strcmp(k, "top_k")) {
-            if (!is_int(v) || v->integer < 0)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.top_k must be an integer >= 0");
-            r->sampling.top_k = v->integer > INT32_MAX ? INT32_MAX : (int)v->integer; /* >= vocabulary: all */
-            r->given.top_k = true;
-        } else if (!strcmp(k, "top_p")) {
-            if (v->type != JSON_NUMBER || !(v->number > 0 && v->number <= 1))
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.top_p must be a number in (0, 1]");
-            r->sampling.top_p = (float)v->number;
-            r->given.top_p = true;
-            if (!(r->sampling.top_p > 0)) r->sampling.top_p = 1e-30f; /* a denormal double: keep it positive */
-        } else if (!strcmp(k, "seed")) {
-            if (!is_int(v) || v->integer < 0)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.seed must be an integer >= 0");
-            r->sampling.seed = (uint64_t)v->integer;
-        } else if (!strcmp(k, "stop_token_ids")) {
-            if (v->type != JSON_ARRAY)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids must be an array of token ids");
-            if (v->len > REQUEST_MAX_STOP)
-                return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: at most %d ids (got %zu)",
-                                  REQUEST_MAX_STOP, v->len);
-            for (size_t j = 0; j < v->len; j++) {
-                const json_value *t = &v->items[j];
-                if (!is_int(t))
-                    return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids[%zu] is not an integer", j);
-                if (t->integer < 0 || t->integer > INT32_MAX)
-                    return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids[%zu] = %lld is outside every vocabulary", j,
-                                      (long long)t->integer);
-                r->stop_ids[j] = (int32_t)t->integer;
-            }
-            r->n_stop = (int)v->len;
-        } else if (!strcmp(k, "stop")) {
+        gen_param id = gen_param_find(k);
+        char name[48]; /* a known parameter's: short */
+        snprintf(name, sizeof name, "parameters.%.32s", k);
+        if (id == GEN_stop) {
             if (!text)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.stop (stop strings) needs text: the prompt as text_input%s; "
                                   "token ids stop with parameters.stop_token_ids", infer ? " or text_output asked for" : "");
             text_stops_free(&r->stops);
-            FERRY_TRY(text_stops_parse(v, "parameters.stop", &r->stops));
+            FERRY_TRY(text_stops_parse(v, name, &r->stops));
+        } else if (id != GEN_PARAM_COUNT) {
+            FERRY_TRY(gen_param_set_json(&r->gen, id, name, v));
         } else if (infer && !strcmp(k, "binary_data_output")) {
             if (v->type != JSON_BOOL)
                 return ferry_fail(FERRY_ERR_INVALID, "parameters.binary_data_output must be true or false");
             *binary_output = v->boolean;
         } else {
-            return ferry_fail(FERRY_ERR_INVALID,
-                              "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
-                              "stop_token_ids%s%s)",
-                              k, infer ? ", binary_data_output" : "", text ? ", stop" : "");
+            char known[160];
+            return ferry_fail(FERRY_ERR_INVALID, "unknown parameter '%s' (known: %s%s)", k,
+                              gen_param_names(known, sizeof known, text ? 0 : 1u << GEN_stop),
+                              infer ? ", binary_data_output" : "");
         }
     }
     return FERRY_OK;
@@ -536,7 +501,7 @@ static ferry_status check_rows(const kserve_request *r, const engine_limits *lim
         else if (r->n_rows == 1 && !r->nested) snprintf(what, sizeof what, "input_ids");
         else snprintf(what, sizeof what, "input_ids[%d]", i);
         gen_request g = kserve_row_request(r, i);
-        FERRY_TRY(request_check(&g, lim, what));
+        FERRY_TRY(request_check(&g, lim, what, NULL));
     }
     return FERRY_OK;
 }
@@ -701,7 +666,7 @@ ferry_status kserve_encode_text(kserve_request *r, const text_model *tm, const e
         free(n);
         FERRY_TRY(st);
     }
-    FERRY_TRY(text_request_defaults(tm, &r->given, false, &r->sampling, r->stop_ids, &r->n_stop));
+    FERRY_TRY(text_request_defaults(tm, &r->gen, false));
     return check_rows(r, lim);
 }
 
@@ -727,11 +692,8 @@ gen_request kserve_row_request(const kserve_request *r, int row)
     memset(&g, 0, sizeof g);
     g.prompt = r->ids + r->row_off[row];
     g.prompt_len = r->row_len[row];
-    g.max_new_tokens = r->max_new_tokens;
-    g.sampling = r->sampling;
+    request_set_params(&g, &r->gen);
     g.stream = (uint64_t)row; /* row i draws from stream i, as prompt i of `ferry generate` */
-    memcpy(g.stop_ids, r->stop_ids, sizeof g.stop_ids);
-    g.n_stop = r->n_stop;
     g.want_logits = r->want_logits;
     return g;
 }

@@ -52,11 +52,7 @@ typedef struct {
     int32_t *ids;
     int *row_off, *row_len;
     bool nested;             /* generate: input_ids was a list of lists (answer likewise) */
-    /* generation parameters, shared by every row */
-    int max_new_tokens;      /* default 16 */
-    sampling_params sampling;
-    int32_t stop_ids[REQUEST_MAX_STOP];
-    int n_stop;
+    gen_params gen;          /* generation parameters, shared by every row (defaults: settings.def's) */
     /* infer outputs, in the order to report them */
     int n_outputs;
     int outputs[3];          /* KSERVE_OUT_* */
@@ -72,7 +68,6 @@ typedef struct {
     size_t *text_off;        /* [n_texts + 1] */
     bool text_out;           /* the answer is text: text_input was given, or infer asked for text_output */
     text_stops stops;        /* parameters.stop */
-    text_given given;        /* sampling parameters the request set (the rest default from generation_config.json) */
 } kserve_request;
 
 enum { KSERVE_OUT_IDS, KSERVE_OUT_LOGITS, KSERVE_OUT_TEXT };

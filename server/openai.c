@@ -3,9 +3,11 @@
  *
  * Parsing goes in the order a client's mistakes are best reported: the
  * body, the model name (404), every known field's type and range (400
- * naming the field), then the prompt - encoded, or rendered by the chat
- * template and encoded - and last the lengths against the context
- * (context_length_exceeded) and each row against request_check.
+ * naming the field; the generation parameters by engine/gen_params.def,
+ * whose checks KServe's readers share), then the prompt - encoded, or
+ * rendered by the chat template and encoded - and last each row against
+ * request_check, its refusal named as OpenAI does (past the context:
+ * context_length_exceeded).
  */
 #include "openai.h"
 
@@ -18,8 +20,6 @@
 
 #include "../engine/base/util.h"
 
-#define MAX_TOKENS_LIMIT (1 << 24)
-
 struct oai_request {
     oai_kind kind;
     char id[48];                 /* "cmpl-..." / "chatcmpl-..." */
@@ -29,29 +29,20 @@ struct oai_request {
     int *off, *len;              /* [n_prompts] */
     char **echo;                 /* [n_prompts] the prompt's text when echo is asked for, else NULL */
     size_t *echo_len;
-    int max_new;
-    sampling_params sampling;
-    int32_t stop_ids[REQUEST_MAX_STOP];
-    int n_stop;
+    gen_params gen;
+    const char *named[GEN_PARAM_COUNT]; /* the name each parameter came under (chat: max_completion_tokens or max_tokens) */
     text_stops stops;
     bool stream, include_usage;
 };
 
 /* ---- identifiers and seeds -------------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Distinct for every call in this process, and across processes and restarts. */
 static uint64_t fresh_u64(void)
 {
     static uint64_t counter;
     uint64_t c = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    return mix64((uint64_t)(util_wall_now() * 1e9) ^ mix64(c) ^ ((uint64_t)getpid() << 40));
+    return util_mix64((uint64_t)(util_wall_now() * 1e9) ^ util_mix64(c) ^ ((uint64_t)getpid() << 40));
 }
 
 /* ---- field checks ------------------------------------------------------------------------- */
@@ -79,11 +70,9 @@ static const json_value *field(const json_value *root, const char *key)
     return v && v->type != JSON_NULL ? v : NULL;
 }
 
-static ferry_status get_int(const json_value *root, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                            bool *given, oai_error *e)
+static ferry_status get_int(const json_value *root, const char *key, int64_t lo, int64_t hi, int64_t *out, oai_error *e)
 {
     const json_value *v = field(root, key);
-    if (given) *given = v != NULL;
     if (!v) return FERRY_OK;
     if (v->type != JSON_NUMBER || !v->is_int || v->integer < lo || v->integer > hi)
         return fail(e, 400, key, NULL, FERRY_ERR_INVALID, "%s must be an integer in %lld..%lld", key, (long long)lo,
@@ -92,10 +81,9 @@ static ferry_status get_int(const json_value *root, const char *key, int64_t lo,
     return FERRY_OK;
 }
 
-static ferry_status get_num(const json_value *root, const char *key, double *out, bool *given, oai_error *e)
+static ferry_status get_num(const json_value *root, const char *key, double *out, oai_error *e)
 {
     const json_value *v = field(root, key);
-    if (given) *given = v != NULL;
     if (!v) return FERRY_OK;
     if (v->type != JSON_NUMBER || !isfinite(v->number))
         return fail(e, 400, key, NULL, FERRY_ERR_INVALID, "%s must be a number", key);
@@ -137,11 +125,11 @@ static ferry_status check_unsupported(oai_kind kind, const json_value *root, int
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
     for (int i = 0; i < 2; i++) {
         double d = 0;
-        FERRY_TRY(get_num(root, penalties[i], &d, NULL, e));
+        FERRY_TRY(get_num(root, penalties[i], &d, e));
         if (d != 0) return unsupported(e, penalties[i], penalties[i]);
     }
     double rp = 1;
-    FERRY_TRY(get_num(root, "repetition_penalty", &rp, NULL, e));
+    FERRY_TRY(get_num(root, "repetition_penalty", &rp, e));
     if (rp != 1) return unsupported(e, "repetition_penalty", "repetition_penalty");
     if ((v = field(root, "logit_bias"))) {
         if (v->type != JSON_OBJECT)
@@ -149,7 +137,7 @@ static ferry_status check_unsupported(oai_kind kind, const json_value *root, int
         if (v->len) return unsupported(e, "logit_bias", "logit_bias");
     }
     int64_t best_of = n;
-    FERRY_TRY(get_int(root, "best_of", 1, OAI_MAX_N, &best_of, NULL, e));
+    FERRY_TRY(get_int(root, "best_of", 1, OAI_MAX_N, &best_of, e));
     if (best_of != n) return unsupported(e, "best_of", "best_of other than n");
     if ((v = field(root, "suffix"))) {
         if (v->type != JSON_STRING) return fail(e, 400, "suffix", NULL, FERRY_ERR_INVALID, "suffix must be a string");
@@ -359,8 +347,53 @@ static ferry_status parse_messages(const json_value *root, const oai_ctx *ctx, o
 
 /* ---- the request ------------------------------------------------------------------------------ */
 
+/* One of gen_params.def's parameters as OpenAI writes it, and vLLM, whose
+ * conventions the clients of an open model follow: top_k -1 is all, and a
+ * seed is any int64 (a negative one its two's complement bits). */
+static ferry_status oai_param(oai_request *r, gen_param id, const char *name, const json_value *v, oai_error *e)
+{
+    if (!v) return FERRY_OK;
+    bool is_int = v->type == JSON_NUMBER && v->is_int;
+    ferry_status st;
+    if (id == GEN_stop) {
+        text_stops_free(&r->stops);
+        st = text_stops_parse(v, name, &r->stops);
+    } else if (id == GEN_seed) {
+        if (!is_int)
+            return fail(e, 400, name, NULL, FERRY_ERR_INVALID, "%s must be an integer in %lld..%lld", name,
+                        (long long)INT64_MIN, (long long)INT64_MAX);
+        st = gen_param_set_u64(&r->gen, id, name, (uint64_t)v->integer);
+    } else if (id == GEN_top_k && is_int && v->integer == -1) {
+        st = gen_param_set_int(&r->gen, id, name, 0);
+    } else {
+        st = gen_param_set_json(&r->gen, id, name, v);
+        if (st != FERRY_OK && id == GEN_top_k) return fail(e, 400, name, NULL, st, "%s, or -1 (all)", ferry_errmsg());
+    }
+    if (st != FERRY_OK) return fail(e, 400, name, NULL, st, "%s", ferry_errmsg());
+    r->named[id] = name;
+    return FERRY_OK;
+}
+
+/* The generation parameters by their OpenAI names, over the settings'
+ * defaults where OpenAI's API has none of its own (temperature 1; a seed
+ * of its own for every request that names none). */
+static ferry_status parse_gen_params(oai_kind kind, const json_value *root, oai_request *r, oai_error *e)
+{
+    gen_params_defaults(&r->gen);
+    r->gen.sampling.temperature = 1.0f;
+    for (int id = 0; id < GEN_PARAM_COUNT; id++) {
+        const gen_param_def *d = &gen_param_defs[id];
+        /* chat: max_completion_tokens replaces max_tokens (deprecated), which is
+         * checked even then: a wrong type is a 400 */
+        FERRY_TRY(oai_param(r, (gen_param)id, d->openai, field(root, d->openai), e));
+        if (kind == OAI_CHAT && d->chat) FERRY_TRY(oai_param(r, (gen_param)id, d->chat, field(root, d->chat), e));
+    }
+    if (!r->gen.given[GEN_seed]) r->gen.sampling.seed = fresh_u64();
+    return FERRY_OK;
+}
+
 static ferry_status parse_fields(oai_kind kind, const json_value *root, const oai_ctx *ctx, oai_request *r,
-                                 oai_error *e, bool *max_given)
+                                 oai_error *e)
 {
     const json_value *model = json_get(root, "model");
     if (model && model->type != JSON_NULL) {
@@ -369,35 +402,11 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
             return fail(e, 404, "model", "model_not_found", FERRY_ERR_NOT_FOUND,
                         "The model '%.200s' does not exist (this server serves '%s')", model->str, ctx->model);
     }
-    int64_t n = 1, max_new = 0, top_k = 0, seed = 0;
-    FERRY_TRY(get_int(root, "n", 1, OAI_MAX_N, &n, NULL, e));
+    int64_t n = 1;
+    FERRY_TRY(get_int(root, "n", 1, OAI_MAX_N, &n, e));
     r->n = (int)n;
     FERRY_TRY(check_unsupported(kind, root, r->n, e));
-    if (kind == OAI_CHAT) { /* max_completion_tokens replaces max_tokens (deprecated) */
-        int64_t legacy = 0;
-        bool legacy_given = false; /* checked even when max_completion_tokens wins: a wrong type is a 400 */
-        FERRY_TRY(get_int(root, "max_tokens", 1, MAX_TOKENS_LIMIT, &legacy, &legacy_given, e));
-        FERRY_TRY(get_int(root, "max_completion_tokens", 1, MAX_TOKENS_LIMIT, &max_new, max_given, e));
-        if (!*max_given && legacy_given) max_new = legacy, *max_given = true;
-    } else {
-        FERRY_TRY(get_int(root, "max_tokens", 1, MAX_TOKENS_LIMIT, &max_new, max_given, e));
-    }
-    r->max_new = *max_given ? (int)max_new : 16;
-    text_given g = {false, false, false};
-    double t = 1, p = 1;
-    r->sampling = (sampling_params){1.0f, 0, 1.0f, 0};
-    FERRY_TRY(get_num(root, "temperature", &t, &g.temperature, e));
-    if (!(t >= 0 && t <= 1e30)) return fail(e, 400, "temperature", NULL, FERRY_ERR_INVALID, "temperature must be >= 0");
-    FERRY_TRY(get_num(root, "top_p", &p, &g.top_p, e));
-    if (!(p > 0 && p <= 1)) return fail(e, 400, "top_p", NULL, FERRY_ERR_INVALID, "top_p must be in (0, 1]");
-    FERRY_TRY(get_int(root, "top_k", -1, INT32_MAX, &top_k, &g.top_k, e));
-    bool seeded = false;
-    FERRY_TRY(get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, &seeded, e));
-    r->sampling.temperature = (float)t;
-    r->sampling.top_p = (float)p;
-    if (!(r->sampling.top_p > 0)) r->sampling.top_p = 1e-30f; /* a denormal double stays positive */
-    r->sampling.top_k = top_k < 0 ? 0 : (int)top_k;
-    r->sampling.seed = seeded ? (uint64_t)seed : fresh_u64();
+    FERRY_TRY(parse_gen_params(kind, root, r, e));
     FERRY_TRY(get_bool(root, "stream", &r->stream, e));
     const json_value *so = field(root, "stream_options");
     if (so && !r->stream) /* as vLLM */
@@ -411,25 +420,9 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
                         "stream_options.include_usage must be true or false");
         r->include_usage = iu && iu->boolean;
     }
-    if (text_stops_parse(field(root, "stop"), "stop", &r->stops) != FERRY_OK)
-        return fail(e, 400, "stop", NULL, FERRY_ERR_INVALID, "%s", ferry_errmsg());
-    const json_value *sti = field(root, "stop_token_ids");
-    if (sti) {
-        if (sti->type != JSON_ARRAY || sti->len > REQUEST_MAX_STOP)
-            return fail(e, 400, "stop_token_ids", NULL, FERRY_ERR_INVALID,
-                        "stop_token_ids must be a list of at most %d token ids", REQUEST_MAX_STOP);
-        for (size_t i = 0; i < sti->len; i++) {
-            const json_value *v = &sti->items[i];
-            if (v->type != JSON_NUMBER || !v->is_int || v->integer < 0 || v->integer >= ctx->lim->vocab)
-                return fail(e, 400, "stop_token_ids", NULL, FERRY_ERR_INVALID,
-                            "stop_token_ids[%zu] is not a token id of the model (0..%d)", i, ctx->lim->vocab - 1);
-            r->stop_ids[r->n_stop++] = (int32_t)v->integer;
-        }
-    }
     bool ignore_eos = false;
     FERRY_TRY(get_bool(root, "ignore_eos", &ignore_eos, e));
-    if (!text_error(ctx->tm) &&
-        text_request_defaults(ctx->tm, &g, ignore_eos, &r->sampling, r->stop_ids, &r->n_stop) != FERRY_OK)
+    if (!text_error(ctx->tm) && text_request_defaults(ctx->tm, &r->gen, ignore_eos) != FERRY_OK)
         return fail(e, 400, "stop_token_ids", NULL, FERRY_ERR_INVALID, "%s", ferry_errmsg());
     const json_value *tools = field(root, "tools");
     if (tools && tools->type != JSON_ARRAY)
@@ -440,40 +433,42 @@ static ferry_status parse_fields(oai_kind kind, const json_value *root, const oa
     return FERRY_OK;
 }
 
-/* The prompts and the new tokens against the context: OpenAI's
- * context_length_exceeded, before request_check's other limits. */
-static ferry_status check_lengths(oai_request *r, const engine_limits *lim, bool max_given, oai_error *e)
+/* Every row against request_check, a refusal named as OpenAI names it:
+ * past the context, context_length_exceeded in OpenAI's words; otherwise
+ * the field at fault. */
+static ferry_status check_rows(oai_request *r, const engine_limits *lim, oai_error *e)
 {
     const char *param = r->kind == OAI_CHAT ? "messages" : "prompt";
-    int64_t cap = lim->max_ctx;
-    if (lim->kv_positions > 0 && lim->kv_positions < cap) cap = lim->kv_positions;
-    for (int p = 0; p < r->n_prompts; p++) {
-        int64_t len = r->len[p];
-        if (!max_given && r->kind == OAI_CHAT) { /* one prompt: what the context leaves, within the server's cap */
-            int64_t room = cap - len > 0 ? cap - len : 0;
-            r->max_new = (int)(lim->max_new > 0 && room > lim->max_new ? lim->max_new : room);
-        }
-        if (len == 0) return fail(e, 400, param, NULL, FERRY_ERR_INVALID, "%s encodes to no tokens", param);
-        if (len + r->max_new > cap || r->max_new < 1)
-            return fail(e, 400, param, "context_length_exceeded", FERRY_ERR_INVALID,
-                        "This model's maximum context length is %lld tokens. However, you requested %lld tokens "
-                        "(%lld in the %s, %d for the completion). Please reduce the length of the %s or the "
-                        "completion.",
-                        (long long)cap, (long long)(len + r->max_new), (long long)len, param, r->max_new, param);
+    int64_t cap = request_context(lim);
+    for (int p = 0; p < r->n_prompts; p++)
+        if (r->len[p] == 0) return fail(e, 400, param, NULL, FERRY_ERR_INVALID, "%s encodes to no tokens", param);
+    if (r->kind == OAI_CHAT && !r->gen.given[GEN_max_new_tokens]) {
+        /* one prompt: what the context leaves, within the server's cap; with
+         * nothing left, one token, which request_check refuses as the context's */
+        int64_t room = cap - r->len[0];
+        if (lim->max_new > 0 && room > lim->max_new) room = lim->max_new;
+        r->gen.max_new_tokens = (int)(room > 1 ? room : 1);
     }
     char what[32];
     for (int i = 0; i < oai_rows(r); i++) {
         gen_request g = oai_row_request(r, i);
         if (r->n_prompts > 1) snprintf(what, sizeof what, "%s[%d]", param, i / r->n);
         else snprintf(what, sizeof what, "%s", param);
-        if (request_check(&g, lim, what) != FERRY_OK) {
-            char msg[FERRY_MSG_MAX];
-            snprintf(msg, sizeof msg, "%s", ferry_errmsg());
-            const char *field_at = strstr(msg, "stop_token_ids") ? "stop_token_ids"
-                                   : strstr(msg, "max_new_tokens") ? "max_tokens"
-                                                                   : param;
-            return fail(e, 400, field_at, NULL, FERRY_ERR_INVALID, "%s", msg);
-        }
+        request_field bad;
+        if (request_check(&g, lim, what, &bad) == FERRY_OK) continue;
+        if (bad == REQUEST_FIELD_CONTEXT)
+            return fail(e, 400, param, "context_length_exceeded", FERRY_ERR_INVALID,
+                        "This model's maximum context length is %lld tokens. However, you requested %lld tokens "
+                        "(%d in the %s, %d for the completion). Please reduce the length of the %s or the "
+                        "completion.",
+                        (long long)cap, (long long)g.prompt_len + g.max_new_tokens, g.prompt_len, param,
+                        g.max_new_tokens, param);
+        const char *field_at = bad == REQUEST_FIELD_PROMPT ? param
+                               : r->named[bad]             ? r->named[bad]
+                                                           : gen_param_defs[bad].openai;
+        char msg[FERRY_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", ferry_errmsg());
+        return fail(e, 400, field_at, NULL, FERRY_ERR_INVALID, "%s", msg);
     }
     return FERRY_OK;
 }
@@ -498,16 +493,16 @@ ferry_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_ct
         goto fail;
     }
     const json_value *root = json_doc_root(doc);
-    bool max_given = false, echo = false;
+    bool echo = false;
     if (root->type != JSON_OBJECT) st = fail(err, 400, NULL, NULL, FERRY_ERR_INVALID, "the request must be a JSON object");
-    if (st == FERRY_OK) st = parse_fields(kind, root, ctx, r, err, &max_given);
+    if (st == FERRY_OK) st = parse_fields(kind, root, ctx, r, err);
     if (st == FERRY_OK && kind == OAI_COMPLETIONS) st = get_bool(root, "echo", &echo, err);
     if (st == FERRY_OK)
         st = kind == OAI_CHAT ? parse_messages(root, ctx, r, err) : parse_prompt(root, ctx, echo, r, err);
     if (st == FERRY_OK && (int64_t)r->n_prompts * r->n > OAI_MAX_ROWS)
         st = fail(err, 400, "n", NULL, FERRY_ERR_INVALID, "%d prompts x n %d choices: more than %d in one request",
                   r->n_prompts, r->n, OAI_MAX_ROWS);
-    if (st == FERRY_OK) st = check_lengths(r, ctx->lim, max_given, err);
+    if (st == FERRY_OK) st = check_rows(r, ctx->lim, err);
     if (st == FERRY_ERR_NOMEM) err->status = 503;
     json_doc_free(doc);
     if (st != FERRY_OK) goto fail;
@@ -552,11 +547,8 @@ gen_request oai_row_request(const oai_request *r, int row)
     int p = row / r->n;
     g.prompt = r->ids + r->off[p];
     g.prompt_len = r->len[p];
-    g.max_new_tokens = r->max_new;
-    g.sampling = r->sampling;
+    request_set_params(&g, &r->gen);
     g.stream = (uint64_t)row; /* the n choices of a prompt draw from different streams of the one seed */
-    memcpy(g.stop_ids, r->stop_ids, sizeof g.stop_ids);
-    g.n_stop = r->n_stop;
     return g;
 }
 
@@ -564,7 +556,7 @@ gen_request oai_row_request(const oai_request *r, int row)
 
 uint64_t oai_answer_bytes(const oai_request *r, const char *model, size_t token_bytes)
 {
-    uint64_t rows = (uint64_t)oai_rows(r), tokens = (uint64_t)r->max_new;
+    uint64_t rows = (uint64_t)oai_rows(r), tokens = (uint64_t)r->gen.max_new_tokens;
     uint64_t chunk = CHUNK_BYTES + strlen(model) + strlen(r->id), text = 6 * (uint64_t)token_bytes; /* JSON-escaped */
     uint64_t echo = 0;
     for (int p = 0; r->echo && p < r->n_prompts; p++) echo += 6 * (uint64_t)r->echo_len[p] * (uint64_t)r->n;

@@ -439,21 +439,20 @@ ferry_status text_stops_parse(const json_value *v, const char *field, text_stops
     return st;
 }
 
-ferry_status text_request_defaults(const text_model *m, const text_given *given, bool ignore_eos,
-                                   sampling_params *p, int32_t stop_ids[REQUEST_MAX_STOP], int *n_stop)
+ferry_status text_request_defaults(const text_model *m, gen_params *p, bool ignore_eos)
 {
-    if (m->sampling.has_temperature && !given->temperature) p->temperature = m->sampling.temperature;
-    if (m->sampling.has_top_p && !given->top_p) p->top_p = m->sampling.top_p;
-    if (m->sampling.has_top_k && !given->top_k) p->top_k = m->sampling.top_k;
+    if (m->sampling.has_temperature && !p->given[GEN_temperature]) p->sampling.temperature = m->sampling.temperature;
+    if (m->sampling.has_top_p && !p->given[GEN_top_p]) p->sampling.top_p = m->sampling.top_p;
+    if (m->sampling.has_top_k && !p->given[GEN_top_k]) p->sampling.top_k = m->sampling.top_k;
     if (ignore_eos) return FERRY_OK;
     for (int i = 0; i < m->n_eos; i++) {
         bool have = false;
-        for (int k = 0; k < *n_stop; k++) have |= stop_ids[k] == m->eos[i];
+        for (int k = 0; k < p->n_stop; k++) have |= p->stop_ids[k] == m->eos[i];
         if (have) continue;
-        if (*n_stop == REQUEST_MAX_STOP)
+        if (p->n_stop == REQUEST_MAX_STOP)
             return ferry_fail(FERRY_ERR_INVALID, "the stop token ids and the model's %d end-of-sequence ids are more "
                               "than %d", m->n_eos, REQUEST_MAX_STOP);
-        stop_ids[(*n_stop)++] = m->eos[i];
+        p->stop_ids[p->n_stop++] = m->eos[i];
     }
     return FERRY_OK;
 }

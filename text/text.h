@@ -150,14 +150,10 @@ void text_stops_free(text_stops *s);
 size_t text_stops_bytes(const text_stops *s);
 
 /* What a text request did not set: sampling values from
- * generation_config.json where given (has_* false: the request set it),
- * and, unless ignore_eos, the model's end-of-sequence ids added to the
- * stop ids (FERRY_ERR_INVALID when they do not fit REQUEST_MAX_STOP). */
-typedef struct {
-    bool temperature, top_p, top_k;
-} text_given;
-ferry_status text_request_defaults(const text_model *m, const text_given *given, bool ignore_eos,
-                                   sampling_params *p, int32_t stop_ids[REQUEST_MAX_STOP], int *n_stop);
+ * generation_config.json where given (p->given false: the request did not
+ * set it), and, unless ignore_eos, the model's end-of-sequence ids added to
+ * the stop ids (FERRY_ERR_INVALID when they do not fit REQUEST_MAX_STOP). */
+ferry_status text_request_defaults(const text_model *m, gen_params *p, bool ignore_eos);
 
 /* ---- generated text ---------------------------------------------------------------- */
 

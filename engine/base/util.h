@@ -1,6 +1,6 @@
 /*
  * util.h - small helpers shared by the engine and the front ends: files,
- * paths, sizes written like "512MiB", and a monotonic clock.
+ * paths, sizes written like "512MiB", a monotonic clock, and SplitMix64.
  */
 #ifndef FERRY_UTIL_H
 #define FERRY_UTIL_H
@@ -77,5 +77,23 @@ void util_map_free(void *p, size_t n);
 /* Writes code point cp (<= U+10FFFF) as UTF-8 at dst (room for 4 bytes);
  * returns the bytes written. */
 size_t util_utf8_put(char *dst, uint32_t cp);
+
+/* SplitMix64 (Steele, Lea and Flood, 2014; Vigna's splitmix64.c): the
+ * generator that seeds the sampler's xoshiro256**, draws mkmodel's weights
+ * and mixes ids and seeds. util_mix64 is its output function, a bijection
+ * of 64 bits whose every output bit depends on every input bit;
+ * util_splitmix64 advances *state by the golden-ratio gamma and mixes it.
+ * Seeded outputs (a sampled text, a generated checkpoint) depend on these
+ * exact constants. */
+static inline uint64_t util_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+#define UTIL_SPLITMIX64_GAMMA 0x9e3779b97f4a7c15ull
+
+static inline uint64_t util_splitmix64(uint64_t *state) { return util_mix64(*state += UTIL_SPLITMIX64_GAMMA); }
 
 #endif

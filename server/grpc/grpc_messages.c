@@ -5,7 +5,6 @@
 #include "grpc_messages.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,92 +35,74 @@ grpc_status_code grpc_status_of(ferry_status st)
 
 /* ---- parameters ----------------------------------------------------------------- */
 
-/* An integer parameter (int64 or uint64 kind) in lo..hi. */
-static ferry_status param_int(const char *key, const infer_param *p, int64_t lo, int64_t hi, int64_t *out)
-{
-    int64_t v;
-    if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM) v = p->int64_param;
-    else if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_UINT64_PARAM)
-        v = p->uint64_param > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)p->uint64_param;
-    else return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be an int64_param", key);
-    if (v < lo || v > hi)
-        return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be an integer in %lld..%lld (got %lld)", key,
-                          (long long)lo, (long long)hi, (long long)v);
-    *out = v;
-    return FERRY_OK;
-}
-
-/* A real parameter (double kind, or an integer) that request_check then
- * judges; only non-finite values are refused here. */
-static ferry_status param_real(const char *key, const infer_param *p, float *out)
-{
-    double v;
-    if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM) v = p->double_param;
-    else if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM) v = (double)p->int64_param;
-    else return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a double_param or int64_param", key);
-    if (!isfinite(v) || fabs(v) > 1e30) return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a finite number", key);
-    *out = (float)v;
-    return FERRY_OK;
-}
-
-static ferry_status param_stop_ids(const infer_param *p, kserve_request *r)
+/* stop_token_ids: InferParameter holds no list, so ids separated by ','. */
+static ferry_status param_stop_ids(const char *name, const infer_param *p, kserve_request *r)
 {
     if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
-        return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids must be a string_param of ids separated by ','");
-    r->n_stop = 0;
+        return ferry_fail(FERRY_ERR_INVALID, "%s must be a string_param of ids separated by ','", name);
+    size_t n = 0; /* the entries: each starts after a ',' (or at the start) */
+    for (const char *s = p->string_param; *s; s++) n += *s != ',' && (s == p->string_param || s[-1] == ',');
+    FERRY_TRY(gen_param_check_stop_count(name, n));
+    r->gen.n_stop = 0;
     for (const char *s = p->string_param; *s;) {
-        if (r->n_stop == REQUEST_MAX_STOP)
-            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: at most %d ids", REQUEST_MAX_STOP);
         char *end;
         errno = 0;
         long long v = strtoll(s, &end, 10);
-        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ','))
-            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop_token_ids: '%s' is not a list of token ids", p->string_param);
-        r->stop_ids[r->n_stop++] = (int32_t)v;
+        if (end == s || errno || (*end && *end != ','))
+            return ferry_fail(FERRY_ERR_INVALID, "%s: '%s' is not a list of token ids", name, p->string_param);
+        FERRY_TRY(gen_param_check_stop_id(name, (size_t)r->gen.n_stop, v));
+        r->gen.stop_ids[r->gen.n_stop++] = (int32_t)v;
         s = *end ? end + 1 : end;
     }
+    r->gen.given[GEN_stop_token_ids] = true;
     return FERRY_OK;
 }
 
+/* One InferParameter: gen_params.def's by their names, from the kinds that
+ * hold their types (grpc_messages.h lists them). */
 static ferry_status parse_param(const char *key, const infer_param *p, kserve_request *r)
 {
-    int64_t v;
     if (!p) return ferry_fail(FERRY_ERR_INVALID, "parameters.%s has no value", key);
-    if (!strcmp(key, "max_new_tokens")) {
-        FERRY_TRY(param_int(key, p, 1, MAX_TOKENS, &v));
-        r->max_new_tokens = (int)v;
-    } else if (!strcmp(key, "top_k")) {
-        FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
-        r->sampling.top_k = v > INT32_MAX ? INT32_MAX : (int)v; /* >= vocabulary: all */
-        r->given.top_k = true;
-    } else if (!strcmp(key, "seed")) {
-        FERRY_TRY(param_int(key, p, 0, INT64_MAX, &v));
-        r->sampling.seed = (uint64_t)v;
-    } else if (!strcmp(key, "temperature")) {
-        FERRY_TRY(param_real(key, p, &r->sampling.temperature));
-        r->given.temperature = true;
-    } else if (!strcmp(key, "top_p")) {
-        FERRY_TRY(param_real(key, p, &r->sampling.top_p));
-        r->given.top_p = true;
-    } else if (!strcmp(key, "stop")) {
+    int kind = p->parameter_choice_case;
+    gen_param id = gen_param_find(key);
+    if (id == GEN_PARAM_COUNT) {
+        if (strcmp(key, "binary_data_output") && strcmp(key, "triton_enable_empty_final_response")) {
+            char known[160];
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "unknown parameter '%s' (known: %s, binary_data_output, triton_enable_empty_final_response)",
+                              key, gen_param_names(known, sizeof known, 0));
+        }
+        if (kind != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
+            return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a bool_param", key);
+        return FERRY_OK;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "parameters.%.32s", key); /* a known parameter's: short */
+    switch (gen_param_defs[id].type) {
+    case GEN_INT:
+    case GEN_U64:
+        if (kind == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM)
+            return gen_param_set_int(&r->gen, id, name, p->int64_param);
+        if (kind == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_UINT64_PARAM)
+            return gen_param_set_u64(&r->gen, id, name, p->uint64_param);
+        return ferry_fail(FERRY_ERR_INVALID, "%s must be an int64_param", name);
+    case GEN_REAL:
+        if (kind == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_DOUBLE_PARAM)
+            return gen_param_set_real(&r->gen, id, name, p->double_param);
+        if (kind == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM)
+            return gen_param_set_real(&r->gen, id, name, (double)p->int64_param);
+        return ferry_fail(FERRY_ERR_INVALID, "%s must be a double_param or int64_param", name);
+    case GEN_IDS: return param_stop_ids(name, p, r);
+    case GEN_STOPS: {
         /* one stop string (InferParameter holds no list); text only, checked once the input is known */
-        if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
-            return ferry_fail(FERRY_ERR_INVALID, "parameters.stop must be a string_param (one stop string)");
+        if (kind != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
+            return ferry_fail(FERRY_ERR_INVALID, "%s must be a string_param (one stop string)", name);
         json_value sv = {.type = JSON_STRING, .len = strlen(p->string_param), .str = p->string_param};
         text_stops_free(&r->stops);
-        FERRY_TRY(text_stops_parse(&sv, "parameters.stop", &r->stops));
-    } else if (!strcmp(key, "stop_token_ids")) {
-        FERRY_TRY(param_stop_ids(p, r));
-    } else if (!strcmp(key, "binary_data_output") || !strcmp(key, "triton_enable_empty_final_response")) {
-        if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
-            return ferry_fail(FERRY_ERR_INVALID, "parameters.%s must be a bool_param", key);
-    } else {
-        return ferry_fail(FERRY_ERR_INVALID,
-                          "unknown parameter '%s' (known: max_new_tokens, temperature, top_k, top_p, seed, "
-                          "stop_token_ids, stop, binary_data_output, triton_enable_empty_final_response)",
-                          key);
+        return text_stops_parse(&sv, name, &r->stops);
     }
-    return FERRY_OK;
+    }
+    return ferry_fail(FERRY_ERR_INTERNAL, "%s: a parameter of no known type", name);
 }
 
 /* ---- input_ids and outputs ------------------------------------------------------ */
@@ -269,7 +250,7 @@ static ferry_status parse_infer(const infer_req *m, const engine_limits *lim, ks
         char what[32];
         snprintf(what, sizeof what, r->n_rows > 1 ? "input_ids[%d]" : "input_ids", i);
         gen_request g = kserve_row_request(r, i);
-        FERRY_TRY(request_check(&g, lim, what));
+        FERRY_TRY(request_check(&g, lim, what, NULL));
     }
     return FERRY_OK;
 }

@@ -12,9 +12,10 @@
  * contents.bytes_contents or raw_input_contents[0] (each element a 4-byte
  * little-endian length and its bytes), answered by default with
  * text_output BYTES [B] in the same raw form (the transport encodes the
- * prompts: kserve_encode_text). Request parameters, by InferParameter kind:
- *   max_new_tokens, top_k, seed: int64_param or uint64_param
- *   temperature, top_p:          double_param (Triton) or int64_param
+ * prompts: kserve_encode_text). Request parameters (engine/gen_params.def,
+ * with the ranges REST has), by InferParameter kind:
+ *   max_new_tokens, top_k, seed: int64_param or uint64_param (INT, U64)
+ *   temperature, top_p:          double_param (Triton) or int64_param (REAL)
  *   stop_token_ids:              string_param, ids separated by ','
  *                                (KServe's InferParameter has no list)
  *   stop:                        string_param, one stop string (text only)

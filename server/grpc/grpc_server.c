@@ -279,10 +279,10 @@ static void cancel_rows(rpc *r)
 static uint64_t infer_held_bytes(const kserve_request *kr, int vocab, const text_model *tm)
 {
     uint64_t rows = (uint64_t)kr->n_rows;
-    uint64_t answer = rows * ((uint64_t)kr->max_new_tokens * sizeof(int64_t) +
+    uint64_t answer = rows * ((uint64_t)kr->gen.max_new_tokens * sizeof(int64_t) +
                               (kr->want_logits ? (uint64_t)vocab * sizeof(float) : 0)) + 4096;
     if (kr->text_out) { /* each row's text, held, and again in the answer */
-        uint64_t text_row = (uint64_t)kr->max_new_tokens * text_max_token_bytes(tm);
+        uint64_t text_row = (uint64_t)kr->gen.max_new_tokens * text_max_token_bytes(tm);
         answer += rows * (sizeof(struct rpc_text) + TEXT_STREAM_BYTES + text_stops_bytes(&kr->stops) + 2 * text_row + 4);
     }
     return kserve_held_bytes(kr, vocab) + answer;

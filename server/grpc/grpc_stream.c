@@ -362,10 +362,10 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
     if (!*err && q->kr.want_logits) snprintf(err, sizeof err, "ModelStreamInfer streams output_ids only (no logits)");
     if (!*err && g->budget) { /* S3 */
         uint64_t per_msg = STREAM_MSG_BYTES + strlen(g->model_name) + (q->kr.id ? strlen(q->kr.id) : 0);
-        uint64_t want = kserve_held_bytes(&q->kr, lim.vocab) + ((uint64_t)q->kr.max_new_tokens + 1) * per_msg;
+        uint64_t want = kserve_held_bytes(&q->kr, lim.vocab) + ((uint64_t)q->kr.gen.max_new_tokens + 1) * per_msg;
         if (q->ts) /* the stream's state, and the text its responses carry */
             want += TEXT_STREAM_BYTES + text_stops_bytes(&q->kr.stops) +
-                    (uint64_t)q->kr.max_new_tokens * text_max_token_bytes(tm) + TEXT_MAX_STOP_BYTES;
+                    (uint64_t)q->kr.gen.max_new_tokens * text_max_token_bytes(tm) + TEXT_MAX_STOP_BYTES;
         if (!req_budget_take(g->budget, &q->mem, want)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             req_budget_busy_msg(g->budget, err, sizeof err);

@@ -40,11 +40,11 @@ static void check_accepted(const kserve_request *r)
     int off = 0;
     for (int i = 0; i < r->n_rows; i++) {
         CHECK(r->row_off[i] == off && r->row_len[i] == r->row_len[0] && r->row_len[i] >= 1);
-        CHECK(r->row_len[i] + r->max_new_tokens <= MAX_CTX);
+        CHECK(r->row_len[i] + r->gen.max_new_tokens <= MAX_CTX);
         for (int k = 0; k < r->row_len[i]; k++) CHECK(r->ids[off + k] >= 0 && r->ids[off + k] < VOCAB);
         off += r->row_len[i];
     }
-    for (int k = 0; k < r->n_stop; k++) CHECK(r->stop_ids[k] >= 0);
+    for (int k = 0; k < r->gen.n_stop; k++) CHECK(r->gen.stop_ids[k] >= 0);
     CHECK(r->n_outputs >= 1 && r->n_outputs <= 2);
     for (int o = 0; o < r->n_outputs; o++) CHECK(r->outputs[o] == KSERVE_OUT_IDS || r->outputs[o] == KSERVE_OUT_LOGITS);
 }

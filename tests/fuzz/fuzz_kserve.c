@@ -49,7 +49,7 @@ int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile
 #define VOCAB 256
 #define MAX_CTX (1 << 20)
 #define MAX_TOKENS (1 << 28) /* kserve.c's bound on B x T */
-#define MAX_STOP ((int)(sizeof ((kserve_request *)0)->stop_ids / sizeof(int32_t)))
+#define MAX_STOP ((int)(sizeof ((kserve_request *)0)->gen.stop_ids / sizeof(int32_t)))
 
 static const engine_limits g_limits = {.vocab = VOCAB, .max_ctx = MAX_CTX, .max_seqs = 64, .max_step_tokens = 512};
 
@@ -279,20 +279,20 @@ static size_t check_request(const kserve_request *r)
     size_t total = 0;
     for (int i = 0; i < r->n_rows; i++) {
         if (r->row_off[i] < 0 || (size_t)r->row_off[i] != total || r->row_len[i] < 1) abort();
-        if ((int64_t)r->row_len[i] + r->max_new_tokens > MAX_CTX) abort();
+        if ((int64_t)r->row_len[i] + r->gen.max_new_tokens > MAX_CTX) abort();
         total += (size_t)r->row_len[i];
         if (total > MAX_TOKENS) abort();
     }
     for (size_t k = 0; k < total; k++) /* ASan: reads past the id array */
         if (r->ids[k] < 0 || r->ids[k] >= VOCAB) abort();
-    if (r->max_new_tokens < 1 || r->max_new_tokens > MAX_TOKENS) abort();
-    const sampling_params *s = &r->sampling;
+    if (r->gen.max_new_tokens < 1 || r->gen.max_new_tokens > MAX_TOKENS) abort();
+    const sampling_params *s = &r->gen.sampling;
     if (!(s->temperature >= 0) || !isfinite(s->temperature)) abort();
     if (s->top_k < 0) abort();
     if (!(s->top_p > 0 && s->top_p <= 1)) abort();
-    if (r->n_stop < 0 || r->n_stop > MAX_STOP) abort();
-    for (int j = 0; j < r->n_stop; j++)
-        if (r->stop_ids[j] < 0 || r->stop_ids[j] >= VOCAB) abort();
+    if (r->gen.n_stop < 0 || r->gen.n_stop > MAX_STOP) abort();
+    for (int j = 0; j < r->gen.n_stop; j++)
+        if (r->gen.stop_ids[j] < 0 || r->gen.stop_ids[j] >= VOCAB) abort();
     if (r->id) sink ^= (uint8_t)strlen(r->id);
     return total;
 }
@@ -358,7 +358,7 @@ static void fuzz_infer(const char *body, size_t len, int64_t json_len)
 static void check_text_request(const kserve_request *r, const char *body, size_t len)
 {
     if (r->n_rows != 0 || r->ids || r->row_off || r->row_len) abort();
-    if (r->max_new_tokens < 1 || r->max_new_tokens > MAX_TOKENS) abort();
+    if (r->gen.max_new_tokens < 1 || r->gen.max_new_tokens > MAX_TOKENS) abort();
     if (r->stops.n < 0 || r->stops.n > TEXT_MAX_STOPS) abort();
     for (int i = 0; i < r->stops.n; i++)
         if (r->stops.len[i] < 1 || r->stops.len[i] > TEXT_MAX_STOP_BYTES || !r->stops.s[i]) abort();

@@ -72,7 +72,7 @@ static void check_rows(const oai_request *r)
     if (rows < 1 || rows > OAI_MAX_ROWS) abort();
     for (int i = 0; i < rows; i++) {
         gen_request g = oai_row_request(r, i);
-        if (request_check(&g, &g_lim, "row") != FERRY_OK) {
+        if (request_check(&g, &g_lim, "row", NULL) != FERRY_OK) {
             fprintf(stderr, "fuzz_openai: row %d: %s\n", i, ferry_errmsg());
             abort();
         }

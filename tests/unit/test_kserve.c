@@ -30,7 +30,7 @@
 
 #define VOCAB 256
 #define MAX_CTX 4096
-#define N_STOP_MAX ((int)(sizeof ((kserve_request *)0)->stop_ids / sizeof(int32_t)))
+#define N_STOP_MAX ((int)(sizeof ((kserve_request *)0)->gen.stop_ids / sizeof(int32_t)))
 
 static kserve_request g_r;
 static json_doc *g_doc;
@@ -90,6 +90,26 @@ static void check_rows(const int32_t *want, int rows, int cols, int line)
         check_rows(want_, rows, cols, __LINE__);                             \
     } while (0)
 
+/* g_r's generation parameters are these (n_stop stop ids, checked apart). */
+static void check_gen(int max_new, float temperature, int top_k, float top_p, uint64_t seed, int n_stop, int line)
+{
+    check_count++;
+    const gen_params *p = &g_r.gen;
+    if (p->max_new_tokens != max_new || p->sampling.temperature != temperature || p->sampling.top_k != top_k ||
+        p->sampling.top_p != top_p || p->sampling.seed != seed || p->n_stop != n_stop) {
+        fprintf(stderr,
+                "%s:%d: expected max_new_tokens %d, temperature %g, top_k %d, top_p %g, seed %llu, %d stop ids; "
+                "got %d, %g, %d, %g, %llu, %d\n",
+                __FILE__, line, max_new, (double)temperature, top_k, (double)top_p, (unsigned long long)seed, n_stop,
+                p->max_new_tokens, (double)p->sampling.temperature, p->sampling.top_k, (double)p->sampling.top_p,
+                (unsigned long long)p->sampling.seed, p->n_stop);
+        check_failures++;
+    }
+}
+
+#define CHECK_GEN(max_new, temperature, top_k, top_p, seed, n_stop) \
+    check_gen(max_new, temperature, top_k, top_p, seed, n_stop, __LINE__)
+
 /* A refused request is left empty and its message names the field. */
 static void check_refused(ferry_status st, const char *body, const char *sub, int line)
 {
@@ -121,12 +141,7 @@ static void test_infer_json(void)
                  FERRY_OK);
     CHECK_ROWS(2, 3, 1, 2, 3, 4, 5, 255);
     CHECK(!g_r.nested);
-    CHECK_EQ_INT(g_r.max_new_tokens, 16);
-    CHECK(g_r.sampling.temperature == 0.0f);
-    CHECK_EQ_INT(g_r.sampling.top_k, 0);
-    CHECK(g_r.sampling.top_p == 1.0f);
-    CHECK_EQ_U64(g_r.sampling.seed, 0);
-    CHECK_EQ_INT(g_r.n_stop, 0);
+    CHECK_GEN(16, 0.0f, 0, 1.0f, 0, 0); /* settings.def's defaults */
     CHECK_EQ_INT(g_r.n_outputs, 1);
     CHECK_EQ_INT(g_r.outputs[0], KSERVE_OUT_IDS);
     CHECK(!g_r.binary[0]);
@@ -169,29 +184,24 @@ static void test_infer_params(void)
                        -1),
                  FERRY_OK);
     CHECK_EQ_STR(g_r.id, "req-7");
-    CHECK_EQ_INT(g_r.max_new_tokens, 5);
-    CHECK(g_r.sampling.temperature == 0.75f);
-    CHECK_EQ_INT(g_r.sampling.top_k, 40);
-    CHECK(g_r.sampling.top_p == 0.5f);
-    CHECK_EQ_U64(g_r.sampling.seed, 123456789012ull);
-    CHECK_EQ_INT(g_r.n_stop, 2);
-    CHECK_EQ_INT(g_r.stop_ids[0], 2);
-    CHECK_EQ_INT(g_r.stop_ids[1], 255);
+    CHECK_GEN(5, 0.75f, 40, 0.5f, 123456789012ull, 2);
+    CHECK_EQ_INT(g_r.gen.stop_ids[0], 2);
+    CHECK_EQ_INT(g_r.gen.stop_ids[1], 255);
 
     /* null means the default; top_k past the vocabulary means all of it */
     CHECK_STATUS(infer(INFER_P("{\"max_new_tokens\": null, \"temperature\": 2, \"top_k\": 100000, \"top_p\": 1, "
                                "\"seed\": 0, \"stop_token_ids\": []}"),
                        -1),
                  FERRY_OK);
-    CHECK_EQ_INT(g_r.max_new_tokens, 16);
-    CHECK(g_r.sampling.temperature == 2.0f);
-    CHECK(g_r.sampling.top_k >= VOCAB);
-    CHECK(g_r.sampling.top_p == 1.0f);
-    CHECK_EQ_INT(g_r.n_stop, 0);
+    CHECK_EQ_INT(g_r.gen.max_new_tokens, 16);
+    CHECK(g_r.gen.sampling.temperature == 2.0f);
+    CHECK(g_r.gen.sampling.top_k >= VOCAB);
+    CHECK(g_r.gen.sampling.top_p == 1.0f);
+    CHECK_EQ_INT(g_r.gen.n_stop, 0);
 
     /* a top_p too small for a float stays positive */
     CHECK_STATUS(infer(INFER_P("{\"top_p\": 1e-310}"), -1), FERRY_OK);
-    CHECK(g_r.sampling.top_p > 0);
+    CHECK(g_r.gen.sampling.top_p > 0);
 
     /* as many stop ids as the request holds */
     strbuf sb;
@@ -202,8 +212,8 @@ static void test_infer_params(void)
     char body[1024];
     snprintf(body, sizeof body, INFER_P("%s"), sb.data);
     CHECK_STATUS(infer(body, -1), FERRY_OK);
-    CHECK_EQ_INT(g_r.n_stop, N_STOP_MAX);
-    CHECK_EQ_INT(g_r.stop_ids[N_STOP_MAX - 1], N_STOP_MAX - 1 + 10);
+    CHECK_EQ_INT(g_r.gen.n_stop, N_STOP_MAX);
+    CHECK_EQ_INT(g_r.gen.stop_ids[N_STOP_MAX - 1], N_STOP_MAX - 1 + 10);
     sb_free(&sb);
 }
 
@@ -403,11 +413,12 @@ static void test_infer_refusals(void)
     REFUSE_INFER(INFER1("\"datatype\": \"INT64\", \"shape\": [1], \"data\": [1e2]"), "data value 0 is not an integer");
     /* generation parameters: type and range */
     REFUSE_INFER(INFER_P("[]"), "parameters must be an object");
-    REFUSE_INFER(INFER_P("{\"max_tokens\": 5}"), "unknown parameter 'max_tokens'");
-    REFUSE_INFER(INFER_P("{\"max_new_tokens\": 0}"), "parameters.max_new_tokens must be an integer in 1..268435456");
+    REFUSE_INFER(INFER_P("{\"max_tokens\": 5}"), "unknown parameter 'max_tokens' (known: max_new_tokens, temperature, "
+                                               "top_k, top_p, seed, stop_token_ids, binary_data_output)");
+    REFUSE_INFER(INFER_P("{\"max_new_tokens\": 0}"), "parameters.max_new_tokens must be an integer in 1..16777216 (got 0)");
     REFUSE_INFER(INFER_P("{\"max_new_tokens\": \"5\"}"), "parameters.max_new_tokens");
     REFUSE_INFER(INFER_P("{\"max_new_tokens\": 2.5}"), "parameters.max_new_tokens");
-    REFUSE_INFER(INFER_P("{\"temperature\": -0.5}"), "parameters.temperature must be a number >= 0");
+    REFUSE_INFER(INFER_P("{\"temperature\": -0.5}"), "parameters.temperature must be a number in 0..1e30 (got -0.5)");
     REFUSE_INFER(INFER_P("{\"temperature\": \"hot\"}"), "parameters.temperature");
     REFUSE_INFER(INFER_P("{\"temperature\": 1e300}"), "parameters.temperature");
     REFUSE_INFER(INFER_P("{\"top_k\": -1}"), "parameters.top_k must be an integer >= 0");
@@ -460,7 +471,7 @@ static void test_generate(void)
     CHECK_STATUS(generate("{\"input_ids\": [5, 6, 7]}"), FERRY_OK);
     CHECK_ROWS(1, 3, 5, 6, 7);
     CHECK(!g_r.nested);
-    CHECK_EQ_INT(g_r.max_new_tokens, 16);
+    CHECK_EQ_INT(g_r.gen.max_new_tokens, 16);
     CHECK_EQ_INT(g_r.n_outputs, 0);
     CHECK(!g_r.want_logits);
 
@@ -480,13 +491,8 @@ static void test_generate(void)
         for (int k = 0; k < 6; k++) CHECK_EQ_INT(g_r.ids[k], ids[k]);
     }
     CHECK_EQ_STR(g_r.id, "g1");
-    CHECK_EQ_INT(g_r.max_new_tokens, 3);
-    CHECK(g_r.sampling.temperature == 0.5f);
-    CHECK_EQ_INT(g_r.sampling.top_k, 2);
-    CHECK(g_r.sampling.top_p == 0.25f);
-    CHECK_EQ_U64(g_r.sampling.seed, 9);
-    CHECK_EQ_INT(g_r.n_stop, 1);
-    CHECK_EQ_INT(g_r.stop_ids[0], 0);
+    CHECK_GEN(3, 0.5f, 2, 0.25f, 9, 1);
+    CHECK_EQ_INT(g_r.gen.stop_ids[0], 0);
 
     /* one nested prompt is still nested (the answer is a list of lists) */
     CHECK_STATUS(generate("{\"input_ids\": [[9]]}"), FERRY_OK);
@@ -540,8 +546,8 @@ static void test_generate_text(void)
     CHECK(g_r.text_input && !memcmp(g_r.text_input, "Hello \001world", 12));
     CHECK_EQ_INT(g_r.stops.n, 2);
     CHECK_EQ_STR(g_r.stops.s[1], "bc");
-    CHECK(g_r.given.temperature && !g_r.given.top_p && !g_r.given.top_k);
-    CHECK_EQ_INT(g_r.max_new_tokens, 7);
+    CHECK(g_r.gen.given[GEN_temperature] && !g_r.gen.given[GEN_top_p] && !g_r.gen.given[GEN_top_k]);
+    CHECK_EQ_INT(g_r.gen.max_new_tokens, 7);
     CHECK_STATUS(generate("{\"text_input\": \"x\", \"parameters\": {\"stop\": \"\\n\"}}"), FERRY_OK);
     CHECK_EQ_INT(g_r.stops.n, 1);
     CHECK_EQ_STR(g_r.stops.s[0], "\n");

@@ -145,25 +145,21 @@ static void test_generation_config(void)
     if (m) {
         const int32_t *eos = NULL;
         CHECK_EQ_INT(text_eos_ids(m, &eos), 2); /* <|im_end|> (2) once, and 0 */
-        sampling_params p = {1.0f, 0, 1.0f, 0};
-        int32_t stop[REQUEST_MAX_STOP] = {7};
-        int n_stop = 1;
-        text_given given = {false, false, false};
-        CHECK_STATUS(text_request_defaults(m, &given, false, &p, stop, &n_stop), FERRY_OK);
-        CHECK(p.temperature == 0.6f && p.top_k == 20 && p.top_p == 1.0f);
-        CHECK_EQ_INT(n_stop, 3);
-        CHECK_EQ_INT(stop[0], 7);
+        gen_params p = {.sampling = {1.0f, 0, 1.0f, 0}, .stop_ids = {7}, .n_stop = 1};
+        CHECK_STATUS(text_request_defaults(m, &p, false), FERRY_OK);
+        CHECK(p.sampling.temperature == 0.6f && p.sampling.top_k == 20 && p.sampling.top_p == 1.0f);
+        CHECK_EQ_INT(p.n_stop, 3);
+        CHECK_EQ_INT(p.stop_ids[0], 7);
         /* what the request set stays; ignore_eos adds no ids */
-        p = (sampling_params){0.0f, 5, 0.5f, 0};
-        n_stop = 0;
-        given = (text_given){true, true, true};
-        CHECK_STATUS(text_request_defaults(m, &given, true, &p, stop, &n_stop), FERRY_OK);
-        CHECK(p.temperature == 0.0f && p.top_k == 5 && p.top_p == 0.5f);
-        CHECK_EQ_INT(n_stop, 0);
+        p = (gen_params){.sampling = {0.0f, 5, 0.5f, 0}};
+        p.given[GEN_temperature] = p.given[GEN_top_p] = p.given[GEN_top_k] = true;
+        CHECK_STATUS(text_request_defaults(m, &p, true), FERRY_OK);
+        CHECK(p.sampling.temperature == 0.0f && p.sampling.top_k == 5 && p.sampling.top_p == 0.5f);
+        CHECK_EQ_INT(p.n_stop, 0);
         /* no room for the eos ids */
-        n_stop = REQUEST_MAX_STOP;
-        for (int i = 0; i < REQUEST_MAX_STOP; i++) stop[i] = 100 + i;
-        CHECK_STATUS(text_request_defaults(m, &given, false, &p, stop, &n_stop), FERRY_ERR_INVALID);
+        p.n_stop = REQUEST_MAX_STOP;
+        for (int i = 0; i < REQUEST_MAX_STOP; i++) p.stop_ids[i] = 100 + i;
+        CHECK_STATUS(text_request_defaults(m, &p, false), FERRY_ERR_INVALID);
     }
     text_model_free(m);
     remove_dir(dir);
