@@ -268,7 +268,7 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
     bool started = false;
     ferry_status st = render(tm, history, &prompt, &ids, &n);
     gen_params gp;
-    gen_params_from_config(&gp, cfg);
+    config_gen_params(cfg, &gp);
     int64_t room = request_context(lim) - n;
     if (!gp.given[GEN_max_new_tokens]) gp.max_new_tokens = (int)(room > 0 ? room : 0);
     int max_new = gp.max_new_tokens;
@@ -303,7 +303,7 @@ static bool turn(const ferry_config *cfg, sched *s, const engine_limits *lim, co
 int cmd_chat(const ferry_config *cfg)
 {
     gen_params gp;
-    gen_params_from_config(&gp, cfg);
+    config_gen_params(cfg, &gp);
     if (sampling_params_check(&gp.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     engine_opts eo;
     int rc = cli_engine_opts(cfg, &eo);

@@ -93,7 +93,7 @@ static ferry_status text_prompt(const ferry_config *cfg, const text_model *tm, p
     FERRY_TRY(text_encode(tm, cfg->prompt, strlen(cfg->prompt), true, &ps->ids[0], &ps->lens[0]));
     if (ps->lens[0] == 0) return ferry_fail(FERRY_ERR_INVALID, "--prompt encodes to no tokens");
     gen_params gp;
-    gen_params_from_config(&gp, cfg);
+    config_gen_params(cfg, &gp);
     FERRY_TRY(text_request_defaults(tm, &gp, false));
     request_set_params(proto, &gp);
     return FERRY_OK;
@@ -258,7 +258,7 @@ int cmd_generate(const ferry_config *cfg)
     if (!cfg->prompt_ids == !cfg->prompt) return cli_error(EXIT_USAGE, "give the prompt as --prompt-ids or as --prompt (one of them)");
     gen_request proto = {.want_logits = cfg->dump_logits != NULL};
     gen_params gp;
-    gen_params_from_config(&gp, cfg);
+    config_gen_params(cfg, &gp);
     request_set_params(&proto, &gp);
     if (sampling_params_check(&proto.sampling) != FERRY_OK) return cli_error(EXIT_USAGE, "%s", ferry_errmsg());
     /* the text files: needed for --prompt, and for --json's "text" when there */

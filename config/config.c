@@ -73,13 +73,6 @@ const char *config_where(const ferry_config *cfg, int id, char *buf, size_t cap)
     return label(cfg, id, cfg->source[id], cfg->line[id], buf, cap);
 }
 
-void config_fmt_double(double x, char *buf, size_t cap)
-{
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, cap, "%.*g", prec, x);
-        if (strtod(buf, NULL) == x) return;
-    }
-}
 
 /* ---- names: lookup and suggestions ------------------------------------ */
 
@@ -290,4 +283,30 @@ void config_print_help(FILE *f, const int *ids, int n)
         if (d->def) fprintf(f, " [default: %s]", d->def);
         fputc('\n', f);
     }
+}
+
+/* ---- generation parameters ------------------------------------------------ */
+
+void config_gen_params(const ferry_config *cfg, gen_params *p)
+{
+    memset(p, 0, sizeof *p);
+    for (int id = 0; id < GEN_PARAM_COUNT; id++) {
+        int s = config_find(gen_param_defs[id].name);
+        if (s < 0) continue;
+        const void *f = config_field(cfg, s);
+        switch (config_settings[s].type) {
+        case SET_INT: gen_param_put_int(p, (gen_param)id, *(const setting_INT *)f); break;
+        case SET_FLOAT: gen_param_put_real(p, (gen_param)id, *(const setting_FLOAT *)f); break;
+        case SET_U64: gen_param_put_u64(p, (gen_param)id, *(const setting_U64 *)f); break;
+        default: FERRY_ASSERT(!"a generation setting of another type");
+        }
+        p->given[id] = config_given(cfg, s);
+    }
+}
+
+void config_gen_defaults(gen_params *p)
+{
+    ferry_config d;
+    config_defaults(&d);
+    config_gen_params(&d, p);
 }

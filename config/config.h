@@ -18,6 +18,7 @@
 #include "../engine/base/arena.h"
 #include "../engine/base/json.h"
 #include "../engine/base/status.h"
+#include "../engine/gen_params.h"
 
 typedef enum { SET_STR, SET_INT, SET_FLOAT, SET_BOOL, SET_SIZE, SET_U64 } setting_type;
 
@@ -82,9 +83,13 @@ int config_closest(const char *name, int skip_where);
 /* Where setting id's value came from, as an error should name it:
  * "--threads", "FERRY_THREADS", "ferry.json:7: threads" or "threads". */
 const char *config_where(const ferry_config *cfg, int id, char *buf, size_t cap);
-/* x in the shortest form that reads back exactly ("0.7", not
- * "0.69999999999999996"). */
-void config_fmt_double(double x, char *buf, size_t cap);
+
+/* The settings' values of the generation parameters that have a setting
+ * (engine/gen_params.def), given[] where cfg's was set rather than
+ * defaulted: the CLI's flags. */
+void config_gen_params(const ferry_config *cfg, gen_params *p);
+/* The settings' defaults, nothing given: where every KServe request starts. */
+void config_gen_defaults(gen_params *p);
 
 /* Parses value for setting id, checks it against its valid range and
  * records source (line: the file's line, else 0). The error names the source:

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "../engine/base/util.h"
 
 #define CONFIG_FILE_MAX (1u << 20) /* a config file is a page of settings, not a data file */
 
@@ -116,7 +117,7 @@ static ferry_status value_text(ferry_config *cfg, int id, const json_value *v, i
         return FERRY_OK;
     case SET_FLOAT:
         if (v->type != JSON_NUMBER) break;
-        config_fmt_double(v->number, buf, cap);
+        util_fmt_double(v->number, buf, cap);
         return FERRY_OK;
     case SET_BOOL:
         if (v->type != JSON_BOOL) break;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "../engine/base/util.h"
 
 static void put_value(strbuf *sb, const ferry_config *cfg, int id)
 {
@@ -24,7 +25,7 @@ static void put_value(strbuf *sb, const ferry_config *cfg, int id)
     case SET_INT: sb_printf(sb, "%" PRId64, *(const int64_t *)f); return;
     case SET_FLOAT: {
         char buf[32];
-        config_fmt_double(*(const double *)f, buf, sizeof buf);
+        util_fmt_double(*(const double *)f, buf, sizeof buf);
         sb_puts(sb, buf);
         return;
     }

@@ -4,12 +4,13 @@
  */
 #include "gen_params.h"
 
+#include "base/util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../config/config.h"
 
 const gen_param_def gen_param_defs[GEN_PARAM_COUNT] = {
 #define FERRY_GEN_PARAM(name, openai, chat, type, valid, doc) {#name, openai, chat, GEN_##type, valid, doc},
@@ -91,7 +92,7 @@ static ferry_status check_real(gen_param id, const char *name, double v, bool hi
     range r = range_of(id);
     if (isfinite(v) && in_range(&r, v, hi_f)) return FERRY_OK;
     char want[64], got[32];
-    config_fmt_double(v, got, sizeof got); /* 1.0000001, not %g's 1 */
+    util_fmt_double(v, got, sizeof got); /* 1.0000001, not %g's 1 */
     return ferry_fail(FERRY_ERR_INVALID, "%s must be %s (got %s)", name, describe(id, want, sizeof want), got);
 }
 
@@ -123,7 +124,7 @@ ferry_status gen_param_check_sampling(const sampling_params *s, gen_param *bad)
 /* ---- storing -------------------------------------------------------------------- */
 
 /* Where each parameter lives in gen_params, by its type; checked before. */
-static void store_int(gen_params *p, gen_param id, int64_t v)
+void gen_param_put_int(gen_params *p, gen_param id, int64_t v)
 {
     switch (id) {
     case GEN_max_new_tokens: p->max_new_tokens = (int)v; break;
@@ -132,7 +133,7 @@ static void store_int(gen_params *p, gen_param id, int64_t v)
     }
 }
 
-static void store_real(gen_params *p, gen_param id, double v)
+void gen_param_put_real(gen_params *p, gen_param id, double v)
 {
     switch (id) {
     case GEN_temperature: p->sampling.temperature = (float)v; break;
@@ -144,7 +145,7 @@ static void store_real(gen_params *p, gen_param id, double v)
     }
 }
 
-static void store_u64(gen_params *p, gen_param id, uint64_t v)
+void gen_param_put_u64(gen_params *p, gen_param id, uint64_t v)
 {
     FERRY_ASSERT(id == GEN_seed);
     p->sampling.seed = v;
@@ -153,8 +154,8 @@ static void store_u64(gen_params *p, gen_param id, uint64_t v)
 ferry_status gen_param_set_int(gen_params *p, gen_param id, const char *name, int64_t v)
 {
     FERRY_TRY(gen_param_check_int(id, name, v));
-    if (gen_param_defs[id].type == GEN_U64) store_u64(p, id, (uint64_t)v);
-    else store_int(p, id, v);
+    if (gen_param_defs[id].type == GEN_U64) gen_param_put_u64(p, id, (uint64_t)v);
+    else gen_param_put_int(p, id, v);
     p->given[id] = true;
     return FERRY_OK;
 }
@@ -167,7 +168,7 @@ ferry_status gen_param_set_u64(gen_params *p, gen_param id, const char *name, ui
         return ferry_fail(FERRY_ERR_INVALID, "%s must be %s (got %llu)", name, describe(id, want, sizeof want),
                           (unsigned long long)v);
     }
-    store_u64(p, id, v);
+    gen_param_put_u64(p, id, v);
     p->given[id] = true;
     return FERRY_OK;
 }
@@ -175,7 +176,7 @@ ferry_status gen_param_set_u64(gen_params *p, gen_param id, const char *name, ui
 ferry_status gen_param_set_real(gen_params *p, gen_param id, const char *name, double v)
 {
     FERRY_TRY(gen_param_check_real(id, name, v));
-    store_real(p, id, v);
+    gen_param_put_real(p, id, v);
     p->given[id] = true;
     return FERRY_OK;
 }
@@ -231,28 +232,4 @@ const char *gen_param_names(char *buf, size_t cap, unsigned skip)
         at += (size_t)n;
     }
     return buf;
-}
-
-void gen_params_from_config(gen_params *p, const struct ferry_config *cfg)
-{
-    memset(p, 0, sizeof *p);
-    for (int id = 0; id < GEN_PARAM_COUNT; id++) {
-        int s = config_find(gen_param_defs[id].name);
-        if (s < 0) continue;
-        const void *f = config_field(cfg, s);
-        switch (config_settings[s].type) {
-        case SET_INT: store_int(p, (gen_param)id, *(const setting_INT *)f); break;
-        case SET_FLOAT: store_real(p, (gen_param)id, *(const setting_FLOAT *)f); break;
-        case SET_U64: store_u64(p, (gen_param)id, *(const setting_U64 *)f); break;
-        default: FERRY_ASSERT(!"a generation setting of another type");
-        }
-        p->given[id] = config_given(cfg, s);
-    }
-}
-
-void gen_params_defaults(gen_params *p)
-{
-    ferry_config d;
-    config_defaults(&d);
-    gen_params_from_config(p, &d);
 }

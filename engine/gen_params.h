@@ -55,14 +55,11 @@ typedef struct {
     bool given[GEN_PARAM_COUNT]; /* set by the request, not a default */
 } gen_params;
 
-struct ferry_config;
-
-/* The settings' values (config/settings.def) of the parameters that have a
- * setting, given[] where cfg's was set rather than defaulted: the CLI's
- * flags. */
-void gen_params_from_config(gen_params *p, const struct ferry_config *cfg);
-/* The settings' defaults, nothing given: where every KServe request starts. */
-void gen_params_defaults(gen_params *p);
+/* Stores v as parameter id without a check and without marking it given:
+ * for values already checked (the settings, config_gen_params). */
+void gen_param_put_int(gen_params *p, gen_param id, int64_t v);
+void gen_param_put_real(gen_params *p, gen_param id, double v);
+void gen_param_put_u64(gen_params *p, gen_param id, uint64_t v);
 
 /* The parameter KServe (and settings.def) calls name; GEN_PARAM_COUNT when
  * there is none. */

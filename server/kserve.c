@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../config/config.h"
 
 #define MAX_TOKENS (1 << 28) /* B x T bound: keeps size arithmetic far from overflow */
 
@@ -46,7 +47,7 @@ uint64_t kserve_held_bytes(const kserve_request *r, int vocab)
 void kserve_request_defaults(kserve_request *r)
 {
     memset(r, 0, sizeof *r);
-    gen_params_defaults(&r->gen);
+    config_gen_defaults(&r->gen);
 }
 
 void kserve_request_free(kserve_request *r)

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../config/config.h"
 #include "../engine/base/util.h"
 
 struct oai_request {
@@ -379,7 +380,7 @@ static ferry_status oai_param(oai_request *r, gen_param id, const char *name, co
  * of its own for every request that names none). */
 static ferry_status parse_gen_params(oai_kind kind, const json_value *root, oai_request *r, oai_error *e)
 {
-    gen_params_defaults(&r->gen);
+    config_gen_defaults(&r->gen);
     r->gen.sampling.temperature = 1.0f;
     for (int id = 0; id < GEN_PARAM_COUNT; id++) {
         const gen_param_def *d = &gen_param_defs[id];

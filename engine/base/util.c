@@ -289,3 +289,11 @@ uint64_t util_mem_available(void)
     fclose(f);
     return found ? kb * 1024ull : UINT64_MAX;
 }
+
+void util_fmt_double(double x, char *buf, size_t cap)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}

@@ -63,6 +63,10 @@ double util_now(void);
 /* Memory the OS says can be had without swapping (MemAvailable in
  * /proc/meminfo), in bytes; UINT64_MAX when it does not say. */
 uint64_t util_mem_available(void);
+
+/* x in the shortest form that reads back exactly ("0.7", not
+ * "0.69999999999999996"). */
+void util_fmt_double(double x, char *buf, size_t cap);
 /* Seconds since the epoch (the wall clock: for reports, never for intervals). */
 double util_wall_now(void);
 

@@ -71,7 +71,7 @@ static void canonical(const ferry_config *cfg, strbuf *sb)
         }
         case SET_INT: sb_printf(sb, "%" PRId64, *(const int64_t *)f); break;
         case SET_FLOAT:
-            config_fmt_double(*(const double *)f, buf, sizeof buf);
+            util_fmt_double(*(const double *)f, buf, sizeof buf);
             sb_puts(sb, buf);
             break;
         case SET_BOOL: sb_puts(sb, *(const bool *)f ? "true" : "false"); break;

@@ -147,7 +147,7 @@ static void test_gen_params(void)
                  "max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids");
 
     gen_params p;
-    gen_params_defaults(&p);
+    config_gen_defaults(&p);
     CHECK_EQ_INT(p.max_new_tokens, 16);
     CHECK(p.sampling.temperature == 0 && p.sampling.top_k == 0 && p.sampling.top_p == 1);
     CHECK_EQ_U64(p.sampling.seed, 0);
