@@ -29,7 +29,7 @@
  *   (J1) only the newest job may still have an export_job handle
  *        (one export at a time: a second is 409 while it runs);
  *   (J2) a job whose handle is gone has its final status in `final`;
- *   (J3) a handle is freed only after export_job_wait (reap_jobs, stop).
+ *   (J3) a handle is freed only after export_job_wait (reap_jobs, jobs_end).
  */
 #define _GNU_SOURCE
 #include "admin.h"
@@ -96,6 +96,7 @@ struct admin_server {
     pthread_mutex_t jobs_mu;     /* guards jobs, n_jobs */
     admin_job jobs[ADMIN_JOBS_KEPT];
     int n_jobs;                  /* jobs ever started; ids are 1..n_jobs */
+    int draining;                /* atomic: stopping; no export starts */
 };
 
 typedef struct {
@@ -492,10 +493,10 @@ static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct 
     }
 
     pthread_rwlock_rdlock(&a->lock);
-    if (!a->e) {
+    if (!a->e || __atomic_load_n(&a->draining, __ATOMIC_RELAXED)) {
         pthread_rwlock_unlock(&a->lock);
         json_doc_free(doc);
-        return reply_error(a, rq, c, 503, NULL, NULL, "model not ready");
+        return reply_error(a, rq, c, 503, NULL, NULL, a->e ? "server shutting down" : "model not ready");
     }
     pthread_mutex_lock(&a->jobs_mu);
     reap_jobs(a);
@@ -776,6 +777,45 @@ void admin_server_attach(admin_server *a, engine *e, sched *sc)
     pthread_rwlock_unlock(&a->lock);
 }
 
+/* Cancels the running export, if any, and waits for it to end. */
+static void jobs_end(admin_server *a)
+{
+    pthread_mutex_lock(&a->jobs_mu);
+    admin_job *j = newest_job(a);
+    if (j && j->job) { /* J1: the only one that may run */
+        /* a job that has ended (unpolled) said so itself (log_job_end); one
+         * still running is cancelled, and says how it ended all the same:
+         * it may finish before it sees the request */
+        if (!state_ended(export_job_status(j->job).state))
+            fprintf(stderr, "ferry: admin: stopping: export %s is running: cancelling it\n", j->id);
+        export_job_cancel(j->job);
+        j->final = export_job_wait(j->job); /* J2 */
+        export_job_free(j->job);
+        j->job = NULL;
+    }
+    pthread_mutex_unlock(&a->jobs_mu);
+}
+
+void admin_server_quiesce(admin_server *a) { __atomic_store_n(&a->draining, 1, __ATOMIC_RELAXED); }
+
+/* An export does not wait for the deadline: it is cancelled at once (its
+ * partial output removed), as the requests are short. */
+void admin_server_drain(admin_server *a, double deadline)
+{
+    (void)deadline;
+    admin_server_quiesce(a);
+    jobs_end(a);
+}
+
+void admin_server_detach(admin_server *a)
+{
+    pthread_rwlock_wrlock(&a->lock);
+    a->e = NULL;
+    a->s = NULL;
+    pthread_rwlock_unlock(&a->lock);
+    jobs_end(a); /* one started before the lock was taken */
+}
+
 void admin_server_stop(admin_server *a)
 {
     if (!a) return;
@@ -785,18 +825,7 @@ void admin_server_stop(admin_server *a)
     }
     if (a->d) MHD_stop_daemon(a->d); /* no handler runs after this */
     mhd_conns_free(a->conns);
-    admin_job *j = newest_job(a);
-    if (j && j->job) { /* J1: the only one that may run */
-        /* a job that has ended (unpolled) said so itself (log_job_end); one
-         * still running is cancelled, and says how it ended all the same:
-         * it may finish before it sees the request */
-        if (!state_ended(export_job_status(j->job).state))
-            fprintf(stderr, "ferry: admin: stopping: export %s is running: cancelling it\n", j->id);
-        export_job_cancel(j->job);
-        export_job_wait(j->job);
-        export_job_free(j->job);
-        j->job = NULL;
-    }
+    jobs_end(a);
     pthread_mutex_destroy(&a->jobs_mu);
     pthread_rwlock_destroy(&a->lock);
     memset(a->token, 0, sizeof a->token);
@@ -804,3 +833,19 @@ void admin_server_stop(admin_server *a)
     free(a->model_name);
     free(a);
 }
+
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void fe_attach(void *self, engine *e, sched *sc, const text_model *tm)
+{
+    (void)tm;
+    admin_server_attach(self, e, sc);
+}
+static void fe_quiesce(void *self) { admin_server_quiesce(self); }
+static void fe_drain(void *self, double deadline) { admin_server_drain(self, deadline); }
+static void fe_detach(void *self) { admin_server_detach(self); }
+static void fe_stop(void *self) { admin_server_stop(self); }
+
+static const frontend_ops k_admin_frontend = {"admin", fe_attach, fe_quiesce, fe_drain, fe_detach, fe_stop};
+
+frontend admin_frontend(admin_server *a) { return (frontend){&k_admin_frontend, a}; }

@@ -19,9 +19,10 @@
  * Without a token the listener is not started at all; on an address other
  * than loopback that is a startup error (admin_host_is_loopback).
  *
- * One export runs at a time. Shutdown: admin_server_stop before sched_free
- * and engine_close - it stops listening, cancels a running export and waits
- * for it to end (the job reads the engine).
+ * One export runs at a time. Shutdown (frontend.h): admin_server_drain
+ * cancels a running export and waits for it to end (the job reads the
+ * engine), admin_server_detach makes sure none starts after, both before
+ * sched_free and engine_close.
  */
 #ifndef FERRY_ADMIN_H
 #define FERRY_ADMIN_H
@@ -31,6 +32,7 @@
 #include "../engine/engine.h"
 #include "../engine/scheduler.h"
 #include "admin_route.h"
+#include "frontend.h"
 #include "metrics.h"
 
 typedef struct {
@@ -50,8 +52,18 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out);
 int admin_server_port(const admin_server *a);
 /* The model is loaded: status reports it and exports may start. */
 void admin_server_attach(admin_server *a, engine *e, sched *sc);
+/* No export starts from now on (503 "server shutting down"). */
+void admin_server_quiesce(admin_server *a);
+/* Quiesces, cancels a running export and waits for it (the job reads the
+ * engine): at once, whatever the deadline. */
+void admin_server_drain(admin_server *a, double deadline);
+/* Forgets the engine and scheduler: status says not loaded. */
+void admin_server_detach(admin_server *a);
 /* Stops listening, cancels a running export and waits for it; frees. */
 void admin_server_stop(admin_server *a);
+
+/* The calls above as a front end (frontend.h). */
+frontend admin_frontend(admin_server *a);
 
 /* Reads the token from path: its first line, surrounding blanks trimmed.
  * The file must be a regular file (not a symlink) owned by this user with

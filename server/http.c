@@ -1641,7 +1641,7 @@ static int inferences_running(http_server *s)
     return n;
 }
 
-void http_server_drain(http_server *s, double deadline)
+void http_server_quiesce(http_server *s)
 {
     if (!__atomic_exchange_n(&s->draining, 1, __ATOMIC_RELAXED) && s->d) {
         /* MHD stops accepting; the kernel would still queue connections on
@@ -1650,6 +1650,11 @@ void http_server_drain(http_server *s, double deadline)
         s->listen_fd = MHD_quiesce_daemon(s->d);
         if (s->listen_fd != MHD_INVALID_SOCKET) shutdown(s->listen_fd, SHUT_RDWR);
     }
+}
+
+void http_server_drain(http_server *s, double deadline)
+{
+    http_server_quiesce(s);
     while (util_now() < deadline && inferences_running(s) > 0) usleep(10000);
 }
 
@@ -1721,3 +1726,15 @@ void http_server_stop(http_server *s)
     free(s->name);
     free(s);
 }
+
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void fe_attach(void *self, engine *e, sched *sc, const text_model *tm) { http_server_attach(self, e, sc, tm); }
+static void fe_quiesce(void *self) { http_server_quiesce(self); }
+static void fe_drain(void *self, double deadline) { http_server_drain(self, deadline); }
+static void fe_detach(void *self) { http_server_detach(self); }
+static void fe_stop(void *self) { http_server_stop(self); }
+
+static const frontend_ops k_http_frontend = {"http", fe_attach, fe_quiesce, fe_drain, fe_detach, fe_stop};
+
+frontend http_frontend(http_server *s) { return (frontend){&k_http_frontend, s}; }

@@ -11,9 +11,11 @@
  * (engine thread) store the results and resume it. See http.c for the
  * request life cycle.
  *
- * Shutdown order: http_server_detach (no new work reaches the scheduler),
- * sched_free (every request in flight ends, its connection is resumed),
- * http_server_stop (closes the connections), engine_close.
+ * Shutdown order (frontend.h, the same for every front end):
+ * http_server_quiesce, http_server_drain, http_server_detach (no new work
+ * reaches the scheduler), sched_free (every request in flight ends, its
+ * connection is resumed), http_server_stop (closes the connections),
+ * engine_close.
  */
 #ifndef FERRY_HTTP_H
 #define FERRY_HTTP_H
@@ -23,6 +25,7 @@
 #include "../engine/engine.h"
 #include "../engine/scheduler.h"
 #include "budget.h"
+#include "frontend.h"
 #include "metrics.h"
 #include "text.h"
 
@@ -52,9 +55,10 @@ int http_server_port(const http_server *s);
  * has no tokenizer). tm must outlive the server (http_server_stop). */
 void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm);
 /* Stops accepting connections at once (new requests on open ones get 503
- * "server shutting down", ready says not ready), then waits until the
- * inference requests in flight have ended or the monotonic clock
- * (util_now) passes deadline. Called again, it only waits. */
+ * "server shutting down", ready says not ready). Called again, nothing. */
+void http_server_quiesce(http_server *s);
+/* Quiesces, then waits until the inference requests in flight have ended
+ * or the monotonic clock (util_now) passes deadline. */
 void http_server_drain(http_server *s, double deadline);
 /* Back to "not ready": no handler touches the engine or scheduler after
  * this returns, so the caller may sched_free and engine_close them. */
@@ -62,5 +66,8 @@ void http_server_detach(http_server *s);
 /* Stops listening and closes every connection. No connection may still be
  * waiting on a scheduler (sched_free first). */
 void http_server_stop(http_server *s);
+
+/* The calls above as a front end (frontend.h). */
+frontend http_frontend(http_server *s);
 
 #endif

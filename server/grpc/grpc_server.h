@@ -13,10 +13,11 @@
  * their reset streams and header blocks are; core bounds each one's calls,
  * idle time and metadata, and refuses compressed messages.
  *
- * Shutdown order: grpc_front_stop (stops accepting, lets calls in flight
- * finish within the grace period, then cancels them; every call has ended
- * when it returns, so nothing reaches the scheduler after it), then the
- * HTTP front end's order (http.h), sched_free, engine_close.
+ * Shutdown order (frontend.h): grpc_front_quiesce (stops accepting),
+ * grpc_front_drain (lets calls in flight finish until the deadline, then
+ * cancels them; every call has ended when it returns, so nothing reaches
+ * the scheduler after it), grpc_front_detach, then sched_free,
+ * grpc_front_stop, engine_close.
  */
 #ifndef FERRY_GRPC_SERVER_H
 #define FERRY_GRPC_SERVER_H
@@ -26,6 +27,7 @@
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
 #include "../budget.h"
+#include "../frontend.h"
 #include "../metrics.h"
 #include "../text.h"
 
@@ -63,9 +65,19 @@ int grpc_front_port(const grpc_front *g);
  * text_output use tm (its text_error answers them when the model has no
  * tokenizer). tm must outlive the front (grpc_front_stop). */
 void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm);
-/* Stops accepting calls, waits up to grace_s seconds for the calls in
- * flight, cancels the rest (their rows through sched_cancel: the scheduler
- * must still run), waits for every call to end and frees everything. */
-void grpc_front_stop(grpc_front *g, int grace_s);
+/* Stops accepting connections and calls, at once. Called again: nothing. */
+void grpc_front_quiesce(grpc_front *g);
+/* Quiesces, waits until the calls in flight have ended or the monotonic
+ * clock (util_now) passes deadline, cancels the rest (their rows through
+ * sched_cancel: the scheduler must still run) and waits for every call to
+ * end: nothing reaches the scheduler after it returns. */
+void grpc_front_drain(grpc_front *g, double deadline);
+/* Forgets the engine and scheduler (no call is left to use them). */
+void grpc_front_detach(grpc_front *g);
+/* Drains with no time left, if that was not done, and frees everything. */
+void grpc_front_stop(grpc_front *g);
+
+/* The calls above as a front end (frontend.h). */
+frontend grpc_frontend(grpc_front *g);
 
 #endif
