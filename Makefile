@@ -20,7 +20,7 @@ CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -
 LDLIBS   += -lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread
 
 ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c engine/text/*.c) $(wildcard config/*.c)
-SERVER_SRC := $(wildcard server/*.c server/cli/*.c server/grpc/*.c)
+SERVER_SRC := $(wildcard server/*.c server/http/*.c server/cli/*.c server/grpc/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 

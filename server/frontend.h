@@ -18,7 +18,7 @@
  *   stop               closes every connection and frees the front end;
  *                      no connection may still wait on a scheduler
  *
- * The shutdown order, for all of them together (http.h said it first):
+ * The shutdown order, for all of them together (http_server.h said it first):
  * quiesce all (none accepts while another drains), drain all, detach all,
  * sched_free (every request still in flight ends and its connection is
  * resumed), stop all, engine_close. Before any attach (a failed start or

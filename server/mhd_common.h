@@ -1,5 +1,5 @@
 /*
- * mhd_common.h - what the two libmicrohttpd listeners (http.c: KServe v2,
+ * mhd_common.h - what the two libmicrohttpd listeners (http/: KServe v2,
  * admin.c: the admin API) do alike: resolving the address to bind, and
  * passing MHD's own log lines on, quietly unless FERRY_HTTP_LOG is set;
  * and the list of open connections that keeps a receive deadline (and, on
@@ -92,7 +92,7 @@ void mhd_conns_mark(mhd_conns *cs, struct MHD_Connection *c, bool receiving);
 void mhd_conns_admit(mhd_conns *cs, struct MHD_Connection *c);
 /* The current request's URL as the client sent it (MHD's URI log
  * callback: query included, before unescaping), kept for a head-size check
- * (http.c); the connection's MHD thread only. Untracked: `otherwise`. */
+ * (http/listener.c); the connection's MHD thread only. Untracked: `otherwise`. */
 void mhd_conns_set_url_bytes(mhd_conns *cs, struct MHD_Connection *c, uint64_t n);
 uint64_t mhd_conns_url_bytes(struct MHD_Connection *c, uint64_t otherwise);
 /* Shuts down the connections past the deadline or left by their client;

@@ -49,7 +49,7 @@
 #include "cli.h"
 #include "../grpc/grpc_server.h"
 #include "../admin.h"
-#include "../http.h"
+#include "../http/http_server.h"
 #include "../metrics.h"
 #include "../text.h"
 

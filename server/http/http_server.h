@@ -1,15 +1,16 @@
 /*
- * http.h - the HTTP front end: KServe v2 REST, Triton's generate extension
- * (token ids or text), the OpenAI-compatible API (/v1), /tokenize and
- * /detokenize, and /metrics on libmicrohttpd.
+ * http_server.h - the HTTP inference API: KServe v2 REST, Triton's
+ * generate extension (token ids or text), the OpenAI-compatible API (/v1),
+ * /tokenize and /detokenize, and /metrics, on a listener (listener.h)
+ * whose route table each protocol fills (kserve_routes.c,
+ * openai_routes.c, token_routes.c, health_routes.c).
  *
  * The server listens before the model is loaded (health/live answers at
  * once; ready and inference endpoints answer 503 "model not ready") and
  * starts serving when the caller attaches the engine and its scheduler.
  * Worker threads never wait for the engine: a handler submits its rows to
  * the scheduler and suspends the connection; the scheduler's callbacks
- * (engine thread) store the results and resume it. See http.c for the
- * request life cycle.
+ * (engine thread) store the results and resume it (gen.c, listener.c).
  *
  * Shutdown order (frontend.h, the same for every front end):
  * http_server_quiesce, http_server_drain, http_server_detach (no new work
@@ -17,17 +18,17 @@
  * connection is resumed), http_server_stop (closes the connections),
  * engine_close.
  */
-#ifndef FERRY_HTTP_H
-#define FERRY_HTTP_H
+#ifndef FERRY_HTTP_SERVER_H
+#define FERRY_HTTP_SERVER_H
 
 #include <stdint.h>
 
-#include "../engine/engine.h"
-#include "../engine/scheduler.h"
-#include "budget.h"
-#include "frontend.h"
-#include "metrics.h"
-#include "text.h"
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
+#include "../budget.h"
+#include "../frontend.h"
+#include "../metrics.h"
+#include "../text.h"
 
 typedef struct {
     const char *host;        /* address to bind: "0.0.0.0", "127.0.0.1", "::", a host name */
