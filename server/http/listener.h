@@ -68,8 +68,8 @@ typedef struct {
 /* Where a method and path lead (route.c, apart from MHD). */
 typedef struct {
     const http_route *route;  /* the route to answer with; NULL: refused */
-    const char *label;        /* a route of that path whatever the method (NULL: none) */
-    const char *param;        /* the segment a '*' matched, within path */
+    const char *label;        /* of the first route of that path, whatever the method (NULL: none) */
+    const char *param;        /* the segment a '*' matched, within path (refused: the first route's) */
     int code;                 /* refused: 404 (no such path) or 405 (not that method) */
     const char *why;          /* the refusal's message */
     char allow[48];           /* 405: the Allow header ("GET, HEAD", "POST", ...) */

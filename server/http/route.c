@@ -47,7 +47,7 @@ void http_route_find(const http_route_table *const *tables, int n, const char *m
             const http_route *r = &tables[t]->routes[i];
             const char *param = NULL;
             if (!path_matches(r->path, path, &param)) continue;
-            if (!m->label) m->label = r->label;
+            if (!m->label) m->label = r->label, m->param = param;
             if (method_takes(r->method, method)) {
                 m->route = r;
                 m->param = param;
