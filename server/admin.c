@@ -586,6 +586,8 @@ static http_refusal on_head(void *ctx, http_req *rq, const char *method, const c
 
 /* ---- server ---------------------------------------------------------------------- */
 
+static void stop(void *self);
+
 ferry_status admin_server_start(const admin_opts *o, admin_server **out)
 {
     *out = NULL;
@@ -633,7 +635,7 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
         .counters = o->counters,
     };
     if ((st = http_listener_start(&lo, &a->l)) != FERRY_OK) {
-        admin_server_stop(a);
+        stop(a);
         return st;
     }
     *out = a;
@@ -642,8 +644,12 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
 
 int admin_server_port(const admin_server *a) { return http_listener_port(a->l); }
 
-void admin_server_attach(admin_server *a, engine *e, sched *sc)
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void attach(void *self, engine *e, sched *sc, const text_model *tm)
 {
+    (void)tm;
+    admin_server *a = self;
     pthread_rwlock_wrlock(&a->lock);
     a->e = e;
     a->s = sc;
@@ -669,23 +675,26 @@ static void jobs_end(admin_server *a)
     pthread_mutex_unlock(&a->jobs_mu);
 }
 
-void admin_server_quiesce(admin_server *a)
+static void quiesce(void *self)
 {
+    admin_server *a = self;
     __atomic_store_n(&a->draining, 1, __ATOMIC_RELAXED);
     http_listener_quiesce(a->l);
 }
 
 /* An export does not wait for the deadline: it is cancelled at once (its
  * partial output removed), as the requests are short. */
-void admin_server_drain(admin_server *a, double deadline)
+static void drain(void *self, double deadline)
 {
     (void)deadline;
-    admin_server_quiesce(a);
+    admin_server *a = self;
+    quiesce(a);
     jobs_end(a);
 }
 
-void admin_server_detach(admin_server *a)
+static void detach(void *self)
 {
+    admin_server *a = self;
     pthread_rwlock_wrlock(&a->lock);
     a->e = NULL;
     a->s = NULL;
@@ -693,8 +702,9 @@ void admin_server_detach(admin_server *a)
     jobs_end(a); /* one started before the lock was taken */
 }
 
-void admin_server_stop(admin_server *a)
+static void stop(void *self)
 {
+    admin_server *a = self;
     if (!a) return;
     http_listener_stop(a->l); /* no handler runs after this */
     jobs_end(a);
@@ -706,18 +716,6 @@ void admin_server_stop(admin_server *a)
     free(a);
 }
 
-/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
-
-static void fe_attach(void *self, engine *e, sched *sc, const text_model *tm)
-{
-    (void)tm;
-    admin_server_attach(self, e, sc);
-}
-static void fe_quiesce(void *self) { admin_server_quiesce(self); }
-static void fe_drain(void *self, double deadline) { admin_server_drain(self, deadline); }
-static void fe_detach(void *self) { admin_server_detach(self); }
-static void fe_stop(void *self) { admin_server_stop(self); }
-
-static const frontend_ops k_admin_frontend = {"admin", fe_attach, fe_quiesce, fe_drain, fe_detach, fe_stop};
+static const frontend_ops k_admin_frontend = {"admin", attach, quiesce, drain, detach, stop};
 
 frontend admin_frontend(admin_server *a) { return (frontend){&k_admin_frontend, a}; }

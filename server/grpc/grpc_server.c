@@ -34,7 +34,7 @@
  *   R2. rows_left = rows still running + 1 while ModelInfer is submitting;
  *       whoever takes it to 0 (the submitter or an on_done) sends the answer,
  *       exactly once.
- *   R3. every rpc allocated is counted in live_rpcs; grpc_front_drain waits
+ *   R3. every rpc allocated is counted in live_rpcs; drain (frontend.h) waits
  *       for live_rpcs == 0 before shutting the completion queue down, so no
  *       on_done can reach a freed server.
  */
@@ -259,7 +259,7 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     if (last) infer_finish(r);
 }
 
-/* Cancels the rows submitted so far (the scheduler runs: grpc_front_drain
+/* Cancels the rows submitted so far (the scheduler runs: drain
  * comes before sched_free). */
 static void cancel_rows(rpc *r)
 {
@@ -639,6 +639,8 @@ static void *cq_main(void *arg)
 
 /* ---- start and stop ------------------------------------------------------------- */
 
+static void stop(void *self);
+
 /* Triton's keepalive settings (README); core's listener also set the
  * accepted sockets' TCP_USER_TIMEOUT to the keepalive timeout, and so does
  * grpc_listen.c */
@@ -729,7 +731,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->work = workq_new(GRPC_WORKERS, "ferry-grpc-work"); /* without: the CQ thread handles the messages (work_post) */
     *out = g;
     if (grpc_listener_start(g->listener, g->server, g->relay) != FERRY_OK) {
-        grpc_front_stop(g); /* keeps the listener's message */
+        stop(g); /* keeps the listener's message */
         *out = NULL;
         return FERRY_ERR_IO;
     }
@@ -738,8 +740,11 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
 
 int grpc_front_port(const grpc_front *g) { return g->port; }
 
-void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm)
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void attach(void *self, engine *e, sched *sc, const text_model *tm)
 {
+    grpc_front *g = self;
     pthread_mutex_lock(&g->mu);
     g->e = e;
     g->s = sc;
@@ -748,8 +753,9 @@ void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm
     pthread_mutex_unlock(&g->mu);
 }
 
-void grpc_front_quiesce(grpc_front *g)
+static void quiesce(void *self)
 {
+    grpc_front *g = self;
     if (g->quiesced) return;
     g->quiesced = true;
     g->quiesced_at = util_now();
@@ -757,9 +763,10 @@ void grpc_front_quiesce(grpc_front *g)
     grpc_server_shutdown_and_notify(g->server, g->cq, &g->shutdown_tag);
 }
 
-void grpc_front_drain(grpc_front *g, double deadline)
+static void drain(void *self, double deadline)
 {
-    grpc_front_quiesce(g);
+    grpc_front *g = self;
+    quiesce(g);
     if (g->drained) return;
     g->drained = true;
     /* the monotonic deadline as the realtime clock the condition waits on */
@@ -789,17 +796,19 @@ void grpc_front_drain(grpc_front *g, double deadline)
     pthread_mutex_unlock(&g->mu);
 }
 
-void grpc_front_detach(grpc_front *g)
+static void detach(void *self)
 {
+    grpc_front *g = self;
     pthread_mutex_lock(&g->mu);
     g->e = NULL;
     g->s = NULL;
     pthread_mutex_unlock(&g->mu);
 }
 
-void grpc_front_stop(grpc_front *g)
+static void stop(void *self)
 {
-    grpc_front_drain(g, 0); /* drained already, or never attached: nothing to wait for */
+    grpc_front *g = self;
+    drain(g, 0); /* drained already, or never attached: nothing to wait for */
     workq_free(g->work); /* no item is left: each holds a live rpc */
     grpc_server_destroy(g->server);
     grpc_relay_stop(g->relay); /* after core's GOAWAYs and last answers went through it */
@@ -813,14 +822,6 @@ void grpc_front_stop(grpc_front *g)
     free(g);
 }
 
-/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
-
-static void fe_attach(void *self, engine *e, sched *sc, const text_model *tm) { grpc_front_attach(self, e, sc, tm); }
-static void fe_quiesce(void *self) { grpc_front_quiesce(self); }
-static void fe_drain(void *self, double deadline) { grpc_front_drain(self, deadline); }
-static void fe_detach(void *self) { grpc_front_detach(self); }
-static void fe_stop(void *self) { grpc_front_stop(self); }
-
-static const frontend_ops k_grpc_frontend = {"grpc", fe_attach, fe_quiesce, fe_drain, fe_detach, fe_stop};
+static const frontend_ops k_grpc_frontend = {"grpc", attach, quiesce, drain, detach, stop};
 
 frontend grpc_frontend(grpc_front *g) { return (frontend){&k_grpc_frontend, g}; }

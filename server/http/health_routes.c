@@ -8,24 +8,16 @@
 
 #include "api.h"
 
-static bool live(http_req *rq)
-{
-    strbuf sb;
-    sb_init(&sb);
-    sb_puts(&sb, "{\"live\": true}");
-    return http_reply_json(rq, 200, &sb, NULL, NULL);
-}
+static bool live(http_req *rq) { return http_reply_json_text(rq, 200, "{\"live\": true}"); }
 
 static bool ready(http_req *rq)
 {
     api_view v;
     api_look(rq, &v);
-    strbuf sb;
-    sb_init(&sb);
-    if (v.ready) sb_puts(&sb, "{\"ready\": true}");
-    else if (v.loaded) sb_puts(&sb, "{\"ready\": false, \"error\": \"the last steps failed (see the server log)\"}");
-    else sb_puts(&sb, "{\"ready\": false, \"error\": \"model not ready\"}");
-    return http_reply_json(rq, v.ready ? 200 : 503, &sb, NULL, NULL);
+    return http_reply_json_text(rq, v.ready ? 200 : 503,
+                                v.ready    ? "{\"ready\": true}"
+                                : v.loaded ? "{\"ready\": false, \"error\": \"the last steps failed (see the server log)\"}"
+                                           : "{\"ready\": false, \"error\": \"model not ready\"}");
 }
 
 static bool metrics_page(http_req *rq)

@@ -28,6 +28,8 @@ struct http_server {
     api_model m;
 };
 
+static void stop(void *self);
+
 /* Every protocol's routes; KServe's model paths go through kserve_resolve. */
 static const http_route_table *const k_tables[] = {&health_routes, &kserve_routes, &openai_routes, &token_routes};
 
@@ -82,7 +84,7 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
     };
     ferry_status st = http_listener_start(&lo, &srv->l);
     if (st != FERRY_OK) {
-        http_server_stop(srv);
+        stop(srv);
         return st;
     }
     *out = srv;
@@ -91,8 +93,11 @@ ferry_status http_server_start(const http_opts *o, http_server **out)
 
 int http_server_port(const http_server *s) { return http_listener_port(s->l); }
 
-void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm)
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void attach(void *self, engine *e, sched *sc, const text_model *tm)
 {
+    http_server *s = self;
     pthread_rwlock_wrlock(&s->lock);
     s->m.e = e;
     s->m.s = sc;
@@ -102,30 +107,38 @@ void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *
     pthread_rwlock_unlock(&s->lock);
 }
 
-void http_server_quiesce(http_server *s) { http_listener_quiesce(s->l); }
+static void quiesce(void *self) { http_listener_quiesce(((http_server *)self)->l); }
 
-void http_server_drain(http_server *s, double deadline)
+/* Until the inference requests in flight have ended or the deadline. */
+static void drain(void *self, double deadline)
 {
-    http_server_quiesce(s);
+    http_server *s = self;
+    quiesce(s);
     while (util_now() < deadline && http_listener_busy(s->l) > 0) usleep(10000);
 }
 
-void http_server_detach(http_server *s)
+static void detach(void *self)
 {
+    http_server *s = self;
     pthread_rwlock_wrlock(&s->lock);
     s->m.e = NULL;
     s->m.s = NULL;
     pthread_rwlock_unlock(&s->lock);
 }
 
-void http_server_stop(http_server *s)
+static void stop(void *self)
 {
+    http_server *s = self;
     if (!s) return;
     http_listener_stop(s->l);
     pthread_rwlock_destroy(&s->lock);
     free(s->name);
     free(s);
 }
+
+static const frontend_ops k_http_frontend = {"http", attach, quiesce, drain, detach, stop};
+
+frontend http_frontend(http_server *s) { return (frontend){&k_http_frontend, s}; }
 
 /* ---- what the handlers share (api.h) ---------------------------------------------- */
 
@@ -152,15 +165,3 @@ void api_look(http_req *rq, api_view *v)
     /* loaded, and its steps are not failing one after another */
     v->ready = v->loaded && sched_healthy(&v->sched) && !http_req_draining(rq);
 }
-
-/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
-
-static void fe_attach(void *self, engine *e, sched *sc, const text_model *tm) { http_server_attach(self, e, sc, tm); }
-static void fe_quiesce(void *self) { http_server_quiesce(self); }
-static void fe_drain(void *self, double deadline) { http_server_drain(self, deadline); }
-static void fe_detach(void *self) { http_server_detach(self); }
-static void fe_stop(void *self) { http_server_stop(self); }
-
-static const frontend_ops k_http_frontend = {"http", fe_attach, fe_quiesce, fe_drain, fe_detach, fe_stop};
-
-frontend http_frontend(http_server *s) { return (frontend){&k_http_frontend, s}; }

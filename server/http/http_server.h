@@ -12,11 +12,10 @@
  * the scheduler and suspends the connection; the scheduler's callbacks
  * (engine thread) store the results and resume it (gen.c, listener.c).
  *
- * Shutdown order (frontend.h, the same for every front end):
- * http_server_quiesce, http_server_drain, http_server_detach (no new work
- * reaches the scheduler), sched_free (every request in flight ends, its
- * connection is resumed), http_server_stop (closes the connections),
- * engine_close.
+ * Shutdown order (frontend.h, the same for every front end): quiesce,
+ * drain, detach (no new work reaches the scheduler), sched_free (every
+ * request in flight ends, its connection is resumed), stop (closes the
+ * connections), engine_close.
  */
 #ifndef FERRY_HTTP_SERVER_H
 #define FERRY_HTTP_SERVER_H
@@ -51,24 +50,14 @@ typedef struct http_server http_server;
 ferry_status http_server_start(const http_opts *o, http_server **out);
 int http_server_port(const http_server *s);
 
-/* The model is ready: inference endpoints submit to sc, ready answers 200;
- * the text endpoints use tm (its text_error answers them when the model
- * has no tokenizer). tm must outlive the server (http_server_stop). */
-void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm);
-/* Stops accepting connections at once (new requests on open ones get 503
- * "server shutting down", ready says not ready). Called again, nothing. */
-void http_server_quiesce(http_server *s);
-/* Quiesces, then waits until the inference requests in flight have ended
- * or the monotonic clock (util_now) passes deadline. */
-void http_server_drain(http_server *s, double deadline);
-/* Back to "not ready": no handler touches the engine or scheduler after
- * this returns, so the caller may sched_free and engine_close them. */
-void http_server_detach(http_server *s);
-/* Stops listening and closes every connection. No connection may still be
- * waiting on a scheduler (sched_free first). */
-void http_server_stop(http_server *s);
-
-/* The calls above as a front end (frontend.h). */
+/* Its life cycle (frontend.h): attach makes inference endpoints submit
+ * to the scheduler and ready answer 200, the text endpoints use the text
+ * model (its text_error answers them when the model has no tokenizer; it
+ * must outlive the server); quiesce stops accepting connections (new
+ * requests on open ones get 503 "server shutting down", ready says not
+ * ready); drain waits for the inference requests in flight; after detach
+ * no handler touches the engine or scheduler; stop closes every
+ * connection (none may still wait on a scheduler: sched_free first). */
 frontend http_frontend(http_server *s);
 
 #endif

@@ -51,30 +51,11 @@ const char *kserve_resolve(void *ctx, const char *url, char *buf, size_t cap, ht
 
 /* ---- GET routes ------------------------------------------------------------------- */
 
-static bool not_ready(http_req *rq)
-{
-    strbuf sb;
-    sb_init(&sb);
-    sb_puts(&sb, "{\"error\": \"model not ready\"}");
-    return http_reply_json(rq, 503, &sb, NULL, NULL);
-}
-
 static bool get_server_metadata(http_req *rq)
 {
     strbuf sb;
     sb_init(&sb);
     kserve_server_metadata(&sb);
-    return http_reply_json(rq, 200, &sb, NULL, NULL);
-}
-
-static bool get_model_metadata(http_req *rq)
-{
-    api_view v;
-    api_look(rq, &v);
-    if (!v.loaded) return not_ready(rq);
-    strbuf sb;
-    sb_init(&sb);
-    kserve_model_metadata(&sb, api_name(http_req_ctx(rq)), v.lim.vocab);
     return http_reply_json(rq, 200, &sb, NULL, NULL);
 }
 
@@ -90,31 +71,38 @@ static bool get_model_ready(http_req *rq)
     return http_reply_json(rq, v.ready ? 200 : 503, &sb, NULL, NULL);
 }
 
-static bool get_model_config(http_req *rq)
+/* A page about the loaded model (503 before it is): metadata, Triton's
+ * configuration and statistics. */
+static bool model_page(http_req *rq, void (*write)(strbuf *sb, const char *model, const api_view *v))
 {
     api_view v;
     api_look(rq, &v);
-    if (!v.loaded) return not_ready(rq);
-    kserve_config c;
-    kserve_config_fill(&c, api_name(http_req_ctx(rq)), v.lim.vocab, v.lim.max_seqs);
+    if (!v.loaded) return http_reply_json_text(rq, 503, "{\"error\": \"model not ready\"}");
     strbuf sb;
     sb_init(&sb);
-    kserve_model_config(&sb, &c);
+    write(&sb, api_name(http_req_ctx(rq)), &v);
     return http_reply_json(rq, 200, &sb, NULL, NULL);
 }
 
-static bool get_model_stats(http_req *rq)
+static void metadata(strbuf *sb, const char *model, const api_view *v) { kserve_model_metadata(sb, model, v->lim.vocab); }
+
+static void config(strbuf *sb, const char *model, const api_view *v)
 {
-    api_view v;
-    api_look(rq, &v);
-    if (!v.loaded) return not_ready(rq);
-    kserve_stats k;
-    kserve_stats_fill(&k, &v.sched);
-    strbuf sb;
-    sb_init(&sb);
-    kserve_model_stats(&sb, api_name(http_req_ctx(rq)), &k);
-    return http_reply_json(rq, 200, &sb, NULL, NULL);
+    kserve_config c;
+    kserve_config_fill(&c, model, v->lim.vocab, v->lim.max_seqs);
+    kserve_model_config(sb, &c);
 }
+
+static void statistics(strbuf *sb, const char *model, const api_view *v)
+{
+    kserve_stats k;
+    kserve_stats_fill(&k, &v->sched);
+    kserve_model_stats(sb, model, &k);
+}
+
+static bool get_model_metadata(http_req *rq) { return model_page(rq, metadata); }
+static bool get_model_config(http_req *rq) { return model_page(rq, config); }
+static bool get_model_stats(http_req *rq) { return model_page(rq, statistics); }
 
 /* ---- generation: infer, generate, generate_stream ----------------------------------- */
 

@@ -174,6 +174,8 @@ int http_req_take_more(http_req *rq, uint64_t n, const char *what, char *msg, si
 bool http_reply(http_req *rq, int code, const char *type, char *body, size_t len, const char *h1, const char *v1);
 /* sb (taken over) as application/json; a body out of memory is a 503. */
 bool http_reply_json(http_req *rq, int code, strbuf *sb, const char *h1, const char *v1);
+/* A JSON text known whole (a literal). */
+bool http_reply_json_text(http_req *rq, int code, const char *json);
 /* An error in the instance's format (error_body) for the request's path. */
 bool http_reply_error(http_req *rq, int code, const char *msg);
 bool http_reply_fail(http_req *rq, int code, const char *msg, const char *param, const char *errcode, const char *h1,

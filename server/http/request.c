@@ -235,6 +235,14 @@ bool http_reply_json(http_req *rq, int code, strbuf *sb, const char *h1, const c
     return http_reply(rq, code, "application/json", sb->data, len, h1, v1);
 }
 
+bool http_reply_json_text(http_req *rq, int code, const char *json)
+{
+    strbuf sb;
+    sb_init(&sb);
+    sb_puts(&sb, json);
+    return http_reply_json(rq, code, &sb, NULL, NULL);
+}
+
 void req_error_body(const http_req *rq, strbuf *sb, int code, const char *msg, const char *param, const char *errcode)
 {
     rq->l->o.error_body(rq->url ? rq->url : "", sb, code, msg, param, errcode);
