@@ -88,7 +88,6 @@ struct admin_server {
     pthread_mutex_t jobs_mu;     /* guards jobs, n_jobs */
     admin_job jobs[ADMIN_JOBS_KEPT];
     int n_jobs;                  /* jobs ever started; ids are 1..n_jobs */
-    int draining;                /* atomic: stopping; no export starts */
 };
 
 /* ---- the token ------------------------------------------------------------------ */
@@ -450,7 +449,7 @@ static bool answer_export(http_req *rq)
     }
 
     pthread_rwlock_rdlock(&a->lock);
-    if (!a->e || __atomic_load_n(&a->draining, __ATOMIC_RELAXED)) {
+    if (!a->e || http_req_draining(rq)) { /* stopping: no export starts */
         pthread_rwlock_unlock(&a->lock);
         json_doc_free(doc);
         return reply_error(rq, 503, NULL, NULL, a->e ? "server shutting down" : "model not ready");
@@ -675,12 +674,7 @@ static void jobs_end(admin_server *a)
     pthread_mutex_unlock(&a->jobs_mu);
 }
 
-static void quiesce(void *self)
-{
-    admin_server *a = self;
-    __atomic_store_n(&a->draining, 1, __ATOMIC_RELAXED);
-    http_listener_quiesce(a->l);
-}
+static void quiesce(void *self) { http_listener_quiesce(((admin_server *)self)->l); }
 
 /* An export does not wait for the deadline: it is cancelled at once (its
  * partial output removed), as the requests are short. */
