@@ -641,8 +641,8 @@ void http_listener_stop(http_listener *l)
         pthread_mutex_lock(&l->reg_mu);
         for (http_req *rq = l->live; rq; rq = rq->next) {
             pthread_mutex_lock(&rq->mu);
-            if (rq->suspended) {
-                rq->work_ops->abort(rq, "server stopped before the request ended");
+            if (rq->suspended) { /* only a request with work sleeps (http_req_sleep) */
+                if (rq->work_ops) rq->work_ops->abort(rq, "server stopped before the request ended");
                 rq->ended = true;
                 req_wake(rq);
             }
