@@ -24,7 +24,7 @@ LDLIBS   += -lmicrohttpd -luring -lpcre2-8 -lutf8proc -lm -pthread
 # cli/ (main and the commands). The unit tests and tools link the first three.
 ENGINE_SRC := $(wildcard engine/*.c engine/base/*.c engine/weights/*.c engine/io/*.c engine/cpu/*.c) $(wildcard config/*.c)
 TEXT_SRC   := $(wildcard text/*.c)
-SERVER_SRC := $(wildcard server/*.c server/grpc/*.c)
+SERVER_SRC := $(wildcard server/*.c server/http/*.c server/grpc/*.c)
 CLI_SRC    := $(wildcard cli/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 TEXT_OBJ   := $(TEXT_SRC:%.c=$(BUILD)/obj/%.o)
@@ -304,9 +304,12 @@ FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 # fuzz_grpc also links the gRPC front end's message layer and the protobuf-c
 # code generated for it, fuzz_h2_frame its HTTP/2 preface and frame-header
-# reader (no gRPC: they read and write bytes)
+# reader (no gRPC: they read and write bytes); fuzz_admin_route the admin
+# API's route table (admin.c, on the HTTP listener) and the router
 FUZZ_LIB_SRC := $(ENGINE_SRC) $(TEXT_SRC) server/kserve.c server/openai.c server/budget.c \
-                server/admin_route.c server/grpc/grpc_messages.c server/grpc/h2_frame.c $(PROTO_C)
+                server/admin_route.c server/admin.c server/metrics.c server/mhd_common.c server/workq.c \
+                server/http/listener.c server/http/request.c server/http/route.c \
+                server/grpc/grpc_messages.c server/grpc/h2_frame.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)
 FUZZ_LIBS     = $(shell pkg-config --libs libprotobuf-c)
 FUZZ_SA_OBJ  := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/sa/%.o)

@@ -21,15 +21,14 @@
  * admin setting was given; on another address it is a usage error, so that
  * an operator who asked for a reachable admin API is not left without one.
  *
- * Stopping: the admin API goes first (it stops listening, cancels a
- * running export and waits for it: the job reads the engine); then both
- * inference front ends stop accepting at once; the requests in flight
- * on either get --drain-timeout to finish (gRPC cancels its calls past it
- * while the scheduler still runs), then http.h's order: detach the model
- * (handlers stop submitting; HTTP requests still running end with 503),
- * sched_free (every request in flight ends and its connection resumes),
- * stop the HTTP daemon (no connection is suspended any more, as MHD
- * requires), close the engine.
+ * Stopping (server/frontend.h, for every front end alike): all stop
+ * accepting at once; the requests in flight on each get --drain-timeout to
+ * finish (gRPC cancels its calls past it while the scheduler still runs;
+ * a running export is cancelled at once: the job reads the engine); then
+ * detach the model (handlers stop submitting; HTTP requests still running
+ * end with 503), sched_free (every request in flight ends and its
+ * connection resumes), stop each front end (no connection is suspended any
+ * more, as libmicrohttpd requires), close the engine.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -50,7 +49,7 @@
 #include "cli.h"
 #include "../server/grpc/grpc_server.h"
 #include "../server/admin.h"
-#include "../server/http.h"
+#include "../server/http/http_server.h"
 #include "../server/metrics.h"
 #include "../text/text.h"
 
@@ -252,6 +251,41 @@ static void token_free(char *token)
     free(token);
 }
 
+/* Starts the front ends into *fronts: HTTP, then gRPC (unless its port is
+ * -1), then the admin API when it has a token; says where each listens.
+ * On a failure the ones started are left in *fronts for the caller. */
+static ferry_status start_fronts(const ferry_config *cfg, const char *name, const http_opts *ho,
+                                 const grpc_front_opts *go, admin_opts *ao, const char *token, frontend_set *fronts)
+{
+    http_server *srv;
+    if (http_server_start(ho, &srv) != FERRY_OK) return FERRY_ERR_IO;
+    frontends_add(fronts, http_frontend(srv));
+    bool v6 = strchr(cfg->host, ':') != NULL;
+    fprintf(stderr, "ferry: listening on http://%s%s%s:%d (model %s loading)\n", v6 ? "[" : "", cfg->host,
+            v6 ? "]" : "", http_server_port(srv), name);
+    if (cfg->grpc_port >= 0) {
+        grpc_front *gf;
+        if (grpc_front_start(go, &gf) != FERRY_OK) return FERRY_ERR_IO;
+        frontends_add(fronts, grpc_frontend(gf));
+        fprintf(stderr, "ferry: listening on grpc://%s%s%s:%d\n", v6 ? "[" : "", cfg->host, v6 ? "]" : "",
+                grpc_front_port(gf));
+    }
+    if (!token) return FERRY_OK;
+    ao->token = token;
+    ao->counters = ho->counters;
+    admin_server *adm;
+    ferry_status st = admin_server_start(ao, &adm);
+    if (st != FERRY_OK) return st;
+    frontends_add(fronts, admin_frontend(adm));
+    bool a6 = strchr(cfg->admin_host, ':') != NULL;
+    fprintf(stderr, "ferry: admin listening on http://%s%s%s:%d%s\n", a6 ? "[" : "", cfg->admin_host, a6 ? "]" : "",
+            admin_server_port(adm), cfg->export_dir ? "" : " (no --export-dir: exports are off)");
+    if (!admin_host_is_loopback(cfg->admin_host))
+        fprintf(stderr, "ferry: warning: the admin API is plain HTTP on %s: the token crosses the network in the clear\n",
+                cfg->admin_host);
+    return FERRY_OK;
+}
+
 int cmd_serve(const ferry_config *cfg)
 {
     engine_opts eo;
@@ -279,52 +313,19 @@ int cmd_serve(const ferry_config *cfg)
     req_budget_init(&budget, cfg->request_memory);
     ho.counters = go.counters = &m;
     ho.budget = go.budget = &budget;
-    http_server *srv;
-    if (http_server_start(&ho, &srv) != FERRY_OK) {
+    frontend_set fronts = {0};
+    ferry_status st = start_fronts(cfg, name, &ho, &go, &ao, token, &fronts);
+    token_free(token);
+    if (st != FERRY_OK) {
+        frontends_stop(&fronts);
         metrics_free(&m);
-        return cli_fail(FERRY_ERR_IO);
-    }
-    bool v6 = strchr(cfg->host, ':') != NULL;
-    fprintf(stderr, "ferry: listening on http://%s%s%s:%d (model %s loading)\n", v6 ? "[" : "", cfg->host,
-            v6 ? "]" : "", http_server_port(srv), name);
-    grpc_front *gf = NULL;
-    if (cfg->grpc_port >= 0) {
-        if (grpc_front_start(&go, &gf) != FERRY_OK) {
-            http_server_stop(srv);
-            metrics_free(&m);
-            return cli_fail(FERRY_ERR_IO);
-        }
-        fprintf(stderr, "ferry: listening on grpc://%s%s%s:%d\n", v6 ? "[" : "", cfg->host, v6 ? "]" : "",
-                grpc_front_port(gf));
-    }
-
-    admin_server *adm = NULL;
-    if (token) {
-        ao.token = token;
-        ao.counters = &m;
-        ferry_status st = admin_server_start(&ao, &adm);
-        token_free(token);
-        if (st != FERRY_OK) {
-            if (gf) grpc_front_stop(gf, 0);
-            http_server_stop(srv);
-            metrics_free(&m);
-            return cli_fail(st);
-        }
-        bool a6 = strchr(cfg->admin_host, ':') != NULL;
-        fprintf(stderr, "ferry: admin listening on http://%s%s%s:%d%s\n", a6 ? "[" : "", cfg->admin_host, a6 ? "]" : "",
-                admin_server_port(adm), cfg->export_dir ? "" : " (no --export-dir: exports are off)");
-        if (!admin_host_is_loopback(cfg->admin_host))
-            fprintf(stderr,
-                    "ferry: warning: the admin API is plain HTTP on %s: the token crosses the network in the clear\n",
-                    cfg->admin_host);
+        return cli_fail(st);
     }
 
     loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .max_text = cfg->max_text_bytes, .main_thread = pthread_self()};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
-        admin_server_stop(adm);
-        if (gf) grpc_front_stop(gf, 0);
-        http_server_stop(srv);
+        frontends_stop(&fronts);
         metrics_free(&m);
         return cli_error(EXIT_RUNTIME, "cannot start the loading thread");
     }
@@ -337,17 +338,13 @@ int cmd_serve(const ferry_config *cfg)
             continue; /* a stray SIGUSR1 */
         if (state == LOAD_FAILED) {
             pthread_join(lt, NULL);
-            admin_server_stop(adm);
-            if (gf) grpc_front_stop(gf, 0);
-            http_server_stop(srv);
+            frontends_stop(&fronts);
             metrics_free(&m);
             rc = cli_error(EXIT_RUNTIME, "%s", ld.err ? ld.err : "out of memory");
             free(ld.err);
             return rc;
         }
-        http_server_attach(srv, ld.e, ld.s, ld.tm);
-        if (gf) grpc_front_attach(gf, ld.e, ld.s, ld.tm);
-        if (adm) admin_server_attach(adm, ld.e, ld.s);
+        frontends_attach(&fronts, ld.e, ld.s, ld.tm);
         if (text_error(ld.tm)) fprintf(stderr, "ferry: text endpoints off: %s\n", text_error(ld.tm));
         else if (text_chat_error(ld.tm)) fprintf(stderr, "ferry: chat off: %s\n", text_chat_error(ld.tm));
         fprintf(stderr, "ferry: model %s ready\n", name);
@@ -356,26 +353,19 @@ int cmd_serve(const ferry_config *cfg)
     if (state == LOAD_RUNNING) {
         /* loading cannot be interrupted; nothing was submitted, so no
          * connection is suspended: stop listening and leave */
-        admin_server_stop(adm);
-        if (gf) grpc_front_stop(gf, 0);
-        http_server_stop(srv);
+        frontends_stop(&fronts);
         fprintf(stderr, "ferry: stopped while the model was loading\n");
         _exit(0);
     }
     pthread_join(lt, NULL);
-    /* the admin API first: a running export is cancelled and waited for */
-    admin_server_stop(adm);
-    /* both front ends stop accepting at once; the requests in flight on
-     * either have --drain-timeout to finish, then what runs is cancelled */
+    /* every front end stops accepting at once; the requests in flight on
+     * each have --drain-timeout to finish (a running export is cancelled
+     * at once), then frontend.h's order: detach, sched_free, stop,
+     * engine_close */
     double deadline = util_now() + (double)cfg->drain_timeout;
+    frontends_quiesce(&fronts);
     tmpl_cancel_renders(); /* a render is not a request in flight yet: it ends now (503) */
-    http_server_drain(srv, 0);
-    if (gf) grpc_front_stop(gf, (int)cfg->drain_timeout);
-    http_server_drain(srv, deadline);
-    http_server_detach(srv);
-    sched_free(ld.s);
-    http_server_stop(srv);
-    engine_close(ld.e);
+    frontends_shutdown(&fronts, deadline, ld.s, ld.e);
     text_model_free(ld.tm);
     metrics_free(&m);
     fprintf(stderr, "ferry: stopped\n");

@@ -1,14 +1,17 @@
 /*
- * admin.c - the admin API on libmicrohttpd (MHD). See admin.h.
+ * admin.c - the admin API: its routes on a listener of its own
+ * (http/listener.h), the bearer token, and the export jobs. See admin.h.
  *
- * Small and synchronous, unlike http.c: no handler waits on the engine
- * (status reads published figures; an export runs on the job's own thread),
- * so a request is answered within the MHD call that sees its body whole,
- * and a couple of worker threads are enough.
+ * Small and synchronous, unlike the inference API: no handler waits on
+ * the engine (status reads published figures; an export runs on the job's
+ * own thread), so a request is answered within the call that sees its body
+ * whole, on one of a couple of connection threads, and there are no prep
+ * workers.
  *
- * A request (struct admin_request) is authenticated when its head arrives:
- * a client without the token is answered 401 before its body is read.
- * Routing and the body's checks come after.
+ * A request is authenticated when its head arrives (the listener's head
+ * hook, admin_route.h's decision): a client without the token is answered
+ * 401 before its body is read. Routing and the body's checks come after,
+ * from the table below.
  *
  * Connections (issue 29.6). Authentication needs a whole head, and a head
  * can be trickled a byte at a time; the admin API is usually on loopback,
@@ -29,7 +32,7 @@
  *   (J1) only the newest job may still have an export_job handle
  *        (one export at a time: a second is 409 while it runs);
  *   (J2) a job whose handle is gone has its final status in `final`;
- *   (J3) a handle is freed only after export_job_wait (reap_jobs, stop).
+ *   (J3) a handle is freed only after export_job_wait (reap_jobs, jobs_end).
  */
 #define _GNU_SOURCE
 #include "admin.h"
@@ -37,7 +40,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -45,7 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -55,18 +56,14 @@
 #include "../engine/export.h"
 #include "../engine/weights/convert.h"
 #include "admin_route.h"
+#include "http/listener.h"
 #include "mhd_common.h"
 
 #define ADMIN_WORKER_THREADS 2
 #define ADMIN_CONNECTION_TIMEOUT_S 30
-#define ADMIN_REAP_INTERVAL_US 250000 /* how often the receive deadline is checked */
 #define ADMIN_MAX_BODY (64u << 10)
 #define ADMIN_JOBS_KEPT 16
 #define JOBS_PREFIX ADMIN_JOBS_PREFIX
-
-
-/* metrics labels, by admin_endpoint */
-static const char *const k_aep_name[] = {"admin_status", "admin_export", "admin_job", "admin_other"};
 
 typedef struct {
     char id[24];
@@ -78,18 +75,13 @@ typedef struct {
 } admin_job;
 
 struct admin_server {
-    struct MHD_Daemon *d;
-    int port;
+    http_listener *l;
     char token[ADMIN_TOKEN_MAX]; /* zero-padded: compared over its whole size */
     size_t token_len;
     char *export_root;
     char *model_name;
     metrics *counters;
-    bool log;                    /* FERRY_HTTP_LOG: MHD's own messages */
-    mhd_conns *conns;            /* open connections: the receive deadline, the waiting limit */
-    pthread_t reaper;            /* calls mhd_conns_cut_slow */
-    bool reaper_running;
-    int reaper_stop;             /* atomic */
+    req_budget bodies;           /* the listener's budget: room for every connection's largest body */
     pthread_rwlock_t lock;       /* guards e, s */
     engine *e;
     sched *s;
@@ -97,14 +89,6 @@ struct admin_server {
     admin_job jobs[ADMIN_JOBS_KEPT];
     int n_jobs;                  /* jobs ever started; ids are 1..n_jobs */
 };
-
-typedef struct {
-    admin_decision d;    /* made on the head; url (job_id) is MHD's, valid until the request completes */
-    bool answered;
-    bool too_large;
-    char *body;
-    size_t len, cap;
-} admin_request;
 
 /* ---- the token ------------------------------------------------------------------ */
 
@@ -191,63 +175,34 @@ bool admin_host_is_loopback(const char *host)
     return all;
 }
 
-static void peer_name(struct MHD_Connection *c, char *out, size_t cap)
-{
-    snprintf(out, cap, "unknown peer");
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (!ci || !ci->client_addr) return;
-    const struct sockaddr *sa = ci->client_addr;
-    socklen_t len = sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    char host[INET6_ADDRSTRLEN + 8], serv[16];
-    if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) == 0)
-        snprintf(out, cap, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
-}
-
 /* ---- answering ------------------------------------------------------------------ */
 
-static enum MHD_Result reply(admin_server *a, admin_request *rq, struct MHD_Connection *c, int code, strbuf *sb,
-                             const char *h1, const char *v1)
+/* Every admin answer is JSON and a newline (error bodies: error_body). */
+static bool reply(http_req *rq, int code, strbuf *sb, const char *h1, const char *v1)
 {
-    rq->answered = true;
-    if (sb->oom) {
-        sb_free(sb);
-        sb_puts(sb, "{\"error\": \"out of memory\"}");
-        code = 503;
-    }
     sb_putc(sb, '\n');
-    struct MHD_Response *r = MHD_create_response_from_buffer(sb->len, sb->data ? sb->data : (char *)"",
-                                                             sb->data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        sb_free(sb);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    if (h1) MHD_add_response_header(r, h1, v1);
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
-    MHD_destroy_response(r);
-    metrics_count_request(a->counters, k_aep_name[rq->d.ep], code);
-    return ret;
+    return http_reply_json(rq, code, sb, h1, v1);
 }
 
-static enum MHD_Result reply_error(admin_server *a, admin_request *rq, struct MHD_Connection *c, int code,
-                                   const char *h1, const char *v1, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
+static bool reply_error(http_req *rq, int code, const char *h1, const char *v1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
-static enum MHD_Result reply_error(admin_server *a, admin_request *rq, struct MHD_Connection *c, int code,
-                                   const char *h1, const char *v1, const char *fmt, ...)
+static bool reply_error(http_req *rq, int code, const char *h1, const char *v1, const char *fmt, ...)
 {
     char msg[FERRY_MSG_MAX + 128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    strbuf sb;
-    sb_init(&sb);
-    sb_puts(&sb, "{\"error\": ");
-    sb_json_str(&sb, msg);
-    sb_putc(&sb, '}');
-    return reply(a, rq, c, code, &sb, h1, v1);
+    return http_reply_fail(rq, code, msg, NULL, NULL, h1, v1);
+}
+
+static void error_body(const char *url, strbuf *sb, int code, const char *msg, const char *param, const char *errcode)
+{
+    (void)url, (void)code, (void)param, (void)errcode;
+    sb_puts(sb, "{\"error\": ");
+    sb_json_str(sb, msg);
+    sb_puts(sb, "}\n");
 }
 
 /* ---- jobs ----------------------------------------------------------------------- */
@@ -355,8 +310,9 @@ static void status_engine_json(strbuf *sb, engine *e, sched *s)
               (unsigned long long)ss.tokens_generated, ss.last_step_s, ss.failing_steps);
 }
 
-static enum MHD_Result answer_status(admin_server *a, admin_request *rq, struct MHD_Connection *c)
+static bool answer_status(http_req *rq)
 {
+    admin_server *a = http_req_ctx(rq);
     strbuf sb;
     sb_init(&sb);
     sb_puts(&sb, "{\"model\": ");
@@ -386,7 +342,7 @@ static enum MHD_Result answer_status(admin_server *a, admin_request *rq, struct 
     }
     sb_puts(&sb, "]}}");
     pthread_mutex_unlock(&a->jobs_mu);
-    return reply(a, rq, c, 200, &sb, NULL, NULL);
+    return reply(rq, 200, &sb, NULL, NULL);
 }
 
 /* ---- POST /admin/v1/export ------------------------------------------------------- */
@@ -475,27 +431,28 @@ static int export_http_code(ferry_status st)
     }
 }
 
-static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct MHD_Connection *c)
+/* The body is within ADMIN_MAX_BODY (the listener's 413 otherwise). */
+static bool answer_export(http_req *rq)
 {
-    if (rq->too_large)
-        return reply_error(a, rq, c, 413, NULL, NULL, "request body larger than %u bytes", ADMIN_MAX_BODY);
+    admin_server *a = http_req_ctx(rq);
     if (!a->export_root)
-        return reply_error(a, rq, c, 400, NULL, NULL,
-                           "exports are off: this server was started without --export-dir");
+        return reply_error(rq, 400, NULL, NULL, "exports are off: this server was started without --export-dir");
+    size_t len;
+    const char *body = http_req_body(rq, &len);
     json_doc *doc = NULL;
-    if (json_parse_limited(rq->body ? rq->body : "", rq->len, 16 * (size_t)ADMIN_MAX_BODY, &doc) != FERRY_OK)
-        return reply_error(a, rq, c, 400, NULL, NULL, "invalid JSON body: %s", ferry_errmsg());
+    if (json_parse_limited(body, len, 16 * (size_t)ADMIN_MAX_BODY, &doc) != FERRY_OK)
+        return reply_error(rq, 400, NULL, NULL, "invalid JSON body: %s", ferry_errmsg());
     export_request r = {.o = {.root = a->export_root}};
     if (!export_parse(json_doc_root(doc), &r)) {
         json_doc_free(doc);
-        return reply_error(a, rq, c, 400, NULL, NULL, "%s", r.msg);
+        return reply_error(rq, 400, NULL, NULL, "%s", r.msg);
     }
 
     pthread_rwlock_rdlock(&a->lock);
-    if (!a->e) {
+    if (!a->e || http_req_draining(rq)) { /* stopping: no export starts */
         pthread_rwlock_unlock(&a->lock);
         json_doc_free(doc);
-        return reply_error(a, rq, c, 503, NULL, NULL, "model not ready");
+        return reply_error(rq, 503, NULL, NULL, a->e ? "server shutting down" : "model not ready");
     }
     pthread_mutex_lock(&a->jobs_mu);
     reap_jobs(a);
@@ -506,7 +463,7 @@ static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct 
         pthread_mutex_unlock(&a->jobs_mu);
         pthread_rwlock_unlock(&a->lock);
         json_doc_free(doc);
-        return reply_error(a, rq, c, 409, MHD_HTTP_HEADER_LOCATION, loc,
+        return reply_error(rq, 409, "Location", loc,
                            "an export is running (%s); one export at a time", loc);
     }
     export_job *job = NULL;
@@ -529,7 +486,7 @@ static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct 
     pthread_mutex_unlock(&a->jobs_mu);
     pthread_rwlock_unlock(&a->lock);
     json_doc_free(doc);
-    if (st != FERRY_OK) return reply_error(a, rq, c, export_http_code(st), NULL, NULL, "%s", ferry_errmsg());
+    if (st != FERRY_OK) return reply_error(rq, export_http_code(st), NULL, NULL, "%s", ferry_errmsg());
 
     char loc[64];
     snprintf(loc, sizeof loc, JOBS_PREFIX "%s", id);
@@ -541,14 +498,15 @@ static enum MHD_Result answer_export(admin_server *a, admin_request *rq, struct 
     sb_puts(&sb, ", \"location\": ");
     sb_json_str(&sb, loc);
     sb_putc(&sb, '}');
-    return reply(a, rq, c, 202, &sb, MHD_HTTP_HEADER_LOCATION, loc);
+    return reply(rq, 202, &sb, "Location", loc);
 }
 
 /* ---- GET and DELETE /admin/v1/jobs/{id} ------------------------------------------ */
 
-static enum MHD_Result answer_job(admin_server *a, admin_request *rq, struct MHD_Connection *c, const char *id,
-                                  bool cancel)
+static bool answer_job(http_req *rq, bool cancel)
 {
+    admin_server *a = http_req_ctx(rq);
+    const char *id = http_req_param(rq);
     pthread_mutex_lock(&a->jobs_mu);
     reap_jobs(a);
     admin_job *j = job_find(a, id);
@@ -558,7 +516,7 @@ static enum MHD_Result answer_job(admin_server *a, admin_request *rq, struct MHD
         size_t k = 0;
         for (; id[k] && k < sizeof shown - 1; k++) shown[k] = id[k] >= 0x20 && id[k] < 0x7f ? id[k] : '?';
         shown[k] = '\0';
-        return reply_error(a, rq, c, 404, NULL, NULL, "no job '%s' (the last %d jobs are kept)", shown,
+        return reply_error(rq, 404, NULL, NULL, "no job '%s' (the last %d jobs are kept)", shown,
                            ADMIN_JOBS_KEPT);
     }
     int code = 200;
@@ -574,137 +532,60 @@ static enum MHD_Result answer_job(admin_server *a, admin_request *rq, struct MHD
     sb_init(&sb);
     job_json(&sb, j);
     pthread_mutex_unlock(&a->jobs_mu);
-    return reply(a, rq, c, code, &sb, NULL, NULL);
+    return reply(rq, code, &sb, NULL, NULL);
 }
 
-/* ---- routing and MHD ------------------------------------------------------------- */
+static bool answer_job_get(http_req *rq) { return answer_job(rq, false); }
+static bool answer_job_cancel(http_req *rq) { return answer_job(rq, true); }
 
-static enum MHD_Result dispatch(admin_server *a, admin_request *rq, struct MHD_Connection *c)
-{
-    const admin_decision *d = &rq->d;
-    if (d->code)
-        return reply_error(a, rq, c, d->code, d->allow ? MHD_HTTP_HEADER_ALLOW : NULL, d->allow, "%s", d->why);
-    switch (d->ep) {
-    case AEP_STATUS: return answer_status(a, rq, c);
-    case AEP_EXPORT: return answer_export(a, rq, c);
-    case AEP_JOB: return answer_job(a, rq, c, d->job_id, d->cancel);
-    default: return reply_error(a, rq, c, 404, NULL, NULL, "not found");
-    }
-}
+/* ---- routes and the head ----------------------------------------------------------- */
 
-static void body_append(admin_request *rq, const char *data, size_t n)
-{
-    if (rq->too_large || rq->d.ep != AEP_EXPORT) return; /* discard */
-    if (n > ADMIN_MAX_BODY - rq->len) {
-        rq->too_large = true;
-        free(rq->body);
-        rq->body = NULL;
-        rq->len = rq->cap = 0;
-        return;
-    }
-    if (rq->len + n + 1 > rq->cap) {
-        size_t cap = rq->len + n + 1 > 1024 ? ADMIN_MAX_BODY + 1 : 1024;
-        char *p = realloc(rq->body, cap);
-        if (!p) {
-            rq->too_large = true; /* answered 413: the body could not be held */
-            return;
-        }
-        rq->body = p;
-        rq->cap = cap;
-    }
-    memcpy(rq->body + rq->len, data, n);
-    rq->len += n;
-    rq->body[rq->len] = '\0';
-}
+static const http_route k_routes[] = {
+    HTTP_ROUTE("GET", "/admin/v1/status", ADMIN_LABEL_STATUS, answer_status),
+    {"POST", "/admin/v1/export", ADMIN_LABEL_EXPORT, answer_export, NULL, HTTP_BODY, NULL, NULL},
+    HTTP_ROUTE("GET", JOBS_PREFIX "*", ADMIN_LABEL_JOB, answer_job_get),
+    HTTP_ROUTE("DELETE", JOBS_PREFIX "*", ADMIN_LABEL_JOB, answer_job_cancel),
+};
+
+const http_route_table admin_routes = {k_routes, sizeof k_routes / sizeof k_routes[0]};
 
 /* 401 lines logged at most: a burst per window (ferry_admin_auth_failures_total counts every one) */
 #define ADMIN_401_LOG_BURST 10
 #define ADMIN_401_LOG_WINDOW_S 10
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+/* Authentication, on every head before its body is read; a refusal is
+ * counted, and logged with the peer's address and the reason, never the
+ * token. */
+static http_refusal on_head(void *ctx, http_req *rq, const char *method, const char *url)
 {
-    (void)version;
-    admin_server *a = cls;
-    admin_request *rq = *con_cls;
-    if (!rq) { /* the head: authenticate before reading any body */
-        if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
-        *con_cls = rq;
-        rq->d = admin_route(method, url, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-                            a->token, a->token_len);
-        const char *why = rq->d.code == 401 ? rq->d.why : NULL;
-        if (why) {
-            mhd_conns_mark(a->conns, c, false); /* answered: off the receive deadline */
-            char peer[INET6_ADDRSTRLEN + 16];
-            peer_name(c, peer, sizeof peer);
-            metrics_count_admin_auth_failure(a->counters);
-            /* a client chooses the method and how often: escaped, and at
-             * most a burst of lines a window (the counter has them all) */
-            static mhd_log_limit limit = MHD_LOG_LIMIT_INIT(ADMIN_401_LOG_BURST, ADMIN_401_LOG_WINDOW_S);
-            uint64_t held = 0;
-            if (mhd_log_allow(&limit, &held)) {
-                char m[48], u[160], more[64] = "";
-                if (held)
-                    snprintf(more, sizeof more, " (%llu more 401s not logged)", (unsigned long long)held);
-                fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s%s\n", mhd_log_escape(method, m, sizeof m),
-                        rq->d.ep == AEP_OTHER ? "(other path)" : mhd_log_escape(url, u, sizeof u), peer, why, more);
-            }
-            return reply_error(a, rq, c, 401, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ferry-admin\"",
-                               "unauthorized: %s (send Authorization: Bearer <token>)", why);
-        }
-        mhd_conns_admit(a->conns, c);
-        return MHD_YES;
+    admin_server *a = ctx;
+    http_refusal no = {0};
+    admin_decision d = admin_route(method, url, http_req_header(rq, "Authorization"), a->token, a->token_len);
+    if (d.code != 401) return no; /* let in: the table answers the rest */
+    char peer[INET6_ADDRSTRLEN + 16];
+    http_req_peer(rq, peer, sizeof peer);
+    metrics_count_admin_auth_failure(a->counters);
+    /* a client chooses the method and how often: escaped, and at most a
+     * burst of lines a window (the counter has them all) */
+    static mhd_log_limit limit = MHD_LOG_LIMIT_INIT(ADMIN_401_LOG_BURST, ADMIN_401_LOG_WINDOW_S);
+    uint64_t held = 0;
+    if (mhd_log_allow(&limit, &held)) {
+        char m[48], u[160], more[64] = "";
+        if (held) snprintf(more, sizeof more, " (%llu more 401s not logged)", (unsigned long long)held);
+        fprintf(stderr, "ferry: admin: 401 for %s %s from %s: %s%s\n", mhd_log_escape(method, m, sizeof m),
+                d.ep == AEP_OTHER ? "(other path)" : mhd_log_escape(url, u, sizeof u), peer, d.why, more);
     }
-    if (rq->answered) {
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    if (*upload_data_size) {
-        body_append(rq, upload_data, *upload_data_size);
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    mhd_conns_mark(a->conns, c, false); /* the request is whole */
-    return dispatch(a, rq, c);
-}
-
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
-{
-    (void)toe;
-    admin_server *a = cls;
-    mhd_conns_mark(a->conns, c, true); /* kept alive: the next head is on the deadline */
-    admin_request *rq = *con_cls;
-    if (!rq) return;
-    *con_cls = NULL;
-    free(rq->body);
-    free(rq);
-}
-
-/* The admin paths need no escapes: they are matched as sent (a "%00"
- * cannot end a job id early). */
-static size_t no_unescape(void *cls, struct MHD_Connection *c, char *s)
-{
-    (void)cls, (void)c;
-    return strlen(s);
-}
-
-static void on_log(void *cls, const char *fmt, va_list ap)
-{
-    mhd_log(((const admin_server *)cls)->log, "admin: http", fmt, ap);
-}
-
-static void *reaper_main(void *arg)
-{
-    admin_server *a = arg;
-    while (!__atomic_load_n(&a->reaper_stop, __ATOMIC_ACQUIRE)) {
-        usleep(ADMIN_REAP_INTERVAL_US);
-        mhd_conns_cut_slow(a->conns);
-    }
-    return NULL;
+    no.code = 401;
+    snprintf(no.buf, sizeof no.buf, "unauthorized: %s (send Authorization: Bearer <token>)", d.why);
+    no.msg = no.buf;
+    no.header = "WWW-Authenticate";
+    no.value = "Bearer realm=\"ferry-admin\"";
+    return no;
 }
 
 /* ---- server ---------------------------------------------------------------------- */
+
+static void stop(void *self);
 
 ferry_status admin_server_start(const admin_opts *o, admin_server **out)
 {
@@ -722,69 +603,62 @@ ferry_status admin_server_start(const admin_opts *o, admin_server **out)
     a->token_len = strlen(o->token);
     memcpy(a->token, o->token, a->token_len);
     a->counters = o->counters;
-    a->log = getenv("FERRY_HTTP_LOG") != NULL;
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->jobs_mu, NULL);
-    if (!(a->conns = mhd_conns_new(o->request_timeout_s, o->max_connections))) {
-        admin_server_stop(a);
-        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    }
-
-    struct addrinfo *ai;
-    if ((st = mhd_resolve(o->host, o->port, "--admin-host", &ai)) != FERRY_OK) {
-        admin_server_stop(a);
+    /* MHD's limit is twice the waiting limit (room for the connections shut
+     * down and not yet closed), each with at most one body: never refused */
+    int conns = 2 * o->max_connections;
+    req_budget_init(&a->bodies, (uint64_t)conns * ADMIN_MAX_BODY);
+    static const http_route_table *const tables[] = {&admin_routes};
+    http_listener_opts lo = {
+        .what = "admin API",
+        .log_name = "admin: http",
+        .host_flag = "--admin-host",
+        .host = o->host,
+        .port = o->port,
+        .tables = tables,
+        .n_tables = 1,
+        .other_label = ADMIN_LABEL_OTHER,
+        .ctx = a,
+        .head = on_head,
+        .error_body = error_body,
+        .no_store = true,
+        .unescape = false, /* the admin paths need no escapes: matched as sent (a "%00" cannot end a job id early) */
+        .max_body = ADMIN_MAX_BODY,
+        .budget = &a->bodies,
+        .request_timeout_s = o->request_timeout_s,
+        .connection_timeout_s = ADMIN_CONNECTION_TIMEOUT_S,
+        .max_connections = conns,
+        .max_waiting = o->max_connections,
+        .threads = ADMIN_WORKER_THREADS,
+        .counters = o->counters,
+    };
+    if ((st = http_listener_start(&lo, &a->l)) != FERRY_OK) {
+        stop(a);
         return st;
-    }
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    errno = 0;
-    a->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, a,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
-                            MHD_OPTION_NOTIFY_CONNECTION, mhd_conns_notify, a->conns,
-                            MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, a,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * o->max_connections),
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)ADMIN_WORKER_THREADS,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)ADMIN_CONNECTION_TIMEOUT_S,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_log, a,
-                            MHD_OPTION_END);
-    int err = errno;
-    freeaddrinfo(ai);
-    if (!a->d) {
-        st = ferry_fail(FERRY_ERR_IO, "admin API: cannot listen on %s port %d%s%s", o->host, o->port, err ? ": " : "",
-                        err ? strerror(err) : "");
-        admin_server_stop(a);
-        return st;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(a->d, MHD_DAEMON_INFO_BIND_PORT);
-    a->port = di ? di->port : o->port;
-    if (!(a->reaper_running = pthread_create(&a->reaper, NULL, reaper_main, a) == 0)) {
-        admin_server_stop(a);
-        return ferry_fail(FERRY_ERR_NOMEM, "admin API: cannot start its reaper thread");
     }
     *out = a;
     return FERRY_OK;
 }
 
-int admin_server_port(const admin_server *a) { return a->port; }
+int admin_server_port(const admin_server *a) { return http_listener_port(a->l); }
 
-void admin_server_attach(admin_server *a, engine *e, sched *sc)
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void attach(void *self, engine *e, sched *sc, const text_model *tm)
 {
+    (void)tm;
+    admin_server *a = self;
     pthread_rwlock_wrlock(&a->lock);
     a->e = e;
     a->s = sc;
     pthread_rwlock_unlock(&a->lock);
 }
 
-void admin_server_stop(admin_server *a)
+/* Cancels the running export, if any, and waits for it to end. */
+static void jobs_end(admin_server *a)
 {
-    if (!a) return;
-    if (a->reaper_running) {
-        __atomic_store_n(&a->reaper_stop, 1, __ATOMIC_RELEASE);
-        pthread_join(a->reaper, NULL);
-    }
-    if (a->d) MHD_stop_daemon(a->d); /* no handler runs after this */
-    mhd_conns_free(a->conns);
+    pthread_mutex_lock(&a->jobs_mu);
     admin_job *j = newest_job(a);
     if (j && j->job) { /* J1: the only one that may run */
         /* a job that has ended (unpolled) said so itself (log_job_end); one
@@ -793,10 +667,41 @@ void admin_server_stop(admin_server *a)
         if (!state_ended(export_job_status(j->job).state))
             fprintf(stderr, "ferry: admin: stopping: export %s is running: cancelling it\n", j->id);
         export_job_cancel(j->job);
-        export_job_wait(j->job);
+        j->final = export_job_wait(j->job); /* J2 */
         export_job_free(j->job);
         j->job = NULL;
     }
+    pthread_mutex_unlock(&a->jobs_mu);
+}
+
+static void quiesce(void *self) { http_listener_quiesce(((admin_server *)self)->l); }
+
+/* An export does not wait for the deadline: it is cancelled at once (its
+ * partial output removed), as the requests are short. */
+static void drain(void *self, double deadline)
+{
+    (void)deadline;
+    admin_server *a = self;
+    quiesce(a);
+    jobs_end(a);
+}
+
+static void detach(void *self)
+{
+    admin_server *a = self;
+    pthread_rwlock_wrlock(&a->lock);
+    a->e = NULL;
+    a->s = NULL;
+    pthread_rwlock_unlock(&a->lock);
+    jobs_end(a); /* one started before the lock was taken */
+}
+
+static void stop(void *self)
+{
+    admin_server *a = self;
+    if (!a) return;
+    http_listener_stop(a->l); /* no handler runs after this */
+    jobs_end(a);
     pthread_mutex_destroy(&a->jobs_mu);
     pthread_rwlock_destroy(&a->lock);
     memset(a->token, 0, sizeof a->token);
@@ -804,3 +709,7 @@ void admin_server_stop(admin_server *a)
     free(a->model_name);
     free(a);
 }
+
+static const frontend_ops k_admin_frontend = {"admin", attach, quiesce, drain, detach, stop};
+
+frontend admin_frontend(admin_server *a) { return (frontend){&k_admin_frontend, a}; }

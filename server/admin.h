@@ -19,9 +19,10 @@
  * Without a token the listener is not started at all; on an address other
  * than loopback that is a startup error (admin_host_is_loopback).
  *
- * One export runs at a time. Shutdown: admin_server_stop before sched_free
- * and engine_close - it stops listening, cancels a running export and waits
- * for it to end (the job reads the engine).
+ * One export runs at a time. Shutdown (frontend.h): drain cancels a
+ * running export and waits for it to end (the job reads the engine),
+ * detach makes sure none starts after, both before sched_free and
+ * engine_close.
  */
 #ifndef FERRY_ADMIN_H
 #define FERRY_ADMIN_H
@@ -31,6 +32,7 @@
 #include "../engine/engine.h"
 #include "../engine/scheduler.h"
 #include "admin_route.h"
+#include "frontend.h"
 #include "metrics.h"
 
 typedef struct {
@@ -48,10 +50,12 @@ typedef struct admin_server admin_server;
 
 ferry_status admin_server_start(const admin_opts *o, admin_server **out);
 int admin_server_port(const admin_server *a);
-/* The model is loaded: status reports it and exports may start. */
-void admin_server_attach(admin_server *a, engine *e, sched *sc);
-/* Stops listening, cancels a running export and waits for it; frees. */
-void admin_server_stop(admin_server *a);
+/* Its life cycle (frontend.h): attach makes status report the model and
+ * exports start; quiesce stops accepting connections, and exports (503
+ * "server shutting down"); drain cancels a running export and waits for it
+ * (the job reads the engine), at once whatever the deadline; after detach
+ * none can start; stop closes every connection and frees. */
+frontend admin_frontend(admin_server *a);
 
 /* Reads the token from path: its first line, surrounding blanks trimmed.
  * The file must be a regular file (not a symlink) owned by this user with

@@ -1,9 +1,10 @@
 /*
- * admin_route.c - the admin API's routing and authentication decision; see
- * admin_route.h.
+ * admin_route.c - the admin API's authentication and routing decision on
+ * a request head; see admin_route.h.
  */
 #include "admin_route.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -35,39 +36,36 @@ static const char *auth_refusal(const char *h, const char token[ADMIN_TOKEN_MAX]
     return token_matches(token, token_len, t, n) ? NULL : "wrong token";
 }
 
-static bool is_get(const char *m) { return !strcmp(m, "GET") || !strcmp(m, "HEAD"); }
-
-static admin_endpoint endpoint_of(const char *url)
+static admin_endpoint endpoint_of(const char *label)
 {
-    size_t pl = strlen(ADMIN_JOBS_PREFIX);
-    if (!strcmp(url, "/admin/v1/status")) return AEP_STATUS;
-    if (!strcmp(url, "/admin/v1/export")) return AEP_EXPORT;
-    if (!strncmp(url, ADMIN_JOBS_PREFIX, pl) && url[pl] && !strchr(url + pl, '/')) return AEP_JOB;
+    if (!label) return AEP_OTHER;
+    if (!strcmp(label, ADMIN_LABEL_STATUS)) return AEP_STATUS;
+    if (!strcmp(label, ADMIN_LABEL_EXPORT)) return AEP_EXPORT;
+    if (!strcmp(label, ADMIN_LABEL_JOB)) return AEP_JOB;
     return AEP_OTHER;
 }
 
 admin_decision admin_route(const char *method, const char *url, const char *authorization,
                            const char token[ADMIN_TOKEN_MAX], size_t token_len)
 {
-    admin_decision d = {.ep = endpoint_of(url)};
-    if ((d.why = auth_refusal(authorization, token, token_len))) {
+    static const http_route_table *const tables[] = {&admin_routes};
+    http_match m;
+    http_route_find(tables, 1, method, url, &m);
+    admin_decision d = {.ep = endpoint_of(m.label)};
+    const char *refused = auth_refusal(authorization, token, token_len);
+    if (refused) {
         d.code = 401;
+        snprintf(d.why, sizeof d.why, "%s", refused);
         return d;
     }
-    switch (d.ep) {
-    case AEP_STATUS:
-        if (!is_get(method)) d.code = 405, d.allow = "GET, HEAD", d.why = "method not allowed (use GET)";
-        break;
-    case AEP_EXPORT:
-        if (strcmp(method, "POST") != 0) d.code = 405, d.allow = "POST", d.why = "method not allowed (use POST)";
-        break;
-    case AEP_JOB:
+    if (d.ep == AEP_JOB) {
+        d.job_id = m.param;
         d.cancel = !strcmp(method, "DELETE");
-        d.job_id = url + strlen(ADMIN_JOBS_PREFIX);
-        if (!d.cancel && !is_get(method))
-            d.code = 405, d.allow = "GET, HEAD, DELETE", d.why = "method not allowed (use GET or DELETE)";
-        break;
-    default: d.code = 404, d.why = "not found";
+    }
+    if (!m.route) {
+        d.code = m.code;
+        snprintf(d.why, sizeof d.why, "%s", m.why);
+        snprintf(d.allow, sizeof d.allow, "%s", m.allow);
     }
     return d;
 }

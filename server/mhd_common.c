@@ -1,5 +1,6 @@
 /*
- * mhd_common.c - shared by the libmicrohttpd listeners; see mhd_common.h.
+ * mhd_common.c - libmicrohttpd helpers of the HTTP listener and others; see
+ * mhd_common.h.
  */
 #include "mhd_common.h"
 

@@ -1,9 +1,13 @@
 /*
- * mhd_common.h - what the two libmicrohttpd listeners (http.c: KServe v2,
- * admin.c: the admin API) do alike: resolving the address to bind, and
- * passing MHD's own log lines on, quietly unless FERRY_HTTP_LOG is set;
- * and the list of open connections that keeps a receive deadline (and, on
- * the admin API, a limit on connections still sending their request).
+ * mhd_common.h - libmicrohttpd helpers of the HTTP listener
+ * (http/listener.c, which serves both the inference API and the admin
+ * API), kept apart from it because others use them too: resolving the
+ * address to bind (gRPC's listener binds as HTTP does), MHD's own log
+ * lines, quiet unless FERRY_HTTP_LOG is set, and log lines a client can
+ * provoke (the admin API's 401s), bounded and escaped; and the listener's
+ * list of open connections, which keeps a receive deadline (and, on the
+ * admin API, a limit on connections still sending their request), and its
+ * answer written past MHD.
  */
 #ifndef FERRY_MHD_COMMON_H
 #define FERRY_MHD_COMMON_H
@@ -92,7 +96,7 @@ void mhd_conns_mark(mhd_conns *cs, struct MHD_Connection *c, bool receiving);
 void mhd_conns_admit(mhd_conns *cs, struct MHD_Connection *c);
 /* The current request's URL as the client sent it (MHD's URI log
  * callback: query included, before unescaping), kept for a head-size check
- * (http.c); the connection's MHD thread only. Untracked: `otherwise`. */
+ * (http/listener.c); the connection's MHD thread only. Untracked: `otherwise`. */
 void mhd_conns_set_url_bytes(mhd_conns *cs, struct MHD_Connection *c, uint64_t n);
 uint64_t mhd_conns_url_bytes(struct MHD_Connection *c, uint64_t otherwise);
 /* Shuts down the connections past the deadline or left by their client;

@@ -42,6 +42,8 @@ struct grpc_front {
                               * (tests: 1 pauses reading after every response) */
     rpc_tag shutdown_tag;
     struct workq *work;      /* grpc_server.c: GRPC_WORKERS threads that parse and encode, off the CQ thread */
+    bool quiesced, drained;  /* its quiesce, its drain ran (grpc_server.c; the thread that shuts down) */
+    double quiesced_at;      /* util_now */
 
     pthread_mutex_t mu;      /* guards what follows */
     pthread_cond_t cond;     /* shutdown_done or live_rpcs changed */

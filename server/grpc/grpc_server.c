@@ -34,7 +34,7 @@
  *   R2. rows_left = rows still running + 1 while ModelInfer is submitting;
  *       whoever takes it to 0 (the submitter or an on_done) sends the answer,
  *       exactly once.
- *   R3. every rpc allocated is counted in live_rpcs; grpc_front_stop waits
+ *   R3. every rpc allocated is counted in live_rpcs; drain (frontend.h) waits
  *       for live_rpcs == 0 before shutting the completion queue down, so no
  *       on_done can reach a freed server.
  */
@@ -55,6 +55,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../engine/base/util.h"
 #include "../kserve.h"
 #include "../workq.h"
 #include "grpc_call.h"
@@ -258,7 +259,7 @@ static void on_done(void *user, ferry_status st, const char *msg, const gen_resu
     if (last) infer_finish(r);
 }
 
-/* Cancels the rows submitted so far (the scheduler runs: grpc_front_stop
+/* Cancels the rows submitted so far (the scheduler runs: drain
  * comes before sched_free). */
 static void cancel_rows(rpc *r)
 {
@@ -638,6 +639,8 @@ static void *cq_main(void *arg)
 
 /* ---- start and stop ------------------------------------------------------------- */
 
+static void stop(void *self);
+
 /* Triton's keepalive settings (README); core's listener also set the
  * accepted sockets' TCP_USER_TIMEOUT to the keepalive timeout, and so does
  * grpc_listen.c */
@@ -728,7 +731,7 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
     g->work = workq_new(GRPC_WORKERS, "ferry-grpc-work"); /* without: the CQ thread handles the messages (work_post) */
     *out = g;
     if (grpc_listener_start(g->listener, g->server, g->relay) != FERRY_OK) {
-        grpc_front_stop(g, 0); /* keeps the listener's message */
+        stop(g); /* keeps the listener's message */
         *out = NULL;
         return FERRY_ERR_IO;
     }
@@ -737,8 +740,11 @@ ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out)
 
 int grpc_front_port(const grpc_front *g) { return g->port; }
 
-void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm)
+/* ---- the front end's life cycle (frontend.h) ------------------------------------ */
+
+static void attach(void *self, engine *e, sched *sc, const text_model *tm)
 {
+    grpc_front *g = self;
     pthread_mutex_lock(&g->mu);
     g->e = e;
     g->s = sc;
@@ -747,29 +753,62 @@ void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm
     pthread_mutex_unlock(&g->mu);
 }
 
-void grpc_front_stop(grpc_front *g, int grace_s)
+static void quiesce(void *self)
 {
+    grpc_front *g = self;
+    if (g->quiesced) return;
+    g->quiesced = true;
+    g->quiesced_at = util_now();
     grpc_listener_stop(g->listener); /* no new connections; core's get its GOAWAY below */
     grpc_server_shutdown_and_notify(g->server, g->cq, &g->shutdown_tag);
+}
+
+static void drain(void *self, double deadline)
+{
+    grpc_front *g = self;
+    quiesce(g);
+    if (g->drained) return;
+    g->drained = true;
+    /* the monotonic deadline as the realtime clock the condition waits on */
+    double left = deadline - util_now();
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += grace_s;
+    if (left > 0) {
+        until.tv_sec += (time_t)left;
+        until.tv_nsec += (long)((left - (double)(time_t)left) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&g->mu);
     while (!g->shutdown_done && pthread_cond_timedwait(&g->cond, &g->mu, &until) != ETIMEDOUT) {}
     bool late = !g->shutdown_done;
     int running = g->live_calls;
     pthread_mutex_unlock(&g->mu);
     if (late) {
-        /* with no call running the shutdown is merely on its way (grace 0:
-         * a failed start): nothing to say */
+        /* with no call running the shutdown is merely on its way (no
+         * grace: a failed start): nothing to say */
         if (running > 0)
-            fprintf(stderr, "ferry: grpc: %d call%s still running after %d s: cancelled\n", running,
-                    running == 1 ? "" : "s", grace_s);
+            fprintf(stderr, "ferry: grpc: %d call%s still running after %.0f s: cancelled\n", running,
+                    running == 1 ? "" : "s", util_now() - g->quiesced_at);
         grpc_server_cancel_all_calls(g->server);
     }
     pthread_mutex_lock(&g->mu);
     while (!g->shutdown_done || g->live_rpcs > 0) pthread_cond_wait(&g->cond, &g->mu); /* R3 */
     pthread_mutex_unlock(&g->mu);
+}
+
+static void detach(void *self)
+{
+    grpc_front *g = self;
+    pthread_mutex_lock(&g->mu);
+    g->e = NULL;
+    g->s = NULL;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void stop(void *self)
+{
+    grpc_front *g = self;
+    drain(g, 0); /* drained already, or never attached: nothing to wait for */
     workq_free(g->work); /* no item is left: each holds a live rpc */
     grpc_server_destroy(g->server);
     grpc_relay_stop(g->relay); /* after core's GOAWAYs and last answers went through it */
@@ -782,3 +821,7 @@ void grpc_front_stop(grpc_front *g, int grace_s)
     free(g->model_name);
     free(g);
 }
+
+static const frontend_ops k_grpc_frontend = {"grpc", attach, quiesce, drain, detach, stop};
+
+frontend grpc_frontend(grpc_front *g) { return (frontend){&k_grpc_frontend, g}; }

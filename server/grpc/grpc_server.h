@@ -13,10 +13,10 @@
  * their reset streams and header blocks are; core bounds each one's calls,
  * idle time and metadata, and refuses compressed messages.
  *
- * Shutdown order: grpc_front_stop (stops accepting, lets calls in flight
- * finish within the grace period, then cancels them; every call has ended
- * when it returns, so nothing reaches the scheduler after it), then the
- * HTTP front end's order (http.h), sched_free, engine_close.
+ * Shutdown order (frontend.h): quiesce (stops accepting), drain (lets
+ * calls in flight finish until the deadline, then cancels them; every call
+ * has ended when it returns, so nothing reaches the scheduler after it),
+ * detach, then sched_free, stop, engine_close.
  */
 #ifndef FERRY_GRPC_SERVER_H
 #define FERRY_GRPC_SERVER_H
@@ -26,6 +26,7 @@
 #include "../../engine/engine.h"
 #include "../../engine/scheduler.h"
 #include "../budget.h"
+#include "../frontend.h"
 #include "../metrics.h"
 #include "../../text/text.h"
 
@@ -59,13 +60,15 @@ typedef struct grpc_front grpc_front;
 ferry_status grpc_front_start(const grpc_front_opts *o, grpc_front **out);
 int grpc_front_port(const grpc_front *g);
 
-/* The model is ready: ModelInfer submits to sc; text_input and
- * text_output use tm (its text_error answers them when the model has no
- * tokenizer). tm must outlive the front (grpc_front_stop). */
-void grpc_front_attach(grpc_front *g, engine *e, sched *sc, const text_model *tm);
-/* Stops accepting calls, waits up to grace_s seconds for the calls in
- * flight, cancels the rest (their rows through sched_cancel: the scheduler
- * must still run), waits for every call to end and frees everything. */
-void grpc_front_stop(grpc_front *g, int grace_s);
+/* Its life cycle (frontend.h): attach makes ModelInfer submit to the
+ * scheduler, text_input and text_output use the text model (its
+ * text_error answers them when the model has no tokenizer; it must outlive
+ * the front); quiesce stops accepting connections and calls; drain waits
+ * until the calls in flight have ended or the deadline, cancels the rest
+ * (their rows through sched_cancel: the scheduler must still run) and
+ * waits for every call to end, so that nothing reaches the scheduler
+ * after it; detach forgets the engine; stop frees everything (draining
+ * first with no time left, if that was not done). */
+frontend grpc_frontend(grpc_front *g);
 
 #endif

@@ -380,7 +380,7 @@ static void submit(rpc *r, const uint8_t *buf, size_t len)
         pthread_mutex_unlock(&r->mu);
         sched_callbacks cb = {stream_on_token, stream_on_done};
         gen_request p = kserve_row_request(&q->kr, 0);
-        pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (grpc_front_stop first) */
+        pthread_mutex_lock(&g->mu); /* the scheduler outlives the lock (the front end drains first) */
         q->s = g->s;
         st = sched_submit(g->s, &p, &cb, q, &q->sid);
         if (st == FERRY_OK) {

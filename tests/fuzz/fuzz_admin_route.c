@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if ((d.code == 401) == presents_token(auth)) abort();
     if (d.ep != AEP_OTHER && !known_path(url)) abort();
     if (d.ep == AEP_OTHER && known_path(url)) abort();
-    if (d.code == 401 && !d.why) abort();
+    if (d.code == 401 && !d.why[0]) abort();
     if (d.code != 401) {
         bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool allowed = d.ep == AEP_STATUS ? get
@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                      : d.ep == AEP_JOB ? get || !strcmp(method, "DELETE") : false;
         if (d.ep == AEP_OTHER && d.code != 404) abort();
         if (d.ep != AEP_OTHER && d.code != (allowed ? 0 : 405)) abort();
-        if (d.code == 405 && (!d.allow || !d.why)) abort();
+        if (d.code == 405 && (!d.allow[0] || !d.why[0])) abort();
         if (d.ep == AEP_JOB) {
             if (!d.job_id || d.job_id < url || d.job_id >= url + strlen(url)) abort();
             if (!*d.job_id || strchr(d.job_id, '/')) abort();

@@ -1,30 +1,33 @@
 /*
- * http.h - the HTTP front end: KServe v2 REST, Triton's generate extension
- * (token ids or text), the OpenAI-compatible API (/v1), /tokenize and
- * /detokenize, and /metrics on libmicrohttpd.
+ * http_server.h - the HTTP inference API: KServe v2 REST, Triton's
+ * generate extension (token ids or text), the OpenAI-compatible API (/v1),
+ * /tokenize and /detokenize, and /metrics, on a listener (listener.h)
+ * whose route table each protocol fills (kserve_routes.c,
+ * openai_routes.c, token_routes.c, health_routes.c).
  *
  * The server listens before the model is loaded (health/live answers at
  * once; ready and inference endpoints answer 503 "model not ready") and
  * starts serving when the caller attaches the engine and its scheduler.
  * Worker threads never wait for the engine: a handler submits its rows to
  * the scheduler and suspends the connection; the scheduler's callbacks
- * (engine thread) store the results and resume it. See http.c for the
- * request life cycle.
+ * (engine thread) store the results and resume it (gen.c, listener.c).
  *
- * Shutdown order: http_server_detach (no new work reaches the scheduler),
- * sched_free (every request in flight ends, its connection is resumed),
- * http_server_stop (closes the connections), engine_close.
+ * Shutdown order (frontend.h, the same for every front end): quiesce,
+ * drain, detach (no new work reaches the scheduler), sched_free (every
+ * request in flight ends, its connection is resumed), stop (closes the
+ * connections), engine_close.
  */
-#ifndef FERRY_HTTP_H
-#define FERRY_HTTP_H
+#ifndef FERRY_HTTP_SERVER_H
+#define FERRY_HTTP_SERVER_H
 
 #include <stdint.h>
 
-#include "../engine/engine.h"
-#include "../engine/scheduler.h"
-#include "budget.h"
-#include "metrics.h"
-#include "../text/text.h"
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
+#include "../../text/text.h"
+#include "../budget.h"
+#include "../frontend.h"
+#include "../metrics.h"
 
 typedef struct {
     const char *host;        /* address to bind: "0.0.0.0", "127.0.0.1", "::", a host name */
@@ -47,20 +50,14 @@ typedef struct http_server http_server;
 ferry_status http_server_start(const http_opts *o, http_server **out);
 int http_server_port(const http_server *s);
 
-/* The model is ready: inference endpoints submit to sc, ready answers 200;
- * the text endpoints use tm (its text_error answers them when the model
- * has no tokenizer). tm must outlive the server (http_server_stop). */
-void http_server_attach(http_server *s, engine *e, sched *sc, const text_model *tm);
-/* Stops accepting connections at once (new requests on open ones get 503
- * "server shutting down", ready says not ready), then waits until the
- * inference requests in flight have ended or the monotonic clock
- * (util_now) passes deadline. Called again, it only waits. */
-void http_server_drain(http_server *s, double deadline);
-/* Back to "not ready": no handler touches the engine or scheduler after
- * this returns, so the caller may sched_free and engine_close them. */
-void http_server_detach(http_server *s);
-/* Stops listening and closes every connection. No connection may still be
- * waiting on a scheduler (sched_free first). */
-void http_server_stop(http_server *s);
+/* Its life cycle (frontend.h): attach makes inference endpoints submit
+ * to the scheduler and ready answer 200, the text endpoints use the text
+ * model (its text_error answers them when the model has no tokenizer; it
+ * must outlive the server); quiesce stops accepting connections (new
+ * requests on open ones get 503 "server shutting down", ready says not
+ * ready); drain waits for the inference requests in flight; after detach
+ * no handler touches the engine or scheduler; stop closes every
+ * connection (none may still wait on a scheduler: sched_free first). */
+frontend http_frontend(http_server *s);
 
 #endif
