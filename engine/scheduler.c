@@ -43,6 +43,7 @@ typedef struct {
     const int32_t *fill;  /* the prompt, or resume */
     int fill_len;
     int done_fill;        /* rows of fill already in the KV cache */
+    int prompt_counted;   /* rows of the prompt counted as prompt tokens: a preemption mid-prefill fills them again */
     int32_t *resume;      /* [prompt_len + max_new_tokens] after a preemption, else NULL */
     uint64_t order;       /* admission order: the highest is the newest */
     int room;             /* positions its KV blocks were reserved for; 0: it holds none */
@@ -146,7 +147,7 @@ static void finish(sched *s, int i, ferry_status st, const char *msg, bool cance
     q->logits = NULL;
     q->resume = NULL;
     q->fill = NULL;
-    q->n_gen = q->done_fill = q->fill_len = q->room = 0;
+    q->n_gen = q->done_fill = q->fill_len = q->room = q->prompt_counted = 0;
 }
 
 /* Ends a request that never started (mu not held). */
@@ -170,7 +171,7 @@ static ferry_status admit(sched *s, int i)
 {
     sched_seq *q = &s->seqs[i];
     req *r = q->r;
-    q->n_gen = q->done_fill = 0;
+    q->n_gen = q->done_fill = q->prompt_counted = 0;
     q->fill = r->prompt;
     q->fill_len = r->p.prompt_len;
     q->order = ++s->next_order;
@@ -393,8 +394,12 @@ static void run_step(sched *s)
         s->new_tok[k] = -1;
         if (q->state == SEQ_PREFILL) {
             q->done_fill += b.seqs[k].n_tokens;
-            if (q->n_gen == 0) prompted += (uint64_t)b.seqs[k].n_tokens;
-            else recomputed += (uint64_t)b.seqs[k].n_tokens; /* a preempted sequence's prefix, again */
+            /* each prompt row counts once as a prompt token; a row filled
+             * again after a preemption (mid-prefill or later) is recomputed */
+            int fresh = q->n_gen == 0 && q->done_fill > q->prompt_counted ? q->done_fill - q->prompt_counted : 0;
+            if (fresh) q->prompt_counted = q->done_fill;
+            prompted += (uint64_t)fresh;
+            recomputed += (uint64_t)(b.seqs[k].n_tokens - fresh);
             if (q->done_fill < q->fill_len) continue;
             q->state = SEQ_DECODE;
             if (q->n_gen > 0) continue; /* resumed: its next token is already known */

@@ -328,6 +328,58 @@ int main(void)
     sched_free(s);
     CHECK_EQ_INT(engine_kv_info(e).free_blocks, 12); /* every sequence's blocks came back */
 
+    /* preempted mid-prefill: A (1 prompt token) and B (45, prefilled a row
+     * a step beside A's decode row) fill a pool of 4 blocks; when A needs
+     * its second block, B - the newest - is preempted with part of its
+     * prompt in the cache, and fills it again once A is done. Its prompt
+     * counts once as prompt tokens (it counted twice before), the rows
+     * filled again as recomputed; both answers are A's and B's alone. */
+    {
+        engine_opts eo2 = eo;
+        eo2.max_seqs = 2;
+        eo2.max_step_tokens = 2;
+        eo2.kv_memory = 1u << 20;
+        engine *e2 = NULL;
+        CHECK_STATUS(engine_open(&eo2, &e2), FERRY_OK);
+        int per_mib = e2 ? engine_kv_info(e2).total_blocks : 0;
+        engine_close(e2);
+        e2 = NULL;
+        CHECK(per_mib >= 10);
+        eo2.kv_memory = (uint64_t)(4.5 * (double)(1u << 20) / (per_mib ? per_mib : 1));
+        CHECK_STATUS(engine_open(&eo2, &e2), FERRY_OK);
+        if (e2) {
+            CHECK_EQ_INT(engine_kv_info(e2).total_blocks, 4);
+            int32_t pb[45];
+            for (int k = 0; k < 45; k++) pb[k] = (int32_t)((k * 13 + 5) % vocab);
+            int32_t want_a[40], want_b[2];
+            float *lg = malloc((size_t)vocab * sizeof *lg);
+            CHECK_STATUS(generate_alone(e2, prompts[1], 1, 40, want_a, lg), FERRY_OK);
+            CHECK_STATUS(generate_alone(e2, pb, 45, 2, want_b, lg), FERRY_OK);
+            free(lg);
+            sched *s2;
+            CHECK_STATUS(sched_create(e2, NULL, &s2), FERRY_OK);
+            waiter wa, wb;
+            waiter_init(&wa);
+            waiter_init(&wb);
+            gen_request ap = {.prompt = prompts[1], .prompt_len = 1, .max_new_tokens = 40, .sampling = greedy};
+            gen_request bq = {.prompt = pb, .prompt_len = 45, .max_new_tokens = 2, .sampling = greedy};
+            CHECK_STATUS(sched_submit(s2, &ap, &k_cb, &wa, NULL), FERRY_OK);
+            CHECK_STATUS(sched_submit(s2, &bq, &k_cb, &wb, NULL), FERRY_OK);
+            wait_done(&wa);
+            wait_done(&wb);
+            CHECK_STATUS(wa.st, FERRY_OK);
+            CHECK_STATUS(wb.st, FERRY_OK);
+            CHECK(wa.n == 40 && memcmp(wa.tokens, want_a, sizeof want_a) == 0);
+            CHECK(wb.n == 2 && memcmp(wb.tokens, want_b, sizeof want_b) == 0);
+            sched_stats s2t = sched_get_stats(s2);
+            CHECK(s2t.preemptions >= 1);
+            CHECK_EQ_U64(s2t.tokens_prompted, 46);
+            CHECK(s2t.tokens_recomputed > 0);
+            sched_free(s2);
+            engine_close(e2);
+        }
+    }
+
     engine_close(e);
     free(want_logits);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
