@@ -204,7 +204,7 @@ static uint64_t answer_bytes(kserve_kind kind, const void *req, const gen_env *e
 {
     const kserve_request *r = &((const kserve_call *)req)->kr;
     uint64_t rows = (uint64_t)n_rows_, vocab = (uint64_t)env->lim->vocab;
-    uint64_t new_tokens = (uint64_t)r->max_new_tokens;
+    uint64_t new_tokens = (uint64_t)r->gen.max_new_tokens;
     uint64_t results = kserve_held_bytes(r, env->lim->vocab);
     uint64_t answer;
     if (r->text_out && kind == K_INFER) {
