@@ -307,7 +307,7 @@ FUZZ_SAN     ?= -fsanitize=address,undefined -fno-sanitize-recover=undefined -fn
 # reader (no gRPC: they read and write bytes); fuzz_admin_route the admin
 # API's route table (admin.c, on the HTTP listener) and the router
 FUZZ_LIB_SRC := $(ENGINE_SRC) $(TEXT_SRC) server/kserve.c server/openai.c server/budget.c \
-                server/admin_route.c server/admin.c server/metrics.c server/mhd_common.c server/workq.c \
+                server/http/admin_route.c server/http/admin.c server/metrics.c server/mhd_common.c server/workq.c \
                 server/http/listener.c server/http/request.c server/http/route.c \
                 server/grpc/grpc_messages.c server/grpc/h2_frame.c $(PROTO_C)
 FUZZ_INC      = -I$(GEN) $(GRPC_CFLAGS)

@@ -12,7 +12,7 @@
  *
  * The gRPC front end (server/grpc, unless --grpc-port -1) listens right
  * after HTTP and is attached to the same engine and scheduler; so does the
- * admin API (server/admin, 127.0.0.1:8003 by default) when it has a token.
+ * admin API (server/http/admin.c, 127.0.0.1:8003 by default) when it has a token.
  *
  * The admin token: admin_token_file (admin.h checks the file) or the
  * admin_token setting (FERRY_ADMIN_TOKEN, or a config file of mode 0600);
@@ -48,7 +48,7 @@
 #include "../text/chat_template.h"
 #include "cli.h"
 #include "../server/grpc/grpc_server.h"
-#include "../server/admin.h"
+#include "../server/http/admin.h"
 #include "../server/http/http_server.h"
 #include "../server/metrics.h"
 #include "../text/text.h"

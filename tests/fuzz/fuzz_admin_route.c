@@ -1,6 +1,6 @@
 /*
  * fuzz_admin_route.c - libFuzzer target for the admin API's request router
- * (admin_route in server/admin_route.h): method + URL + Authorization
+ * (admin_route in server/http/admin_route.h): method + URL + Authorization
  * header -> 401 / 404 / 405 / let in, and which endpoint.
  *
  * The input is "METHOD\nURL\nAUTHORIZATION" (a part past the last newline
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../../server/admin_route.h"
+#include "../../server/http/admin_route.h"
 
 static const char k_token[] = "adm1n-T0ken-for-fuzzing-0123456789";
 

@@ -52,12 +52,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../engine/base/json.h"
-#include "../engine/export.h"
-#include "../engine/weights/convert.h"
+#include "../../engine/base/json.h"
+#include "../../engine/export.h"
+#include "../../engine/weights/convert.h"
 #include "admin_route.h"
-#include "http/listener.h"
-#include "mhd_common.h"
+#include "listener.h"
+#include "../mhd_common.h"
 
 #define ADMIN_WORKER_THREADS 2
 #define ADMIN_CONNECTION_TIMEOUT_S 30

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "http/listener.h"
+#include "listener.h"
 
 #define ADMIN_TOKEN_MAX 1024
 #define ADMIN_JOBS_PREFIX "/admin/v1/jobs/"

@@ -29,11 +29,11 @@
 
 #include <stdbool.h>
 
-#include "../engine/engine.h"
-#include "../engine/scheduler.h"
+#include "../../engine/engine.h"
+#include "../../engine/scheduler.h"
 #include "admin_route.h"
-#include "frontend.h"
-#include "metrics.h"
+#include "../frontend.h"
+#include "../metrics.h"
 
 typedef struct {
     const char *host;        /* address to bind */
