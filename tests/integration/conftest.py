@@ -36,6 +36,13 @@ RUN_TIMEOUT = 120  # seconds for any single ferry invocation (a hang is a failur
 DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_TEST_DEVICE applies to
 
 
+def pytest_configure(config):
+    # `make check` runs the integration tests not marked slow, in parallel
+    # (pytest-xdist); `make test` runs them all (docs/testing.md)
+    config.addinivalue_line("markers", "slow: took 3 s or more on 2 cores (measured with --durations): left out "
+                                       "of make check, run by make test")
+
+
 def wait_until(cond, what, timeout=60, interval=0.02):
     """Polls cond() until it returns something true, and returns that; fails
     naming `what` (a string, or a callable giving one) after timeout seconds.

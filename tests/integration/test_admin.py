@@ -570,6 +570,7 @@ def test_second_export_is_409_and_cancel(slow_served):
     assert [j["job"] for j in s["jobs"]["recent"]][:2] == [job2, job], s["jobs"]
 
 
+@pytest.mark.slow
 def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_path):
     """Outputs of 8 concurrent requests are the same with an export running
     (slowed, so that it spans them) as without; groups on all three tiers,
@@ -781,6 +782,7 @@ class Tricklers:
             s.close()
 
 
+@pytest.mark.slow
 def test_trickled_heads_do_not_lock_the_operator_out(ferry_bin, tiny, token_file):
     """16 connections trickling a head a byte a second (which keeps MHD's own
     idle timeout from firing): an authorised GET status still succeeds, and

@@ -389,6 +389,7 @@ def read_to_close(s, timeout):
         pytest.fail("the connection is still open after %s s (got %d bytes)" % (timeout, len(got)))
 
 
+@pytest.mark.slow
 def test_grpc_preface_timeout(gsrv_lim, gpb):
     """A connection that does not send the HTTP/2 preface within
     --request-timeout (2 s) is closed, never handed to gRPC core (the
@@ -408,6 +409,7 @@ def test_grpc_preface_timeout(gsrv_lim, gpb):
     grpc_alive(gpb, gsrv_lim)
 
 
+@pytest.mark.slow
 def test_grpc_idle_connection(gsrv_lim, gpb):
     """A connection with no call open for --connection-timeout (3 s) is
     closed by the server (GOAWAY, then the close); a grpcio channel goes
@@ -442,6 +444,7 @@ def test_grpc_idle_connection(gsrv_lim, gpb):
     grpc_alive(gpb, gsrv_lim)
 
 
+@pytest.mark.slow
 def test_grpc_streams_per_connection(gsrv_lim, gpb):
     """--grpc-max-streams 2: the server's SETTINGS say 2; a client that
     opens a third call regardless loses that connection (gRPC core 1.51);
