@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,28 @@ import st_util  # noqa: E402
 SANITIZER = os.environ.get("FERRY_SANITIZER", "")
 RUN_TIMEOUT = 120  # seconds for any single ferry invocation (a hang is a failure)
 DEVICE_COMMANDS = ("generate", "bench", "plan")  # the ones $FERRY_TEST_DEVICE applies to
+
+
+def pytest_configure(config):
+    # `make check` runs the integration tests not marked slow, in parallel
+    # (pytest-xdist); `make test` runs them all (docs/testing.md)
+    config.addinivalue_line("markers", "slow: took 3 s or more on 2 cores (measured with --durations): left out "
+                                       "of make check, run by make test")
+
+
+def wait_until(cond, what, timeout=60, interval=0.02):
+    """Polls cond() until it returns something true, and returns that; fails
+    naming `what` (a string, or a callable giving one) after timeout seconds.
+    Tests wait on what they can observe - a metric, a log line, a frame -
+    never for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail("after %ss: %s" % (timeout, what() if callable(what) else what))
+        time.sleep(interval)
 
 
 def ferry_path():

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import prompt_ids
+from conftest import prompt_ids, wait_until
 from test_http import Server, infer, metrics, msum, request
 
 import st_util
@@ -260,9 +260,9 @@ def test_auth_failures_logged_without_the_token(fresh):
     n = len(srv.log)
     st, _, _ = areq(adm, "GET", "/admin/v1/status", token=secret)
     assert st == 401
-    time.sleep(0.2)
-    lines = [ln for ln in srv.log[n:] if "admin" in ln and "401" in ln]
-    assert lines, "no log line for the refused request:\n%s" % srv.logtail()
+    # the line reaches srv.log through the server's stderr and the reader thread
+    lines = wait_until(lambda: [ln for ln in srv.log[n:] if "admin" in ln and "401" in ln],
+                       lambda: "no log line for the refused request:\n%s" % srv.logtail(), timeout=10)
     assert "127.0.0.1" in lines[-1] and "wrong token" in lines[-1], lines
     assert not any(secret in ln or TOKEN in ln for ln in srv.log), "a token reached the log"
 
@@ -570,6 +570,7 @@ def test_second_export_is_409_and_cancel(slow_served):
     assert [j["job"] for j in s["jobs"]["recent"]][:2] == [job2, job], s["jobs"]
 
 
+@pytest.mark.slow
 def test_export_while_8_requests_run(ferry_bin, tiny, vocab, token_file, tmp_path):
     """Outputs of 8 concurrent requests are the same with an export running
     (slowed, so that it spans them) as without; groups on all three tiers,
@@ -781,6 +782,7 @@ class Tricklers:
             s.close()
 
 
+@pytest.mark.slow
 def test_trickled_heads_do_not_lock_the_operator_out(ferry_bin, tiny, token_file):
     """16 connections trickling a head a byte a second (which keeps MHD's own
     idle timeout from firing): an authorised GET status still succeeds, and

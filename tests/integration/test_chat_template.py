@@ -786,6 +786,7 @@ def _random_template(rng):
     return tag("set ns = namespace(k=0)") + "".join(stmt(0) for _ in range(rng.randrange(1, 5)))
 
 
+@pytest.mark.slow
 def test_random_templates():
     import random
     rng = random.Random(20260501)

@@ -376,6 +376,7 @@ def gzip_zeros(total=1 << 30, chunk=MIB):
     return b"".join(out)
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_before_inflation(srv, pb):
     """1 GiB of zeros as one gzip-compressed gRPC message (~1 MiB on the
     wire, under --max-body): the call ends with an error status (trailers

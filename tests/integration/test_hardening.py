@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from conftest import SANITIZER
+from conftest import SANITIZER, wait_until
 from test_http import (REQ_TIMEOUT, Server, assert_alive, expect_error, infer_body, jreq, metrics, msum, request,
                        serve)
 from test_grpc import grpc_port, pb  # noqa: F401 (pb: a fixture)
@@ -193,6 +193,7 @@ def test_slow_loris(srv_loris):
     stop = threading.Event()
     outcome = []  # per connection: "refused" (closed before the 2 s deadline), "cut" (at it), "held" (never)
     lock = threading.Lock()
+    begun = []  # a loris that has sent its first line, or was refused before it could
 
     def loris():
         s = socket.socket()
@@ -200,8 +201,12 @@ def test_slow_loris(srv_loris):
         t0 = time.monotonic()
         what = "held"
         try:
-            s.connect(("127.0.0.1", srv_loris.port))
-            s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
+            try:
+                s.connect(("127.0.0.1", srv_loris.port))
+                s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n")
+            finally:
+                with lock:
+                    begun.append(1)
             while not stop.is_set() and time.monotonic() - t0 < 8:
                 time.sleep(0.5)
                 s.sendall(b"X-Slow: 1\r\n")
@@ -224,7 +229,9 @@ def test_slow_loris(srv_loris):
     for t in threads:
         t.start()
     try:
-        time.sleep(1)
+        # the attack under way: every loris has its head started (or was refused)
+        wait_until(lambda: len(begun) == len(threads), lambda: "%d of %d connections begun" % (
+            len(begun), len(threads)), timeout=30)
         for _ in range(5):
             reply = raw(srv_loris, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                         src="127.0.0.2")
@@ -384,14 +391,21 @@ def test_client_gone_is_counted_499(ferry_bin, models, tmp_path):
         body = json.dumps({"input_ids": [1, 2, 3], "parameters": {"max_new_tokens": 200}}).encode()
         head = ("POST /v2/models/g/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 "Content-Length: %d\r\n\r\n" % len(body)).encode()
+        before = msum(metrics(s), "ferry_requests_total", endpoint="generate", code="499")
         busy = socket.create_connection(("127.0.0.1", s.port), timeout=10)
         busy.sendall(head + body)  # holds the one batch slot
-        time.sleep(0.3)
-        before = msum(metrics(s), "ferry_requests_total", endpoint="generate", code="499")
-        for _ in range(3):
+        wait_until(lambda: msum(metrics(s), "ferry_requests_running") == 1, "the first request never ran")
+
+        def queued_or_gone():
+            m = metrics(s)
+            return msum(m, "ferry_requests_queued") + msum(m, "ferry_requests_total", endpoint="generate",
+                                                           code="499") - before
+
+        for i in range(3):
             c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
             c.sendall(head + body)
-            time.sleep(0.1)
+            # in the queue before its client leaves (the ones before it may be counted gone already)
+            wait_until(lambda: queued_or_gone() >= i + 1, "request %d never queued" % (i + 1))
             c.close()
         busy.close()
         deadline = time.monotonic() + 30

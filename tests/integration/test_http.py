@@ -1311,6 +1311,7 @@ def test_413_default_limit(srv, tmp_path):
 # overload and cancellation (the slow server: batch 1, two queued requests)
 # --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_503_when_overloaded(slow):
     """Six concurrent requests for one running slot and two queue places: some
     are refused with 503 and a JSON error, the rest complete; then the server
@@ -1696,6 +1697,7 @@ def test_model_config_and_stats(srv, vocab):
     assert st == 404
 
 
+@pytest.mark.slow
 def test_sigterm_drains_http(ferry_bin, slow_model, tmp_path):
     """SIGTERM with an HTTP request in flight and time to drain: new
     connections are refused at once, the request runs to its end (200, all

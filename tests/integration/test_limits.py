@@ -203,6 +203,18 @@ def test_header_past_the_buffer(srv):
     assert_alive(srv)
 
 
+def live_kept_alive(s):
+    """GET /v2/health/live on the open connection s, which stays open: the
+    raw reply (its JSON body ends in '}')."""
+    s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = b""
+    while b"\r\n\r\n" not in got or not got.endswith(b"}"):
+        d = s.recv(4096)
+        assert d, "the server closed the connection after %r" % got[:200]
+        got += d
+    return got
+
+
 def test_connection_timeout(srv):
     """A kept-alive connection with no traffic is closed after
     --connection-timeout (2 s). The server's --request-timeout is an hour
@@ -211,11 +223,7 @@ def test_connection_timeout(srv):
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     try:
         for _ in range(2):
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            got = b""
-            while b"\r\n\r\n" not in got or not got.endswith(b"}"):
-                got += s.recv(4096)
-            assert status_of(got) == 200
+            assert status_of(live_kept_alive(s)) == 200
         read_to_close(s, 60)
     finally:
         s.close()
@@ -232,7 +240,8 @@ def test_max_connections(srv_conn):
     """Past --max-connections a connection waits in the listen queue,
     unanswered, and is served once a place frees."""
     held = [socket.create_connection(("127.0.0.1", srv_conn.port), timeout=10) for _ in range(8)]
-    time.sleep(0.3)
+    for h in held:  # each one accepted: a request answered on it, and kept alive
+        assert status_of(live_kept_alive(h)) == 200
     s = socket.create_connection(("127.0.0.1", srv_conn.port), timeout=10)
     try:
         s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -380,6 +389,7 @@ def read_to_close(s, timeout):
         pytest.fail("the connection is still open after %s s (got %d bytes)" % (timeout, len(got)))
 
 
+@pytest.mark.slow
 def test_grpc_preface_timeout(gsrv_lim, gpb):
     """A connection that does not send the HTTP/2 preface within
     --request-timeout (2 s) is closed, never handed to gRPC core (the
@@ -399,6 +409,7 @@ def test_grpc_preface_timeout(gsrv_lim, gpb):
     grpc_alive(gpb, gsrv_lim)
 
 
+@pytest.mark.slow
 def test_grpc_idle_connection(gsrv_lim, gpb):
     """A connection with no call open for --connection-timeout (3 s) is
     closed by the server (GOAWAY, then the close); a grpcio channel goes
@@ -433,6 +444,7 @@ def test_grpc_idle_connection(gsrv_lim, gpb):
     grpc_alive(gpb, gsrv_lim)
 
 
+@pytest.mark.slow
 def test_grpc_streams_per_connection(gsrv_lim, gpb):
     """--grpc-max-streams 2: the server's SETTINGS say 2; a client that
     opens a third call regardless loses that connection (gRPC core 1.51);
@@ -447,8 +459,11 @@ def test_grpc_streams_per_connection(gsrv_lim, gpb):
         assert h2_settings(s).get(SETTINGS_MAX_CONCURRENT_STREAMS) == 2
         # a client that ignores them and opens a third call: gRPC core 1.51
         # closes the connection (later releases refuse the stream alone)
-        s.sendall(h2_frame(4, 1, 0))  # SETTINGS ACK: the limit is in force
-        time.sleep(0.2)
+        # SETTINGS ACK: the limit is in force once the server has read it.
+        # A PING after it is answered after it is read: its ACK says so.
+        s.sendall(h2_frame(4, 1, 0) + h2_frame(6, 0, 0, b"acked-2?"))
+        assert any(kind == 6 and flags & 1 and payload == b"acked-2?" for kind, flags, _, payload in h2_frames(s)), \
+            "the server closed the connection without answering the PING"
         s.sendall(b"".join(h2_frame(1, 4, sid, h2_call_headers(b"ModelStreamInfer")) for sid in (1, 3, 5)))
         for kind, _, stream, payload in h2_frames(s):
             assert not (kind == 1 and stream == 5), "the third call was answered"

@@ -323,6 +323,7 @@ def test_mkmodel_presets(ferry, models, ref, tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
+@pytest.mark.slow
 def test_long_prompts_small_presets(ferry, models, ref, tmp_path, arch):
     """mkmodel's small presets (Qwen3-MoE: 16 experts, top 4, not
     renormalized, a dense layer 0) with prompts of 60 and 45 tokens: more
@@ -706,6 +707,7 @@ def test_export_from_disk(ferry, moe_models, ref, tmp_path):
 # ferry plan
 # --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_plan_expert_groups(ferry, moe_models, work):
     """Each expert of each sparse layer is a group of its own after the
     head; budgets place the layers and head first, then the experts in

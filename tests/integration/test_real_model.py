@@ -163,6 +163,7 @@ def test_chat_answer(answers, question, word):
     assert word in answers[question], "%r -> %r" % (question, answers[question])
 
 
+@pytest.mark.slow
 def test_logits_and_greedy_match_reference(model, hf, ref, resident, answers):
     prompts, out, logits = resident
     prompt, got = prompts[0], out[0]
@@ -186,6 +187,7 @@ def test_logits_and_greedy_match_reference(model, hf, ref, resident, answers):
 
 
 @pytest.mark.parametrize("placement", ["host", "disk", "cpu-split"])
+@pytest.mark.slow
 def test_placement_same_tokens(ferry, model, resident, tmp_path, placement):
     flags = {
         "host": ["--max-memory", "device=0,host=2GiB"],

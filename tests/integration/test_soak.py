@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_soak_short(ferry_bin, tmp_path):
     if not shutil.which("wrk"):
         pytest.fail("wrk not found: `make deps` installs it (Debian package wrk)")

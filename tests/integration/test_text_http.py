@@ -8,6 +8,8 @@ and `ferry generate --prompt-ids` for the greedy ids of a prompt.
 """
 
 import json
+import os
+import select
 import signal
 import subprocess
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_TIMEOUT, assert_ferry_error
+from conftest import RUN_TIMEOUT, assert_ferry_error, wait_until
 from test_http import jreq, serve
 from test_http import request as http_request
 from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_render, hf_tokenizer, stop_ids,
@@ -261,6 +263,14 @@ def test_chat_refuses_a_message_it_cannot_send(ferry, m_demo):
     assert p.stdout.decode() == answer + "\n"
 
 
+def sigint_caught(proc):
+    """Whether the process has its SIGINT handler (until then SIGINT ends it)."""
+    assert proc.poll() is None, "ferry chat exited (rc=%d): %s" % (proc.returncode, proc.stderr.read().decode())
+    with open("/proc/%d/status" % proc.pid) as f:
+        caught = [int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:")]
+    return bool(caught and caught[0] & (1 << (signal.SIGINT - 1)))
+
+
 def test_chat_ctrl_c_stops_the_answer_not_the_program(ferry, tdir):
     """SIGINT while an answer is being written ends that answer (the prompt
     comes back, the partial answer stays in the history); EOF then exits 0."""
@@ -270,23 +280,49 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(ferry, tdir):
     assert p.returncode == 0, p.stderr.decode()
     proc = subprocess.Popen([ferry.path, "chat", "--model", str(slow), "--max-new-tokens", "1500", "--json"] + flags,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        proc.stdin.write(b"Tell me everything\n")
+    pending = [b""]  # what stdout has said past the last whole line
+
+    def interrupted_turn(message):
+        """Sends message, then SIGINT every 0.1 s until the turn's JSON line
+        comes out (an answer of 1500 tokens streamed from disk would take
+        tens of seconds). --json writes nothing while it answers: that line
+        is the one sign of the answer. A SIGINT before the answer starts
+        stops nothing (the answer clears the flag; at the prompt, with
+        nothing half-typed, it drops nothing), and one before the handler is
+        in place would end the program: the signals start once /proc shows
+        the handler."""
+        proc.stdin.write(message)
         proc.stdin.flush()
-        time.sleep(1.5)  # loading, then some tokens (each step streams the model from disk: 1500 take tens of s)
-        proc.send_signal(signal.SIGINT)
-        proc.stdin.write(b"Hi\n")
+        wait_until(lambda: sigint_caught(proc), lambda: "ferry chat never caught SIGINT (rc=%r)" % proc.poll())
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while b"\n" not in pending[0]:
+            assert time.monotonic() < deadline, "no answer within %ss: %r" % (RUN_TIMEOUT, pending[0][-300:])
+            proc.send_signal(signal.SIGINT)
+            if select.select([proc.stdout], [], [], 0.1)[0]:
+                got = os.read(proc.stdout.fileno(), 1 << 16)
+                assert got, "ferry chat exited (rc=%r): %s" % (proc.wait(), proc.stderr.read().decode())
+                pending[0] += got
+        line, _, pending[0] = pending[0].partition(b"\n")
+        return json.loads(line)
+
+    try:
+        turns = [interrupted_turn(b"Tell me everything\n")]
+        # a SIGINT that came before the first token leaves an empty answer: again, up to 5 turns
+        while not turns[-1]["output_ids"] and len(turns) < 5:
+            turns.append(interrupted_turn(b"Tell me more\n"))
+        turns.append(interrupted_turn(b"Hi\n"))
         proc.stdin.close()
-        out = proc.stdout.read()  # until the program exits (a hang is the test's timeout)
+        rest = proc.stdout.read()  # until the program exits (a hang is the test's timeout)
         err = proc.stderr.read()
         proc.wait(RUN_TIMEOUT)
     finally:
         proc.kill()
     assert proc.returncode == 0, err.decode()
-    turns = [json.loads(line) for line in out.decode().splitlines()]
-    assert len(turns) == 2, (turns, err.decode())
-    assert turns[0]["finish_reason"] == "cancelled" and len(turns[0]["output_ids"]) < 1500
-    assert turns[0]["text"] in turns[1]["prompt"]
+    assert pending[0] + rest == b"", (pending[0] + rest)[:300]
+    stopped = turns[-2]
+    assert stopped["output_ids"], turns
+    assert stopped["finish_reason"] == "cancelled" and len(stopped["output_ids"]) < 1500, stopped
+    assert stopped["text"] in turns[-1]["prompt"]
 
 
 def test_chat_errors(ferry, models, m_l2):

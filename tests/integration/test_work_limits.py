@@ -86,6 +86,7 @@ def test_backtracking_text_hits_the_regex_work_limit_grpc(srv_regex, pb):
         ch.close()
 
 
+@pytest.mark.slow
 def test_grpc_encodes_off_the_completion_queue_thread(srv_regex, pb):
     """A ModelInfer whose text takes seconds to encode (1 MB that makes the
     pattern backtrack, within the work limit) does not hold up other calls:
@@ -114,6 +115,7 @@ def test_grpc_encodes_off_the_completion_queue_thread(srv_regex, pb):
         ch2.close()
 
 
+@pytest.mark.slow
 def test_http_encodes_off_the_connection_threads(srv_regex):
     """/tokenize requests whose text takes seconds each to encode (1 MB that
     makes the pattern backtrack, within the work limit) do not hold up other
