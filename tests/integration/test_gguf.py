@@ -116,6 +116,7 @@ def test_every_vocab_gguf_is_read():
 
 # GGUFReader takes about 2 s a megabyte (a numpy view per string): compared
 # item for item on three vocabularies, SentencePiece and BPE, GGUF 2 and 3
+@pytest.mark.slow
 def test_vocab_ggufs_read_as_gguf_reads_them():
     versions = set()
     for name in ("llama-spm", "phi-3", "aquila"):
@@ -123,6 +124,7 @@ def test_vocab_ggufs_read_as_gguf_reads_them():
     assert versions == {2, 3}, versions
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_reads_as_gguf_reads_it():
     f = next(refdata.need(refdata.REF / "smollm2-gguf").glob("*.gguf"))
     got = assert_same(f)
