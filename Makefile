@@ -82,6 +82,9 @@ all: $(BUILD)/ferry
 $(BUILD)/ferry: $(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
+# GGUF's dequantizers round as ggml's and numpy's do: no fused multiply-add
+%/engine/weights/gguf_quant.o: CFLAGS += -ffp-contract=off
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<

@@ -288,3 +288,71 @@ def test_damaged_files_are_refused_naming_the_field(good):
     # every cut of the head, and of the data, refused: never read past the end
     for cut in list(range(0, pos["end_of_infos"], 5)) + [len(data) - 1]:
         refused(tmp, data[:cut])
+
+
+# ---- dequantization: bit-equal to the gguf package's ---------------------------------
+
+DEQUANT = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+SCALE_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the fp16 scales in a block
+
+
+def blocks_of(tname, rows, cols, rng):
+    """Raw blocks: quantized from normal values where the package can, else
+    random bytes with finite fp16 scales (the K-quants)."""
+    qt = gguf.GGMLQuantizationType[tname]
+    x = rng.standard_normal((rows, cols)).astype(np.float32) * 3
+    if tname == "F32":
+        return x.view(np.uint8).reshape(rows, -1)
+    if tname == "F16":
+        return x.astype(np.float16).view(np.uint8).reshape(rows, -1)
+    if tname not in SCALE_AT:
+        return gguf.quants.quantize(x, qt)
+    el, nb = BLOCKS[tname]
+    raw = rng.integers(0, 256, size=(rows, cols // el, nb), dtype=np.uint8)
+    for at in SCALE_AT[tname]:
+        raw[:, :, at:at + 2] = (rng.standard_normal((rows, cols // el)) * 0.05).astype(np.float16).view(
+            np.uint8).reshape(rows, cols // el, 2)
+    return raw.reshape(rows, -1)
+
+
+def dequant_tool(path, name, out):
+    exe = Path(ferry_path()).resolve().parent / "tests" / "gguf_tool"
+    p = subprocess.run([str(exe), str(path), "--dequant", name, str(out)], capture_output=True, timeout=120)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    return np.fromfile(out, dtype=np.float32)
+
+
+def test_dequantization_is_bit_equal_to_the_gguf_package(tmp_path):
+    rng = np.random.default_rng(11)
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    raws = {}
+    for t in DEQUANT:
+        raw = blocks_of(t, 4, 512, rng)
+        raws[t] = raw
+        w.add_tensor("t." + t, raw, raw_dtype=gguf.GGMLQuantizationType[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for t in DEQUANT:
+        want = gguf.quants.dequantize(raws[t], gguf.GGMLQuantizationType[t]).astype(np.float32).reshape(-1)
+        got = dequant_tool(tmp_path / "q.gguf", "t." + t, tmp_path / (t + ".f32"))
+        assert got.shape == want.shape, (t, got.shape, want.shape)
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (t, int((~same).sum()), got[~same][:4], want[~same][:4])
+
+
+def test_smollm2_tensors_dequantize_as_the_gguf_package_does(tmp_path):
+    f = next(refdata.need(refdata.REF / "smollm2-gguf").glob("*.gguf"))
+    r = gguf.GGUFReader(str(f))
+    seen = set()
+    for t in r.tensors:
+        tname = gguf.GGMLQuantizationType(int(t.tensor_type)).name
+        if tname in seen or int(t.n_elements) > 1 << 20:
+            continue
+        seen.add(tname)
+        want = gguf.quants.dequantize(np.asarray(t.data), gguf.GGMLQuantizationType(int(t.tensor_type)))
+        want = np.asarray(want, dtype=np.float32).reshape(-1)
+        got = dequant_tool(f, t.name, tmp_path / "t.f32")
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (t.name, tname)
+    assert {"Q4_1", "F32"} <= seen, seen

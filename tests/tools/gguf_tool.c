@@ -4,6 +4,7 @@
  * the `gguf` package's reader (GGUFReader), which ferry did not write.
  *
  *   gguf_tool FILE   -> {"version", "alignment", "data_offset", "kv": [...], "tensors": [...]}
+ *   gguf_tool FILE --dequant NAME OUT   tensor NAME as f32 (gguf_quant.h) into OUT
  *
  * Strings (keys, values, tensor names) are written as hex of their bytes;
  * arrays in full. A file the reader refuses: "ERR <status>: <message>" on
@@ -14,6 +15,8 @@
 #include <string.h>
 
 #include "../../engine/weights/gguf.h"
+#include "../../engine/weights/gguf_quant.h"
+#include <stdlib.h>
 
 static void put_hex(gguf_str s)
 {
@@ -96,8 +99,8 @@ static void put_value(const gguf_kv *kv)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: gguf_tool FILE\n");
+    if (argc != 2 && !(argc == 5 && !strcmp(argv[2], "--dequant"))) {
+        fprintf(stderr, "usage: gguf_tool FILE [--dequant NAME OUT]\n");
         return 2;
     }
     gguf_file *g;
@@ -105,6 +108,23 @@ int main(int argc, char **argv)
     if (st != FERRY_OK) {
         printf("ERR %s: %s\n", ferry_status_name(st), ferry_errmsg());
         return 1;
+    }
+    if (argc == 5) {
+        const gguf_tensor *t = gguf_find_tensor(g, argv[3]);
+        uint64_t n = t ? gguf_tensor_numel(t) : 0;
+        float *y = t ? malloc(n * sizeof *y) : NULL;
+        int rc = 1;
+        if (!t) printf("ERR no tensor %s\n", argv[3]);
+        else if (!y || !gguf_dequant(t->type, t->data, y, n)) printf("ERR cannot dequantize %s\n", gguf_type_name(t->type));
+        else {
+            FILE *f = fopen(argv[4], "wb");
+            rc = !f || fwrite(y, sizeof *y, n, f) != n;
+            if (f && fclose(f)) rc = 1;
+            printf(rc ? "ERR writing %s\n" : "OK %s\n", argv[4]);
+        }
+        free(y);
+        gguf_close(g);
+        return rc;
     }
     printf("{\"version\": %u, \"alignment\": %u, \"data_offset\": %" PRIu64 ",\n \"kv\": [", gguf_version(g),
            gguf_alignment(g), gguf_data_offset(g));
