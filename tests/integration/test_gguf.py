@@ -24,9 +24,13 @@ from conftest import ferry_path
 gguf = refdata.client("gguf")
 
 
-def tool(path):
+def run_tool(*args):
     exe = Path(ferry_path()).resolve().parent / "tests" / "gguf_tool"
-    p = subprocess.run([str(exe), str(path)], capture_output=True, timeout=120)
+    return subprocess.run([str(exe)] + [str(a) for a in args], capture_output=True, timeout=120)
+
+
+def tool(path):
+    p = run_tool(path)
     out = p.stdout.decode()
     if p.returncode == 1:
         assert out.startswith("ERR "), out
@@ -145,7 +149,8 @@ BLOCKS = {  # type: (elements, bytes) per block, as ggml defines them (Q8_1, nev
 
 
 def write_gguf(path, tensors, kv=None, alignment=None):
-    """A GGUF written by the gguf package; tensors: [(name, type name, rows, cols)] with random raw bytes."""
+    """A GGUF written by the gguf package; tensors: [(name, type name, rows,
+    cols)] with random raw bytes, or [(name, type name, raw bytes)]."""
     w = gguf.GGUFWriter(str(path), "llama")
     if alignment:
         w.add_custom_alignment(alignment)
@@ -161,9 +166,12 @@ def write_gguf(path, tensors, kv=None, alignment=None):
         elif isinstance(v, list):
             w.add_array(k, v)
     rng = np.random.default_rng(7)
-    for name, tname, rows, cols in tensors:
-        el, nb = BLOCKS[tname]
-        raw = rng.integers(0, 256, size=(rows, cols // el * nb), dtype=np.uint8)
+    for name, tname, *shape in tensors:
+        if len(shape) == 1:
+            raw = shape[0]
+        else:
+            el, nb = BLOCKS[tname]
+            raw = rng.integers(0, 256, size=(shape[0], shape[1] // el * nb), dtype=np.uint8)
         w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[tname])
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -205,19 +213,21 @@ def layout(data):
             return p
         return p + sizes[t]
 
+    def string_at(p):
+        (n,) = struct.unpack_from("<Q", data, p)
+        return data[p + 8:p + 8 + n].decode(), p + 8 + n
+
     for i in range(n_kv):
-        (kl,) = struct.unpack_from("<Q", data, p)
-        key = data[p + 8:p + 8 + kl].decode()
+        key, after = string_at(p)
         pos["key:" + key] = p
-        p += 8 + kl
+        p = after
         (t,) = struct.unpack_from("<I", data, p)
         pos["type:" + key] = p
         p = skip_value(p + 4, t)
     for i in range(n_tensors):
-        (nl,) = struct.unpack_from("<Q", data, p)
-        name = data[p + 8:p + 8 + nl].decode()
+        name, after = string_at(p)
         pos["tensor:" + name] = p
-        p += 8 + nl
+        p = after
         (nd,) = struct.unpack_from("<I", data, p)
         pos["ndims:" + name] = p
         pos["dims:" + name] = p + 4
@@ -316,24 +326,15 @@ def blocks_of(tname, rows, cols, rng):
 
 
 def dequant_tool(path, name, out):
-    exe = Path(ferry_path()).resolve().parent / "tests" / "gguf_tool"
-    p = subprocess.run([str(exe), str(path), "--dequant", name, str(out)], capture_output=True, timeout=120)
+    p = run_tool(path, "--dequant", name, out)
     assert p.returncode == 0, (p.stdout, p.stderr)
     return np.fromfile(out, dtype=np.float32)
 
 
 def test_dequantization_is_bit_equal_to_the_gguf_package(tmp_path):
     rng = np.random.default_rng(11)
-    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
-    raws = {}
-    for t in DEQUANT:
-        raw = blocks_of(t, 4, 512, rng)
-        raws[t] = raw
-        w.add_tensor("t." + t, raw, raw_dtype=gguf.GGMLQuantizationType[t])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    raws = {t: blocks_of(t, 4, 512, rng) for t in DEQUANT}
+    write_gguf(tmp_path / "q.gguf", [("t." + t, t, raws[t]) for t in DEQUANT])
     for t in DEQUANT:
         want = gguf.quants.dequantize(raws[t], gguf.GGMLQuantizationType[t]).astype(np.float32).reshape(-1)
         got = dequant_tool(tmp_path / "q.gguf", "t." + t, tmp_path / (t + ".f32"))
