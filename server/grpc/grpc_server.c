@@ -363,7 +363,10 @@ static void model_infer(rpc *r, const uint8_t *buf, size_t len)
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&g->mu); /* held while submitting: the scheduler outlives it */
     r->s = g->s;
-    if (n > sched_max_queued(g->s)) {
+    if (!g->s) { /* detached (drain waits for the calls, so only if that changes) */
+        st = FERRY_ERR_BUSY;
+        snprintf(msg, sizeof msg, "model not ready");
+    } else if (n > sched_max_queued(g->s)) {
         /* could never be queued whole: a client error, not a retryable one */
         st = FERRY_ERR_INVALID;
         snprintf(msg, sizeof msg, "the request holds %d prompts but the server queues at most %d (--max-queued)", n,

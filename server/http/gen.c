@@ -103,6 +103,7 @@ static void work_abort(http_req *rq, const char *why)
         if (g->streaming && g->n_events > 0) stream_error(g);
     }
     g->done = true;
+    http_req_set_busy(rq, false); /* as when its last row ends */
 }
 
 static void work_free(void *arg)

@@ -585,8 +585,13 @@ ferry_status http_listener_start(const http_listener_opts *o, http_listener **ou
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(l->d, MHD_DAEMON_INFO_BIND_PORT);
     l->port = di ? di->port : o->port;
     l->reaper_running = pthread_create(&l->reaper, NULL, reaper_main, l) == 0;
-    if (!l->reaper_running)
-        fprintf(stderr, "ferry: warning: no reaper thread; departed clients are noticed at their next token\n");
+    if (!l->reaper_running) {
+        /* it enforces the receive deadline (slow heads) and notices clients
+         * that left a suspended request: a listener without it is refused */
+        http_listener_stop(l);
+        return ferry_fail(FERRY_ERR_IO, "%s%scannot start the connection reaper thread", o->what ? o->what : "",
+                          o->what ? ": " : "");
+    }
     *out = l;
     return FERRY_OK;
 }

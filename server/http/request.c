@@ -158,6 +158,7 @@ void http_req_body_free(http_req *rq) { req_body_release(rq); }
 /* Both with rq->mu held; see the invariant in listener.c. */
 void http_req_sleep(http_req *rq)
 {
+    FERRY_ASSERT(!rq->on_worker); /* a prep worker's connection is suspended already (prep_start) */
     rq->suspended = true;
     MHD_suspend_connection(rq->conn);
 }
@@ -291,6 +292,7 @@ static ssize_t pieces_read(void *cls, uint64_t pos, char *buf, size_t max)
 bool http_reply_pieces(http_req *rq, const char *type, const char *h1, const char *v1,
                        bool (*next)(void *arg, strbuf *sb), void *arg)
 {
+    FERRY_ASSERT(!rq->on_worker); /* queued by the MHD thread only (prep_deliver) */
     rq->next_piece = next;
     rq->piece_arg = arg;
     http_req_ref(rq); /* the reader's */
@@ -338,6 +340,7 @@ static ssize_t events_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 bool http_reply_events(http_req *rq)
 {
+    FERRY_ASSERT(!rq->on_worker); /* queued by the MHD thread only (prep_deliver) */
     http_req_ref(rq); /* the reader's */
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, events_read, rq,
                                                                reader_free);
