@@ -31,6 +31,8 @@ typedef struct {
     int n, streamed, order_errors;
     float logits[4096];
     bool has_logits, cancelled;
+    int hold_at;         /* on_token waits at this index until released; -1: never */
+    bool held, released; /* on_token is waiting at hold_at; it may go on */
 } waiter;
 
 static void on_token(void *user, int32_t tok, int index)
@@ -40,6 +42,17 @@ static void on_token(void *user, int32_t tok, int index)
     if (index != w->streamed) w->order_errors++;
     if (index < 64) w->tokens[index] = tok;
     w->streamed++;
+    if (index == w->hold_at) {
+        /* holds the scheduler thread (callbacks run on it) between two
+         * steps, so that the test can queue work for one boundary */
+        w->held = true;
+        pthread_cond_broadcast(&w->cv);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 30;
+        while (!w->released)
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
+    }
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -82,9 +95,31 @@ static void wait_done_at(waiter *w, int line)
     }
 }
 
+/* Waits until on_token is held at hold_at (30 s at most). */
+static void waiter_wait_held(waiter *w)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    pthread_mutex_lock(&w->mu);
+    while (!w->held)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Lets an on_token held at hold_at go on. */
+static void waiter_release(waiter *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->released = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void waiter_init(waiter *w)
 {
     memset(w, 0, sizeof *w);
+    w->hold_at = -1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
 }
@@ -333,7 +368,11 @@ int main(void)
      * its second block, B - the newest - is preempted with part of its
      * prompt in the cache, and fills it again once A is done. Its prompt
      * counts once as prompt tokens (it counted twice before), the rows
-     * filled again as recomputed; both answers are A's and B's alone. */
+     * filled again as recomputed; both answers are A's and B's alone.
+     * A and B must start at the same boundary (B, arriving once A
+     * decodes, would wait for room instead): a one-token request Z holds
+     * the scheduler in its token callback until both are queued - without
+     * it a slow submit (ThreadSanitizer) let A run first. */
     {
         engine_opts eo2 = eo;
         eo2.max_seqs = 2;
@@ -358,13 +397,20 @@ int main(void)
             free(lg);
             sched *s2;
             CHECK_STATUS(sched_create(e2, NULL, &s2), FERRY_OK);
-            waiter wa, wb;
+            waiter wz, wa, wb;
+            waiter_init(&wz);
             waiter_init(&wa);
             waiter_init(&wb);
+            wz.hold_at = 0;
+            gen_request zp = {.prompt = prompts[1], .prompt_len = 1, .max_new_tokens = 1, .sampling = greedy};
+            CHECK_STATUS(sched_submit(s2, &zp, &k_cb, &wz, NULL), FERRY_OK);
+            waiter_wait_held(&wz);
             gen_request ap = {.prompt = prompts[1], .prompt_len = 1, .max_new_tokens = 40, .sampling = greedy};
             gen_request bq = {.prompt = pb, .prompt_len = 45, .max_new_tokens = 2, .sampling = greedy};
             CHECK_STATUS(sched_submit(s2, &ap, &k_cb, &wa, NULL), FERRY_OK);
             CHECK_STATUS(sched_submit(s2, &bq, &k_cb, &wb, NULL), FERRY_OK);
+            waiter_release(&wz);
+            wait_done(&wz);
             wait_done(&wa);
             wait_done(&wb);
             CHECK_STATUS(wa.st, FERRY_OK);
@@ -373,7 +419,7 @@ int main(void)
             CHECK(wb.n == 2 && memcmp(wb.tokens, want_b, sizeof want_b) == 0);
             sched_stats s2t = sched_get_stats(s2);
             CHECK(s2t.preemptions >= 1);
-            CHECK_EQ_U64(s2t.tokens_prompted, 46);
+            CHECK_EQ_U64(s2t.tokens_prompted, 47); /* Z's 1, A's 1, B's 45 */
             CHECK(s2t.tokens_recomputed > 0);
             sched_free(s2);
             engine_close(e2);
