@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "base/util.h"
+#include "weights/gguf.h"
 #include "weights/model_dir.h"
 #include "weights/quant.h"
 
@@ -129,7 +130,11 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
     if (st != FERRY_OK) return st;
     h = fnv1a(h, text, len);
     free(text);
-    for (int i = 0; i < e->ck->n_files; i++) {
+    /* a GGUF model: the file itself, not its converted tensors (a new
+     * temporary file each start); what converting does is versioned here */
+    int n_files = e->ck->gguf_model ? 1 : e->ck->n_files;
+    if (e->ck->gguf_model) h = fnv1a(h, "gguf-hf-v1", 11);
+    for (int i = 0; i < n_files; i++) {
         const st_file *f = &e->ck->files[i];
         struct stat sb;
         if (fstat(f->fd, &sb) != 0) return ferry_fail(FERRY_ERR_IO, "%s: stat failed", f->path);
@@ -140,7 +145,9 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
         h = fnv1a(h, f->name, strlen(f->name) + 1);
         h = fnv1a(h, meta, sizeof meta);
         uint64_t hdr = 8;
-        for (int k = 0; k < 8; k++) hdr += (uint64_t)f->map[k] << (8 * k);
+        if (e->ck->gguf_model) hdr = gguf_data_offset(e->ck->gguf); /* metadata and tensor directory */
+        else
+            for (int k = 0; k < 8; k++) hdr += (uint64_t)f->map[k] << (8 * k);
         h = fnv1a(h, f->map, (size_t)hdr);
     }
     snprintf(out, 40, "%016llx", (unsigned long long)h);

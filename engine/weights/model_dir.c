@@ -18,11 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "../base/json.h"
 #include "../base/util.h"
+#include "gguf_hf.h"
 
 /* ---- the confinement rule ------------------------------------------------- */
 
@@ -84,10 +86,38 @@ static ferry_status unresolved(const char *path, int err)
     return ferry_fail(err == ENOENT ? FERRY_ERR_NOT_FOUND : FERRY_ERR_IO, "%s: %s", path, strerror(err));
 }
 
+/* A file a GGUF model stands for (gguf_hf.h), as an anonymous file. */
+static ferry_status open_gguf_file(const char *model, const char *name, int *fd_out, char **path_out)
+{
+    char *text;
+    size_t len;
+    FERRY_TRY(gguf_hf_read(model, name, &text, &len));
+    ferry_status st = FERRY_OK;
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0) st = ferry_fail(FERRY_ERR_IO, "%s: %s: memfd_create: %s", model, name, strerror(errno));
+    else if ((st = util_write_all(fd, name, text, len)) == FERRY_OK && lseek(fd, 0, SEEK_SET) != 0)
+        st = ferry_fail(FERRY_ERR_IO, "%s: %s: %s", model, name, strerror(errno));
+    free(text);
+    if (st == FERRY_OK && asprintf(path_out, "%s:%s", model, name) < 0) {
+        *path_out = NULL;
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
+    if (st != FERRY_OK) {
+        if (fd >= 0) close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    return FERRY_OK;
+}
+
 ferry_status model_dir_open(const char *dir, const char *name, int *fd_out, char **path_out)
 {
     *fd_out = -1;
     *path_out = NULL;
+    if (gguf_hf_is_model(dir)) {
+        if (!gguf_hf_has(dir, name)) return ferry_fail(FERRY_ERR_NOT_FOUND, "%s: a GGUF model has no %s", dir, name);
+        return open_gguf_file(dir, name, fd_out, path_out);
+    }
     if (!bare_name(name))
         return ferry_fail(FERRY_ERR_INVALID, "%s: '%s' is not a bare file name (no '/', not '.' or '..')", dir, name);
     char *path = util_path_join(dir, name);
@@ -131,6 +161,10 @@ ferry_status model_dir_read(const char *dir, const char *name, char **text, size
     int fd;
     char *path;
     *text = NULL;
+    if (gguf_hf_is_model(dir)) {
+        if (!gguf_hf_has(dir, name)) return ferry_fail(FERRY_ERR_NOT_FOUND, "%s: a GGUF model has no %s", dir, name);
+        return gguf_hf_read(dir, name, text, len);
+    }
     FERRY_TRY(model_dir_open(dir, name, &fd, &path));
     ferry_status st = util_read_fd(fd, path, text, len);
     close(fd);
@@ -140,6 +174,7 @@ ferry_status model_dir_read(const char *dir, const char *name, char **text, size
 
 bool model_dir_has(const char *dir, const char *name)
 {
+    if (gguf_hf_is_model(dir)) return gguf_hf_has(dir, name);
     char *path = util_path_join(dir, name);
     struct stat sb;
     bool has = path && lstat(path, &sb) == 0;
@@ -305,6 +340,8 @@ ferry_status model_dir_resolve(const char *spec, char **dir, char **repo_name)
     *dir = NULL;
     *repo_name = NULL;
     if (is_dir(spec) || !parse_repo_id(spec, org, name, rev)) {
+        ferry_status st = is_dir(spec) ? gguf_hf_find_in_dir(spec, dir) : FERRY_ERR_NOT_FOUND;
+        if (st != FERRY_ERR_NOT_FOUND) return st; /* the one GGUF file of a directory, or several */
         if (!(*dir = strdup(spec))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         return FERRY_OK;
     }

@@ -17,6 +17,10 @@
  *      the file and where it leads.
  *   3. What is opened is what was checked: the opened file must be the
  *      resolved one (same device and inode).
+ * A GGUF model (gguf_hf.h: `dir` is the .gguf file) holds the files its
+ * metadata stands for - config.json, generation_config.json and the
+ * tokenizer's - made from it when opened or read (an open gives an
+ * anonymous file); nothing else.
  */
 #ifndef FERRY_MODEL_DIR_H
 #define FERRY_MODEL_DIR_H
@@ -43,7 +47,8 @@ ferry_status model_dir_read(const char *dir, const char *name, char **text, size
 bool model_dir_has(const char *dir, const char *name);
 
 /* What --model names, resolved once for every command:
- *   - an existing directory: itself;
+ *   - an existing directory: itself - or, when it holds no config.json and
+ *     exactly one *.gguf, that file (several: FERRY_ERR_INVALID naming them);
  *   - else, when spec looks like a Hugging Face repo id "org/name" (one '/',
  *     each part letters, digits, '-', '_', '.', no "--" or ".."), with an
  *     optional "@revision": its snapshot in the cache, found offline. The

@@ -16,6 +16,7 @@
 
 #include "../base/json.h"
 #include "../base/util.h"
+#include "gguf_hf.h"
 #include "model_dir.h"
 
 struct st_header {
@@ -373,6 +374,14 @@ ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out)
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
     ferry_status st;
+    if (gguf_hf_is_model(dir)) {
+        if ((st = gguf_hf_checkpoint_open(dir, ck)) != FERRY_OK) {
+            st_checkpoint_close(ck);
+            return st;
+        }
+        *out = ck;
+        return FERRY_OK;
+    }
     char *index = util_path_join(dir, "model.safetensors.index.json");
     /* present even as a link to nothing: opening it says so (an
      * interrupted download in the Hugging Face cache) */
@@ -410,6 +419,10 @@ const st_tensor *st_checkpoint_find(const st_checkpoint *ck, const char *name)
 void st_checkpoint_close(st_checkpoint *ck)
 {
     if (!ck) return;
+    if (ck->gguf_model) {
+        gguf_hf_checkpoint_free(ck);
+        ck->n_files = ck->files ? 2 : 0; /* both slots, the converted file's even when opening failed before it */
+    }
     for (int i = 0; i < ck->n_files; i++) file_close(&ck->files[i]);
     free(ck->files);
     free(ck->tensors);

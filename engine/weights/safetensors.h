@@ -17,6 +17,7 @@
 #ifndef FERRY_SAFETENSORS_H
 #define FERRY_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,13 +59,20 @@ typedef struct {
 } st_file;
 
 typedef struct {
-    char *dir;
+    char *dir;          /* the directory; for a GGUF model, the .gguf file */
     int n_files;
-    st_file *files;
+    st_file *files;     /* GGUF: the file, then its converted tensors (no headers) */
     size_t n_tensors;
     st_tensor *tensors; /* all files' tensors, sorted by name */
+    /* a GGUF model (gguf_hf.h) */
+    bool gguf_model;
+    struct gguf_file *gguf;
+    char **gguf_names;  /* the tensors' HF names */
+    size_t n_gguf_names;
 } st_checkpoint;
 
+/* Opens the safetensors checkpoint in dir, or the GGUF model dir names
+ * (gguf_hf.h). */
 ferry_status st_checkpoint_open(const char *dir, st_checkpoint **out);
 const st_tensor *st_checkpoint_find(const st_checkpoint *ck, const char *name);
 void st_checkpoint_close(st_checkpoint *ck);

@@ -148,14 +148,18 @@ BLOCKS = {  # type: (elements, bytes) per block, as ggml defines them (Q8_1, nev
 }
 
 
-def write_gguf(path, tensors, kv=None, alignment=None):
+def write_gguf(path, tensors, kv=None, alignment=None, arch="llama"):
     """A GGUF written by the gguf package; tensors: [(name, type name, rows,
-    cols)] with random raw bytes, or [(name, type name, raw bytes)]."""
-    w = gguf.GGUFWriter(str(path), "llama")
+    cols)] with random raw bytes, or [(name, type name, raw bytes)]; kv
+    values: str, bool, int (u32), float (f32), list, or (value, "u64"/"i32")
+    to choose the type."""
+    w = gguf.GGUFWriter(str(path), arch)
     if alignment:
         w.add_custom_alignment(alignment)
     for k, v in (kv or {}).items():
-        if isinstance(v, str):
+        if isinstance(v, tuple):
+            {"u64": w.add_uint64, "i32": w.add_int32, "f32": w.add_float32}[v[1]](k, v[0])
+        elif isinstance(v, str):
             w.add_string(k, v)
         elif isinstance(v, bool):
             w.add_bool(k, v)

