@@ -73,6 +73,9 @@ struct backend_ops {
      * the CPU copies are memcpy on the calling thread and events are no-ops,
      * because every op has finished when it returns. */
     bool unified;
+    /* matmul computes a GGUF's blocks (WQ_GGUF, weight.h); a backend that
+     * does not gets them converted (engine_open says how) */
+    bool gguf_blocks;
     void *(*host_alloc)(backend *be, size_t bytes, bool *pinned); /* pinned when it can be (else warns) */
     void (*host_free)(backend *be, void *p, size_t bytes, bool pinned);
     void (*copy_async)(backend *be, void *dst, const void *src, size_t bytes); /* host -> device, copy stream */

@@ -241,6 +241,21 @@ static void warn_regrouped(const engine *e, const engine_opts *opts)
             sum.n_quantized, QUANT_INT4_GROUP, schemes);
 }
 
+/* A backend without kernels for GGUF blocks is refused a conversion that
+ * keeps them, naming the way out. */
+static ferry_status check_gguf_blocks(const engine *e, const engine_opts *opts)
+{
+    convert_summary sum;
+    if (e->be->ops->gguf_blocks || convert_model_summary(&e->cfg, (model_weights *)&e->ckw, &opts->convert, &sum) != FERRY_OK)
+        return FERRY_OK;
+    for (int k = 0; k < sum.n_schemes; k++)
+        if (sum.schemes[k].quant == WQ_GGUF)
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: the %s backend does not compute GGUF blocks (%s) yet: add "
+                              "--quantize int8, int4 or none to convert them as the model loads", e->ck->dir,
+                              e->be->ops->name, gguf_type_name((uint32_t)sum.schemes[k].group));
+    return FERRY_OK;
+}
+
 ferry_status engine_open(const engine_opts *opts, engine **out)
 {
     *out = NULL;
@@ -258,6 +273,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     if ((st = model_weights_bind(&e->cfg, e->ck, &e->ckw)) != FERRY_OK) goto fail;
     warn_regrouped(e, opts);
     if ((st = backend_create(opts->device ? opts->device : "cpu", &bo, &e->be)) != FERRY_OK) goto fail;
+    if ((st = check_gguf_blocks(e, opts)) != FERRY_OK) goto fail;
     plan_inputs in = {&e->cfg, e->ck, e->be};
     if ((st = make_plan(opts, &in, &e->placement)) != FERRY_OK) goto fail;
     e->popts = e->placement.opts;

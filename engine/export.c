@@ -282,7 +282,7 @@ static void plan_tensor(export_job *j, int g, int k, out_tensor *v, int *n)
         const weight *c = st.ckpt;
         out_tensor t = base;
         snprintf(t.name, sizeof t.name, "%s", st.name);
-        t.dtype = c->quant != WQ_NONE ? c->scale_dtype : c->dtype;
+        t.dtype = c->quant == WQ_GGUF ? DT_F32 : c->quant != WQ_NONE ? c->scale_dtype : c->dtype;
         bool same = f->quant == WQ_NONE && f->dtype == t.dtype;
         t.kind = same ? OUT_BYTES : OUT_CONVERT;
         t.to = (weight){.dtype = t.dtype, .rows = f->rows, .cols = f->cols};
@@ -294,6 +294,15 @@ static void plan_tensor(export_job *j, int g, int k, out_tensor *v, int *n)
         snprintf(t.name, sizeof t.name, "%s", st.name);
         t.dtype = f->dtype;
         t.kind = OUT_BYTES;
+        v[(*n)++] = t;
+        return;
+    }
+    if (f->quant == WQ_GGUF) { /* no Hugging Face format holds GGUF blocks: dequantized to f32 */
+        out_tensor t = base;
+        snprintf(t.name, sizeof t.name, "%s", st.name);
+        t.dtype = DT_F32;
+        t.kind = OUT_CONVERT;
+        t.to = (weight){.dtype = DT_F32, .rows = f->rows, .cols = f->cols};
         v[(*n)++] = t;
         return;
     }
@@ -625,7 +634,7 @@ static ferry_status quant_config(export_job *j, strbuf *sb)
             store_tensor t = store_group_tensor(j->s, g, k);
             size_t nl = strlen(t.name), sl = strlen("_proj.weight");
             bool proj = !t.one_d && nl > sl && !strcmp(t.name + nl - sl, "_proj.weight");
-            if (t.fmt.quant != WQ_NONE) layers[n++] = (ct_layer){t.name, t.fmt.quant, convert_ct_group(&t.fmt)};
+            if (weight_has_scales(&t.fmt)) layers[n++] = (ct_layer){t.name, t.fmt.quant, convert_ct_group(&t.fmt)};
             else if (proj) layers[n++] = (ct_layer){t.name, WQ_NONE, 0};
         }
     ferry_status st = ct_config_write(layers, n, sb);

@@ -14,9 +14,13 @@
  *     weights in compressed-tensors' layout (pack-quantized: NAME.weight_packed
  *     I32, NAME.weight_shape I64 [2], NAME.weight_scale) with the matching
  *     quantization_config in config.json, so ferry loads it without
- *     converting again.
+ *     converting again. A GGUF's blocks, which no Hugging Face format
+ *     holds, are written dequantized to f32 (exact: every block value is
+ *     an f32).
  *   EXPORT_ORIGINAL - the checkpoint's names, shapes and dtypes (quantized
- *     weights dequantized: lossy), loadable by plain transformers.
+ *     weights dequantized: lossy; a GGUF's blocks to f32), loadable by
+ *     plain transformers. For a GGUF model, the checkpoint is the one it
+ *     stands for (gguf_hf.h: its config.json and tokenizer files).
  *
  * The output is model-0000k-of-0000n.safetensors, model.safetensors.index.json
  * and config.json (generation_config.json, tokenizer files and the chat

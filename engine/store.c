@@ -157,7 +157,7 @@ static ferry_status emit_tensor(store *s, int i, sink_fn sink, void *ctx)
     if (convert_is_copy(src, fmt)) {
         FERRY_TRY(sink(ctx, 0, src->data, data_bytes));
         st_release_pages(src->data, data_bytes);
-        if (fmt->quant != WQ_NONE) {
+        if (weight_has_scales(fmt)) {
             FERRY_TRY(sink(ctx, convert_scales_offset(fmt), src->scales, (size_t)fmt->rows * scale_row));
             st_release_pages(src->scales, (size_t)fmt->rows * scale_row);
         }
@@ -166,9 +166,9 @@ static ferry_status emit_tensor(store *s, int i, sink_fn sink, void *ctx)
     int64_t piece = convert_piece_rows(src, fmt, PIECE_BYTES);
     size_t out_row = weight_row_bytes(fmt), src_row = weight_row_bytes(src);
     char *buf = malloc((size_t)piece * out_row);
-    char *scales = fmt->quant != WQ_NONE ? malloc((size_t)fmt->rows * scale_row) : NULL;
+    char *scales = weight_has_scales(fmt) ? malloc((size_t)fmt->rows * scale_row) : NULL;
     ferry_status st = FERRY_OK;
-    if (!buf || (fmt->quant != WQ_NONE && !scales)) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", s->src[i].name);
+    if (!buf || (weight_has_scales(fmt) && !scales)) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", s->src[i].name);
     for (int64_t r0 = 0; st == FERRY_OK && r0 < fmt->rows; r0 += piece) {
         int64_t n = fmt->rows - r0 < piece ? fmt->rows - r0 : piece;
         st = convert_rows(src, fmt, r0, n, buf, scales ? scales + (size_t)r0 * scale_row : NULL, s->src[i].name);
@@ -491,7 +491,7 @@ store_tensor store_group_tensor(const store *s, int g, int k)
     /* the format only: the pipeline thread rebinds data/scales meanwhile */
     const weight *v = s->view[i].dst;
     weight fmt = {.dtype = v->dtype, .rows = v->rows, .cols = v->cols, .quant = v->quant, .group = v->group,
-                  .scale_dtype = v->scale_dtype};
+                  .scale_dtype = v->scale_dtype, .block = v->block};
     return (store_tensor){.name = s->src[i].name, .one_d = s->src[i].rows == 0, .ckpt = s->src[i].dst, .fmt = fmt,
                           .offset = L->offset[k]};
 }

@@ -33,6 +33,14 @@ void cpu_attention(backend *be, float *out, const float *q, const kv_layer *kv, 
 /* Converts n elements of a weight row (any compute dtype, or quantized) to f32. */
 void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
 
+/* cpu_gguf.c: a GGUF's blocks (WQ_GGUF), every build: rows [r0, r1) for n
+ * token rows; scratch: cpu_gguf_scratch(w) floats of the worker's own. */
+bool cpu_gguf_valid(const weight *w);
+void cpu_gguf_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
+size_t cpu_gguf_scratch(const weight *w);
+void cpu_gguf_rows(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                   float *scratch);
+
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */
 void cpu_qrow_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);

@@ -336,6 +336,7 @@ static const struct backend_ops k_cpu_ops = {
     .download = cpu_copy,
     .sync = cpu_sync,
     .unified = true,
+    .gguf_blocks = true,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
     .copy_async = cpu_copy,

@@ -10,7 +10,7 @@
  * rows is widened to f32 once into per-worker scratch and applied to token
  * rows 3 at a time (12 accumulators), walking the tokens in cache-sized
  * blocks. Quantized weights (int8, int4) take cpu_qmatmul.c's kernels,
- * 16 token rows at a time for prefill too. Every output is computed by the
+ * 16 token rows at a time for prefill too; a GGUF's blocks cpu_gguf.c's. Every output is computed by the
  * same operations in the same order whatever the number of token rows and
  * their blocking, so a row's result does not depend on the others of its
  * step (batch invariance: test_ops checks it bit for bit).
@@ -183,6 +183,10 @@ void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int6
 {
     size_t base = (size_t)row * (size_t)w->cols + (size_t)col0;
     int64_t i = 0;
+    if (w->quant == WQ_GGUF) {
+        cpu_gguf_row_to_f32(dst, w, row, col0, n);
+        return;
+    }
     if (w->quant != WQ_NONE) {
         cpu_qrow_to_f32(dst, w, row, col0, n);
         return;
@@ -248,6 +252,12 @@ static void mm_task(void *vctx, int task, int worker)
     if (r1 > rows) r1 = rows;
     if (r0 >= r1) return;
     size_t ldo = rows;
+    if (w->quant == WQ_GGUF) { /* every build: cpu_gguf.c has its portable path */
+        float *scratch = cpu_scratch_get(c->cb, worker, cpu_gguf_scratch(w));
+        FERRY_ASSERT(scratch);
+        cpu_gguf_rows(w, r0, r1, c->x, c->n, c->out, ldo, scratch);
+        goto bias;
+    }
 #ifdef HAVE_AVX2
     if (w->quant != WQ_NONE) {
         /* decode and prefill alike through the same kernels, DIRECT_MAX_TOKENS
@@ -282,6 +292,7 @@ static void mm_task(void *vctx, int task, int worker)
     FERRY_ASSERT(row);
     rows_portable(w, r0, r1, c->x, c->n, c->out, ldo, row);
 #endif
+bias:
     if (c->bias && c->bias->data) {
         for (size_t r = r0; r < r1; r++) {
             float b;
@@ -294,7 +305,9 @@ static void mm_task(void *vctx, int task, int worker)
 void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const weight *bias, int n)
 {
     cpu_backend *cb = (cpu_backend *)be;
-    FERRY_ASSERT(w->quant == WQ_NONE ? dtype_is_compute(w->dtype) : cpu_qweight_valid(w));
+    FERRY_ASSERT(w->quant == WQ_NONE   ? dtype_is_compute(w->dtype)
+                 : w->quant == WQ_GGUF ? cpu_gguf_valid(w)
+                                       : cpu_qweight_valid(w));
     FERRY_ASSERT(!bias || !bias->data || bias->quant == WQ_NONE);
     int threads = pool_size(cb->pool);
     int64_t per = (w->rows + threads * 4 - 1) / (threads * 4);

@@ -78,7 +78,7 @@ static void dev_weight(split_backend *sb, const weight *w, const char *who)
 {
     if (!w || !w->data) return;
     split_mem_check(sb->mem, w->data, (size_t)w->rows * weight_row_bytes(w), true, who, "weight");
-    if (w->quant != WQ_NONE)
+    if (weight_has_scales(w))
         split_mem_check(sb->mem, w->scales, (size_t)(w->rows * weight_groups(w)) * dtype_size(w->scale_dtype), true,
                         who, "weight scales");
 }
@@ -455,6 +455,7 @@ static const struct backend_ops k_split_ops = {
     .download = split_download,
     .sync = split_sync,
     .unified = false,
+    .gguf_blocks = true, /* the CPU kernels */
     .host_alloc = split_host_alloc,
     .host_free = split_host_free,
     .copy_async = split_copy_async,

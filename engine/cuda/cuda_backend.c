@@ -433,6 +433,7 @@ static const struct backend_ops k_cuda_ops = {
     .download = cuda_download,
     .sync = cuda_sync,
     .unified = false,
+    .gguf_blocks = false, /* not yet: engine_open refuses them */
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .copy_async = cuda_copy_async,

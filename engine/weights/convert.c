@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../base/util.h"
+#include "gguf_quant.h"
 #include "quant.h"
 
 /* Names quant.c's output in the offload dir's fingerprint: bump it when a
@@ -70,12 +71,23 @@ ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight
     else if (e->lm_head) q = head_quant(o, src);
     if (q == WQ_NONE) {
         fmt->dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype
+                     : src->quant == WQ_GGUF  ? DT_F32
                      : src->quant != WQ_NONE  ? src->scale_dtype
                                               : src->dtype;
         return FERRY_OK;
     }
+    if (q == WQ_GGUF) { /* a GGUF's blocks stay as stored */
+        *fmt = *src;
+        fmt->data = NULL;
+        return FERRY_OK;
+    }
     fmt->quant = q;
     fmt->dtype = q == WQ_INT8 ? DT_I8 : DT_I32;
+    if (src->quant == WQ_GGUF) { /* dequantized, then quantized as a full-precision weight is */
+        fmt->group = quant_default_group(q, src->cols);
+        fmt->scale_dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype : DT_F32;
+        return FERRY_OK;
+    }
     if (src->quant != WQ_NONE) {
         if (src->quant != q)
             return ferry_fail(FERRY_ERR_UNSUPPORTED,
@@ -98,19 +110,20 @@ uint64_t convert_scales_offset(const weight *fmt)
 
 uint64_t convert_bytes(const weight *fmt)
 {
-    if (fmt->quant == WQ_NONE) return (uint64_t)fmt->rows * weight_row_bytes(fmt);
+    if (!weight_has_scales(fmt)) return (uint64_t)fmt->rows * weight_row_bytes(fmt);
     return convert_scales_offset(fmt) + (uint64_t)fmt->rows * (uint64_t)weight_groups(fmt) * dtype_size(fmt->scale_dtype);
 }
 
 void convert_bind(weight *fmt, const void *base)
 {
     fmt->data = base;
-    fmt->scales = fmt->quant == WQ_NONE ? NULL : (const char *)base + convert_scales_offset(fmt);
+    fmt->scales = !weight_has_scales(fmt) ? NULL : (const char *)base + convert_scales_offset(fmt);
 }
 
 bool convert_is_copy(const weight *src, const weight *fmt)
 {
     if (src->dtype != fmt->dtype || src->quant != fmt->quant) return false;
+    if (src->quant == WQ_GGUF) return src->block == fmt->block;
     return src->quant == WQ_NONE || (src->group == fmt->group && src->scale_dtype == fmt->scale_dtype);
 }
 
@@ -148,6 +161,22 @@ ferry_status convert_rows(const weight *src, const weight *fmt, int64_t r0, int6
     size_t src_row = weight_row_bytes(src), out_row = weight_row_bytes(fmt);
     size_t n_scales = (size_t)weight_groups(src) * (size_t)n;
     const char *sdata = (const char *)src->data + (size_t)r0 * src_row;
+
+    if (src->quant == WQ_GGUF) {
+        if (fmt->quant == WQ_GGUF) {
+            memcpy(data_out, sdata, (size_t)n * src_row);
+            return FERRY_OK;
+        }
+        /* the blocks to f32 (gguf_quant.h), then converted as an f32 weight */
+        float *f = malloc((size_t)n * (size_t)src->cols * sizeof *f);
+        if (!f) return ferry_fail(FERRY_ERR_NOMEM, "out of memory converting %s", name);
+        for (int64_t r = 0; r < n; r++)
+            gguf_dequant(src->block, sdata + (size_t)r * src_row, f + (size_t)r * (size_t)src->cols, (uint64_t)src->cols);
+        weight part = {.dtype = DT_F32, .rows = n, .cols = src->cols, .data = f};
+        ferry_status st = convert_rows(&part, fmt, 0, n, data_out, scales_out, name);
+        free(f);
+        return st;
+    }
 
     if (src->quant == WQ_NONE && fmt->quant == WQ_NONE) {
         cast_elems(fmt->dtype, data_out, src->dtype, sdata, (size_t)n * (size_t)src->cols);
@@ -220,7 +249,7 @@ ferry_status convert_model_summary(const model_config *cfg, model_weights *w, co
         out->n_quantized++;
         out->n_regrouped += entries[i].dst->quant == WQ_NONE && fmt.quant == WQ_INT4 && fmt.cols > QUANT_INT4_GROUP &&
                             fmt.cols % QUANT_INT4_GROUP != 0;
-        int k = 0, g = convert_ct_group(&fmt);
+        int k = 0, g = fmt.quant == WQ_GGUF ? (int)fmt.block : convert_ct_group(&fmt);
         while (k < out->n_schemes && (out->schemes[k].quant != fmt.quant || out->schemes[k].group != g)) k++;
         if (k == out->n_schemes && k < CONVERT_MAX_SCHEMES) out->schemes[out->n_schemes++] = (convert_scheme){fmt.quant, g, 0};
         if (k < out->n_schemes) out->schemes[k].n_tensors++;
@@ -231,7 +260,8 @@ ferry_status convert_model_summary(const model_config *cfg, model_weights *w, co
 
 void convert_scheme_name(weight_quant quant, int group, char *buf, size_t cap)
 {
-    if (group) snprintf(buf, cap, "%s group %d", quant_name(quant), group);
+    if (quant == WQ_GGUF) snprintf(buf, cap, "gguf %s", gguf_type_name((uint32_t)group));
+    else if (group) snprintf(buf, cap, "%s group %d", quant_name(quant), group);
     else snprintf(buf, cap, "%s per channel", quant_name(quant));
 }
 

@@ -23,7 +23,10 @@
  * converted to the target dtype, so its scales are in that dtype.
  * Dequantizing (--quantize none on a quantized checkpoint) gives q * scale
  * in the target dtype. A quantized checkpoint tensor cannot be requantized
- * to another scheme (that would compound two roundings): refused.
+ * to another scheme (that would compound two roundings): refused - except
+ * a GGUF's blocks (WQ_GGUF), which stay as stored by default and are
+ * dequantized to f32 (or --weights-dtype) and then quantized on --quantize
+ * int8/int4, as llama.cpp's requantizing does.
  */
 #ifndef FERRY_CONVERT_H
 #define FERRY_CONVERT_H
@@ -85,7 +88,8 @@ int64_t convert_piece_rows(const weight *src, const weight *fmt, uint64_t bytes)
 #define CONVERT_MAX_SCHEMES 8
 
 /* One scheme of the engine's quantized tensors, as compressed-tensors names
- * it: group 0 is one scale per output channel (a group spanning the row). */
+ * it: group 0 is one scale per output channel (a group spanning the row);
+ * for WQ_GGUF, group is the block type. */
 typedef struct {
     weight_quant quant;
     int group;

@@ -174,6 +174,20 @@ static int64_t rows_of(const gguf_tensor *t)
     return t->n_dims >= 2 ? (int64_t)t->dims[1] : 0;
 }
 
+static ferry_dtype float_dtype(uint32_t type)
+{
+    return type == GGUF_F32 ? DT_F32 : type == GGUF_F16 ? DT_F16 : type == GGUF_BF16 ? DT_BF16 : DT_COUNT;
+}
+
+/* A tied model (no output.weight) whose embedding is float: HF's tied
+ * head. An embedding of blocks is dequantized for the row gather, and its
+ * blocks serve apart as lm_head.weight (so the config says untied). */
+static bool head_of_embedding(const gguf_file *g)
+{
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    return !gguf_find_tensor(g, "output.weight") && !(emb && float_dtype(emb->type) == DT_COUNT);
+}
+
 ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *out)
 {
     ferry_status st = FERRY_OK;
@@ -249,8 +263,8 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
     }
     sb_printf(out, ",\n  \"vocab_size\": %d,\n  \"hidden_act\": \"silu\",\n", vocab);
     if (m.arch->permuted) sb_printf(out, "  \"attention_bias\": %s,\n", bias ? "true" : "false");
-    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"",
-              gguf_find_tensor(g, "output.weight") ? "false" : "true", dtype);
+    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", head_of_embedding(g) ? "true" : "false",
+              dtype);
     int64_t bos = token_id(g, "tokenizer.ggml.bos_token_id"), eos = token_id(g, "tokenizer.ggml.eos_token_id");
     if (bos >= 0) sb_printf(out, ",\n  \"bos_token_id\": %lld", (long long)bos);
     if (eos >= 0) sb_printf(out, ",\n  \"eos_token_id\": %lld", (long long)eos);
@@ -351,6 +365,19 @@ static const struct {
 /* The HF name of GGUF tensor `name` into buf; 0 when it has none. Sets
  * *heads to the head count whose rotary halves were interleaved (q: heads,
  * k: kv_heads) where `permuted`, else 0. */
+/* The GGUF names of the weights a linear layer applies (their blocks are
+ * computed from as stored). */
+static bool is_linear(const char *name)
+{
+    static const char *const k[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight",
+                                    ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"};
+    if (!strcmp(name, "output.weight")) return true;
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (n > strlen(k[i]) && !strcmp(name + n - strlen(k[i]), k[i])) return true;
+    return false;
+}
+
 static bool hf_name(const char *name, int n_layers, bool permuted, int heads, int kv_heads, char *buf, size_t cap,
                     int *perm_heads)
 {
@@ -380,13 +407,9 @@ typedef struct {
     bool one_d;
     int perm_heads;          /* > 0: rows un-interleaved per head */
     bool dequant;            /* a block type: to f32 */
+    bool blocks;             /* a block type kept as stored (linear layers, the head) */
     uint64_t out_off, out_bytes; /* converted: where in the temporary file */
 } tensor_job;
-
-static ferry_dtype float_dtype(uint32_t type)
-{
-    return type == GGUF_F32 ? DT_F32 : type == GGUF_F16 ? DT_F16 : type == GGUF_BF16 ? DT_BF16 : DT_COUNT;
-}
 
 /* The GGUF row an HF row comes from: HF row h*R + j*(R/2) + i of a head of R
  * rows holds GGUF row h*R + 2i + j (llama.cpp's permute, inverted). */
@@ -505,7 +528,8 @@ static ferry_status plan_tensor(const gguf_file *g, const char *label, const lay
             return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has block type %s, which ferry does not read "
                               "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", label, tname,
                               gguf_type_name(t->type));
-        j->dequant = true;
+        j->blocks = is_linear(tname) && t->n_dims == 2;
+        j->dequant = !j->blocks;
     }
     if (j->perm_heads) {
         /* a 1-D bias is its rows' one column each */
@@ -565,7 +589,7 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     FERRY_TRY(read_layout(g, path, &lo));
     size_t n = gguf_tensor_count(g);
     tensor_job *jobs = calloc(n ? n : 1, sizeof *jobs);
-    ck->tensors = calloc(n ? n : 1, sizeof *ck->tensors);
+    ck->tensors = calloc(n + 1, sizeof *ck->tensors); /* and a head of the embedding's blocks */
     ck->gguf_names = calloc(n ? n : 1, sizeof *ck->gguf_names);
     if (!jobs || !ck->tensors || !ck->gguf_names) {
         free(jobs);
@@ -609,7 +633,9 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
         bool conv = j->dequant || j->perm_heads;
         st_tensor *t = &ck->tensors[i];
         *t = (st_tensor){.name = ck->gguf_names[i],
-                         .dtype = j->dequant ? DT_F32 : float_dtype(j->t->type),
+                         .dtype = j->dequant ? DT_F32 : j->blocks ? DT_U8 : float_dtype(j->t->type),
+                         .blocks = j->blocks,
+                         .block_type = j->t->type,
                          .ndim = j->one_d ? 1 : 2,
                          .file = conv ? 1 : 0,
                          .offset = conv ? j->out_off : gguf_data_offset(g) + j->t->offset,
@@ -623,6 +649,12 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     }
     free(jobs);
     if (st != FERRY_OK) return st;
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (emb && !gguf_find_tensor(g, "output.weight") && !head_of_embedding(g) && emb->n_dims == 2)
+        ck->tensors[n++] = (st_tensor){.name = "lm_head.weight", .dtype = DT_U8, .ndim = 2,
+                                       .shape = {(int64_t)emb->dims[1], (int64_t)emb->dims[0]},
+                                       .offset = gguf_data_offset(g) + emb->offset, .nbytes = emb->nbytes,
+                                       .data = emb->data, .blocks = true, .block_type = emb->type};
     ck->n_tensors = n;
     qsort(ck->tensors, n, sizeof *ck->tensors, cmp_tensor_name);
     for (size_t i = 1; i < n; i++)

@@ -786,6 +786,15 @@ static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, c
     const st_tensor *t = st_checkpoint_find(ck, name);
     if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, name);
     const char *file = ck->files[t->file].name;
+    if (t->blocks) { /* a GGUF's blocks: linear layers and the head only (gguf_hf.c dequantizes the rest) */
+        if (!(s->linear || s->lm_head) || s->rows == 0)
+            return ferry_fail(FERRY_ERR_INTERNAL, "%s: tensor '%s' is %s blocks where a full-precision one is needed",
+                              file, name, gguf_type_name(t->block_type));
+        FERRY_TRY(check_shape(ck, t, s->rows, s->cols));
+        *s->dst = (weight){.dtype = DT_U8, .rows = s->rows, .cols = s->cols, .data = t->data, .quant = WQ_GGUF,
+                           .block = t->block_type};
+        return FERRY_OK;
+    }
     if (!dtype_is_compute(t->dtype))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file,
                           name, dtype_name(t->dtype));

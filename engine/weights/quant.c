@@ -21,15 +21,17 @@
 /* ---- names and sizes ------------------------------------------------------ */
 
 static const char *const k_quant_names[] = {[WQ_NONE] = "none", [WQ_INT8] = "int8", [WQ_INT4] = "int4"};
+#define N_PARSED 3 /* --quantize takes these; WQ_GGUF is only ever a checkpoint's */
 
 const char *quant_name(weight_quant q)
 {
+    if (q == WQ_GGUF) return "gguf blocks";
     return (unsigned)q < sizeof k_quant_names / sizeof *k_quant_names ? k_quant_names[q] : "?";
 }
 
 bool quant_parse(const char *s, weight_quant *out)
 {
-    for (unsigned i = 0; s && i < sizeof k_quant_names / sizeof *k_quant_names; i++) {
+    for (unsigned i = 0; s && i < N_PARSED; i++) {
         if (strcmp(s, k_quant_names[i]) == 0) {
             *out = (weight_quant)i;
             return true;

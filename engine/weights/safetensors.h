@@ -35,6 +35,8 @@ typedef struct {
     uint64_t offset; /* of the data from the start of the file */
     uint64_t nbytes;
     int file;        /* index into the checkpoint's files */
+    bool blocks;     /* a GGUF's blocks of type block_type (dtype U8; shape the values') */
+    uint32_t block_type;
     const void *data; /* inside the file's mapping (NULL from st_parse) */
 } st_tensor;
 

@@ -154,6 +154,24 @@ def test_inspect_describes_the_gguf(ferry, tmp_path):
     g, _ = make_pair(tmp_path, "qwen3")
     out = ferry.check("inspect", "--model", g).stdout.decode()
     assert "Qwen3ForCausalLM" in out and "layers         2" in out, out
+    for t in ["Q8_0", "Q4_K", "Q6_K", "Q5_1"]:  # the blocks serve as stored
+        assert "gguf " + t in out, (t, out)
+
+
+@pytest.mark.parametrize("quant,tol", [("none", TOL), ("int8", 3e-2)])
+def test_quantize_converts_gguf_blocks(ferry, ref, tmp_path, quant, tol):
+    """--quantize none dequantizes the blocks (the reference's exact values,
+    so its tolerance); int8 requantizes the linear layers' dequantized
+    values, the head's blocks staying as a quantized checkpoint's head does."""
+    g, ref_dir = make_pair(tmp_path, "llama")
+    out = ferry.check("inspect", "--model", g, "--quantize", quant).stdout.decode()
+    if quant == "none":
+        assert "gguf" not in out, out
+    else:
+        assert "int8" in out and "gguf Q6_K: 1 tensors" in out and "gguf Q4_K" not in out, out
+    got, logits = ferry.generate_all(g, PROMPTS[:1], 1, "--quantize", quant, dump_logits=tmp_path / "l.bin")
+    want = llama_ref.forward(ref(ref_dir), PROMPTS[0]).numpy()[-1]
+    assert rel_err(logits[0], want) < tol, quant
 
 
 def test_a_directory_with_one_gguf_is_that_model(ferry, tmp_path):

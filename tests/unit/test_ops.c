@@ -5,7 +5,10 @@
  * path (decode chunks, prefill blocks, odd tails) with and without bias, RMSNorm, RoPE (rotate_half; the
  * tables of plain, linear, llama3 and YaRN scaling, YaRN's attention factor), embedding, SiLU x up, add,
  * gather_last, the mixture-of-experts row ops (gather_rows, scatter_rows,
- * moe_combine, bit for bit; on the CPU also through cpu-split), and KV
+ * moe_combine, bit for bit; on the CPU also through cpu-split), GGUF
+ * blocks on the CPU backends (every block type ferry reads: dequantized bit
+ * for bit as gguf_quant.c, the matmul against the dequantized values, batch
+ * invariant), and KV
  * store + attention (GQA, sliding window, a batch of sequences at different
  * positions). Outputs are poisoned with NaN first so
  * an unwritten element fails. All data goes through the backend's
@@ -19,6 +22,8 @@
 #include <string.h>
 
 #include "../../engine/backend.h"
+#include "../../engine/cpu/cpu.h"
+#include "../../engine/weights/gguf_quant.h"
 #include "../../engine/weights/rope.h"
 #include "check.h"
 
@@ -347,6 +352,107 @@ static void test_matmul_batch_invariant(void)
     }
 }
 
+/* ---- GGUF blocks (CPU backends) ------------------------------------------- */
+
+static const struct {
+    uint32_t type;
+    int scale_at[2]; /* byte offsets of the block's fp16 scales; -1: none */
+} k_gguf_types[] = {
+    {GGUF_Q8_0, {0, -1}}, {GGUF_Q4_0, {0, -1}}, {GGUF_Q4_1, {0, 2}}, {GGUF_Q5_0, {0, -1}},
+    {GGUF_Q5_1, {0, 2}},  {GGUF_Q4_K, {0, 2}},  {GGUF_Q5_K, {0, 2}}, {GGUF_Q6_K, {208, -1}},
+};
+
+/* Random blocks of type k (random bits, finite scales) for [rows, cols];
+ * *ref gets gguf_dequant's values (the reference dequantizer, checked bit
+ * for bit against the gguf package by test_gguf.py). Host memory. */
+static uint8_t *gguf_blocks(size_t k, int64_t rows, int64_t cols, double **ref)
+{
+    uint32_t be, bb;
+    FERRY_ASSERT(gguf_type_block(k_gguf_types[k].type, &be, &bb));
+    size_t nb = (size_t)(rows * cols) / be;
+    uint8_t *raw = malloc(nb * bb);
+    for (size_t i = 0; i < nb * bb; i++) raw[i] = (uint8_t)((frand() + 1.0f) * 128.0f);
+    for (size_t b = 0; b < nb; b++)
+        for (int s = 0; s < 2 && k_gguf_types[k].scale_at[s] >= 0; s++) {
+            uint16_t h = f32_to_f16(frand() * 0.01f);
+            memcpy(raw + b * bb + k_gguf_types[k].scale_at[s], &h, 2);
+        }
+    float *f = malloc((size_t)(rows * cols) * sizeof *f);
+    FERRY_ASSERT(gguf_dequant(k_gguf_types[k].type, raw, f, (uint64_t)(rows * cols)));
+    *ref = malloc((size_t)(rows * cols) * sizeof **ref);
+    for (size_t i = 0; i < (size_t)(rows * cols); i++) (*ref)[i] = f[i];
+    free(f);
+    return raw;
+}
+
+static void test_gguf_matmul(bool check_rows)
+{
+    static const int ns[] = {1, 2, 5, 16, 17, 64};
+    enum { ROWS_ = 37, COLS = 512 };
+    for (size_t k = 0; k < sizeof k_gguf_types / sizeof k_gguf_types[0]; k++) {
+        double *wref, *xref, *bref = NULL;
+        uint8_t *raw = gguf_blocks(k, ROWS_, COLS, &wref);
+        weight host = {.dtype = DT_U8, .rows = ROWS_, .cols = COLS, .data = raw, .quant = WQ_GGUF,
+                       .block = k_gguf_types[k].type};
+        const char *tn = gguf_type_name(host.block);
+        if (check_rows) { /* the kernels' dequantization, whole rows and pieces, is the reference's bit for bit */
+            float got[COLS];
+            size_t bad = 0;
+            for (int64_t r = 0; r < ROWS_; r++) {
+                cpu_gguf_row_to_f32(got, &host, r, 0, COLS);
+                for (int c = 0; c < COLS; c++) bad += got[c] != (float)wref[r * COLS + c];
+                cpu_gguf_row_to_f32(got, &host, r, 37, 300);
+                for (int c = 0; c < 300; c++) bad += got[c] != (float)wref[r * COLS + 37 + c];
+            }
+            if (bad) fprintf(stderr, "gguf %s: %zu dequantized values differ from gguf_dequant's\n", tn, bad);
+            CHECK(bad == 0);
+        }
+        weight w = host;
+        w.data = dev_copy(raw, (size_t)ROWS_ * weight_row_bytes(&host));
+        weight b = make_weight(DT_F32, 1, ROWS_, &bref, -1, 1);
+        float *x = rand_vec((size_t)64 * COLS, &xref);
+        float *one = dev_poison(ROWS_), *all = dev_poison((size_t)64 * ROWS_);
+        float *alone = malloc((size_t)64 * ROWS_ * sizeof *alone);
+        for (int t = 0; t < 64; t++) {
+            g_be->ops->matmul(g_be, one, x + (size_t)t * COLS, &w, &b, 1);
+            float *h = host_of(one, ROWS_);
+            memcpy(alone + (size_t)t * ROWS_, h, ROWS_ * sizeof *h);
+            free(h);
+        }
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            int n = ns[i];
+            g_be->ops->matmul(g_be, all, x, &w, &b, n);
+            float *got = host_of(all, (size_t)n * ROWS_);
+            double *want = malloc((size_t)n * ROWS_ * sizeof *want);
+            size_t bad = 0;
+            for (int t = 0; t < n; t++)
+                for (int r = 0; r < ROWS_; r++) {
+                    double acc = bref[r];
+                    for (int c = 0; c < COLS; c++) acc += wref[r * COLS + c] * xref[t * COLS + c];
+                    want[t * ROWS_ + r] = acc;
+                    bad += memcmp(&got[t * ROWS_ + r], &alone[t * ROWS_ + r], sizeof *got) != 0;
+                }
+            char what[96];
+            snprintf(what, sizeof what, "matmul gguf %s [%d,%d] n=%d", tn, ROWS_, COLS, n);
+            CHECK_CLOSE(what, got, want, (size_t)n * ROWS_, 1e-5);
+            if (bad) fprintf(stderr, "%s: %zu outputs differ from the same rows computed alone\n", what, bad);
+            CHECK(bad == 0); /* batch invariance, bit for bit */
+            free(got);
+            free(want);
+        }
+        free(alone);
+        free(raw);
+        free(wref);
+        free(xref);
+        free(bref);
+        g_be->ops->release(g_be, (void *)w.data);
+        g_be->ops->release(g_be, (void *)b.data);
+        g_be->ops->release(g_be, x);
+        g_be->ops->release(g_be, one);
+        g_be->ops->release(g_be, all);
+    }
+}
+
 static void test_rmsnorm(int dim)
 {
     int n = 9;
@@ -620,7 +726,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
     int n_seqs = 3, max_ctx = 40, kv_dim = kv_heads * hd, bsize = 4;
     int max_blocks = max_ctx / bsize, n_blocks = n_seqs * max_blocks + 7;
     size_t cache = (size_t)n_seqs * (size_t)max_ctx * (size_t)kv_dim;
-    size_t pool = (size_t)n_blocks * (size_t)bsize * (size_t)kv_dim;
+    size_t pool_elems = (size_t)n_blocks * (size_t)bsize * (size_t)kv_dim;
     double *kref_all = calloc(cache, sizeof *kref_all), *vref_all = calloc(cache, sizeof *vref_all);
     int32_t perm[n_blocks];
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
@@ -632,7 +738,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
         perm[j] = t;
     }
     int32_t *table_dev = dev_copy(perm, (size_t)n_seqs * (size_t)max_blocks * sizeof *perm);
-    kv_layer kv = {dev_poison(pool), dev_poison(pool), table_dev, n_seqs, max_blocks, bsize, n_blocks, kv_dim};
+    kv_layer kv = {dev_poison(pool_elems), dev_poison(pool_elems), table_dev, n_seqs, max_blocks, bsize, n_blocks, kv_dim};
     static const int step1[3][3] = {{0, 0, 6}, {2, 0, 20}, {1, 0, 1}};
     static const int step2[3][3] = {{2, 20, 1}, {0, 6, 5}, {1, 1, 1}};
     const int (*steps[2])[3] = {step1, step2};
@@ -720,6 +826,7 @@ int main(int argc, char **argv)
     test_matmul();
     test_qmatmul();
     if (strcmp(name, "cuda") != 0) test_matmul_batch_invariant();
+    if (g_be->ops->gguf_blocks) test_gguf_matmul(strcmp(name, "cpu") == 0);
     test_rmsnorm(70);
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);
