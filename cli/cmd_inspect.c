@@ -84,10 +84,20 @@ int cmd_inspect(const ferry_config *cfg)
     model_quant_describe(&mc, ckq, sizeof ckq);
     convert_describe(&conv, conv_s, sizeof conv_s);
     convert_summary_describe(&sum, schemes, sizeof schemes);
-    uint64_t by_dtype[DT_COUNT] = {0}, total = 0;
+    uint64_t by_dtype[DT_COUNT] = {0}, total = 0, blocks = 0; /* blocks: a GGUF's, kept as stored */
     for (size_t i = 0; i < ck->n_tensors; i++) {
-        by_dtype[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
+        if (ck->tensors[i].blocks) blocks += ck->tensors[i].nbytes;
+        else by_dtype[ck->tensors[i].dtype] += ck->tensors[i].nbytes;
         total += ck->tensors[i].nbytes;
+    }
+    /* a GGUF model: its own tensors by block type, as the file stores them */
+    uint64_t gg_bytes[GGUF_TYPES] = {0};
+    int gg_count[GGUF_TYPES] = {0};
+    for (size_t i = 0; ck->gguf_model && i < gguf_tensor_count(ck->gguf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(ck->gguf, i);
+        if (t->type >= GGUF_TYPES) continue; /* gguf_hf refused those */
+        gg_bytes[t->type] += t->nbytes;
+        gg_count[t->type]++;
     }
     strbuf sb;
     sb_init(&sb);
@@ -119,7 +129,16 @@ int cmd_inspect(const ferry_config *cfg)
                           (unsigned long long)by_dtype[d]);
                 first = 0;
             }
+        if (blocks) sb_printf(&sb, "%s\"gguf_blocks\": %llu", first ? "" : ", ", (unsigned long long)blocks);
         sb_puts(&sb, "}");
+        if (ck->gguf_model) {
+            sb_printf(&sb, ", \"gguf\": {\"version\": %u, \"tensors_by_type\": {", gguf_version(ck->gguf));
+            for (int t = 0, n = 0; t < GGUF_TYPES; t++)
+                if (gg_count[t])
+                    sb_printf(&sb, "%s\"%s\": {\"tensors\": %d, \"bytes\": %llu}", n++ ? ", " : "",
+                              gguf_type_name((uint32_t)t), gg_count[t], (unsigned long long)gg_bytes[t]);
+            sb_puts(&sb, "}}");
+        }
         rope_json(&sb, &mc);
         sb_puts(&sb, ", \"checkpoint_quantization\": ");
         sb_json_str(&sb, ckq);
@@ -158,7 +177,17 @@ int cmd_inspect(const ferry_config *cfg)
             if (by_dtype[d])
                 sb_printf(&sb, "bytes %-8s %llu (%s)\n", dtype_name((ferry_dtype)d), (unsigned long long)by_dtype[d],
                           util_fmt_bytes(by_dtype[d], b, sizeof b));
+        if (blocks)
+            sb_printf(&sb, "bytes blocks   %llu (%s)\n", (unsigned long long)blocks, util_fmt_bytes(blocks, b, sizeof b));
         sb_printf(&sb, "bytes total    %llu (%s)\n", (unsigned long long)total, util_fmt_bytes(total, b, sizeof b));
+        if (ck->gguf_model) {
+            sb_printf(&sb, "gguf           version %u, as stored:", gguf_version(ck->gguf));
+            for (int t = 0, n = 0; t < GGUF_TYPES; t++)
+                if (gg_count[t])
+                    sb_printf(&sb, "%s %s %d tensors %s", n++ ? "," : "", gguf_type_name((uint32_t)t), gg_count[t],
+                              util_fmt_bytes(gg_bytes[t], b, sizeof b));
+            sb_puts(&sb, "\n");
+        }
         sb_printf(&sb, "quantization   %s%s\n", ckq, mc.n_ckpt_schemes == 0 ? "" : mc.ckpt_packed ? " (compressed-tensors, pack-quantized)" : " (compressed-tensors, int-quantized)");
         sb_printf(&sb, "conversion     %s\n", conv_s);
         sb_printf(&sb, "engine bytes   %llu (%s), %d tensors quantized\n", (unsigned long long)sum.bytes,

@@ -52,6 +52,7 @@ typedef enum {
     GGUF_F64 = 28,
     GGUF_BF16 = 30,
 } gguf_type;
+#define GGUF_TYPES 40 /* type numbers are below this */
 
 /* Elements per block and bytes per block of a tensor type; false for a type
  * this reader does not know (the i-quants, ternary types, ...). */
