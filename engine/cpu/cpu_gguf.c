@@ -55,16 +55,6 @@ static inline void scale8(float *dst, const int8_t *q, int n, float scale, float
     }
 }
 
-/* The reference's products: Q4_1 is q d + m (q d exact, so fused or not is alike). */
-static inline void scale_add8(float *dst, const int8_t *q, int n, float scale, float add)
-{
-    __m256 s = _mm256_set1_ps(scale), a = _mm256_set1_ps(add);
-    for (int i = 0; i < n; i += 8) {
-        __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
-        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_mul_ps(v, s), a));
-    }
-}
-
 static void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 {
     if (j < 4) {
@@ -73,6 +63,40 @@ static void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     } else {
         *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* 16 bytes of nibbles to 32 values, low nibbles first (Q4_0, Q4_1 order),
+ * widened 8 at a time into y as q * s + a (bias: subtracted from q first,
+ * in integers). */
+static inline void nibbles16(float *y, const uint8_t *p, int bias, float s, float a, bool add)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0F), bb = _mm_set1_epi8((char)bias);
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), bb), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bb);
+    __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; i++) {
+        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]));
+        _mm256_storeu_ps(y + 8 * i, add ? _mm256_add_ps(_mm256_mul_ps(q, vs), va) : _mm256_mul_ps(vs, q));
+    }
+}
+
+/* 32 bytes of nibbles (a Q4_K pair of sub-blocks): the low nibbles are 32
+ * values (s1 q - m1), the high ones the next 32 (s2 q - m2). */
+static inline void nibbles32_k(float *y, const uint8_t *p, float s1, float m1, float s2, float m2)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
+    __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    const __m256i halves[2] = {lo, hi};
+    const float sc[2] = {s1, s2}, mn[2] = {m1, m2};
+    for (int h = 0; h < 2; h++) {
+        __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
+        __m128i a = _mm256_castsi256_si128(halves[h]), b = _mm256_extracti128_si256(halves[h], 1);
+        __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
+        for (int i = 0; i < 4; i++) {
+            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+            _mm256_storeu_ps(y + 32 * h + 8 * i, _mm256_sub_ps(_mm256_mul_ps(vs, q), vm));
+        }
     }
 }
 
@@ -86,18 +110,10 @@ static bool block_avx2(uint32_t type, const uint8_t *b, float *y)
         scale8(y, (const int8_t *)(b + 2), 32, half(b), 0, false);
         return true;
     case GGUF_Q4_0:
-        for (int j = 0; j < 16; j++) {
-            q[j] = (int8_t)((b[2 + j] & 0xF) - 8);
-            q[j + 16] = (int8_t)((b[2 + j] >> 4) - 8);
-        }
-        scale8(y, q, 32, half(b), 0, false);
+        nibbles16(y, b + 2, 8, half(b), 0, false);
         return true;
     case GGUF_Q4_1:
-        for (int j = 0; j < 16; j++) {
-            q[j] = (int8_t)(b[4 + j] & 0xF);
-            q[j + 16] = (int8_t)(b[4 + j] >> 4);
-        }
-        scale_add8(y, q, 32, half(b), half(b + 2));
+        nibbles16(y, b + 4, 0, half(b), half(b + 2), true);
         return true;
     case GGUF_Q4_K: {
         float d = half(b), dmin = half(b + 2);
@@ -106,12 +122,7 @@ static bool block_avx2(uint32_t type, const uint8_t *b, float *y)
             uint8_t s1, m1, s2, m2;
             k4_scale_min(is, sc, &s1, &m1);
             k4_scale_min(is + 1, sc, &s2, &m2);
-            for (int l = 0; l < 32; l++) {
-                q[l] = (int8_t)(qs[l] & 0xF);
-                q[l + 32] = (int8_t)(qs[l] >> 4);
-            }
-            scale8(y + j, q, 32, d * (float)s1, dmin * (float)m1, true);
-            scale8(y + j + 32, q + 32, 32, d * (float)s2, dmin * (float)m2, true);
+            nibbles32_k(y + j, qs, d * (float)s1, dmin * (float)m1, d * (float)s2, dmin * (float)m2);
         }
         return true;
     }
