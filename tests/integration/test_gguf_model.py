@@ -271,3 +271,24 @@ def test_smollm2_gguf_same_on_every_placement(ferry, smol_gguf, smol_resident, t
     out, logits = ferry.generate_all(smol_gguf, prompts, 8, *flags, dump_logits=tmp_path / "l.bin")
     assert out == base_out, placement
     assert rel_err(logits, base_logits) <= SAME, placement
+
+
+@pytest.mark.parametrize("layout", ["original", "converted"])
+def test_export_of_a_gguf_model(ferry, ref, tmp_path, layout):
+    """GGUF -> export (the blocks dequantized to f32, Q/K rows in HF order,
+    config.json as the GGUF stands for) -> the PyTorch reference loads the
+    export and gives ferry's greedy tokens on the GGUF; ferry on the export
+    gives them too."""
+    g, _ = make_pair(tmp_path, "llama")
+    out = tmp_path / "exports" / "ex"
+    out.parent.mkdir()
+    ferry.check("export", "--model", g, "--out", out, "--layout", layout)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg, cfg
+    got, logits = ferry.generate_all(g, PROMPTS[:1], 6, dump_logits=tmp_path / "g.bin")
+    m = ref(out)
+    want = llama_ref.forward(m, (PROMPTS[0] + got[0])[:-1]).numpy()
+    assert rel_err(logits[0], want[len(PROMPTS[0]) - 1]) < TOL
+    assert [int(np.argmax(want[len(PROMPTS[0]) - 1 + i])) for i in range(6)] == got[0]
+    again, _ = ferry.generate_all(out, PROMPTS[:1], 6, dump_logits=tmp_path / "e.bin")
+    assert again == got
