@@ -9,13 +9,17 @@
  * the data section, aligned, its size its type's blocks x its elements, no
  * two overlapping. Every string's and tensor's first and last byte is read,
  * so AddressSanitizer catches one outside the buffer. A broken promise
- * aborts. Build: README.md.
+ * aborts. An accepted file's metadata is then made into the config.json it
+ * stands for (gguf_hf.h), which ferry's config parser must take or refuse
+ * naming the file. Build: README.md.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../engine/weights/gguf.h"
+#include "../../engine/weights/gguf_hf.h"
+#include "../../engine/weights/model.h"
 
 static volatile uint8_t sink;
 
@@ -80,6 +84,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (gguf_find_tensor(g, name) != t) abort();
         }
     }
+    strbuf sb;
+    sb_init(&sb);
+    if (gguf_hf_config_json(g, "fuzz.gguf", &sb) == FERRY_OK) {
+        model_config cfg;
+        if (sb.oom) abort();
+        if (model_config_parse(sb.data, sb.len, "fuzz.gguf", &cfg) != FERRY_OK && !strstr(ferry_errmsg(), "fuzz.gguf"))
+            abort();
+    } else if (!strstr(ferry_errmsg(), "fuzz.gguf")) {
+        abort();
+    }
+    sb_free(&sb);
     gguf_close(g);
     return 0;
 }
