@@ -44,18 +44,26 @@ static inline float half(const uint8_t *p)
 }
 
 #ifdef HAVE_AVX2
-/* dst[i] = scale * q[i] (- min), 8 at a time, for n (a multiple of 8) values. */
-static inline void scale8(float *dst, const int8_t *q, int n, float scale, float min, bool sub)
+/* ---- 32 values at a time ------------------------------------------------------
+ * chunk32 gives values 32c .. 32c + 31 of a block as four vectors of 8, the
+ * reference's products (each exact but the last: Q4_1's q d + m, Q4_K's
+ * (d sc) q - dmin m, Q6_K's (d sc) q, so fused or not they round alike).
+ * Every type's block is a whole number of chunks; the dot products below
+ * take a chunk as one step of their four accumulators. */
+
+#define CHUNK 32
+
+static inline __m256 widen_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* 16 bytes of signed values (4-bit ones with the bias taken off) as 2 x 8 floats
+ * of lo = bytes 0..7, hi = bytes 8..15. */
+static inline void widen16(__m128i v, __m256 *lo, __m256 *hi)
 {
-    __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(min);
-    for (int i = 0; i < n; i += 8) {
-        __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
-        v = _mm256_mul_ps(s, v);
-        _mm256_storeu_ps(dst + i, sub ? _mm256_sub_ps(v, m) : v);
-    }
+    *lo = widen_i8(v);
+    *hi = widen_i8(_mm_srli_si128(v, 8));
 }
 
-static void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 {
     if (j < 4) {
         *d = q[j] & 63;
@@ -66,84 +74,161 @@ static void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     }
 }
 
-/* 16 bytes of nibbles to 32 values, low nibbles first (Q4_0, Q4_1 order),
- * widened 8 at a time into y as q * s + a (bias: subtracted from q first,
- * in integers). */
-static inline void nibbles16(float *y, const uint8_t *p, int bias, float s, float a, bool add)
+/* Whether chunk32 handles the type (the others go through gguf_dequant). */
+static inline bool chunked(uint32_t type)
 {
-    __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0F), bb = _mm_set1_epi8((char)bias);
-    __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), bb), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), bb);
-    __m256 vs = _mm256_set1_ps(s), va = _mm256_set1_ps(a);
-    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int i = 0; i < 4; i++) {
-        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]));
-        _mm256_storeu_ps(y + 8 * i, add ? _mm256_add_ps(_mm256_mul_ps(q, vs), va) : _mm256_mul_ps(vs, q));
-    }
+    return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q4_K || type == GGUF_Q6_K;
 }
 
-/* 32 bytes of nibbles (a Q4_K pair of sub-blocks): the low nibbles are 32
- * values (s1 q - m1), the high ones the next 32 (s2 q - m2). */
-static inline void nibbles32_k(float *y, const uint8_t *p, float s1, float m1, float s2, float m2)
+static inline __attribute__((always_inline)) void chunk32(uint32_t type, const uint8_t *b, int c, __m256 w[4])
 {
-    __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
-    __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
-    const __m256i halves[2] = {lo, hi};
-    const float sc[2] = {s1, s2}, mn[2] = {m1, m2};
-    for (int h = 0; h < 2; h++) {
-        __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
-        __m128i a = _mm256_castsi256_si128(halves[h]), b = _mm256_extracti128_si256(halves[h], 1);
-        __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
-        for (int i = 0; i < 4; i++) {
-            __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
-            _mm256_storeu_ps(y + 32 * h + 8 * i, _mm256_sub_ps(_mm256_mul_ps(vs, q), vm));
-        }
-    }
-}
-
-/* One block of `type` to f32 (blocks: gguf_quant.h); false for the types
- * left to gguf_dequant. */
-static bool block_avx2(uint32_t type, const uint8_t *b, float *y)
-{
-    int8_t q[256];
+    const __m128i nib = _mm_set1_epi8(0x0F);
     switch (type) {
-    case GGUF_Q8_0:
-        scale8(y, (const int8_t *)(b + 2), 32, half(b), 0, false);
-        return true;
+    case GGUF_Q8_0: {
+        __m256 d = _mm256_set1_ps(half(b));
+        for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j))));
+        return;
+    }
     case GGUF_Q4_0:
-        nibbles16(y, b + 2, 8, half(b), 0, false);
-        return true;
-    case GGUF_Q4_1:
-        nibbles16(y, b + 4, 0, half(b), half(b + 2), true);
-        return true;
-    case GGUF_Q4_K: {
-        float d = half(b), dmin = half(b + 2);
-        const uint8_t *sc = b + 4, *qs = b + 16;
-        for (int j = 0, is = 0; j < 256; j += 64, is += 2, qs += 32) {
-            uint8_t s1, m1, s2, m2;
-            k4_scale_min(is, sc, &s1, &m1);
-            k4_scale_min(is + 1, sc, &s2, &m2);
-            nibbles32_k(y + j, qs, d * (float)s1, dmin * (float)m1, d * (float)s2, dmin * (float)m2);
+    case GGUF_Q4_1: {
+        bool q40 = type == GGUF_Q4_0;
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + (q40 ? 2 : 4)));
+        __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+        if (q40) {
+            lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
+            hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
         }
-        return true;
+        widen16(lo, &w[0], &w[1]);
+        widen16(hi, &w[2], &w[3]);
+        __m256 d = _mm256_set1_ps(half(b));
+        if (q40) {
+            for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, w[j]);
+        } else {
+            __m256 m = _mm256_set1_ps(half(b + 2));
+            for (int j = 0; j < 4; j++) w[j] = _mm256_add_ps(_mm256_mul_ps(w[j], d), m);
+        }
+        return;
     }
-    case GGUF_Q6_K: {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
+    case GGUF_Q4_K: { /* chunk c: sub-block c, the low (even c) or high nibbles of 32 bytes */
+        uint8_t sc, mn;
+        k4_scale_min(c, b + 4, &sc, &mn);
+        __m256 s = _mm256_set1_ps(half(b) * (float)sc), m = _mm256_set1_ps(half(b + 2) * (float)mn);
+        const uint8_t *qs = b + 16 + 32 * (c / 2);
+        __m128i v0 = _mm_loadu_si128((const __m128i *)qs), v1 = _mm_loadu_si128((const __m128i *)(qs + 16));
+        if (c & 1) {
+            v0 = _mm_srli_epi16(v0, 4);
+            v1 = _mm_srli_epi16(v1, 4);
+        }
+        widen16(_mm_and_si128(v0, nib), &w[0], &w[1]);
+        widen16(_mm_and_si128(v1, nib), &w[2], &w[3]);
+        for (int j = 0; j < 4; j++) w[j] = _mm256_sub_ps(_mm256_mul_ps(s, w[j]), m);
+        return;
+    }
+    case GGUF_Q6_K: { /* chunk c: half c / 4 (128 values), quarter c % 4 */
+        int h = c / 4, q = c % 4;
+        const uint8_t *ql = b + 64 * h + 32 * (q & 1), *qh = b + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * q;
         float d = half(b + 208);
-        for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8) {
-            for (int l = 0; l < 32; l++) {
-                q[n + l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
-                q[n + l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                q[n + l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                q[n + l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-            }
-            for (int g = 0; g < 8; g++) /* a scale per 16 values: (d sc) q */
-                scale8(y + n + 16 * g, q + n + 16 * g, 16, d * (float)sc[g], 0, false);
+        for (int k = 0; k < 2; k++) { /* 16 values a scale */
+            __m128i l = _mm_loadu_si128((const __m128i *)(ql + 16 * k)), hb = _mm_loadu_si128((const __m128i *)(qh + 16 * k));
+            if (q >= 2) l = _mm_srli_epi16(l, 4);
+            l = _mm_and_si128(l, nib);
+            hb = _mm_and_si128(_mm_srli_epi16(hb, 2 * q), _mm_set1_epi8(3));
+            __m128i v = _mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(hb, 4)), _mm_set1_epi8(32));
+            __m256 s = _mm256_set1_ps(d * (float)sc[k]);
+            widen16(v, &w[2 * k], &w[2 * k + 1]);
+            w[2 * k] = _mm256_mul_ps(s, w[2 * k]);
+            w[2 * k + 1] = _mm256_mul_ps(s, w[2 * k + 1]);
         }
-        return true;
+        return;
     }
-    default: return false;
+    default: FERRY_ASSERT(!"chunk32: type not chunked");
     }
+}
+
+/* Blocks [0, nb) at p to f32 at y. */
+static void chunks_to_f32(uint32_t type, uint32_t be, uint32_t bb, const uint8_t *p, int64_t nb, float *y)
+{
+    for (int64_t i = 0; i < nb; i++, p += bb)
+        for (int c = 0; c < (int)(be / CHUNK); c++, y += CHUNK) {
+            __m256 w[4];
+            chunk32(type, p, c, w);
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + 8 * j, w[j]);
+        }
+}
+
+/* The sum of four accumulators, in dot()'s order. */
+static inline float hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3)
+{
+    __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Decode: rows [r0, r1) for N (1 or 2) token rows, each chunk dequantized
+ * in registers and applied at once - the operations dot() does on the same
+ * values in the same order, so the results are the scratch path's bit for
+ * bit. Accumulators are named variables: arrays of vectors were kept in
+ * memory by the compiler. */
+static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, size_t r0, size_t r1, const float *x,
+                                                              const int N, float *out, size_t ldo)
+{
+    uint32_t be, bb;
+    gguf_type_block(w->block, &be, &bb);
+    const uint32_t type = w->block;
+    const int chunks = (int)(be / CHUNK);
+    size_t cols = (size_t)w->cols, row_bytes = weight_row_bytes(w), nb = cols / be;
+    const float *x1 = x + (N > 1 ? cols : 0);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + r * row_bytes;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        const float *xk = x, *xk1 = x1;
+        for (size_t i = 0; i < nb; i++, p += bb) {
+            _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
+            for (int c = 0; c < chunks; c++, xk += CHUNK, xk1 += CHUNK) {
+                __m256 wv[4];
+                chunk32(type, p, c, wv);
+                a0 = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xk), a0);
+                a1 = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xk + 8), a1);
+                a2 = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xk + 16), a2);
+                a3 = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xk + 24), a3);
+                if (N > 1) {
+                    b0 = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xk1), b0);
+                    b1 = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xk1 + 8), b1);
+                    b2 = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xk1 + 16), b2);
+                    b3 = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xk1 + 24), b3);
+                }
+            }
+        }
+        out[r] = hsum4(a0, a1, a2, a3);
+        if (N > 1) out[ldo + r] = hsum4(b0, b1, b2, b3);
+    }
+}
+
+/* One specialization per block type and token count: the type's switch
+ * and the chunk loop resolve at compile time. */
+#define FUSED(T, N) \
+    static void fused_##T##_##N(const weight *w, size_t r0, size_t r1, const float *x, float *out, size_t ldo) \
+    { \
+        weight v = *w; \
+        v.block = GGUF_##T; \
+        rows_fused_n(&v, r0, r1, x, N, out, ldo); \
+    }
+FUSED(Q8_0, 1) FUSED(Q8_0, 2) FUSED(Q4_0, 1) FUSED(Q4_0, 2) FUSED(Q4_1, 1) FUSED(Q4_1, 2)
+FUSED(Q4_K, 1) FUSED(Q4_K, 2) FUSED(Q6_K, 1) FUSED(Q6_K, 2)
+#undef FUSED
+
+static void rows_fused(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
+{
+#define CASE(T) \
+    case GGUF_##T: (n == 1 ? fused_##T##_1 : fused_##T##_2)(w, r0, r1, x, out, ldo); return;
+    switch (w->block) {
+        CASE(Q8_0) CASE(Q4_0) CASE(Q4_1) CASE(Q4_K) CASE(Q6_K)
+    default: FERRY_ASSERT(!"rows_fused: type not chunked");
+    }
+#undef CASE
 }
 #endif
 
@@ -154,8 +239,8 @@ static void blocks_to_f32(const weight *w, int64_t row, int64_t b0, int64_t nb, 
     gguf_type_block(w->block, &be, &bb);
     const uint8_t *p = (const uint8_t *)w->data + (size_t)row * weight_row_bytes(w) + (size_t)b0 * bb;
 #ifdef HAVE_AVX2
-    if (block_avx2(w->block, p, dst)) {
-        for (int64_t i = 1; i < nb; i++) block_avx2(w->block, p + (size_t)i * bb, dst + (size_t)i * be);
+    if (chunked(w->block)) {
+        chunks_to_f32(w->block, be, bb, p, nb, dst);
         return;
     }
 #endif
@@ -197,11 +282,7 @@ static inline float dot(const float *a, const float *b, size_t n)
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(b + k + 24), s3);
     }
     for (; k + 8 <= n; k += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
-    __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float s = _mm_cvtss_f32(h);
+    float s = hsum4(s0, s1, s2, s3);
 #else
     float s = 0;
     size_t k = 0;
@@ -214,6 +295,12 @@ void cpu_gguf_rows(const weight *w, size_t r0, size_t r1, const float *x, int n,
                    float *scratch)
 {
     size_t cols = (size_t)w->cols;
+#ifdef HAVE_AVX2
+    if (n <= 2 && chunked(w->block)) {
+        rows_fused(w, r0, r1, x, n, out, ldo);
+        return;
+    }
+#endif
     for (size_t r = r0; r < r1; r += ROWS) {
         int nr = r + ROWS <= r1 ? ROWS : (int)(r1 - r);
         for (int i = 0; i < nr; i++)
