@@ -76,13 +76,17 @@ ferry_status gguf_hf_find_in_dir(const char *dir, char **file)
 typedef struct {
     const char *gguf, *hf, *model_type;
     bool permuted; /* llama.cpp's converter interleaved q/k rotary halves */
+    bool moe;      /* its layers are mixtures of experts (ARCH.expert_count) */
 } arch_map;
 
 static const arch_map k_archs[] = {
-    {"llama", "LlamaForCausalLM", "llama", true},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", false},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", false},
+    {"llama", "LlamaForCausalLM", "llama", true, false},
+    {"qwen2", "Qwen2ForCausalLM", "qwen2", false, false},
+    {"qwen3", "Qwen3ForCausalLM", "qwen3", false, false},
+    {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe", false, true},
 };
+/* llama with ARCH.expert_count: Mixtral as llama.cpp's converter writes it */
+static const arch_map k_mixtral = {"llama", "MixtralForCausalLM", "mixtral", true, true};
 
 typedef struct {
     const gguf_file *g;
@@ -151,11 +155,27 @@ static const arch_map *find_arch(const gguf_file *g, const char *label, ferry_st
                   : ferry_fail(FERRY_ERR_INVALID, "%s: metadata key general.architecture is missing", label);
         return NULL;
     }
-    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
-        if (gguf_str_eq(a, k_archs[i].gguf)) return &k_archs[i];
+    uint64_t experts = 0;
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++) {
+        if (!gguf_str_eq(a, k_archs[i].gguf)) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%s.expert_count", k_archs[i].gguf);
+        if (!gguf_get_uint(g, key, &experts, &bad)) experts = 0;
+        if (bad) {
+            *st = ferry_fail_context(FERRY_ERR_INVALID, "%s", label);
+            return NULL;
+        }
+        if (experts > 0 && !strcmp(k_archs[i].gguf, "llama")) return &k_mixtral;
+        if (experts > 0 && !k_archs[i].moe) {
+            *st = ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s = %llu: experts are served from GGUF for llama "
+                             "(Mixtral) and qwen3moe", label, key, (unsigned long long)experts);
+            return NULL;
+        }
+        return &k_archs[i];
+    }
     *st = ferry_fail(FERRY_ERR_UNSUPPORTED,
-                     "%s: general.architecture '%.*s' is not served from GGUF (supported: llama, qwen2, qwen3)", label,
-                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
+                     "%s: general.architecture '%.*s' is not served from GGUF (supported: llama, qwen2, qwen3, "
+                     "qwen3moe)", label, (int)(a.len > 64 ? 64 : a.len), a.ptr);
     return NULL;
 }
 
@@ -196,7 +216,9 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
     int dim, hidden, layers, heads, kv_heads, head_dim, ctx, rot, vocab = 0;
     double theta, eps;
     FERRY_TRY(get_dim(&m, "embedding_length", 0, &dim));
-    FERRY_TRY(get_dim(&m, "feed_forward_length", 0, &hidden));
+    int ffl_default = 0; /* Qwen3-MoE's dense size may be left out: its experts' then */
+    if (m.arch->moe && !m.arch->permuted) FERRY_TRY(get_dim(&m, "expert_feed_forward_length", 0, &ffl_default));
+    FERRY_TRY(get_dim(&m, "feed_forward_length", (uint64_t)ffl_default, &hidden));
     FERRY_TRY(get_dim(&m, "block_count", 0, &layers));
     FERRY_TRY(get_dim(&m, "attention.head_count", 0, &heads));
     FERRY_TRY(get_dim(&m, "attention.head_count_kv", (uint64_t)heads, &kv_heads));
@@ -213,11 +235,16 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
     if (rot != head_dim)
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s = %d: partial rotary embeddings (head size %d) are not served",
                           label, arch_key(&m, "rope.dimension_count"), rot, head_dim);
-    uint64_t experts;
     bool bad = false;
-    if (gguf_get_uint(g, arch_key(&m, "expert_count"), &experts, &bad) && experts > 0)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s = %llu: mixtures of experts are not served from GGUF yet",
-                          label, m.key, (unsigned long long)experts);
+    int experts = 0, used = 0, expert_hidden = 0;
+    if (m.arch->moe) {
+        FERRY_TRY(get_dim(&m, "expert_count", 0, &experts));
+        FERRY_TRY(get_dim(&m, "expert_used_count", 0, &used));
+        if (used > experts)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: %s = %d is more than the %d experts", label,
+                              arch_key(&m, "expert_used_count"), used, experts);
+        if (!m.arch->permuted) FERRY_TRY(get_dim(&m, "expert_feed_forward_length", 0, &expert_hidden));
+    }
     const gguf_kv *sc = gguf_find(g, arch_key(&m, "rope.scaling.type"));
     double factor = 1;
     bool linear = false;
@@ -262,7 +289,14 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
         sb_puts(out, ",\n  \"rope_scaling\": null");
     }
     sb_printf(out, ",\n  \"vocab_size\": %d,\n  \"hidden_act\": \"silu\",\n", vocab);
-    if (m.arch->permuted) sb_printf(out, "  \"attention_bias\": %s,\n", bias ? "true" : "false");
+    if (m.arch->permuted && !m.arch->moe) sb_printf(out, "  \"attention_bias\": %s,\n", bias ? "true" : "false");
+    if (m.arch->moe && m.arch->permuted) /* Mixtral: its experts are of intermediate_size */
+        sb_printf(out, "  \"num_local_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"sliding_window\": null,\n",
+                  experts, used);
+    else if (m.arch->moe) /* Qwen3-MoE: every layer sparse; llama.cpp renormalizes the top k */
+        sb_printf(out, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
+                       "  \"norm_topk_prob\": true,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+                  experts, used, expert_hidden);
     sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", head_of_embedding(g) ? "true" : "false",
               dtype);
     int64_t bos = token_id(g, "tokenizer.ggml.bos_token_id"), eos = token_id(g, "tokenizer.ggml.eos_token_id");
@@ -369,8 +403,10 @@ static const struct {
  * computed from as stored). */
 static bool is_linear(const char *name)
 {
-    static const char *const k[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight", ".attn_output.weight",
-                                    ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"};
+    static const char *const k[] = {".attn_q.weight",   ".attn_k.weight",       ".attn_v.weight",
+                                    ".attn_output.weight", ".ffn_gate.weight",  ".ffn_up.weight",
+                                    ".ffn_down.weight", ".ffn_gate_exps.weight", ".ffn_up_exps.weight",
+                                    ".ffn_down_exps.weight"};
     if (!strcmp(name, "output.weight")) return true;
     size_t n = strlen(name);
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
@@ -378,10 +414,33 @@ static bool is_linear(const char *name)
     return false;
 }
 
-static bool hf_name(const char *name, int n_layers, bool permuted, int heads, int kv_heads, char *buf, size_t cap,
-                    int *perm_heads)
+/* A sparse layer's router and its experts' tensors (each [n_experts, rows,
+ * cols] in the file: expert e is its e-th slice), per architecture. */
+static const struct {
+    const char *gguf, *mixtral, *qwen3moe;
+} k_moe_names[] = {
+    {"ffn_gate_inp.weight", "block_sparse_moe.gate.weight", "mlp.gate.weight"},
+    {"ffn_gate_exps.weight", "block_sparse_moe.experts.%d.w1.weight", "mlp.experts.%d.gate_proj.weight"},
+    {"ffn_up_exps.weight", "block_sparse_moe.experts.%d.w3.weight", "mlp.experts.%d.up_proj.weight"},
+    {"ffn_down_exps.weight", "block_sparse_moe.experts.%d.w2.weight", "mlp.experts.%d.down_proj.weight"},
+};
+
+/* What naming and un-permuting the tensors needs of the metadata. */
+typedef struct {
+    const arch_map *arch;
+    int layers, heads, kv_heads, experts;
+} layout;
+
+/* The HF name of GGUF tensor `name` into buf (for experts' tensors a
+ * pattern with %d for the expert, *experts set); false when it has none.
+ * Sets *perm_heads to the head count whose rotary halves were interleaved
+ * (q: heads, k: kv_heads) where the converter permuted, else 0. */
+static bool hf_name(const char *name, const layout *lo, char *buf, size_t cap, int *perm_heads, bool *experts)
 {
+    bool permuted = lo->arch->permuted;
+    int n_layers = lo->layers, heads = lo->heads, kv_heads = lo->kv_heads;
     *perm_heads = 0;
+    *experts = false;
     if (!strcmp(name, "token_embd.weight")) return snprintf(buf, cap, "model.embed_tokens.weight") > 0;
     if (!strcmp(name, "output_norm.weight")) return snprintf(buf, cap, "model.norm.weight") > 0;
     if (!strcmp(name, "output.weight")) return snprintf(buf, cap, "lm_head.weight") > 0;
@@ -391,6 +450,12 @@ static bool hf_name(const char *name, int n_layers, bool permuted, int heads, in
     snprintf(digits, sizeof digits, "blk.%d.", layer);
     if (strncmp(name, digits, strlen(digits)) != 0) return false; /* "blk.01." or "blk.+1." */
     const char *rest = name + used;
+    for (size_t i = 0; lo->arch->moe && i < sizeof k_moe_names / sizeof k_moe_names[0]; i++) {
+        if (strcmp(rest, k_moe_names[i].gguf) != 0) continue;
+        *experts = i > 0;
+        return snprintf(buf, cap, "model.layers.%d.%s", layer,
+                        permuted ? k_moe_names[i].mixtral : k_moe_names[i].qwen3moe) > 0;
+    }
     for (size_t i = 0; i < sizeof k_layer_names / sizeof k_layer_names[0]; i++) {
         if (strcmp(rest, k_layer_names[i].gguf) != 0) continue;
         if (permuted && !strncmp(rest, "attn_q.", 7)) *perm_heads = heads;
@@ -408,6 +473,8 @@ typedef struct {
     int perm_heads;          /* > 0: rows un-interleaved per head */
     bool dequant;            /* a block type: to f32 */
     bool blocks;             /* a block type kept as stored (linear layers, the head) */
+    int n_out;               /* HF tensors it is: its experts' count, else 1 */
+    size_t name0;            /* their names from ck->gguf_names[name0] */
     uint64_t out_off, out_bytes; /* converted: where in the temporary file */
 } tensor_job;
 
@@ -487,36 +554,53 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name);
 }
 
-/* What naming and un-permuting the tensors needs of the metadata. */
-typedef struct {
-    const arch_map *arch;
-    int layers, heads, kv_heads;
-} layout;
-
 static ferry_status read_layout(const gguf_file *g, const char *label, layout *lo)
 {
     ferry_status st = FERRY_OK;
     meta m = {.g = g, .label = label, .arch = find_arch(g, label, &st)};
     if (!m.arch) return st;
     lo->arch = m.arch;
+    lo->experts = 0;
     FERRY_TRY(get_dim(&m, "block_count", 0, &lo->layers));
     FERRY_TRY(get_dim(&m, "attention.head_count", 0, &lo->heads));
+    if (m.arch->moe) FERRY_TRY(get_dim(&m, "expert_count", 0, &lo->experts));
     return get_dim(&m, "attention.head_count_kv", (uint64_t)lo->heads, &lo->kv_heads);
 }
 
-/* Plans tensor i: its HF name (into *name, malloc'd), shape, and whether
- * it is converted. */
+/* Plans tensor i: its HF names (the n_out from names[j->name0], malloc'd),
+ * shape, and whether it is converted. */
 static ferry_status plan_tensor(const gguf_file *g, const char *label, const layout *lo, size_t i, tensor_job *j,
-                                char **name)
+                                char **names)
 {
     const gguf_tensor *t = gguf_tensor_at(g, i);
     char tname[160], hf[192];
     snprintf(tname, sizeof tname, "%.*s", (int)(t->name.len > 150 ? 150 : t->name.len), t->name.ptr);
-    *j = (tensor_job){.t = t};
+    size_t name0 = j->name0;
+    *j = (tensor_job){.t = t, .n_out = 1, .name0 = name0};
+    bool experts;
     if (t->name.len >= 150 || memchr(t->name.ptr, 0, t->name.len) ||
-        !hf_name(tname, lo->layers, lo->arch->permuted, lo->heads, lo->kv_heads, hf, sizeof hf, &j->perm_heads))
+        !hf_name(tname, lo, hf, sizeof hf, &j->perm_heads, &experts))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has no Hugging Face %s counterpart", label, tname,
                           lo->arch->hf);
+    if (experts) {
+        if (t->n_dims != 3 || t->dims[2] != (uint64_t)lo->experts)
+            return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' must be [%d experts, rows, columns]", label, tname,
+                              lo->experts);
+        j->n_out = lo->experts;
+        j->cols = (int64_t)t->dims[0];
+        j->rows = (int64_t)t->dims[1];
+        j->blocks = float_dtype(t->type) == DT_COUNT;
+        if (j->blocks && !gguf_dequant_supported(t->type))
+            return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has block type %s, which ferry does not read "
+                              "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", label, tname,
+                              gguf_type_name(t->type));
+        for (int e = 0; e < lo->experts; e++) {
+            char one[200];
+            snprintf(one, sizeof one, hf, e);
+            if (!(names[name0 + (size_t)e] = strdup(one))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        }
+        return FERRY_OK;
+    }
     if (t->n_dims > 2)
         return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s' has %u dimensions (a weight has 1 or 2)", label, tname,
                           t->n_dims);
@@ -544,8 +628,15 @@ static ferry_status plan_tensor(const gguf_file *g, const char *label, const lay
             j->cols = 1;
         }
     }
-    if (!(*name = strdup(hf))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (!(names[name0] = strdup(hf))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     return FERRY_OK;
+}
+
+/* HF tensors GGUF tensor t stands for: a 3-D one of the layout's expert
+ * count is its experts (plan_tensor refuses other 3-D ones). */
+static size_t outputs_of(const gguf_tensor *t, const layout *lo)
+{
+    return t->n_dims == 3 && lo->experts > 0 && t->dims[2] == (uint64_t)lo->experts ? (size_t)lo->experts : 1;
 }
 
 /* Opens path itself as the checkpoint's first file. */
@@ -587,20 +678,22 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
                           "yet (merge them with llama-gguf-split --merge)", path, (unsigned long long)n_split);
     layout lo;
     FERRY_TRY(read_layout(g, path, &lo));
-    size_t n = gguf_tensor_count(g);
+    size_t n = gguf_tensor_count(g), n_out = 0;
+    for (size_t i = 0; i < n; i++) n_out += outputs_of(gguf_tensor_at(g, i), &lo);
     tensor_job *jobs = calloc(n ? n : 1, sizeof *jobs);
-    ck->tensors = calloc(n + 1, sizeof *ck->tensors); /* and a head of the embedding's blocks */
-    ck->gguf_names = calloc(n ? n : 1, sizeof *ck->gguf_names);
+    ck->tensors = calloc(n_out + 1, sizeof *ck->tensors); /* and a head of the embedding's blocks */
+    ck->gguf_names = calloc(n_out ? n_out : 1, sizeof *ck->gguf_names);
     if (!jobs || !ck->tensors || !ck->gguf_names) {
         free(jobs);
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     }
-    ck->n_gguf_names = n;
+    ck->n_gguf_names = n_out;
     ferry_status st = FERRY_OK;
     uint64_t tmp_bytes = 0;
-    for (size_t i = 0; i < n && st == FERRY_OK; i++) {
+    for (size_t i = 0, name0 = 0; i < n && st == FERRY_OK; name0 += outputs_of(gguf_tensor_at(g, i), &lo), i++) {
         tensor_job *j = &jobs[i];
-        st = plan_tensor(g, path, &lo, i, j, &ck->gguf_names[i]);
+        j->name0 = name0;
+        st = plan_tensor(g, path, &lo, i, j, ck->gguf_names);
         if (st != FERRY_OK) break;
         if (j->dequant || j->perm_heads) {
             uint32_t be, bb;
@@ -628,11 +721,23 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
             }
         }
     }
+    size_t k = 0;
     for (size_t i = 0; i < n && st == FERRY_OK; i++) {
         const tensor_job *j = &jobs[i];
+        if (j->n_out > 1 || gguf_tensor_at(g, i)->n_dims == 3) { /* experts: slices of the file's tensor */
+            uint64_t slice = j->t->nbytes / (uint64_t)j->n_out;
+            for (int e = 0; e < j->n_out; e++)
+                ck->tensors[k++] = (st_tensor){.name = ck->gguf_names[j->name0 + (size_t)e],
+                                               .dtype = j->blocks ? DT_U8 : float_dtype(j->t->type),
+                                               .blocks = j->blocks, .block_type = j->t->type, .ndim = 2,
+                                               .shape = {j->rows, j->cols},
+                                               .offset = gguf_data_offset(g) + j->t->offset + (uint64_t)e * slice,
+                                               .nbytes = slice, .data = j->t->data + (uint64_t)e * slice};
+            continue;
+        }
         bool conv = j->dequant || j->perm_heads;
-        st_tensor *t = &ck->tensors[i];
-        *t = (st_tensor){.name = ck->gguf_names[i],
+        st_tensor *t = &ck->tensors[k++];
+        *t = (st_tensor){.name = ck->gguf_names[j->name0],
                          .dtype = j->dequant ? DT_F32 : j->blocks ? DT_U8 : float_dtype(j->t->type),
                          .blocks = j->blocks,
                          .block_type = j->t->type,
@@ -649,6 +754,7 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     }
     free(jobs);
     if (st != FERRY_OK) return st;
+    n = k;
     const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (emb && !gguf_find_tensor(g, "output.weight") && !head_of_embedding(g) && emb->n_dims == 2)
         ck->tensors[n++] = (st_tensor){.name = "lm_head.weight", .dtype = DT_U8, .ndim = 2,

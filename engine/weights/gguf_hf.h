@@ -7,10 +7,11 @@
  * takes a directory without config.json holding exactly one). Its files, as
  * model_dir.c serves them under the path:
  *   config.json            from general.architecture and the ARCH.* keys
- *                          (llama -> LlamaForCausalLM, qwen2, qwen3); a key
- *                          whose meaning ferry would not keep (another
- *                          rope scaling, rope_freqs.weight, per-layer head
- *                          counts, experts) is refused naming it
+ *                          (llama -> LlamaForCausalLM, or with
+ *                          expert_count MixtralForCausalLM; qwen2, qwen3,
+ *                          qwen3moe); a key whose meaning ferry would not
+ *                          keep (another rope scaling, rope_freqs.weight,
+ *                          per-layer head counts) is refused naming it
  *   generation_config.json bos, eos (and eot/eom as more eos) ids
  *   tokenizer.json,        from tokenizer.ggml.* (gguf_vocab.h)
  *   tokenizer_config.json
@@ -26,8 +27,11 @@
  * interleaved (LlamaModel.permute), put back in order, blocks moved as
  * whole rows. A tied model whose embedding is blocks gets the blocks as
  * lm_head.weight too (config.json then says untied), so the head is
- * computed from them while the row gather reads the f32 table. Files split
- * by gguf-split are refused.
+ * computed from them while the row gather reads the f32 table. A sparse
+ * layer's experts, merged in the file into one [experts, rows, cols] tensor
+ * per kind (ffn_gate_exps, ...), are each a slice of it: a tensor (and a
+ * unit) of their own, as in a Hugging Face checkpoint. Files split by
+ * gguf-split are refused.
  */
 #ifndef FERRY_GGUF_HF_H
 #define FERRY_GGUF_HF_H

@@ -25,46 +25,12 @@ import llama_ref
 import refdata
 import st_util
 from conftest import rel_err
+import moe_util
+from gguf_util import expert_of, gguf_name, permute
 from test_gguf import BLOCKS, SCALE_AT, write_gguf
 
 TOL = 1e-4
 SAME = 1e-6
-
-HF_TO_GGUF = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def gguf_name(hf):
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf in top:
-        return top[hf]
-    _, _, layer, rest = hf.split(".", 3)
-    return "blk.%s.%s" % (layer, HF_TO_GGUF[rest])
-
-
-def permute(w, n_head, n_head_kv):
-    """convert_hf_to_gguf.py, LlamaModel.permute (llama.cpp)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2)
-            .reshape(w.shape))
-
 
 def blocks(w, tname, rng):
     """(raw GGUF bytes of w's rows in type tname, the gguf package's
@@ -134,6 +100,50 @@ def make_pair(root, arch, tied=False, seed=0):
 
 PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [5, 6, 300, 12]]
 
+# an expert weight's block type, by kind: what a Q4_K_M file of a MoE mixes
+EXPERT_TYPES = {"gate": "Q4_K", "up": "Q8_0", "down": "Q6_K"}
+
+
+def make_moe_pair(root, arch, seed=0):
+    """A random Mixtral or Qwen3-MoE checkpoint as a GGUF (every layer's
+    experts merged into one [experts, rows, cols] tensor per kind, as
+    llama.cpp's converter writes them) and the reference dir holding the
+    dequantized weights."""
+    ref = root / ("ref-" + arch)
+    cfg = moe_util.moe_config(arch, hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512,
+                              moe_intermediate=256, experts=4, top_k=2, vocab=320,
+                              norm_topk_prob=True if arch == "qwen3moe" else None)
+    t = moe_util.random_tensors(cfg, seed=seed, scale=0.05)
+    rng = np.random.default_rng(seed + 1)
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    deq, tensors, merged = {}, [], {}
+    for name, w in t.items():
+        ex = expert_of(name)
+        if ex:
+            kind = next(k for k, v in moe_util.expert_names(cfg, ex[0], ex[1]).items() if v == name)
+            raw, deq[name] = blocks(w, EXPERT_TYPES[kind], rng)
+            merged.setdefault(ex[2], []).append((ex[1], raw, EXPERT_TYPES[kind]))
+            continue
+        tname = "F32" if w.ndim == 1 or "gate.weight" in name else "Q8_0"
+        raw, d = blocks(w, tname, rng) if w.ndim == 2 else (w, w)
+        deq[name] = d
+        if arch == "mixtral" and (".q_proj." in name or ".k_proj." in name):
+            raw = permute(raw, heads, heads if ".q_proj." in name else kv)
+        tensors.append((gguf_name(name), tname, raw))
+    for gname, parts in merged.items():
+        parts.sort(key=lambda p: p[0])
+        tensors.append((gname, parts[0][2], np.stack([p[1] for p in parts])))
+    moe_util.write_checkpoint(ref, cfg, deq)
+    a = "llama" if arch == "mixtral" else "qwen3moe"
+    meta = {a + ".context_length": 512, a + ".embedding_length": 256, a + ".block_count": 2,
+            a + ".feed_forward_length": 512, a + ".attention.head_count": heads, a + ".attention.head_count_kv": kv,
+            a + ".rope.freq_base": 10000.0, a + ".attention.layer_norm_rms_epsilon": 1e-6,
+            a + ".attention.key_length": 64, a + ".attention.value_length": 64, a + ".rope.dimension_count": 64,
+            a + ".vocab_size": 320, a + ".expert_count": 4, a + ".expert_used_count": 2}
+    if arch == "qwen3moe":
+        meta[a + ".expert_feed_forward_length"] = 256
+    return write_gguf(root / (arch + ".gguf"), tensors, meta, arch=a), ref
+
 
 @pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False)])
 def test_gguf_matches_reference_on_dequantized_blocks(ferry, ref, tmp_path, arch, tied):
@@ -148,6 +158,24 @@ def test_gguf_matches_reference_on_dequantized_blocks(ferry, ref, tmp_path, arch
             row = want[len(p) - 1 + i]
             gap = float(row.max() - row[tok])
             assert gap <= 4 * TOL * float(np.abs(row).max()), "%s step %d: %d is not the argmax" % (arch, i, tok)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
+def test_moe_gguf_matches_reference(ferry, ref, tmp_path, arch):
+    """Mixtral (llama with experts) and Qwen3-MoE GGUFs: each expert a slice
+    of its layer's merged tensor, kept as blocks; the same greedy tokens and
+    logits as the reference, all resident and with the experts on disk."""
+    g, ref_dir = make_moe_pair(tmp_path, arch)
+    out = ferry.check("inspect", "--model", g).stdout.decode()
+    assert ("experts        4 per sparse layer, 2 per token" in out and "gguf Q4_K: 8 tensors" in out
+            and "gguf Q6_K: 8 tensors" in out), out
+    m = ref(ref_dir)
+    for flags in [(), ("--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "od")]:
+        got, logits = ferry.generate_all(g, PROMPTS, 5, *flags, dump_logits=tmp_path / "l.bin")
+        for p, o, lg in zip(PROMPTS, got, logits):
+            want = llama_ref.forward(m, (p + o)[:-1]).numpy()
+            assert rel_err(lg, want[len(p) - 1]) < TOL, (arch, flags)
+            assert [int(np.argmax(want[len(p) - 1 + i])) for i in range(len(o))] == o, (arch, flags)
 
 
 def test_inspect_describes_the_gguf(ferry, tmp_path):
@@ -212,7 +240,8 @@ def tiny(path, kv=None, tensors=None, drop=(), arch="llama"):
 @pytest.mark.parametrize("case,words", [
     ({"arch": "gpt2"}, ["general.architecture 'gpt2'", "llama, qwen2, qwen3"]),
     ({"drop": ["llama.block_count"]}, ["llama.block_count is missing"]),
-    ({"kv": {"llama.expert_count": 8}}, ["llama.expert_count = 8", "mixtures of experts"]),
+    ({"kv": {"qwen3.expert_count": 8}, "arch": "qwen3"}, ["qwen3.expert_count = 8", "llama (Mixtral) and qwen3moe"]),
+    ({"kv": {"llama.expert_count": 8}}, ["llama.expert_used_count is missing"]),
     ({"kv": {"llama.rope.scaling.type": "yarn"}}, ["llama.rope.scaling.type 'yarn'"]),
     ({"kv": {"llama.rope.dimension_count": 16}}, ["llama.rope.dimension_count = 16", "partial rotary"]),
     ({"kv": {"llama.attention.head_count_kv": [1, 2]}}, ["llama.attention.head_count_kv"]),
