@@ -80,34 +80,48 @@ static inline bool chunked(uint32_t type)
     return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q4_K || type == GGUF_Q6_K;
 }
 
-static inline __attribute__((always_inline)) void chunk32(uint32_t type, const uint8_t *b, int c, __m256 w[4])
+/* Four vectors of 8 values; named fields, not an array: the compiler kept
+ * arrays of vectors in memory. */
+typedef struct {
+    __m256 v0, v1, v2, v3;
+} w4;
+
+static inline __attribute__((always_inline)) w4 chunk32(uint32_t type, const uint8_t *b, int c)
 {
     const __m128i nib = _mm_set1_epi8(0x0F);
+    w4 w;
     switch (type) {
     case GGUF_Q8_0: {
         __m256 d = _mm256_set1_ps(half(b));
-        for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j))));
-        return;
+        w.v0 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 2))));
+        w.v1 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 10))));
+        w.v2 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 18))));
+        w.v3 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 26))));
+        return w;
     }
-    case GGUF_Q4_0:
-    case GGUF_Q4_1: {
-        bool q40 = type == GGUF_Q4_0;
-        __m128i v = _mm_loadu_si128((const __m128i *)(b + (q40 ? 2 : 4)));
-        __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
-        if (q40) {
-            lo = _mm_sub_epi8(lo, _mm_set1_epi8(8));
-            hi = _mm_sub_epi8(hi, _mm_set1_epi8(8));
-        }
-        widen16(lo, &w[0], &w[1]);
-        widen16(hi, &w[2], &w[3]);
+    case GGUF_Q4_0: {
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + 2)), eight = _mm_set1_epi8(8);
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(v, nib), eight);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), nib), eight);
         __m256 d = _mm256_set1_ps(half(b));
-        if (q40) {
-            for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, w[j]);
-        } else {
-            __m256 m = _mm256_set1_ps(half(b + 2));
-            for (int j = 0; j < 4; j++) w[j] = _mm256_add_ps(_mm256_mul_ps(w[j], d), m);
-        }
-        return;
+        widen16(lo, &w.v0, &w.v1);
+        widen16(hi, &w.v2, &w.v3);
+        w.v0 = _mm256_mul_ps(d, w.v0);
+        w.v1 = _mm256_mul_ps(d, w.v1);
+        w.v2 = _mm256_mul_ps(d, w.v2);
+        w.v3 = _mm256_mul_ps(d, w.v3);
+        return w;
+    }
+    case GGUF_Q4_1: {
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + 4));
+        widen16(_mm_and_si128(v, nib), &w.v0, &w.v1);
+        widen16(_mm_and_si128(_mm_srli_epi16(v, 4), nib), &w.v2, &w.v3);
+        __m256 d = _mm256_set1_ps(half(b)), m = _mm256_set1_ps(half(b + 2));
+        w.v0 = _mm256_add_ps(_mm256_mul_ps(w.v0, d), m);
+        w.v1 = _mm256_add_ps(_mm256_mul_ps(w.v1, d), m);
+        w.v2 = _mm256_add_ps(_mm256_mul_ps(w.v2, d), m);
+        w.v3 = _mm256_add_ps(_mm256_mul_ps(w.v3, d), m);
+        return w;
     }
     case GGUF_Q4_K: { /* chunk c: sub-block c, the low (even c) or high nibbles of 32 bytes */
         uint8_t sc, mn;
@@ -115,35 +129,38 @@ static inline __attribute__((always_inline)) void chunk32(uint32_t type, const u
         __m256 s = _mm256_set1_ps(half(b) * (float)sc), m = _mm256_set1_ps(half(b + 2) * (float)mn);
         const uint8_t *qs = b + 16 + 32 * (c / 2);
         __m128i v0 = _mm_loadu_si128((const __m128i *)qs), v1 = _mm_loadu_si128((const __m128i *)(qs + 16));
-        if (c & 1) {
-            v0 = _mm_srli_epi16(v0, 4);
-            v1 = _mm_srli_epi16(v1, 4);
-        }
-        widen16(_mm_and_si128(v0, nib), &w[0], &w[1]);
-        widen16(_mm_and_si128(v1, nib), &w[2], &w[3]);
-        for (int j = 0; j < 4; j++) w[j] = _mm256_sub_ps(_mm256_mul_ps(s, w[j]), m);
-        return;
+        __m128i sh = _mm_cvtsi32_si128(4 * (c & 1));
+        widen16(_mm_and_si128(_mm_srl_epi16(v0, sh), nib), &w.v0, &w.v1);
+        widen16(_mm_and_si128(_mm_srl_epi16(v1, sh), nib), &w.v2, &w.v3);
+        w.v0 = _mm256_sub_ps(_mm256_mul_ps(s, w.v0), m);
+        w.v1 = _mm256_sub_ps(_mm256_mul_ps(s, w.v1), m);
+        w.v2 = _mm256_sub_ps(_mm256_mul_ps(s, w.v2), m);
+        w.v3 = _mm256_sub_ps(_mm256_mul_ps(s, w.v3), m);
+        return w;
     }
-    case GGUF_Q6_K: { /* chunk c: half c / 4 (128 values), quarter c % 4 */
+    case GGUF_Q6_K: { /* chunk c: half c / 4 (128 values), quarter c % 4; a scale per 16 values */
         int h = c / 4, q = c % 4;
         const uint8_t *ql = b + 64 * h + 32 * (q & 1), *qh = b + 128 + 32 * h;
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * q;
         float d = half(b + 208);
-        for (int k = 0; k < 2; k++) { /* 16 values a scale */
-            __m128i l = _mm_loadu_si128((const __m128i *)(ql + 16 * k)), hb = _mm_loadu_si128((const __m128i *)(qh + 16 * k));
-            if (q >= 2) l = _mm_srli_epi16(l, 4);
-            l = _mm_and_si128(l, nib);
-            hb = _mm_and_si128(_mm_srli_epi16(hb, 2 * q), _mm_set1_epi8(3));
-            __m128i v = _mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(hb, 4)), _mm_set1_epi8(32));
-            __m256 s = _mm256_set1_ps(d * (float)sc[k]);
-            widen16(v, &w[2 * k], &w[2 * k + 1]);
-            w[2 * k] = _mm256_mul_ps(s, w[2 * k]);
-            w[2 * k + 1] = _mm256_mul_ps(s, w[2 * k + 1]);
-        }
-        return;
+        __m128i lsh = _mm_cvtsi32_si128(4 * (q >> 1)), hsh = _mm_cvtsi32_si128(2 * q);
+        __m128i three = _mm_set1_epi8(3), bias = _mm_set1_epi8(32);
+        __m128i l0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), lsh), nib);
+        __m128i l1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16)), lsh), nib);
+        __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hsh), three);
+        __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hsh), three);
+        widen16(_mm_sub_epi8(_mm_or_si128(l0, _mm_slli_epi16(h0, 4)), bias), &w.v0, &w.v1);
+        widen16(_mm_sub_epi8(_mm_or_si128(l1, _mm_slli_epi16(h1, 4)), bias), &w.v2, &w.v3);
+        __m256 s0 = _mm256_set1_ps(d * (float)sc[0]), s1 = _mm256_set1_ps(d * (float)sc[1]);
+        w.v0 = _mm256_mul_ps(s0, w.v0);
+        w.v1 = _mm256_mul_ps(s0, w.v1);
+        w.v2 = _mm256_mul_ps(s1, w.v2);
+        w.v3 = _mm256_mul_ps(s1, w.v3);
+        return w;
     }
     default: FERRY_ASSERT(!"chunk32: type not chunked");
     }
+    return w;
 }
 
 /* Blocks [0, nb) at p to f32 at y. */
@@ -151,9 +168,11 @@ static void chunks_to_f32(uint32_t type, uint32_t be, uint32_t bb, const uint8_t
 {
     for (int64_t i = 0; i < nb; i++, p += bb)
         for (int c = 0; c < (int)(be / CHUNK); c++, y += CHUNK) {
-            __m256 w[4];
-            chunk32(type, p, c, w);
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + 8 * j, w[j]);
+            w4 w = chunk32(type, p, c);
+            _mm256_storeu_ps(y, w.v0);
+            _mm256_storeu_ps(y + 8, w.v1);
+            _mm256_storeu_ps(y + 16, w.v2);
+            _mm256_storeu_ps(y + 24, w.v3);
         }
 }
 
@@ -188,17 +207,16 @@ static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, 
         for (size_t i = 0; i < nb; i++, p += bb) {
             _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
             for (int c = 0; c < chunks; c++, xk += CHUNK, xk1 += CHUNK) {
-                __m256 wv[4];
-                chunk32(type, p, c, wv);
-                a0 = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xk), a0);
-                a1 = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xk + 8), a1);
-                a2 = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xk + 16), a2);
-                a3 = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xk + 24), a3);
+                w4 wv = chunk32(type, p, c);
+                a0 = _mm256_fmadd_ps(wv.v0, _mm256_loadu_ps(xk), a0);
+                a1 = _mm256_fmadd_ps(wv.v1, _mm256_loadu_ps(xk + 8), a1);
+                a2 = _mm256_fmadd_ps(wv.v2, _mm256_loadu_ps(xk + 16), a2);
+                a3 = _mm256_fmadd_ps(wv.v3, _mm256_loadu_ps(xk + 24), a3);
                 if (N > 1) {
-                    b0 = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xk1), b0);
-                    b1 = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xk1 + 8), b1);
-                    b2 = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xk1 + 16), b2);
-                    b3 = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xk1 + 24), b3);
+                    b0 = _mm256_fmadd_ps(wv.v0, _mm256_loadu_ps(xk1), b0);
+                    b1 = _mm256_fmadd_ps(wv.v1, _mm256_loadu_ps(xk1 + 8), b1);
+                    b2 = _mm256_fmadd_ps(wv.v2, _mm256_loadu_ps(xk1 + 16), b2);
+                    b3 = _mm256_fmadd_ps(wv.v3, _mm256_loadu_ps(xk1 + 24), b3);
                 }
             }
         }
