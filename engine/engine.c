@@ -507,7 +507,8 @@ static ferry_status unit_embed_rows(void *ctx)
     FERRY_TRY(store_embed_rows(e->storage, b->tokens, b->n_tokens, e->rows_host));
     size_t row = store_embed_row_bytes(e->storage);
     e->be->ops->upload(e->be, e->rows_dev, e->rows_host, (size_t)b->n_tokens * row);
-    weight rows = {.dtype = e->w.embed.dtype, .rows = b->n_tokens, .cols = e->cfg.dim, .data = e->rows_dev};
+    weight rows = {.dtype = e->w.embed.dtype, .rows = b->n_tokens, .cols = e->cfg.dim, .data = e->rows_dev,
+                   .quant = e->w.embed.quant, .block = e->w.embed.block}; /* a GGUF's blocks, or plain */
     e->be->ops->convert(e->be, e->x, &rows);
     return FERRY_OK;
 }

@@ -69,6 +69,8 @@ ferry_status convert_format(const convert_opts *o, const tensor_entry *e, weight
     weight_quant q = WQ_NONE;
     if (e->linear) q = o->quant == CONVERT_KEEP ? src->quant : (weight_quant)o->quant;
     else if (e->lm_head) q = head_quant(o, src);
+    else if (src->quant == WQ_GGUF && o->quant != WQ_NONE) q = WQ_GGUF; /* a GGUF's embedding table: rows
+                                                                          * dequantized as they are gathered */
     if (q == WQ_NONE) {
         fmt->dtype = o->dtype != CONVERT_KEEP ? (ferry_dtype)o->dtype
                      : src->quant == WQ_GGUF  ? DT_F32

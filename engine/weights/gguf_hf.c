@@ -199,15 +199,6 @@ static ferry_dtype float_dtype(uint32_t type)
     return type == GGUF_F32 ? DT_F32 : type == GGUF_F16 ? DT_F16 : type == GGUF_BF16 ? DT_BF16 : DT_COUNT;
 }
 
-/* A tied model (no output.weight) whose embedding is float: HF's tied
- * head. An embedding of blocks is dequantized for the row gather, and its
- * blocks serve apart as lm_head.weight (so the config says untied). */
-static bool head_of_embedding(const gguf_file *g)
-{
-    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    return !gguf_find_tensor(g, "output.weight") && !(emb && float_dtype(emb->type) == DT_COUNT);
-}
-
 ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *out)
 {
     ferry_status st = FERRY_OK;
@@ -297,7 +288,7 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
         sb_printf(out, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
                        "  \"norm_topk_prob\": true,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
                   experts, used, expert_hidden);
-    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", head_of_embedding(g) ? "true" : "false",
+    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", gguf_find_tensor(g, "output.weight") ? "false" : "true",
               dtype);
     int64_t bos = token_id(g, "tokenizer.ggml.bos_token_id"), eos = token_id(g, "tokenizer.ggml.eos_token_id");
     if (bos >= 0) sb_printf(out, ",\n  \"bos_token_id\": %lld", (long long)bos);
@@ -612,7 +603,7 @@ static ferry_status plan_tensor(const gguf_file *g, const char *label, const lay
             return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor '%s' has block type %s, which ferry does not read "
                               "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", label, tname,
                               gguf_type_name(t->type));
-        j->blocks = is_linear(tname) && t->n_dims == 2;
+        j->blocks = (is_linear(tname) || !strcmp(tname, "token_embd.weight")) && t->n_dims == 2;
         j->dequant = !j->blocks;
     }
     if (j->perm_heads) {
@@ -681,7 +672,7 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     size_t n = gguf_tensor_count(g), n_out = 0;
     for (size_t i = 0; i < n; i++) n_out += outputs_of(gguf_tensor_at(g, i), &lo);
     tensor_job *jobs = calloc(n ? n : 1, sizeof *jobs);
-    ck->tensors = calloc(n_out + 1, sizeof *ck->tensors); /* and a head of the embedding's blocks */
+    ck->tensors = calloc(n_out ? n_out : 1, sizeof *ck->tensors);
     ck->gguf_names = calloc(n_out ? n_out : 1, sizeof *ck->gguf_names);
     if (!jobs || !ck->tensors || !ck->gguf_names) {
         free(jobs);
@@ -755,12 +746,6 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     free(jobs);
     if (st != FERRY_OK) return st;
     n = k;
-    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    if (emb && !gguf_find_tensor(g, "output.weight") && !head_of_embedding(g) && emb->n_dims == 2)
-        ck->tensors[n++] = (st_tensor){.name = "lm_head.weight", .dtype = DT_U8, .ndim = 2,
-                                       .shape = {(int64_t)emb->dims[1], (int64_t)emb->dims[0]},
-                                       .offset = gguf_data_offset(g) + emb->offset, .nbytes = emb->nbytes,
-                                       .data = emb->data, .blocks = true, .block_type = emb->type};
     ck->n_tensors = n;
     qsort(ck->tensors, n, sizeof *ck->tensors, cmp_tensor_name);
     for (size_t i = 1; i < n; i++)

@@ -16,18 +16,17 @@
  *   tokenizer.json,        from tokenizer.ggml.* (gguf_vocab.h)
  *   tokenizer_config.json
  * and the tensors (gguf_hf_checkpoint_open) under HF names, shaped [rows,
- * cols]. F32/F16/BF16 tensors, and the blocks of the linear layers and the
- * head (st_tensor.blocks: bound as WQ_GGUF weights, computed from as
- * stored), point into the GGUF's mapping. What must change is written once
+ * cols]. F32/F16/BF16 tensors, and the blocks of the embedding, the linear
+ * layers and the head (st_tensor.blocks: bound as WQ_GGUF weights, computed
+ * from as stored, the embedding's rows dequantized as gathered), point into
+ * the GGUF's mapping. What must change is written once
  * into an unlinked temporary file ($TMPDIR, else /tmp) and mapped like a
  * checkpoint file, so that its pages are the page cache's, not the heap's
  * (the store releases checkpoint pages it has copied): the blocks of the
- * other tensors (the embedding, norms) dequantized to f32 (gguf_quant.h),
+ * other tensors (a router, norms) dequantized to f32 (gguf_quant.h),
  * and llama's q_proj/k_proj rows, whose rotary halves llama.cpp's converter
  * interleaved (LlamaModel.permute), put back in order, blocks moved as
- * whole rows. A tied model whose embedding is blocks gets the blocks as
- * lm_head.weight too (config.json then says untied), so the head is
- * computed from them while the row gather reads the f32 table. A sparse
+ * whole rows. A sparse
  * layer's experts, merged in the file into one [experts, rows, cols] tensor
  * per kind (ffn_gate_exps, ...), are each a slice of it: a tensor (and a
  * unit) of their own, as in a Hugging Face checkpoint. Files split by

@@ -786,8 +786,8 @@ static ferry_status bind_one(const model_config *cfg, const st_checkpoint *ck, c
     const st_tensor *t = st_checkpoint_find(ck, name);
     if (!t) return ferry_fail(FERRY_ERR_INVALID, "%s: missing tensor '%s'", ck->dir, name);
     const char *file = ck->files[t->file].name;
-    if (t->blocks) { /* a GGUF's blocks: linear layers and the head only (gguf_hf.c dequantizes the rest) */
-        if (!(s->linear || s->lm_head) || s->rows == 0)
+    if (t->blocks) { /* a GGUF's blocks: linear layers, the head, the embedding (gguf_hf.c dequantizes the rest) */
+        if (!(s->linear || s->lm_head || s->unit == UNIT_EMBED) || s->rows == 0)
             return ferry_fail(FERRY_ERR_INTERNAL, "%s: tensor '%s' is %s blocks where a full-precision one is needed",
                               file, name, gguf_type_name(t->block_type));
         FERRY_TRY(check_shape(ck, t, s->rows, s->cols));
