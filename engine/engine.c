@@ -133,7 +133,7 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
     /* a GGUF model: the file itself, not its converted tensors (a new
      * temporary file each start); what converting does is versioned here */
     int n_files = e->ck->gguf_model ? 1 : e->ck->n_files;
-    if (e->ck->gguf_model) h = fnv1a(h, "gguf-hf-v1", 11);
+    if (e->ck->gguf_model) h = fnv1a(h, "gguf-hf-v2", 11); /* v2: the embedding kept as blocks */
     for (int i = 0; i < n_files; i++) {
         const st_file *f = &e->ck->files[i];
         struct stat sb;
