@@ -60,6 +60,7 @@ typedef struct {
     engine_opts eo;
     int max_queued;
     size_t max_text;    /* --max-text-bytes */
+    const char *gen_override; /* --override-generation-config, or NULL */
     pthread_t main_thread;
     int state;          /* atomic: LOAD_* */
     engine *e;          /* valid once state is LOAD_READY */
@@ -72,6 +73,7 @@ static void *load_main(void *arg)
 {
     loader *l = arg;
     ferry_status st = text_model_load(l->eo.model_dir, l->max_text, &l->tm);
+    if (st == FERRY_OK && l->gen_override) st = text_model_override_generation(l->tm, l->gen_override);
     if (st == FERRY_OK) st = engine_open(&l->eo, &l->e);
     if (st == FERRY_OK) {
         sched_opts so = {.max_queued = l->max_queued, .serving = true};
@@ -322,7 +324,8 @@ int cmd_serve(const ferry_config *cfg)
         return cli_fail(st);
     }
 
-    loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .max_text = cfg->max_text_bytes, .main_thread = pthread_self()};
+    loader ld = {.eo = eo, .max_queued = (int)cfg->max_queued, .max_text = cfg->max_text_bytes,
+                 .gen_override = cfg->override_generation_config, .main_thread = pthread_self()};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_main, &ld) != 0) {
         frontends_stop(&fronts);

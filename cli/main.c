@@ -61,7 +61,7 @@ static const command k_commands[] = {
     {"serve", cmd_serve, "serve the model over HTTP (KServe v2, Triton generate, OpenAI /v1, Prometheus metrics) and gRPC (KServe v2)",
      {S(model), S(device), S(threads), S(batch), S(context), S(kv_memory), S(http_port), S(grpc_port), S(drain_timeout), S(host), S(name), S(max_body),
       S(max_header), S(max_queued), S(request_memory), S(request_timeout), S(connection_timeout), S(max_connections),
-      S(max_connections_per_ip), S(grpc_max_streams), S(grpc_max_resets), S(max_prompt_tokens), S(max_output_tokens), S(max_text_bytes), S(admin_port), S(admin_host), S(admin_token), S(admin_token_file), S(admin_max_connections), S(export_dir), PLACEMENT, END},
+      S(max_connections_per_ip), S(grpc_max_streams), S(grpc_max_resets), S(max_prompt_tokens), S(max_output_tokens), S(max_text_bytes), S(override_generation_config), S(admin_port), S(admin_host), S(admin_token), S(admin_token_file), S(admin_max_connections), S(export_dir), PLACEMENT, END},
      {S(model), END}},
     {"config", cmd_config, "print the effective configuration (--print): each setting's value and where it came from",
      {EVERY}, {END}},

@@ -72,29 +72,29 @@ static void add_eos(text_model *m, int64_t id)
 /* generation_config.json: eos_token_id (an id or a list), temperature,
  * top_p, top_k. A file that is not JSON, or a field of the wrong type, is
  * the text error: a silently ignored default would change every answer. */
-static ferry_status load_generation_config(text_model *m, const char *dir)
+/* Applies generation_config.json's fields held in text[0..len) to m:
+ * eos_token_id (an id or a list: more end ids), temperature, top_p, top_k.
+ * FERRY_ERR_INVALID with *bad naming the field (or "the file") for what
+ * Hugging Face would not write there; FERRY_ERR_NOMEM. */
+static ferry_status apply_generation(text_model *m, const char *text, size_t len, const char **bad)
 {
-    char *text = NULL;
-    size_t len = 0;
-    ferry_status st = read_in(dir, "generation_config.json", &text, &len);
-    if (st == FERRY_ERR_NOT_FOUND) return FERRY_OK;
-    if (st == FERRY_ERR_NOMEM) return st;
-    if (st != FERRY_OK) return set_msg(&m->error, "%s", ferry_errmsg());
     json_doc *doc = NULL;
-    st = json_parse(text, len, &doc);
-    free(text);
-    if (st != FERRY_OK) return st == FERRY_ERR_NOMEM ? st : set_msg(&m->error, "%s/generation_config.json: %s", dir, ferry_errmsg());
+    *bad = NULL;
+    ferry_status st = json_parse(text, len, &doc);
+    if (st != FERRY_OK) {
+        *bad = "the JSON";
+        return st;
+    }
     const json_value *root = json_doc_root(doc);
-    const char *bad = NULL;
     const json_value *eos = json_get(root, "eos_token_id");
-    if (root->type != JSON_OBJECT) bad = "the file";
+    if (root->type != JSON_OBJECT) *bad = "the file";
     else if (eos && eos->type == JSON_NUMBER && eos->is_int) add_eos(m, eos->integer);
     else if (eos && eos->type == JSON_ARRAY) {
         for (size_t i = 0; i < eos->len; i++) {
-            if (eos->items[i].type != JSON_NUMBER || !eos->items[i].is_int) bad = "eos_token_id";
+            if (eos->items[i].type != JSON_NUMBER || !eos->items[i].is_int) *bad = "eos_token_id";
             else add_eos(m, eos->items[i].integer);
         }
-    } else if (eos && eos->type != JSON_NULL) bad = "eos_token_id";
+    } else if (eos && eos->type != JSON_NULL) *bad = "eos_token_id";
     bool wrong_t = false, wrong_p = false, wrong_k = false;
     double d;
     int64_t k;
@@ -112,12 +112,42 @@ static ferry_status load_generation_config(text_model *m, const char *dir)
         m->sampling.has_top_k = true;
         m->sampling.top_k = k < 0 || k > INT32_MAX ? 0 : (int)k; /* -1 (vLLM) and "all" alike */
     }
-    if (wrong_t) bad = "temperature";
-    if (wrong_p) bad = "top_p";
-    if (wrong_k) bad = "top_k";
+    if (wrong_t) *bad = "temperature";
+    if (wrong_p) *bad = "top_p";
+    if (wrong_k) *bad = "top_k";
     json_doc_free(doc);
-    if (bad) return set_msg(&m->error, "%s/generation_config.json: %s is not what Hugging Face writes there", dir, bad);
+    return *bad ? FERRY_ERR_INVALID : FERRY_OK;
+}
+
+static ferry_status load_generation_config(text_model *m, const char *dir)
+{
+    char *text = NULL;
+    size_t len = 0;
+    ferry_status st = read_in(dir, "generation_config.json", &text, &len);
+    if (st == FERRY_ERR_NOT_FOUND) return FERRY_OK;
+    if (st == FERRY_ERR_NOMEM) return st;
+    if (st != FERRY_OK) return set_msg(&m->error, "%s", ferry_errmsg());
+    const char *bad;
+    st = apply_generation(m, text, len, &bad);
+    free(text);
+    if (st == FERRY_ERR_NOMEM) return st;
+    if (st != FERRY_OK && !strcmp(bad, "the JSON"))
+        return set_msg(&m->error, "%s/generation_config.json: %s", dir, ferry_errmsg());
+    if (st != FERRY_OK)
+        return set_msg(&m->error, "%s/generation_config.json: %s is not what Hugging Face writes there", dir, bad);
     return FERRY_OK;
+}
+
+ferry_status text_model_override_generation(text_model *m, const char *json)
+{
+    const char *bad;
+    ferry_status st = apply_generation(m, json, strlen(json), &bad);
+    if (st == FERRY_ERR_INVALID && !strcmp(bad, "the JSON"))
+        return ferry_fail_context(st, "--override-generation-config");
+    if (st == FERRY_ERR_INVALID)
+        return ferry_fail(st, "--override-generation-config: %s must be what generation_config.json holds there "
+                          "(an object; temperature >= 0, 0 < top_p <= 1, integer top_k and eos_token_id)", bad);
+    return st;
 }
 
 /* The chat template's source, in transformers' order: chat_template.jinja,

@@ -58,6 +58,12 @@ typedef struct text_model text_model;
  * max_text: the longest text the model encodes at once and the most a chat
  * template may write (a server's --max-text-bytes); 0 = no limit. */
 ferry_status text_model_load(const char *dir, size_t max_text, text_model **out);
+/* Applies a JSON object of generation_config.json's fields over what the
+ * model's file said (serve's --override-generation-config, as vLLM's):
+ * temperature, top_p, top_k (the defaults of requests that leave them
+ * out), eos_token_id (more end ids). A malformed one is refused naming the
+ * field. Before the model is shared between threads. */
+ferry_status text_model_override_generation(text_model *m, const char *json);
 void text_model_free(text_model *m);
 
 /* NULL when text works, else why not, naming the file ("DIR has no

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_TIMEOUT, assert_ferry_error, wait_until
-from test_http import jreq, serve
+from test_http import jreq, request, serve
 from test_http import request as http_request
 from text_util import (DEMO_TOKENIZER, chat_tokenizer_dir, greedy_text, hf_render, hf_tokenizer, stop_ids,
                        text_model, tokenizer_dir)
@@ -345,3 +345,25 @@ def test_mkmodel_tokenizer(ferry, tdir, m_demo, m_l2):
     p = ferry.run("mkmodel", "--out", tdir / "none", "--tokenizer", tdir / "no-such-dir")
     assert_ferry_error(p, ["tokenizer"])
     assert not (tdir / "none").exists()
+
+
+def test_override_generation_config(ferry, ferry_bin, m_qchat, tmp_path):
+    """--override-generation-config sets the defaults of requests that leave
+    them out (as vLLM's): with temperature 0 a chat request naming none is
+    greedy - the answer of temperature 0, every time; a malformed override
+    stops the server naming the field."""
+    body = {"model": "qchat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12}
+    for srv in serve(ferry_bin, m_qchat, "--batch", 2, "--override-generation-config", '{"temperature": 0}', name="qchat"):
+        greedy = dict(body, temperature=0)
+        status, _, raw = request(srv, "POST", "/v1/chat/completions", greedy)
+        assert status == 200, raw
+        want = json.loads(raw)["choices"][0]["message"]["content"]
+        for _ in range(3):
+            status, _, raw = request(srv, "POST", "/v1/chat/completions", body)
+            assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == want, raw
+    for bad, field in [('{"temperature": "x"}', "temperature"), ('{"top_p": 2}', "top_p"), ("[1]", "an object"),
+                       ("{", "--override-generation-config")]:
+        p = ferry.run("serve", "--model", m_qchat, "--http-port", 0, "--grpc-port", 0, "--admin-port", 0,
+                      "--override-generation-config", bad, timeout=60)
+        err = p.stderr.decode()
+        assert p.returncode == 1 and "--override-generation-config" in err and field in err, (bad, err)
