@@ -1,10 +1,16 @@
 /*
  * gguf_tool.c - prints what engine/weights/gguf.c reads from a GGUF file,
  * as one JSON object, for tests/integration/test_gguf.py to compare with
- * the `gguf` package's reader (GGUFReader), which ferry did not write.
+ * the `gguf` package's reader (GGUFReader), which ferry did not write;
+ * and writes the Hugging Face tokenizer files of a GGUF's tokenizer for
+ * tests/integration/test_gguf_vocab.py.
  *
  *   gguf_tool FILE   -> {"version", "alignment", "data_offset", "kv": [...], "tensors": [...]}
  *   gguf_tool FILE --dequant NAME OUT   tensor NAME as f32 (gguf_quant.h) into OUT
+ *   gguf_tool --hf-file FILE NAME OUT   the Hugging Face file NAME (tokenizer.json or
+ *                                       tokenizer_config.json) gguf_vocab.h writes for
+ *                                       FILE's tokenizer, into OUT; refused: "ERR
+ *                                       <status>: <message>" on stderr, exit status 1
  *
  * Strings (keys, values, tensor names) are written as hex of their bytes;
  * arrays in full. A file the reader refuses: "ERR <status>: <message>" on
@@ -12,11 +18,13 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "../../engine/base/json.h"
 #include "../../engine/weights/gguf.h"
 #include "../../engine/weights/gguf_quant.h"
-#include <stdlib.h>
+#include "../../engine/weights/gguf_vocab.h"
 
 static void put_hex(gguf_str s)
 {
@@ -97,10 +105,41 @@ static void put_value(const gguf_kv *kv)
     }
 }
 
+/* --hf-file FILE NAME OUT */
+static int hf_file(const char *path, const char *name, const char *out)
+{
+    bool config = !strcmp(name, "tokenizer_config.json");
+    if (!config && strcmp(name, "tokenizer.json")) {
+        fprintf(stderr, "gguf_tool: --hf-file writes tokenizer.json or tokenizer_config.json, not %s\n", name);
+        return 2;
+    }
+    gguf_file *g;
+    strbuf sb;
+    sb_init(&sb);
+    ferry_status st = gguf_open(path, &g);
+    if (st == FERRY_OK) {
+        st = config ? gguf_vocab_tokenizer_config_json(g, path, &sb) : gguf_vocab_tokenizer_json(g, path, &sb);
+        gguf_close(g);
+    }
+    if (st == FERRY_OK) {
+        FILE *f = fopen(out, "wb");
+        bool ok = f && fwrite(sb.data, 1, sb.len, f) == sb.len;
+        if (f && fclose(f)) ok = false;
+        if (!ok) st = ferry_fail(FERRY_ERR_IO, "%s: cannot write", out);
+    }
+    sb_free(&sb);
+    if (st != FERRY_OK) {
+        fprintf(stderr, "ERR %s: %s\n", ferry_status_name(st), ferry_errmsg());
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "--hf-file")) return hf_file(argv[2], argv[3], argv[4]);
     if (argc != 2 && !(argc == 5 && !strcmp(argv[2], "--dequant"))) {
-        fprintf(stderr, "usage: gguf_tool FILE [--dequant NAME OUT]\n");
+        fprintf(stderr, "usage: gguf_tool FILE [--dequant NAME OUT] | gguf_tool --hf-file FILE NAME OUT\n");
         return 2;
     }
     gguf_file *g;
