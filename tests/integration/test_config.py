@@ -221,13 +221,14 @@ def test_default_config_loads(ferry, tmp_path):
     """config/ferry.json: make run's configuration."""
     path = ROOT / "config" / "ferry.json"
     s = config_print(ferry, "--config", path)["settings"]
-    want = {"model": "build/smollm2-135m-instruct", "http_port": 8000, "grpc_port": 8001, "admin_host": "127.0.0.1",
+    want = {"model": "build/ref/smollm2-gguf/SmolLM2-135M-Instruct.Q4_1.gguf", "http_port": 8000, "grpc_port": 8001, "admin_host": "127.0.0.1",
             "admin_port": 8003, "offload_dir": "build/smollm2-offload", "export_dir": "build/exports"}
     for k, v in want.items():
         assert s[k]["value"] == v and s[k]["source"] == "file", (k, s[k])
     assert s["admin_token"]["value"] is None  # admin API off until a token is given
     # on the model it names: part resident, the rest on disk, as its comment says
-    plan = ferry.check("plan", "--config", path, "--model", refdata.smollm2(), "--offload-dir", tmp_path / "off",
+    gguf = next(refdata.need(refdata.REF / "smollm2-gguf").glob("*.gguf"))
+    plan = ferry.check("plan", "--config", path, "--model", gguf, "--offload-dir", tmp_path / "off",
                        "--json", env=clean_env())
     tiers = {g["tier"] for g in json.loads(plan.stdout)["groups"]}
     assert tiers == {"device", "disk"}, tiers

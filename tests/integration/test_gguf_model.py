@@ -321,3 +321,23 @@ def test_export_of_a_gguf_model(ferry, ref, tmp_path, layout):
     assert [int(np.argmax(want[len(PROMPTS[0]) - 1 + i])) for i in range(6)] == got[0]
     again, _ = ferry.generate_all(out, PROMPTS[:1], 6, dump_logits=tmp_path / "e.bin")
     assert again == got
+
+
+def test_smollm2_gguf_text_is_hf_tokenizers(ferry, smol_gguf, tmp_path):
+    """Text through the tokenizer read from the GGUF's metadata: HF
+    tokenizers' ids (on the file scripts/gguf_to_hf.py built with the
+    `tokenizers` library) for real text, and back."""
+    from tokenizers import Tokenizer
+    from conftest import REPO
+    hf = Tokenizer.from_file(str(refdata.smollm2() / "tokenizer.json"))
+    texts = ["<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n",
+             "In 1969, 3.14159 \u00d7 10\u00b2\u00b3 \u2014 caf\u00e9 \u65e5\u672c\u8a9e \U0001f999\n\n\tindented  \n",
+             (REPO / "README.md").read_text(encoding="utf-8")[:4000]]
+    for i, text in enumerate(texts):
+        f = tmp_path / ("t%d.txt" % i)
+        f.write_bytes(text.encode("utf-8"))
+        ids = json.loads(ferry.check("tokenize", "--model", smol_gguf, "--file", f, "--json").stdout)["ids"]
+        assert ids == hf.encode(text, add_special_tokens=False).ids, i
+        back = json.loads(ferry.check("detokenize", "--model", smol_gguf, "--ids", ",".join(map(str, ids)),
+                                      "--json").stdout)["text"]
+        assert back == text, i

