@@ -9,9 +9,10 @@
  * the data section, aligned, its size its type's blocks x its elements, no
  * two overlapping. Every string's and tensor's first and last byte is read,
  * so AddressSanitizer catches one outside the buffer. A broken promise
- * aborts. An accepted file's metadata is then made into the config.json it
- * stands for (gguf_hf.h), which ferry's config parser must take or refuse
- * naming the file. Build: README.md.
+ * aborts. An accepted file's metadata is then made into the config.json and
+ * the tokenizer.json it stands for (gguf_hf.h, gguf_vocab.h), which ferry's
+ * config parser and tokenizer must take or refuse naming the file; a
+ * refused tokenizer appends nothing. Build: README.md.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,7 +20,9 @@
 
 #include "../../engine/weights/gguf.h"
 #include "../../engine/weights/gguf_hf.h"
+#include "../../engine/weights/gguf_vocab.h"
 #include "../../engine/weights/model.h"
+#include "../../text/tokenizer.h"
 
 static volatile uint8_t sink;
 
@@ -92,6 +95,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (model_config_parse(sb.data, sb.len, "fuzz.gguf", &cfg) != FERRY_OK && !strstr(ferry_errmsg(), "fuzz.gguf"))
             abort();
     } else if (!strstr(ferry_errmsg(), "fuzz.gguf")) {
+        abort();
+    }
+    sb_free(&sb);
+    sb_init(&sb);
+    if (gguf_vocab_tokenizer_json(g, "fuzz.gguf", &sb) == FERRY_OK) {
+        tokenizer *t = NULL;
+        if (sb.oom) abort();
+        if (tok_parse(sb.data, sb.len, "fuzz.gguf", &t) == FERRY_OK) tok_free(t);
+        else if (!strstr(ferry_errmsg(), "fuzz.gguf")) abort();
+    } else if (sb.len || !strstr(ferry_errmsg(), "fuzz.gguf")) {
         abort();
     }
     sb_free(&sb);
