@@ -93,12 +93,13 @@ int cmd_inspect(const ferry_config *cfg)
     /* a GGUF model: its own tensors by block type, as the file stores them */
     uint64_t gg_bytes[GGUF_TYPES] = {0};
     int gg_count[GGUF_TYPES] = {0};
-    for (size_t i = 0; ck->gguf_model && i < gguf_tensor_count(ck->gguf); i++) {
-        const gguf_tensor *t = gguf_tensor_at(ck->gguf, i);
-        if (t->type >= GGUF_TYPES) continue; /* gguf_hf refused those */
-        gg_bytes[t->type] += t->nbytes;
-        gg_count[t->type]++;
-    }
+    for (int p = 0; ck->gguf_model && p < ck->n_gguf_parts; p++)
+        for (size_t i = 0; i < gguf_tensor_count(ck->gguf_parts[p]); i++) {
+            const gguf_tensor *t = gguf_tensor_at(ck->gguf_parts[p], i);
+            if (t->type >= GGUF_TYPES) continue; /* gguf_hf refused those */
+            gg_bytes[t->type] += t->nbytes;
+            gg_count[t->type]++;
+        }
     strbuf sb;
     sb_init(&sb);
     if (cfg->json) {

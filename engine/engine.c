@@ -132,7 +132,7 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
     free(text);
     /* a GGUF model: the file itself, not its converted tensors (a new
      * temporary file each start); what converting does is versioned here */
-    int n_files = e->ck->gguf_model ? 1 : e->ck->n_files;
+    int n_files = e->ck->gguf_model ? e->ck->n_gguf_parts : e->ck->n_files;
     if (e->ck->gguf_model) h = fnv1a(h, "gguf-hf-v2", 11); /* v2: the embedding kept as blocks */
     for (int i = 0; i < n_files; i++) {
         const st_file *f = &e->ck->files[i];
@@ -145,7 +145,7 @@ static ferry_status fingerprint(const engine *e, const engine_opts *o, char out[
         h = fnv1a(h, f->name, strlen(f->name) + 1);
         h = fnv1a(h, meta, sizeof meta);
         uint64_t hdr = 8;
-        if (e->ck->gguf_model) hdr = gguf_data_offset(e->ck->gguf); /* metadata and tensor directory */
+        if (e->ck->gguf_model) hdr = gguf_data_offset(e->ck->gguf_parts[i]); /* metadata and tensor directory */
         else
             for (int k = 0; k < 8; k++) hdr += (uint64_t)f->map[k] << (8 * k);
         h = fnv1a(h, f->map, (size_t)hdr);

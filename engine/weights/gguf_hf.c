@@ -89,11 +89,75 @@ static const arch_map k_archs[] = {
 static const arch_map k_mixtral = {"llama", "MixtralForCausalLM", "mixtral", true, true};
 
 typedef struct {
-    const gguf_file *g;
+    const gguf_file *g;            /* the first part: the metadata */
+    const gguf_file *const *parts; /* every part (the tensors) */
+    int n_parts;
     const char *label;
     const arch_map *arch;
     char key[160];
 } meta;
+
+/* A tensor of any part by name. */
+static const gguf_tensor *find_t(const meta *m, const char *name)
+{
+    for (int i = 0; i < m->n_parts; i++) {
+        const gguf_tensor *t = gguf_find_tensor(m->parts[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+/* ---- files split by gguf-split ------------------------------------------------
+ * PREFIX-00001-of-0000N.gguf, ..., PREFIX-0000N-of-0000N.gguf: split.count N
+ * and split.no (0-based) in each, the metadata in the first, the tensors
+ * spread over all. --model names the first. */
+
+/* split.count (1 when absent) and split.no of g; refused when malformed. */
+static ferry_status split_of(const gguf_file *g, const char *label, int *count, int *no)
+{
+    uint64_t c = 1, k = 0;
+    bool bad = false;
+    if (!gguf_get_uint(g, "split.count", &c, &bad)) c = 1;
+    if (!bad && !gguf_get_uint(g, "split.no", &k, &bad)) k = 0;
+    if (bad) return ferry_fail_context(FERRY_ERR_INVALID, "%s", label);
+    if (c < 1 || c > 9999 || k >= c)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: split.no %llu of split.count %llu", label, (unsigned long long)k,
+                          (unsigned long long)c);
+    *count = (int)c;
+    *no = (int)k;
+    return FERRY_OK;
+}
+
+/* The path of part k (0-based) of n, from the first's: NULL (an error
+ * set) when the first is not named PREFIX-00001-of-0000N.gguf. */
+static char *part_path(const char *first, int k, int n)
+{
+    char tail[40];
+    snprintf(tail, sizeof tail, "-00001-of-%05d.gguf", n);
+    size_t len = strlen(first), tl = strlen(tail);
+    if (len < tl || strcmp(first + len - tl, tail) != 0) {
+        ferry_fail(FERRY_ERR_INVALID, "%s: split.count is %d, so its name must end %s (gguf-split's names)", first, n,
+                   tail);
+        return NULL;
+    }
+    char *p;
+    if (asprintf(&p, "%.*s-%05d-of-%05d.gguf", (int)(len - tl), first, k + 1, n) < 0) {
+        ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    return p;
+}
+
+/* Checks that part k of n is what its file says it is. */
+static ferry_status check_part(const gguf_file *g, const char *label, int k, int n)
+{
+    int count, no;
+    FERRY_TRY(split_of(g, label, &count, &no));
+    if (count != n || no != k)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: split.no %d of split.count %d, expected part %d of %d", label, no,
+                          count, k, n);
+    return FERRY_OK;
+}
 
 static const char *arch_key(meta *m, const char *suffix)
 {
@@ -199,10 +263,12 @@ static ferry_dtype float_dtype(uint32_t type)
     return type == GGUF_F32 ? DT_F32 : type == GGUF_F16 ? DT_F16 : type == GGUF_BF16 ? DT_BF16 : DT_COUNT;
 }
 
-ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *out)
+/* config.json's text for a model of n_parts parts (the metadata in the first). */
+static ferry_status config_json(const gguf_file *const *parts, int n_parts, const char *label, strbuf *out)
 {
     ferry_status st = FERRY_OK;
-    meta m = {.g = g, .label = label, .arch = find_arch(g, label, &st)};
+    const gguf_file *g = parts[0];
+    meta m = {.g = g, .parts = parts, .n_parts = n_parts, .label = label, .arch = find_arch(g, label, &st)};
     if (!m.arch) return st;
     int dim, hidden, layers, heads, kv_heads, head_dim, ctx, rot, vocab = 0;
     double theta, eps;
@@ -248,21 +314,21 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
                               m.key, (int)(sc->v.s.len > 32 ? 32 : sc->v.s.len), sc->v.s.ptr);
         if (linear) FERRY_TRY(get_real(&m, "rope.scaling.factor", 1.0, &factor));
     }
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
+    if (find_t(&m, "rope_freqs.weight"))
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: tensor rope_freqs.weight (Llama 3.1-style rope scaling as "
                           "frequency factors) is not served from GGUF yet", label);
     uint64_t v;
     if (gguf_get_uint(g, arch_key(&m, "vocab_size"), &v, &bad) && v >= 1 && v <= INT_MAX) vocab = (int)v;
     const gguf_kv *toks = gguf_find(g, "tokenizer.ggml.tokens");
     if (!vocab && toks && toks->type == GGUF_V_ARRAY && toks->v.arr.n <= INT_MAX) vocab = (int)toks->v.arr.n;
-    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    const gguf_tensor *emb = find_t(&m, "token_embd.weight");
     if (!vocab && emb && rows_of(emb) > 0 && rows_of(emb) <= INT_MAX) vocab = (int)rows_of(emb);
     if (!vocab) return ferry_fail(FERRY_ERR_INVALID, "%s: no vocabulary size (%s, tokenizer.ggml.tokens)", label,
                                   arch_key(&m, "vocab_size"));
     uint64_t ftype = 0;
     gguf_get_uint(g, "general.file_type", &ftype, &bad);
     const char *dtype = ftype == 1 ? "float16" : ftype == 32 ? "bfloat16" : "float32";
-    bool bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    bool bias = find_t(&m, "blk.0.attn_q.bias") != NULL;
     sb_printf(out, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", m.arch->hf, m.arch->model_type);
     sb_printf(out, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", dim, hidden,
               layers);
@@ -288,13 +354,18 @@ ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *
         sb_printf(out, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
                        "  \"norm_topk_prob\": true,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
                   experts, used, expert_hidden);
-    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", gguf_find_tensor(g, "output.weight") ? "false" : "true",
+    sb_printf(out, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"", find_t(&m, "output.weight") ? "false" : "true",
               dtype);
     int64_t bos = token_id(g, "tokenizer.ggml.bos_token_id"), eos = token_id(g, "tokenizer.ggml.eos_token_id");
     if (bos >= 0) sb_printf(out, ",\n  \"bos_token_id\": %lld", (long long)bos);
     if (eos >= 0) sb_printf(out, ",\n  \"eos_token_id\": %lld", (long long)eos);
     sb_puts(out, "\n}\n");
     return out->oom ? ferry_fail(FERRY_ERR_NOMEM, "out of memory") : FERRY_OK;
+}
+
+ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *out)
+{
+    return config_json(&g, 1, label, out);
 }
 
 /* generation_config.json: bos, and eos with end-of-turn/-message ids
@@ -348,11 +419,33 @@ ferry_status gguf_hf_read(const char *path, const char *name, char **text, size_
     FERRY_TRY(gguf_open(path, &g));
     strbuf sb;
     sb_init(&sb);
-    ferry_status st = FERRY_OK;
-    if (!strcmp(name, "config.json")) st = gguf_hf_config_json(g, path, &sb);
-    else if (!strcmp(name, "generation_config.json")) generation_json(g, &sb);
-    else if (!strcmp(name, "tokenizer.json")) st = gguf_vocab_tokenizer_json(g, path, &sb);
-    else st = gguf_vocab_tokenizer_config_json(g, path, &sb);
+    int n = 1, no = 0;
+    ferry_status st = split_of(g, path, &n, &no);
+    if (st == FERRY_OK && no != 0)
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: part %d of a split model: name the first (split.no 0)", path, no + 1);
+    gguf_file **parts = NULL;
+    if (st == FERRY_OK && !strcmp(name, "config.json")) { /* the tensors of every part say what the model is */
+        parts = calloc((size_t)n, sizeof *parts);
+        if (!parts) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        for (int k = 1; k < n && st == FERRY_OK; k++) {
+            char *pp = part_path(path, k, n);
+            st = pp ? gguf_open(pp, &parts[k]) : FERRY_ERR_INVALID; /* part_path said why */
+            if (st == FERRY_OK) st = check_part(parts[k], pp, k, n);
+            free(pp);
+        }
+        if (st == FERRY_OK) {
+            parts[0] = g;
+            st = config_json((const gguf_file *const *)parts, n, path, &sb);
+        }
+    } else if (st == FERRY_OK && !strcmp(name, "generation_config.json")) {
+        generation_json(g, &sb);
+    } else if (st == FERRY_OK && !strcmp(name, "tokenizer.json")) {
+        st = gguf_vocab_tokenizer_json(g, path, &sb);
+    } else if (st == FERRY_OK) {
+        st = gguf_vocab_tokenizer_config_json(g, path, &sb);
+    }
+    for (int k = 1; parts && k < n; k++) gguf_close(parts[k]);
+    free(parts);
     gguf_close(g);
     if (st == FERRY_OK && sb.oom) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     if (st != FERRY_OK) {
@@ -465,6 +558,7 @@ typedef struct {
     bool dequant;            /* a block type: to f32 */
     bool blocks;             /* a block type kept as stored (linear layers, the head) */
     int n_out;               /* HF tensors it is: its experts' count, else 1 */
+    int part;                /* the file (of a split model) holding it */
     size_t name0;            /* their names from ck->gguf_names[name0] */
     uint64_t out_off, out_bytes; /* converted: where in the temporary file */
 } tensor_job;
@@ -560,10 +654,9 @@ static ferry_status read_layout(const gguf_file *g, const char *label, layout *l
 
 /* Plans tensor i: its HF names (the n_out from names[j->name0], malloc'd),
  * shape, and whether it is converted. */
-static ferry_status plan_tensor(const gguf_file *g, const char *label, const layout *lo, size_t i, tensor_job *j,
+static ferry_status plan_tensor(const gguf_tensor *t, const char *label, const layout *lo, tensor_job *j,
                                 char **names)
 {
-    const gguf_tensor *t = gguf_tensor_at(g, i);
     char tname[160], hf[192];
     snprintf(tname, sizeof tname, "%.*s", (int)(t->name.len > 150 ? 150 : t->name.len), t->name.ptr);
     size_t name0 = j->name0;
@@ -651,26 +744,62 @@ static ferry_status open_source(const char *path, st_file *f)
 
 #define CONVERTED_ALIGN 64
 
+/* Opens the n parts of the model at path (1 when it is not split) as
+ * ck->files[0..n) and ck->gguf_parts; files[n] is left for the converted
+ * tensors. */
+static ferry_status open_parts(const char *path, st_checkpoint *ck)
+{
+    st_file first;
+    FERRY_TRY(open_source(path, &first));
+    gguf_file *g = NULL;
+    int n = 1, no = 0;
+    ferry_status st = gguf_parse(first.map, first.size, path, &g);
+    if (st == FERRY_OK) st = split_of(g, path, &n, &no);
+    if (st == FERRY_OK && no != 0)
+        st = ferry_fail(FERRY_ERR_INVALID, "%s: part %d of a split model: name the first (split.no 0)", path, no + 1);
+    if (st == FERRY_OK && (!(ck->files = calloc((size_t)n + 1, sizeof *ck->files)) ||
+                           !(ck->gguf_parts = calloc((size_t)n, sizeof *ck->gguf_parts))))
+        st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    if (st != FERRY_OK) {
+        gguf_close(g);
+        munmap((void *)first.map, first.size);
+        close(first.fd);
+        free(first.path);
+        free(first.name);
+        return st;
+    }
+    for (int k = 0; k <= n; k++) ck->files[k].fd = -1;
+    ck->files[0] = first;
+    ck->gguf_parts[0] = g;
+    ck->n_gguf_parts = n;
+    ck->n_files = n;
+    for (int k = 1; k < n; k++) {
+        char *pp = part_path(path, k, n);
+        if (!pp) return FERRY_ERR_INVALID; /* part_path said why */
+        st = open_source(pp, &ck->files[k]);
+        free(pp);
+        FERRY_TRY(st);
+        FERRY_TRY(gguf_parse(ck->files[k].map, ck->files[k].size, ck->files[k].path, &ck->gguf_parts[k]));
+        FERRY_TRY(check_part(ck->gguf_parts[k], ck->files[k].path, k, n));
+    }
+    ck->gguf = g;
+    return FERRY_OK;
+}
+
 ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
 {
     ck->gguf_model = true;
-    if (!(ck->dir = strdup(path)) || !(ck->files = calloc(2, sizeof *ck->files)))
-        return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    ck->n_files = 1;
-    ck->files[0].fd = ck->files[1].fd = -1;
-    FERRY_TRY(open_source(path, &ck->files[0]));
-    gguf_file *g;
-    FERRY_TRY(gguf_parse(ck->files[0].map, ck->files[0].size, path, &g));
-    ck->gguf = g;
-    bool bad = false;
-    uint64_t n_split;
-    if (gguf_get_uint(g, "split.count", &n_split, &bad) && n_split > 1)
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: split.count = %llu: GGUF files split by gguf-split are not served "
-                          "yet (merge them with llama-gguf-split --merge)", path, (unsigned long long)n_split);
+    if (!(ck->dir = strdup(path))) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    FERRY_TRY(open_parts(path, ck));
+    int parts = ck->n_gguf_parts;
     layout lo;
-    FERRY_TRY(read_layout(g, path, &lo));
-    size_t n = gguf_tensor_count(g), n_out = 0;
-    for (size_t i = 0; i < n; i++) n_out += outputs_of(gguf_tensor_at(g, i), &lo);
+    FERRY_TRY(read_layout(ck->gguf, path, &lo));
+    size_t n = 0, n_out = 0;
+    for (int p = 0; p < parts; p++) {
+        n += gguf_tensor_count(ck->gguf_parts[p]);
+        for (size_t i = 0; i < gguf_tensor_count(ck->gguf_parts[p]); i++)
+            n_out += outputs_of(gguf_tensor_at(ck->gguf_parts[p], i), &lo);
+    }
     tensor_job *jobs = calloc(n ? n : 1, sizeof *jobs);
     ck->tensors = calloc(n_out ? n_out : 1, sizeof *ck->tensors);
     ck->gguf_names = calloc(n_out ? n_out : 1, sizeof *ck->gguf_names);
@@ -681,22 +810,24 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     ck->n_gguf_names = n_out;
     ferry_status st = FERRY_OK;
     uint64_t tmp_bytes = 0;
-    for (size_t i = 0, name0 = 0; i < n && st == FERRY_OK; name0 += outputs_of(gguf_tensor_at(g, i), &lo), i++) {
-        tensor_job *j = &jobs[i];
-        j->name0 = name0;
-        st = plan_tensor(g, path, &lo, i, j, ck->gguf_names);
-        if (st != FERRY_OK) break;
-        if (j->dequant || j->perm_heads) {
-            uint32_t be, bb;
-            gguf_type_block(j->t->type, &be, &bb);
-            j->out_off = tmp_bytes;
-            j->out_bytes = j->dequant ? (uint64_t)j->rows * (uint64_t)j->cols * 4 : j->t->nbytes;
-            tmp_bytes += (j->out_bytes + CONVERTED_ALIGN - 1) / CONVERTED_ALIGN * CONVERTED_ALIGN;
+    size_t name0 = 0, n_jobs = 0;
+    for (int p = 0; p < parts && st == FERRY_OK; p++)
+        for (size_t i = 0; i < gguf_tensor_count(ck->gguf_parts[p]) && st == FERRY_OK; i++) {
+            const gguf_tensor *t = gguf_tensor_at(ck->gguf_parts[p], i);
+            tensor_job *j = &jobs[n_jobs++];
+            j->name0 = name0;
+            name0 += outputs_of(t, &lo);
+            st = plan_tensor(t, ck->files[p].path, &lo, j, ck->gguf_names);
+            j->part = p;
+            if (st == FERRY_OK && (j->dequant || j->perm_heads)) {
+                j->out_off = tmp_bytes;
+                j->out_bytes = j->dequant ? (uint64_t)j->rows * (uint64_t)j->cols * 4 : j->t->nbytes;
+                tmp_bytes += (j->out_bytes + CONVERTED_ALIGN - 1) / CONVERTED_ALIGN * CONVERTED_ALIGN;
+            }
         }
-    }
-    st_file *tf = &ck->files[1];
+    st_file *tf = &ck->files[parts];
     if (st == FERRY_OK && tmp_bytes) {
-        ck->n_files = 2;
+        ck->n_files = parts + 1;
         st = open_tmp(&tf->path, &tf->fd);
         if (st == FERRY_OK && !(tf->name = strdup("(converted GGUF tensors)"))) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
         if (st == FERRY_OK && ftruncate(tf->fd, (off_t)tmp_bytes) != 0)
@@ -715,14 +846,15 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     size_t k = 0;
     for (size_t i = 0; i < n && st == FERRY_OK; i++) {
         const tensor_job *j = &jobs[i];
-        if (j->n_out > 1 || gguf_tensor_at(g, i)->n_dims == 3) { /* experts: slices of the file's tensor */
+        uint64_t base = gguf_data_offset(ck->gguf_parts[j->part]) + j->t->offset;
+        if (j->t->n_dims == 3) { /* experts: slices of the file's tensor */
             uint64_t slice = j->t->nbytes / (uint64_t)j->n_out;
             for (int e = 0; e < j->n_out; e++)
                 ck->tensors[k++] = (st_tensor){.name = ck->gguf_names[j->name0 + (size_t)e],
                                                .dtype = j->blocks ? DT_U8 : float_dtype(j->t->type),
                                                .blocks = j->blocks, .block_type = j->t->type, .ndim = 2,
-                                               .shape = {j->rows, j->cols},
-                                               .offset = gguf_data_offset(g) + j->t->offset + (uint64_t)e * slice,
+                                               .shape = {j->rows, j->cols}, .file = j->part,
+                                               .offset = base + (uint64_t)e * slice,
                                                .nbytes = slice, .data = j->t->data + (uint64_t)e * slice};
             continue;
         }
@@ -733,8 +865,8 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
                          .blocks = j->blocks,
                          .block_type = j->t->type,
                          .ndim = j->one_d ? 1 : 2,
-                         .file = conv ? 1 : 0,
-                         .offset = conv ? j->out_off : gguf_data_offset(g) + j->t->offset,
+                         .file = conv ? parts : j->part,
+                         .offset = conv ? j->out_off : base,
                          .nbytes = conv ? j->out_bytes : j->t->nbytes};
         if (j->one_d) t->shape[0] = j->perm_heads ? j->rows : j->cols;
         else {
@@ -745,10 +877,9 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
     }
     free(jobs);
     if (st != FERRY_OK) return st;
-    n = k;
-    ck->n_tensors = n;
-    qsort(ck->tensors, n, sizeof *ck->tensors, cmp_tensor_name);
-    for (size_t i = 1; i < n; i++)
+    ck->n_tensors = k;
+    qsort(ck->tensors, k, sizeof *ck->tensors, cmp_tensor_name);
+    for (size_t i = 1; i < k; i++)
         if (!strcmp(ck->tensors[i - 1].name, ck->tensors[i].name))
             return ferry_fail(FERRY_ERR_INVALID, "%s: two tensors are both '%s'", path, ck->tensors[i].name);
     return FERRY_OK;
@@ -756,7 +887,8 @@ ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck)
 
 void gguf_hf_checkpoint_free(st_checkpoint *ck)
 {
-    gguf_close(ck->gguf);
+    for (int p = 0; p < ck->n_gguf_parts; p++) gguf_close(ck->gguf_parts[p]);
+    free(ck->gguf_parts);
     for (size_t i = 0; i < ck->n_gguf_names; i++) free(ck->gguf_names[i]);
     free(ck->gguf_names);
 }

@@ -4,7 +4,8 @@
  * config parser, tokenizer, tensor table, placements and exports.
  *
  * A GGUF model path is a regular file named *.gguf (model_dir_resolve also
- * takes a directory without config.json holding exactly one). Its files, as
+ * takes a directory without config.json holding exactly one; of a split
+ * model, the first part). Its files, as
  * model_dir.c serves them under the path:
  *   config.json            from general.architecture and the ARCH.* keys
  *                          (llama -> LlamaForCausalLM, or with
@@ -29,8 +30,10 @@
  * whole rows. A sparse
  * layer's experts, merged in the file into one [experts, rows, cols] tensor
  * per kind (ffn_gate_exps, ...), are each a slice of it: a tensor (and a
- * unit) of their own, as in a Hugging Face checkpoint. Files split by
- * gguf-split are refused.
+ * unit) of their own, as in a Hugging Face checkpoint. A model split by
+ * gguf-split (PREFIX-00001-of-0000N.gguf ...: split.count, split.no) is
+ * named by its first part; the parts are opened, checked and mapped as
+ * checkpoint files, the metadata read from the first.
  */
 #ifndef FERRY_GGUF_HF_H
 #define FERRY_GGUF_HF_H
@@ -60,9 +63,9 @@ ferry_status gguf_hf_read(const char *path, const char *name, char **text, size_
 /* config.json's text for g (label names the file in errors). */
 ferry_status gguf_hf_config_json(const gguf_file *g, const char *label, strbuf *out);
 
-/* Fills the zeroed ck with the GGUF at path: files[0] the GGUF, files[1]
- * (when some tensor had to change) the converted data; the tensors sorted
- * by HF name. st_checkpoint_close frees it all. */
+/* Fills the zeroed ck with the GGUF at path: files[0..n) its n parts
+ * (gguf_parts), files[n] (when some tensor had to change) the converted
+ * data; the tensors sorted by HF name. st_checkpoint_close frees it all. */
 ferry_status gguf_hf_checkpoint_open(const char *path, st_checkpoint *ck);
 void gguf_hf_checkpoint_free(st_checkpoint *ck);
 

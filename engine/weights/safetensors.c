@@ -420,8 +420,9 @@ void st_checkpoint_close(st_checkpoint *ck)
 {
     if (!ck) return;
     if (ck->gguf_model) {
+        /* every slot: the parts' and the converted file's, even when opening failed before them */
+        ck->n_files = ck->files ? ck->n_gguf_parts + 1 : 0;
         gguf_hf_checkpoint_free(ck);
-        ck->n_files = ck->files ? 2 : 0; /* both slots, the converted file's even when opening failed before it */
     }
     for (int i = 0; i < ck->n_files; i++) file_close(&ck->files[i]);
     free(ck->files);

@@ -68,7 +68,9 @@ typedef struct {
     st_tensor *tensors; /* all files' tensors, sorted by name */
     /* a GGUF model (gguf_hf.h) */
     bool gguf_model;
-    struct gguf_file *gguf;
+    struct gguf_file *gguf;        /* its first part: the metadata */
+    struct gguf_file **gguf_parts; /* every part of a model split by gguf-split (files[0..n) too) */
+    int n_gguf_parts;
     char **gguf_names;  /* the tensors' HF names */
     size_t n_gguf_names;
 } st_checkpoint;

@@ -148,12 +148,14 @@ BLOCKS = {  # type: (elements, bytes) per block, as ggml defines them (Q8_1, nev
 }
 
 
-def write_gguf(path, tensors, kv=None, alignment=None, arch="llama"):
+def write_gguf(path, tensors, kv=None, alignment=None, arch="llama", split_max_tensors=0):
     """A GGUF written by the gguf package; tensors: [(name, type name, rows,
     cols)] with random raw bytes, or [(name, type name, raw bytes)]; kv
     values: str, bool, int (u32), float (f32), list, or (value, "u64"/"i32")
-    to choose the type."""
-    w = gguf.GGUFWriter(str(path), arch)
+    to choose the type. split_max_tensors: split as gguf-split does (the
+    package's writer names the parts PATH-0000k-of-0000N.gguf); the first
+    part's path is returned."""
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if alignment:
         w.add_custom_alignment(alignment)
     for k, v in (kv or {}).items():
@@ -181,7 +183,8 @@ def write_gguf(path, tensors, kv=None, alignment=None, arch="llama"):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = sorted(path.parent.glob(path.stem + "-0*-of-*.gguf")) if split_max_tensors else []
+    return parts[0] if parts else path
 
 
 def test_every_tensor_type_written_by_gguf(tmp_path):

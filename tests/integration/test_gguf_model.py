@@ -55,7 +55,7 @@ def blocks(w, tname, rng):
 LINEAR_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
 
 
-def make_pair(root, arch, tied=False, seed=0):
+def make_pair(root, arch, tied=False, seed=0, split=0):
     """A random HF checkpoint turned into (GGUF file, reference dir holding
     the dequantized weights)."""
     ref = root / ("ref-" + arch)
@@ -94,7 +94,7 @@ def make_pair(root, arch, tied=False, seed=0):
     if arch == "qwen3":  # its converter writes the head size (Qwen3's default is 128, not hidden / heads)
         kv_meta[a + ".attention.key_length"] = 64
         kv_meta[a + ".attention.value_length"] = 64
-    g = write_gguf(root / (arch + ".gguf"), tensors, kv_meta, arch=arch)
+    g = write_gguf(root / (arch + ".gguf"), tensors, kv_meta, arch=arch, split_max_tensors=split)
     return g, ref
 
 
@@ -178,6 +178,26 @@ def test_moe_gguf_matches_reference(ferry, ref, tmp_path, arch):
             assert [int(np.argmax(want[len(p) - 1 + i])) for i in range(len(o))] == o, (arch, flags)
 
 
+def test_split_gguf_is_the_whole_model(ferry, tmp_path):
+    """A model split by the gguf package's writer as gguf-split does (5
+    tensors a part) serves from its first part as the whole file does; a
+    missing part, or the second part named, is refused naming it."""
+    whole, _ = make_pair(tmp_path / "whole", "llama")
+    first, _ = make_pair(tmp_path / "split", "llama", split=5)
+    parts = sorted(first.parent.glob("llama-0*-of-*.gguf"))
+    assert len(parts) > 2 and first.name.endswith("-00001-of-%05d.gguf" % len(parts)), parts
+    a, la = ferry.generate_all(whole, PROMPTS, 4, dump_logits=tmp_path / "a.bin")
+    b, lb = ferry.generate_all(first, PROMPTS, 4, dump_logits=tmp_path / "b.bin")
+    assert a == b and rel_err(lb, la) == 0
+    out = ferry.check("inspect", "--model", first).stdout.decode()
+    assert "files          %d" % (len(parts) + 1) in out, out  # the parts and the converted q/k rows
+    p = ferry.run("inspect", "--model", parts[1])
+    assert p.returncode != 0 and "name the first" in p.stderr.decode(), p.stderr
+    parts[-1].unlink()
+    p = ferry.run("inspect", "--model", first)
+    assert p.returncode != 0 and parts[-1].name in p.stderr.decode(), p.stderr
+
+
 def test_inspect_describes_the_gguf(ferry, tmp_path):
     g, _ = make_pair(tmp_path, "qwen3")
     out = ferry.check("inspect", "--model", g).stdout.decode()
@@ -245,7 +265,7 @@ def tiny(path, kv=None, tensors=None, drop=(), arch="llama"):
     ({"kv": {"llama.rope.scaling.type": "yarn"}}, ["llama.rope.scaling.type 'yarn'"]),
     ({"kv": {"llama.rope.dimension_count": 16}}, ["llama.rope.dimension_count = 16", "partial rotary"]),
     ({"kv": {"llama.attention.head_count_kv": [1, 2]}}, ["llama.attention.head_count_kv"]),
-    ({"kv": {"split.count": 3}}, ["split.count = 3"]),
+    ({"kv": {"split.count": 3}}, ["split.count is 3", "-00001-of-00003.gguf"]),
     ({"tensors": [("token_embd.weight", "F32", 32, 64), ("rope_freqs.weight", "F32", np.ones(16, np.float32))]},
      ["rope_freqs.weight"]),
     ({"tensors": [("token_embd.weight", "F32", 32, 64), ("blk.0.attn_qkv.weight", "F32", 192, 64)]},
