@@ -361,3 +361,23 @@ def test_smollm2_gguf_text_is_hf_tokenizers(ferry, smol_gguf, tmp_path):
         back = json.loads(ferry.check("detokenize", "--model", smol_gguf, "--ids", ",".join(map(str, ids)),
                                       "--json").stdout)["text"]
         assert back == text, i
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_export_round_trip(ferry, ref, smol_gguf, smol_resident, tmp_path):
+    """GGUF -> export original (the blocks as f32, tokenizer files from the
+    metadata) -> the PyTorch reference on the export gives ferry's greedy
+    tokens on the GGUF, and HF tokenizers loads the exported tokenizer with
+    the converted checkpoint's ids."""
+    from tokenizers import Tokenizer
+    out = tmp_path / "exports" / "smol"
+    out.parent.mkdir()
+    ferry.check("export", "--model", smol_gguf, "--out", out, "--layout", "original")
+    prompts, got, logits = smol_resident
+    m = ref(out)
+    want = llama_ref.forward(m, (prompts[0] + got[0])[:-1]).numpy()
+    assert rel_err(logits[0], want[len(prompts[0]) - 1]) < TOL
+    assert [int(np.argmax(want[len(prompts[0]) - 1 + i])) for i in range(len(got[0]))] == got[0]
+    text = "<|im_start|>user\nWhat is 12345 + 678? caf\u00e9 \u65e5\u672c<|im_end|>\n"
+    mine, theirs = (Tokenizer.from_file(str(d / "tokenizer.json")) for d in (out, refdata.smollm2()))
+    assert mine.encode(text).ids == theirs.encode(text).ids
