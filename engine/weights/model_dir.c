@@ -371,6 +371,23 @@ ferry_status model_dir_resolve(const char *spec, char **dir, char **repo_name)
         st = ferry_fail(FERRY_ERR_NOT_FOUND, "model '%s' (revision '%s'): '%s' is not a directory, and no Hugging "
                         "Face cache is known (set HF_HUB_CACHE or HF_HOME)", id, rev, spec);
     sb_free(&looked);
+    if (st == FERRY_OK) { /* a repository of GGUF files: the snapshot's one .gguf */
+        char *file = NULL, *checked = NULL;
+        ferry_status g = gguf_hf_find_in_dir(*dir, &file);
+        int fd = -1;
+        /* the file as every file of a snapshot: its link must stay inside the repository */
+        if (g == FERRY_OK && (g = model_dir_open(*dir, strrchr(file, '/') + 1, &fd, &checked)) != FERRY_OK) free(file);
+        if (fd >= 0) close(fd);
+        free(checked);
+        if (g == FERRY_OK) {
+            free(*dir);
+            *dir = file;
+        } else if (g != FERRY_ERR_NOT_FOUND) {
+            free(*dir);
+            *dir = NULL;
+            st = g;
+        }
+    }
     if (st == FERRY_OK && !(*repo_name = strdup(name))) {
         free(*dir);
         *dir = NULL;

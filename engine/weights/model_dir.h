@@ -57,7 +57,9 @@ bool model_dir_has(const char *dir, const char *name);
  *     ~/.cache/huggingface/hub; the first holding models--org--name is used.
  *     The revision (default "main") is a commit hash (40 hex digits) used as
  *     is, or a ref name whose commit refs/<revision> holds;
- *     snapshots/<commit>/ must exist. Not found: FERRY_ERR_NOT_FOUND naming
+ *     snapshots/<commit>/ must exist (a snapshot without config.json
+ *     holding one .gguf is that file, as a directory is). Not found:
+ *     FERRY_ERR_NOT_FOUND naming
  *     the repo id, the revision and every place looked at;
  *   - anything else: itself (opening config.json then says what is missing).
  * *dir is malloc'd; *repo_name (malloc'd) is the repo id's name part

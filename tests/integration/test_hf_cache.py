@@ -355,3 +355,27 @@ def test_not_a_repo_id_is_a_missing_directory(ferry, world, work):
     for spec in (str(work / "nowhere"), "a/b/c", "org/-bad", "org--x/y"):
         line = assert_ferry_error(run_gen(ferry, spec, env), ["config.json", "no such file"])
         assert "Hugging Face" not in line, line
+
+
+def test_repo_id_of_a_gguf_repository(ferry, work):
+    """A cached repository holding one GGUF file (and no config.json) is
+    that file, as a directory holding one is; its link must stay inside the
+    repository like every snapshot file's."""
+    from test_gguf_model import PROMPTS, make_pair
+    g, _ = make_pair(work / "src", "qwen2")
+    src = work / "gg"
+    src.mkdir()
+    g.rename(src / "model-Q8_0.gguf")
+    hub = work / "hub"
+    repo = cache_repo(hub, "org/gg", {COMMIT_A: src}, {"main": COMMIT_A})
+    env = hf_env(work, hub_cache=hub)
+    a = ferry.check("generate", "--model", "org/gg", "--prompt-ids", ",".join(map(str, PROMPTS[0])),
+                    "--max-new-tokens", 3, env=env).stdout
+    b = ferry.check("generate", "--model", src / "model-Q8_0.gguf", "--prompt-ids", ",".join(map(str, PROMPTS[0])),
+                    "--max-new-tokens", 3).stdout
+    assert a == b and a.strip()
+    link = repo / "snapshots" / COMMIT_A / "model-Q8_0.gguf"
+    link.unlink()
+    os.symlink(str(src / "model-Q8_0.gguf"), str(link))  # out of the repository
+    p = ferry.run("inspect", "--model", "org/gg", env=env)
+    assert p.returncode != 0 and "model-Q8_0.gguf" in p.stderr.decode(), p.stderr
