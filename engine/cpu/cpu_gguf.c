@@ -4,18 +4,21 @@
  * blocks as stored: no full-precision copy of W exists, only the few rows
  * being applied. cpu_matmul.c calls in here.
  *
- * A block of up to 4 weight rows is dequantized into the worker's f32
- * scratch, then dotted with every token row (f32 activations, 8 lanes x 4
- * accumulators, summed in one fixed order): the weight bytes are read once
- * per call, and each output is the same operations in the same order
+ * Decode (1 or 2 token rows) dequantizes each 32-value chunk of a row in
+ * registers and applies it at once; more token rows take a block of up to
+ * 4 weight rows dequantized into the worker's f32 scratch, then dotted with
+ * every token row. Both are f32 activations, 8 lanes x 4 accumulators
+ * summed in one fixed order, on the same values: the weight bytes are read
+ * once per call, and each output is the same operations in the same order
  * whatever the number of token rows, so a row's result does not depend on
  * the rest of its step (batch invariance, as the other kernels).
  *
  * The dequantization gives the values gguf_quant.c (ggml's reference
- * dequantizers) gives, bit for bit: the AVX2 paths for Q8_0, Q4_0, Q4_1,
- * Q4_K and Q6_K unpack each block's integers and scales, then compute the
- * same products (each exact but the last, as in the reference) eight at a
- * time; the other types take gguf_dequant. test_ops checks both against it.
+ * dequantizers) gives, bit for bit: the AVX2 path (every type above)
+ * unpacks each chunk's integers and scales, then computes the same products
+ * (each exact but the last, as in the reference) eight at a time; the
+ * portable build takes gguf_dequant. test_ops checks it against the
+ * reference.
  */
 #include <string.h>
 
@@ -77,7 +80,16 @@ static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 /* Whether chunk32 handles the type (the others go through gguf_dequant). */
 static inline bool chunked(uint32_t type)
 {
-    return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q4_K || type == GGUF_Q6_K;
+    return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q5_0 || type == GGUF_Q5_1 ||
+           type == GGUF_Q4_K || type == GGUF_Q5_K || type == GGUF_Q6_K;
+}
+
+/* 16 bits (value e's fifth bit is bit e) as 16 bytes of 0x10 or 0. */
+static inline __m128i fifth_bits(uint32_t bits)
+{
+    __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    __m128i m = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, m), m), _mm_set1_epi8(0x10));
 }
 
 /* Four vectors of 8 values; named fields, not an array: the compiler kept
@@ -132,6 +144,52 @@ static inline __attribute__((always_inline)) w4 chunk32(uint32_t type, const uin
         __m128i sh = _mm_cvtsi32_si128(4 * (c & 1));
         widen16(_mm_and_si128(_mm_srl_epi16(v0, sh), nib), &w.v0, &w.v1);
         widen16(_mm_and_si128(_mm_srl_epi16(v1, sh), nib), &w.v2, &w.v3);
+        w.v0 = _mm256_sub_ps(_mm256_mul_ps(s, w.v0), m);
+        w.v1 = _mm256_sub_ps(_mm256_mul_ps(s, w.v1), m);
+        w.v2 = _mm256_sub_ps(_mm256_mul_ps(s, w.v2), m);
+        w.v3 = _mm256_sub_ps(_mm256_mul_ps(s, w.v3), m);
+        return w;
+    }
+    case GGUF_Q5_0:
+    case GGUF_Q5_1: { /* value e's fifth bit is bit e of the 32-bit qh */
+        bool q50 = type == GGUF_Q5_0;
+        uint32_t qh;
+        memcpy(&qh, b + (q50 ? 2 : 4), 4);
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + (q50 ? 6 : 8)));
+        __m128i lo = _mm_or_si128(_mm_and_si128(v, nib), fifth_bits(qh & 0xFFFF));
+        __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), nib), fifth_bits(qh >> 16));
+        if (q50) {
+            lo = _mm_sub_epi8(lo, _mm_set1_epi8(16));
+            hi = _mm_sub_epi8(hi, _mm_set1_epi8(16));
+        }
+        widen16(lo, &w.v0, &w.v1);
+        widen16(hi, &w.v2, &w.v3);
+        __m256 d = _mm256_set1_ps(half(b));
+        if (q50) {
+            w.v0 = _mm256_mul_ps(d, w.v0);
+            w.v1 = _mm256_mul_ps(d, w.v1);
+            w.v2 = _mm256_mul_ps(d, w.v2);
+            w.v3 = _mm256_mul_ps(d, w.v3);
+        } else {
+            __m256 m = _mm256_set1_ps(half(b + 2));
+            w.v0 = _mm256_add_ps(_mm256_mul_ps(w.v0, d), m);
+            w.v1 = _mm256_add_ps(_mm256_mul_ps(w.v1, d), m);
+            w.v2 = _mm256_add_ps(_mm256_mul_ps(w.v2, d), m);
+            w.v3 = _mm256_add_ps(_mm256_mul_ps(w.v3, d), m);
+        }
+        return w;
+    }
+    case GGUF_Q5_K: { /* Q4_K's chunk with a fifth bit: bit c of qh[l] for value l of chunk c */
+        uint8_t sc, mn;
+        k4_scale_min(c, b + 4, &sc, &mn);
+        __m256 s = _mm256_set1_ps(half(b) * (float)sc), m = _mm256_set1_ps(half(b + 2) * (float)mn);
+        const uint8_t *qs = b + 48 + 32 * (c / 2), *qh = b + 16;
+        __m128i sh = _mm_cvtsi32_si128(4 * (c & 1)), hsh = _mm_cvtsi32_si128(c), one = _mm_set1_epi8(1);
+        __m128i h0 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hsh), one), 4);
+        __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hsh), one), 4);
+        __m128i v0 = _mm_loadu_si128((const __m128i *)qs), v1 = _mm_loadu_si128((const __m128i *)(qs + 16));
+        widen16(_mm_or_si128(_mm_and_si128(_mm_srl_epi16(v0, sh), nib), h0), &w.v0, &w.v1);
+        widen16(_mm_or_si128(_mm_and_si128(_mm_srl_epi16(v1, sh), nib), h1), &w.v2, &w.v3);
         w.v0 = _mm256_sub_ps(_mm256_mul_ps(s, w.v0), m);
         w.v1 = _mm256_sub_ps(_mm256_mul_ps(s, w.v1), m);
         w.v2 = _mm256_sub_ps(_mm256_mul_ps(s, w.v2), m);
@@ -235,7 +293,8 @@ static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, 
         rows_fused_n(&v, r0, r1, x, N, out, ldo); \
     }
 FUSED(Q8_0, 1) FUSED(Q8_0, 2) FUSED(Q4_0, 1) FUSED(Q4_0, 2) FUSED(Q4_1, 1) FUSED(Q4_1, 2)
-FUSED(Q4_K, 1) FUSED(Q4_K, 2) FUSED(Q6_K, 1) FUSED(Q6_K, 2)
+FUSED(Q4_K, 1) FUSED(Q4_K, 2) FUSED(Q6_K, 1) FUSED(Q6_K, 2) FUSED(Q5_0, 1) FUSED(Q5_0, 2) FUSED(Q5_1, 1)
+FUSED(Q5_1, 2) FUSED(Q5_K, 1) FUSED(Q5_K, 2)
 #undef FUSED
 
 static void rows_fused(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
@@ -243,7 +302,7 @@ static void rows_fused(const weight *w, size_t r0, size_t r1, const float *x, in
 #define CASE(T) \
     case GGUF_##T: (n == 1 ? fused_##T##_1 : fused_##T##_2)(w, r0, r1, x, out, ldo); return;
     switch (w->block) {
-        CASE(Q8_0) CASE(Q4_0) CASE(Q4_1) CASE(Q4_K) CASE(Q6_K)
+        CASE(Q8_0) CASE(Q4_0) CASE(Q4_1) CASE(Q5_0) CASE(Q5_1) CASE(Q4_K) CASE(Q5_K) CASE(Q6_K)
     default: FERRY_ASSERT(!"rows_fused: type not chunked");
     }
 #undef CASE
