@@ -449,7 +449,7 @@ $(BUILD)/cuda/%.o: %.c
 
 test-gpu: all $(BUILD)/tests/test_ops
 	@$(BUILD)/tests/test_ops cuda || { rc=$$?; [ $$rc = 77 ] && echo "test-gpu: no usable CUDA device here" >&2; exit $$rc; }
-	FERRY_TEST_DEVICE=cuda $(PYTHON) -m pytest -q tests/integration -k "numerics or placement or moe or cuda_fault"
+	FERRY_TEST_DEVICE=cuda $(PYTHON) -m pytest -q tests/integration -k "numerics or placement or moe or cuda_fault or gguf_model"
 
 -include $(CUDA_OBJ:.o=.d)
 else

@@ -33,7 +33,7 @@ extern "C" {
 typedef enum { CUDA_F32 = 0, CUDA_F16 = 1, CUDA_BF16 = 2 } cuda_dtype;
 
 /* How a weight's values are stored (weights/weight.h's weight_quant). */
-typedef enum { CUDA_Q_NONE = 0, CUDA_Q_INT8 = 1, CUDA_Q_INT4 = 2 } cuda_quant;
+typedef enum { CUDA_Q_NONE = 0, CUDA_Q_INT8 = 1, CUDA_Q_INT4 = 2, CUDA_Q_GGUF = 3 } cuda_quant;
 
 typedef struct {
     cuda_dtype dt; /* CUDA_Q_NONE: the values' dtype (a quantized weight's is unused) */
@@ -46,6 +46,7 @@ typedef struct {
     int group;
     cuda_dtype scale_dt;
     const void *scales;
+    uint32_t block; /* CUDA_Q_GGUF: a GGUF file's blocks of this type as stored (cuda_gguf.cuh), no scales */
 } cuda_tensor;
 
 /* One sequence of the batch, as batch_seq (same layout, device-readable). */

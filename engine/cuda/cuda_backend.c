@@ -306,10 +306,26 @@ static const cuda_tensor *tensor_of(const weight *w, cuda_tensor *t)
     return t;
 }
 
-/* A matmul weight: unquantized, or int8 / int4 with its scales. */
+/* A GGUF file's blocks as stored (matmul, and an embedding table's gather
+ * and convert). */
+static const cuda_tensor *gguf_tensor_of(const weight *w, cuda_tensor *t)
+{
+    FERRY_ASSERT(w->quant == WQ_GGUF && w->dtype == DT_U8);
+    *t = (cuda_tensor){.rows = w->rows, .cols = w->cols, .data = w->data, .quant = CUDA_Q_GGUF, .block = w->block};
+    return t;
+}
+
+/* An embedding table or rows of one: unquantized, or a GGUF's blocks. */
+static const cuda_tensor *table_of(const weight *w, cuda_tensor *t)
+{
+    return w && w->data && w->quant == WQ_GGUF ? gguf_tensor_of(w, t) : tensor_of(w, t);
+}
+
+/* A matmul weight: unquantized, int8 / int4 with its scales, or a GGUF's blocks. */
 static const cuda_tensor *matmul_tensor_of(const weight *w, cuda_tensor *t)
 {
     if (!w || !w->data || w->quant == WQ_NONE) return tensor_of(w, t);
+    if (w->quant == WQ_GGUF) return gguf_tensor_of(w, t);
     FERRY_ASSERT((w->quant == WQ_INT8 && w->dtype == DT_I8) || (w->quant == WQ_INT4 && w->dtype == DT_I32));
     FERRY_ASSERT(w->group >= 1 && w->scales);
     *t = (cuda_tensor){.rows = w->rows, .cols = w->cols, .data = w->data,
@@ -321,13 +337,13 @@ static const cuda_tensor *matmul_tensor_of(const weight *w, cuda_tensor *t)
 static void op_embed(backend *be, float *out, const weight *table)
 {
     cuda_tensor t;
-    cuda_embed(&cuda_of(be)->cx, out, tensor_of(table, &t));
+    cuda_embed(&cuda_of(be)->cx, out, table_of(table, &t));
 }
 
 static void op_convert(backend *be, float *out, const weight *w)
 {
     cuda_tensor t;
-    cuda_convert(&cuda_of(be)->cx, out, tensor_of(w, &t));
+    cuda_convert(&cuda_of(be)->cx, out, table_of(w, &t));
 }
 
 static void op_rmsnorm(backend *be, float *out, const float *x, const weight *w, int n, int dim, float eps)
@@ -433,7 +449,7 @@ static const struct backend_ops k_cuda_ops = {
     .download = cuda_download,
     .sync = cuda_sync,
     .unified = false,
-    .gguf_blocks = false, /* not yet: engine_open refuses them */
+    .gguf_blocks = true, /* cuda_gguf.cuh: UNTESTED */
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .copy_async = cuda_copy_async,

@@ -20,8 +20,15 @@
  * compute, no TF32) into mm_y; a small kernel scatters the tile's columns
  * into y and adds the bias. One pass over W, one SGEMM per tile and chunk of
  * tokens. Where cuBLASLt has no algorithm the tile goes through the GEMV.
+ *
+ * A GGUF file's blocks (CUDA_Q_GGUF, cuda_gguf.cuh) take the prefill path
+ * for every token count: tiles dequantized to f32 exactly as the reference
+ * dequantizers compute them, SGEMM, scatter (a plain dot-product kernel
+ * where cuBLASLt has no algorithm). Correct, not yet fast for decode (it
+ * writes and reads the f32 tile); UNTESTED like the rest of this file.
  */
 #include "cuda_common.cuh"
+#include "cuda_gguf.cuh"
 
 #define QGEMV_MAX_TOKENS 8
 #define QGEMV_WARPS 4 /* warps per block */
@@ -215,6 +222,68 @@ static void qgemm(cuda_ctx *cx, float *out, const float *x, const qweight &w, co
     }
 }
 
+/* ---- GGUF blocks ------------------------------------------------------------------- */
+
+/* dst [rows, cols] f32 = rows of blocks of `type` (row_bytes apart) */
+__global__ void gguf_dequant_kernel(float *dst, const uint8_t *data, int64_t rows, int64_t cols, int64_t row_bytes,
+                                    uint32_t type)
+{
+    size_t count = (size_t)rows * (size_t)cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        int64_t r = (int64_t)(i / (size_t)cols), c = (int64_t)(i % (size_t)cols);
+        dst[i] = cuda_gguf_at(type, data + r * row_bytes, c);
+    }
+}
+
+/* out[t * ldo + r0 + j] = sum_c wf[j, c] x[t, c] (+ b[r0 + j]): where cuBLASLt has no algorithm */
+__global__ void tile_dot_kernel(float *out, int64_t ldo, int64_t r0, const float *wf, const float *x, int64_t tr,
+                                int64_t cols, size_t n, const void *bias, int bias_dt)
+{
+    size_t count = n * (size_t)tr;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / (size_t)tr, j = i % (size_t)tr;
+        float s = 0;
+        for (int64_t c = 0; c < cols; c++) s = fmaf(wf[j * (size_t)cols + (size_t)c], x[t * (size_t)cols + (size_t)c], s);
+        out[t * (size_t)ldo + (size_t)r0 + j] = s + (bias ? cuda_load_f32_dyn(bias_dt, bias, (size_t)r0 + j) : 0.0f);
+    }
+}
+
+static void gguf_gemm(cuda_ctx *cx, float *out, const float *x, const cuda_tensor *w, const void *bias, int bias_dt,
+                      int n)
+{
+    int be, bb;
+    cuda_gguf_block(w->block, &be, &bb);
+    CUDA_REQUIRE(be > 0 && w->cols % be == 0);
+    int64_t rows = w->rows, cols = w->cols, row_bytes = cols / be * bb;
+    int64_t tile = (int64_t)(cx->mm_x_bytes / ((size_t)cols * sizeof(float)));
+    CUDA_REQUIRE(tile >= 1);
+    if (tile > rows) tile = rows;
+    float *wf = (float *)cx->mm_x;
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+        int64_t tr = rows - r0 < tile ? rows - r0 : tile;
+        size_t chunk = cx->mm_y_bytes / ((size_t)tr * sizeof(float));
+        CUDA_REQUIRE(chunk >= 1);
+        size_t count = (size_t)tr * (size_t)cols;
+        gguf_dequant_kernel<<<cuda_blocks(count, 256), 256, 0, cx->compute>>>(
+            wf, (const uint8_t *)w->data + r0 * row_bytes, tr, cols, row_bytes, w->block);
+        CUDA_CHECK_LAUNCH("gguf_dequant_kernel");
+        for (size_t t0 = 0; t0 < (size_t)n; t0 += chunk) {
+            size_t c = (size_t)n - t0 < chunk ? (size_t)n - t0 : chunk;
+            const float *xt = x + t0 * (size_t)cols;
+            float *ot = out + t0 * (size_t)rows;
+            if (!cuda_lt_sgemm(cx, cx->mm_y, wf, xt, tr, (int64_t)c, cols)) {
+                tile_dot_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(ot, rows, r0, wf, xt, tr,
+                                                                                         cols, c, bias, bias_dt);
+                CUDA_CHECK_LAUNCH("tile_dot_kernel");
+                continue;
+            }
+            scatter_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(ot, rows, r0, cx->mm_y, tr, c,
+                                                                                     bias, bias_dt);
+            CUDA_CHECK_LAUNCH("scatter_kernel");
+        }
+    }
+}
+
 /* ---- entry point ------------------------------------------------------------------- */
 
 template <int QT, int SDT>
@@ -226,6 +295,10 @@ static void qmatmul(cuda_ctx *cx, float *out, const float *x, const qweight &w, 
 
 void cuda_qmatmul(cuda_ctx *cx, float *out, const float *x, const cuda_tensor *w, const cuda_tensor *bias, int n)
 {
+    if (w->quant == CUDA_Q_GGUF) {
+        gguf_gemm(cx, out, x, w, bias ? bias->data : NULL, bias ? (int)bias->dt : 0, n);
+        return;
+    }
     CUDA_REQUIRE(w->group >= 1 && w->scales != NULL);
     qweight q;
     q.data = (const uint8_t *)w->data;
