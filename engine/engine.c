@@ -251,8 +251,9 @@ static ferry_status check_gguf_blocks(const engine *e, const engine_opts *opts)
     for (int k = 0; k < sum.n_schemes; k++)
         if (sum.schemes[k].quant == WQ_GGUF)
             return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: the %s backend does not compute GGUF blocks (%s) yet: add "
-                              "--quantize int8, int4 or none to convert them as the model loads", e->ck->dir,
-                              e->be->ops->name, gguf_type_name((uint32_t)sum.schemes[k].group));
+                              "--quantize none to dequantize them as the model loads (int8 and int4 keep the "
+                              "embedding's and the head's blocks)", e->ck->dir, e->be->ops->name,
+                              gguf_type_name((uint32_t)sum.schemes[k].group));
     return FERRY_OK;
 }
 

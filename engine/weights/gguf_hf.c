@@ -22,6 +22,8 @@
 #include "../base/util.h"
 #include "gguf_quant.h"
 #include "gguf_vocab.h"
+#include "model.h"
+#include "model_dir.h"
 
 /* ---- what is a GGUF model --------------------------------------------------- */
 
@@ -49,15 +51,30 @@ ferry_status gguf_hf_find_in_dir(const char *dir, char **file)
     if (!d) return FERRY_ERR_NOT_FOUND;
     strbuf names;
     sb_init(&names);
-    int n = 0;
-    char *first = NULL;
+    int n = 0, firsts = 0;
+    char *first = NULL, *split_first = NULL;
     for (struct dirent *e; (e = readdir(d));) {
-        if (!ends_with_gguf(e->d_name)) continue;
+        struct stat es;
+        /* regular files (links followed): a directory or a dangling link named *.gguf is not a model */
+        if (!ends_with_gguf(e->d_name) || fstatat(dirfd(d), e->d_name, &es, 0) != 0 || !S_ISREG(es.st_mode)) continue;
         sb_printf(&names, "%s%s", n ? ", " : "", e->d_name);
         if (n++ == 0) first = strdup(e->d_name);
+        size_t len = strlen(e->d_name);
+        if (len > 20 && !strncmp(e->d_name + len - 20, "-00001-of-", 10) && firsts++ == 0)
+            split_first = strdup(e->d_name);
     }
     closedir(d);
     ferry_status st = FERRY_ERR_NOT_FOUND;
+    if (n > 1 && firsts == 1 && split_first) { /* a gguf-split set alone: its first part names it */
+        int count = atoi(split_first + strlen(split_first) - 10);
+        if (count == n) {
+            free(first);
+            first = split_first;
+            split_first = NULL;
+            n = 1;
+        }
+    }
+    free(split_first);
     if (n == 1 && first) {
         *file = util_path_join(dir, first);
         st = *file ? FERRY_OK : ferry_fail(FERRY_ERR_NOMEM, "out of memory");
@@ -649,7 +666,12 @@ static ferry_status read_layout(const gguf_file *g, const char *label, layout *l
     FERRY_TRY(get_dim(&m, "block_count", 0, &lo->layers));
     FERRY_TRY(get_dim(&m, "attention.head_count", 0, &lo->heads));
     if (m.arch->moe) FERRY_TRY(get_dim(&m, "expert_count", 0, &lo->experts));
-    return get_dim(&m, "attention.head_count_kv", (uint64_t)lo->heads, &lo->kv_heads);
+    FERRY_TRY(get_dim(&m, "attention.head_count_kv", (uint64_t)lo->heads, &lo->kv_heads));
+    /* model.c's bounds, here too: the tensor mapping runs before the config is checked */
+    if (lo->layers > MODEL_MAX_LAYERS || lo->heads > 65536 || lo->kv_heads > lo->heads || lo->experts > MODEL_MAX_EXPERTS)
+        return ferry_fail(FERRY_ERR_INVALID, "%s: %d layers, %d heads (%d for keys and values), %d experts: out of "
+                          "range", label, lo->layers, lo->heads, lo->kv_heads, lo->experts);
+    return FERRY_OK;
 }
 
 /* Plans tensor i: its HF names (the n_out from names[j->name0], malloc'd),
@@ -702,7 +724,7 @@ static ferry_status plan_tensor(const gguf_tensor *t, const char *label, const l
     if (j->perm_heads) {
         /* a 1-D bias is its rows' one column each */
         int64_t rows = j->one_d ? j->cols : j->rows;
-        if (rows % (2 * j->perm_heads) != 0)
+        if (rows % (2 * (int64_t)j->perm_heads) != 0)
             return ferry_fail(FERRY_ERR_INVALID, "%s: tensor '%s': %lld rows do not split into %d heads of two rotary "
                               "halves", label, tname, (long long)rows, j->perm_heads);
         if (j->one_d) {
@@ -724,14 +746,15 @@ static size_t outputs_of(const gguf_tensor *t, const layout *lo)
 }
 
 /* Opens path itself as the checkpoint's first file. */
-static ferry_status open_source(const char *path, st_file *f)
+static ferry_status open_source(const char *path, st_file *f, int fd)
 {
     memset(f, 0, sizeof *f);
-    f->fd = -1;
+    f->fd = fd; /* already open (a part checked by model_dir_open), or -1 */
     const char *base = strrchr(path, '/');
     if (!(f->path = strdup(path)) || !(f->name = strdup(base ? base + 1 : path)))
         return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
-    if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
+    if (f->fd < 0 && (f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return ferry_fail(FERRY_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0)
         return ferry_fail(FERRY_ERR_INVALID, "%s: not a regular, non-empty file", path);
@@ -750,16 +773,20 @@ static ferry_status open_source(const char *path, st_file *f)
 static ferry_status open_parts(const char *path, st_checkpoint *ck)
 {
     st_file first;
-    FERRY_TRY(open_source(path, &first));
+    FERRY_TRY(open_source(path, &first, -1));
     gguf_file *g = NULL;
     int n = 1, no = 0;
     ferry_status st = gguf_parse(first.map, first.size, path, &g);
     if (st == FERRY_OK) st = split_of(g, path, &n, &no);
     if (st == FERRY_OK && no != 0)
         st = ferry_fail(FERRY_ERR_INVALID, "%s: part %d of a split model: name the first (split.no 0)", path, no + 1);
-    if (st == FERRY_OK && (!(ck->files = calloc((size_t)n + 1, sizeof *ck->files)) ||
-                           !(ck->gguf_parts = calloc((size_t)n, sizeof *ck->gguf_parts))))
+    if (st == FERRY_OK && (ck->files = calloc((size_t)n + 1, sizeof *ck->files)))
+        for (int k = 0; k <= n; k++) ck->files[k].fd = -1; /* before anything can fail: close skips them */
+    if (st == FERRY_OK && (!ck->files || !(ck->gguf_parts = calloc((size_t)n, sizeof *ck->gguf_parts)))) {
+        free(ck->files);
+        ck->files = NULL;
         st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+    }
     if (st != FERRY_OK) {
         gguf_close(g);
         munmap((void *)first.map, first.size);
@@ -768,7 +795,6 @@ static ferry_status open_parts(const char *path, st_checkpoint *ck)
         free(first.name);
         return st;
     }
-    for (int k = 0; k <= n; k++) ck->files[k].fd = -1;
     ck->files[0] = first;
     ck->gguf_parts[0] = g;
     ck->n_gguf_parts = n;
@@ -776,7 +802,20 @@ static ferry_status open_parts(const char *path, st_checkpoint *ck)
     for (int k = 1; k < n; k++) {
         char *pp = part_path(path, k, n);
         if (!pp) return FERRY_ERR_INVALID; /* part_path said why */
-        st = open_source(pp, &ck->files[k]);
+        /* every further part under model_dir's rule (inside the first's folder,
+         * or its Hugging Face cache repository), as a safetensors shard is */
+        char *dir = strdup(pp), *checked = NULL;
+        int fd = -1;
+        if (!dir) st = ferry_fail(FERRY_ERR_NOMEM, "out of memory");
+        else {
+            char *slash = strrchr(dir, '/');
+            if (slash) *slash = '\0';
+            st = model_dir_open(slash ? dir : ".", slash ? slash + 1 : pp, &fd, &checked);
+        }
+        if (st == FERRY_OK) st = open_source(pp, &ck->files[k], fd);
+        else if (fd >= 0) close(fd);
+        free(checked);
+        free(dir);
         free(pp);
         FERRY_TRY(st);
         FERRY_TRY(gguf_parse(ck->files[k].map, ck->files[k].size, ck->files[k].path, &ck->gguf_parts[k]));

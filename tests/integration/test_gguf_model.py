@@ -180,8 +180,9 @@ def test_moe_gguf_matches_reference(ferry, ref, tmp_path, arch):
 
 def test_split_gguf_is_the_whole_model(ferry, tmp_path):
     """A model split by the gguf package's writer as gguf-split does (5
-    tensors a part) serves from its first part as the whole file does; a
-    missing part, or the second part named, is refused naming it."""
+    tensors a part) serves from its first part - or its folder, holding the
+    parts alone - as the whole file does; a part leading out of the folder,
+    a missing part, or the second part named, is refused naming it."""
     whole, _ = make_pair(tmp_path / "whole", "llama")
     first, _ = make_pair(tmp_path / "split", "llama", split=5)
     parts = sorted(first.parent.glob("llama-0*-of-*.gguf"))
@@ -191,6 +192,17 @@ def test_split_gguf_is_the_whole_model(ferry, tmp_path):
     assert a == b and rel_err(lb, la) == 0
     out = ferry.check("inspect", "--model", first).stdout.decode()
     assert "files          %d" % (len(parts) + 1) in out, out  # the parts and the converted q/k rows
+    (first.parent / "ref-llama").rename(tmp_path / "ref-moved")  # the folder holds the parts alone (and a decoy)
+    (first.parent / "decoy.gguf").mkdir()
+    c, _ = ferry.generate_all(first.parent, PROMPTS, 4, dump_logits=tmp_path / "c.bin")
+    assert c == a
+    moved = tmp_path / parts[1].name  # a part that leads out of the model's folder
+    parts[1].rename(moved)
+    parts[1].symlink_to(moved)
+    p = ferry.run("inspect", "--model", first)
+    assert p.returncode != 0 and parts[1].name in p.stderr.decode(), p.stderr
+    parts[1].unlink()
+    moved.rename(parts[1])
     p = ferry.run("inspect", "--model", parts[1])
     assert p.returncode != 0 and "name the first" in p.stderr.decode(), p.stderr
     parts[-1].unlink()
