@@ -76,6 +76,7 @@ def bf16_gguf(ferry, layers, path):
     import gguf
     import st_util
     from gguf_util import gguf_name, permute
+    from test_gguf import write_gguf
     hf = BUILD / ("gguf-bench-1b-l%d" % layers)
     if not (hf / "config.json").exists():
         run(ferry, "mkmodel", "--out", hf, "--arch", "llama", "--preset", "1b", "--dtype", "bf16", "--seed", "1",
@@ -84,49 +85,31 @@ def bf16_gguf(ferry, layers, path):
     shards = [hf / "model.safetensors"] if (hf / "model.safetensors").exists() else [
         hf / f for f in sorted(set(json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"].values()))]
     vocab = gguf.GGUFReader(str(BUILD / "ref" / "llama.cpp" / "ggml-vocab-llama-bpe.gguf"))
-    w = gguf.GGUFWriter(str(path), "llama")
     a, heads, kv = "llama", cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    w.add_uint32(a + ".context_length", cfg["max_position_embeddings"])
-    w.add_uint32(a + ".embedding_length", cfg["hidden_size"])
-    w.add_uint32(a + ".block_count", cfg["num_hidden_layers"])
-    w.add_uint32(a + ".feed_forward_length", cfg["intermediate_size"])
-    w.add_uint32(a + ".attention.head_count", heads)
-    w.add_uint32(a + ".attention.head_count_kv", kv)
-    w.add_uint32(a + ".rope.dimension_count", cfg["head_dim"])
-    w.add_float32(a + ".rope.freq_base", cfg["rope_theta"])
-    w.add_float32(a + ".attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
-    w.add_uint32(a + ".vocab_size", cfg["vocab_size"])
-    w.add_uint32("general.file_type", 32)  # MOSTLY_BF16
-    for name, field in vocab.fields.items():
-        if name.startswith("tokenizer."):
-            v = field.contents()
-            if isinstance(v, list):
-                w.add_array(name, v)
-            elif isinstance(v, str):
-                w.add_string(name, v)
-            elif isinstance(v, bool):
-                w.add_bool(name, v)
-            elif isinstance(v, int):
-                w.add_uint32(name, v)
+    meta = {a + ".context_length": cfg["max_position_embeddings"], a + ".embedding_length": cfg["hidden_size"],
+            a + ".block_count": cfg["num_hidden_layers"], a + ".feed_forward_length": cfg["intermediate_size"],
+            a + ".attention.head_count": heads, a + ".attention.head_count_kv": kv,
+            a + ".rope.dimension_count": cfg["head_dim"], a + ".rope.freq_base": float(cfg["rope_theta"]),
+            a + ".attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]), a + ".vocab_size": cfg["vocab_size"],
+            "general.file_type": 32}  # MOSTLY_BF16
+    meta.update({name: f.contents() for name, f in vocab.fields.items() if name.startswith("tokenizer.")})
     tensors = []
     for f in shards:
         st = st_util.read(f)
-        tensors += [(n, m, st.data) for n, m in st.header.items() if n != "__metadata__"]
-    for name, meta, data in tensors:
-        lo, hi = meta["data_offsets"]
-        raw = np.frombuffer(data[lo:hi], dtype=np.uint16).reshape(meta["shape"])
-        if ".q_proj." in name:
-            raw = permute(raw, heads, heads)
-        elif ".k_proj." in name:
-            raw = permute(raw, heads, kv)
-        if raw.ndim == 1:  # the converter writes 1-D tensors (norms) as F32
-            w.add_tensor(gguf_name(name), (raw.astype(np.uint32) << 16).view(np.float32))
-        else:
-            w.add_tensor(gguf_name(name), np.ascontiguousarray(raw), raw_dtype=gguf.GGMLQuantizationType.BF16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        for name, m in st.header.items():
+            if name == "__metadata__":
+                continue
+            lo, hi = m["data_offsets"]
+            raw = np.frombuffer(st.data[lo:hi], dtype=np.uint16).reshape(m["shape"])
+            if ".q_proj." in name:
+                raw = permute(raw, heads, heads)
+            elif ".k_proj." in name:
+                raw = permute(raw, heads, kv)
+            if raw.ndim == 1:  # the converter writes 1-D tensors (norms) as F32
+                tensors.append((gguf_name(name), "F32", (raw.astype(np.uint32) << 16).view(np.float32)))
+            else:
+                tensors.append((gguf_name(name), "BF16", np.ascontiguousarray(raw)))
+    write_gguf(path, tensors, meta)
 
 
 def ferry_decode(ferry, model, threads, steps, extra=()):

@@ -186,33 +186,30 @@ __global__ void scatter_kernel(float *out, int64_t ldo, int64_t r0, const float 
     }
 }
 
-template <int QT, int SDT>
-static void qgemm(cuda_ctx *cx, float *out, const float *x, const qweight &w, const void *bias, int bias_dt, int n)
+/* The prefill loop every quantized format shares: tiles of as many rows as
+ * fit mm_x, each dequantized by dequant(wf, r0, tr), multiplied by
+ * cuBLASLt's SGEMM into mm_y in chunks of tokens and scattered into out
+ * with the bias; where cuBLASLt has no algorithm, fallback(ot, xt, r0, tr,
+ * c) writes the tile's rows of out itself. */
+template <typename Dequant, typename Fallback>
+static void tile_gemm(cuda_ctx *cx, float *out, const float *x, int64_t rows, int64_t cols, const void *bias,
+                      int bias_dt, int n, Dequant dequant, Fallback fallback)
 {
-    int64_t rows = w.rows, cols = w.cols;
     int64_t tile = (int64_t)(cx->mm_x_bytes / ((size_t)cols * sizeof(float)));
     CUDA_REQUIRE(tile >= 1);
     if (tile > rows) tile = rows;
     float *wf = (float *)cx->mm_x;
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
         int64_t tr = rows - r0 < tile ? rows - r0 : tile;
-        qweight t = w;
-        t.data = w.data + r0 * w.row_bytes;
-        t.scales = (const char *)w.scales + (size_t)(r0 * w.n_groups) * (SDT == CUDA_F32 ? 4 : 2);
-        t.rows = tr;
         size_t chunk = cx->mm_y_bytes / ((size_t)tr * sizeof(float));
         CUDA_REQUIRE(chunk >= 1);
-        size_t count = (size_t)tr * (size_t)cols;
-        dequant_kernel<QT, SDT><<<cuda_blocks(count, 256), 256, 0, cx->compute>>>(wf, t);
-        CUDA_CHECK_LAUNCH("dequant_kernel");
+        dequant(wf, r0, tr);
         for (size_t t0 = 0; t0 < (size_t)n; t0 += chunk) {
             size_t c = (size_t)n - t0 < chunk ? (size_t)n - t0 : chunk;
             const float *xt = x + t0 * (size_t)cols;
             float *ot = out + t0 * (size_t)rows;
             if (!cuda_lt_sgemm(cx, cx->mm_y, wf, xt, tr, (int64_t)c, cols)) {
-                /* the GEMV writes the tile's rows of out itself: bias from row r0 on */
-                const void *tb = bias ? (const char *)bias + (size_t)r0 * (bias_dt == CUDA_F32 ? 4 : 2) : NULL;
-                qgemv<QT, SDT>(cx, ot + r0, rows, xt, t, tb, bias_dt, (int)c);
+                fallback(ot, xt, r0, tr, c);
                 continue;
             }
             scatter_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(ot, rows, r0, cx->mm_y, tr, c,
@@ -220,6 +217,30 @@ static void qgemm(cuda_ctx *cx, float *out, const float *x, const qweight &w, co
             CUDA_CHECK_LAUNCH("scatter_kernel");
         }
     }
+}
+
+template <int QT, int SDT>
+static void qgemm(cuda_ctx *cx, float *out, const float *x, const qweight &w, const void *bias, int bias_dt, int n)
+{
+    auto tile_of = [&](int64_t r0, int64_t tr) {
+        qweight t = w;
+        t.data = w.data + r0 * w.row_bytes;
+        t.scales = (const char *)w.scales + (size_t)(r0 * w.n_groups) * (SDT == CUDA_F32 ? 4 : 2);
+        t.rows = tr;
+        return t;
+    };
+    tile_gemm(
+        cx, out, x, w.rows, w.cols, bias, bias_dt, n,
+        [&](float *wf, int64_t r0, int64_t tr) {
+            size_t count = (size_t)tr * (size_t)w.cols;
+            dequant_kernel<QT, SDT><<<cuda_blocks(count, 256), 256, 0, cx->compute>>>(wf, tile_of(r0, tr));
+            CUDA_CHECK_LAUNCH("dequant_kernel");
+        },
+        [&](float *ot, const float *xt, int64_t r0, int64_t tr, size_t c) {
+            /* the GEMV writes the tile's rows of out itself: bias from row r0 on */
+            const void *tb = bias ? (const char *)bias + (size_t)r0 * (bias_dt == CUDA_F32 ? 4 : 2) : NULL;
+            qgemv<QT, SDT>(cx, ot + r0, w.rows, xt, tile_of(r0, tr), tb, bias_dt, (int)c);
+        });
 }
 
 /* ---- GGUF blocks ------------------------------------------------------------------- */
@@ -255,33 +276,19 @@ static void gguf_gemm(cuda_ctx *cx, float *out, const float *x, const cuda_tenso
     cuda_gguf_block(w->block, &be, &bb);
     CUDA_REQUIRE(be > 0 && w->cols % be == 0);
     int64_t rows = w->rows, cols = w->cols, row_bytes = cols / be * bb;
-    int64_t tile = (int64_t)(cx->mm_x_bytes / ((size_t)cols * sizeof(float)));
-    CUDA_REQUIRE(tile >= 1);
-    if (tile > rows) tile = rows;
-    float *wf = (float *)cx->mm_x;
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-        int64_t tr = rows - r0 < tile ? rows - r0 : tile;
-        size_t chunk = cx->mm_y_bytes / ((size_t)tr * sizeof(float));
-        CUDA_REQUIRE(chunk >= 1);
-        size_t count = (size_t)tr * (size_t)cols;
-        gguf_dequant_kernel<<<cuda_blocks(count, 256), 256, 0, cx->compute>>>(
-            wf, (const uint8_t *)w->data + r0 * row_bytes, tr, cols, row_bytes, w->block);
-        CUDA_CHECK_LAUNCH("gguf_dequant_kernel");
-        for (size_t t0 = 0; t0 < (size_t)n; t0 += chunk) {
-            size_t c = (size_t)n - t0 < chunk ? (size_t)n - t0 : chunk;
-            const float *xt = x + t0 * (size_t)cols;
-            float *ot = out + t0 * (size_t)rows;
-            if (!cuda_lt_sgemm(cx, cx->mm_y, wf, xt, tr, (int64_t)c, cols)) {
-                tile_dot_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(ot, rows, r0, wf, xt, tr,
-                                                                                         cols, c, bias, bias_dt);
-                CUDA_CHECK_LAUNCH("tile_dot_kernel");
-                continue;
-            }
-            scatter_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(ot, rows, r0, cx->mm_y, tr, c,
-                                                                                     bias, bias_dt);
-            CUDA_CHECK_LAUNCH("scatter_kernel");
-        }
-    }
+    tile_gemm(
+        cx, out, x, rows, cols, bias, bias_dt, n,
+        [&](float *wf, int64_t r0, int64_t tr) {
+            size_t count = (size_t)tr * (size_t)cols;
+            gguf_dequant_kernel<<<cuda_blocks(count, 256), 256, 0, cx->compute>>>(
+                wf, (const uint8_t *)w->data + r0 * row_bytes, tr, cols, row_bytes, w->block);
+            CUDA_CHECK_LAUNCH("gguf_dequant_kernel");
+        },
+        [&](float *ot, const float *xt, int64_t r0, int64_t tr, size_t c) {
+            tile_dot_kernel<<<cuda_blocks(c * (size_t)tr, 256), 256, 0, cx->compute>>>(
+                ot, rows, r0, (const float *)cx->mm_x, xt, tr, cols, c, bias, bias_dt);
+            CUDA_CHECK_LAUNCH("tile_dot_kernel");
+        });
 }
 
 /* ---- entry point ------------------------------------------------------------------- */

@@ -249,6 +249,17 @@ def assert_ferry_error(proc, needles, rcs=(1, 2)):
     return lines[0]
 
 
+def placement_flags(placement, tmp_path):
+    """(flags, the tier every weight group is on) of a placement named host
+    (all in RAM, none on the device), disk (every group streamed from an
+    offload dir) or cpu-split (the GPU memory model on the CPU)."""
+    return {
+        "host": (["--max-memory", "device=0,host=2GiB"], "host"),
+        "disk": (["--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "offload"], "disk"),
+        "cpu-split": (["--device", "cpu-split"], "device"),
+    }[placement]
+
+
 def rel_err(a, b):
     """max|a - b| / max|b| (b is the reference)."""
     a = np.asarray(a, dtype=np.float64)

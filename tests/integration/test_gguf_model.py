@@ -24,7 +24,7 @@ import gguf
 import llama_ref
 import refdata
 import st_util
-from conftest import rel_err
+from conftest import placement_flags, rel_err
 import moe_util
 from gguf_util import expert_of, gguf_name, permute
 from test_gguf import BLOCKS, SCALE_AT, write_gguf
@@ -320,14 +320,9 @@ def test_smollm2_gguf_matches_reference(ref, smol_resident):
 @pytest.mark.parametrize("placement", ["host", "disk", "cpu-split"])
 @pytest.mark.slow
 def test_smollm2_gguf_same_on_every_placement(ferry, smol_gguf, smol_resident, tmp_path, placement):
-    flags = {
-        "host": ["--max-memory", "device=0,host=2GiB"],
-        "disk": ["--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "offload"],
-        "cpu-split": ["--device", "cpu-split"],
-    }[placement]
+    flags, tier = placement_flags(placement, tmp_path)
     plan = json.loads(ferry.check("plan", "--model", smol_gguf, "--json", *flags).stdout)
-    assert {g["tier"] for g in plan["groups"] if g["bytes"]} == {
-        "host" if placement == "host" else "disk" if placement == "disk" else "device"}, plan
+    assert {g["tier"] for g in plan["groups"] if g["bytes"]} == {tier}, plan
     prompts, base_out, base_logits = smol_resident
     out, logits = ferry.generate_all(smol_gguf, prompts, 8, *flags, dump_logits=tmp_path / "l.bin")
     assert out == base_out, placement

@@ -37,7 +37,7 @@ from tokenizers import Tokenizer
 import llama_ref
 import refdata
 import st_util
-from conftest import REPO, rel_err
+from conftest import REPO, placement_flags, rel_err
 from test_http import REQ_TIMEOUT, request, serve
 from text_util import hf_render
 
@@ -189,14 +189,9 @@ def test_logits_and_greedy_match_reference(model, hf, ref, resident, answers):
 @pytest.mark.parametrize("placement", ["host", "disk", "cpu-split"])
 @pytest.mark.slow
 def test_placement_same_tokens(ferry, model, resident, tmp_path, placement):
-    flags = {
-        "host": ["--max-memory", "device=0,host=2GiB"],
-        "disk": ["--max-memory", "device=0,host=0", "--offload-dir", tmp_path / "offload"],
-        "cpu-split": ["--device", "cpu-split"],
-    }[placement]
+    flags, tier = placement_flags(placement, tmp_path)
     plan = json.loads(ferry.check("plan", "--model", model, "--json", *flags).stdout)
-    tiers = {g["tier"] for g in plan["groups"] if g["bytes"]}
-    assert tiers == {"host" if placement == "host" else "disk" if placement == "disk" else "device"}, plan
+    assert {g["tier"] for g in plan["groups"] if g["bytes"]} == {tier}, plan
     prompts, base_out, base_logits = resident
     out, logits = ferry.generate_all(model, prompts, N_NEW, *flags, dump_logits=tmp_path / "l.bin")
     assert out == base_out, "%s: %r, all resident %r" % (placement, out, base_out)
