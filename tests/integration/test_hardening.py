@@ -337,6 +337,49 @@ def test_nul_in_the_model_name_does_not_match(srv_tiny):
     assert st == 200
 
 
+def raw_head(port, head):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            b = s.recv(4096)
+            if not b:
+                break
+            got += b
+        return got
+
+
+def test_nul_in_a_header_is_refused(srv_tiny):
+    """A header value holding a NUL (RFC 9110 forbids it) is refused 400
+    naming the field, wherever the NUL is and whichever field it is in,
+    with CRLF or bare-LF line ends; libmicrohttpd 0.9.75 would pass the
+    value cut at the NUL (issue 29). A folded line (obs-fold, which 0.9.75
+    mangles) is refused too. (Not told apart, so let in: a bare-LF head
+    whose last field ends in two NULs and more, which reads as a body.)
+    Values that are only unusual (blanks, an empty
+    value, bare LFs, a body after the head) are served."""
+    get = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    for fields in (b"X-Key: abc\x00def\r\n", b"X-Key: abc\x00def\r\nX-Other: 1\r\n",
+                   b"X-Key: abc\x00\x00\x00def\r\nX-Other: 1\r\n", b"X-Other: 1\r\nX-Key: \x00\x00x\r\n",
+                   b"X-Key: a\x00 \r\n", b"X-Key: a\r\n  folded\r\n"):
+        reply = raw_head(srv_tiny.port, get + fields + b"\r\n")
+        assert reply.startswith(b"HTTP/1.1 400"), (fields, reply[:300])
+        assert b"NUL" in reply and (b"X-Key" in reply or b"folded" in fields), reply
+    for lf in (b"GET /v2/health/live HTTP/1.1\nHost: x\nConnection: close\nX-Key: abc\x00def\nX-B: 2\n\n",
+               b"GET /v2/health/live HTTP/1.1\nHost: x\nConnection: close\nX-Key: abc\x00d\n\n"):
+        assert raw_head(srv_tiny.port, lf).startswith(b"HTTP/1.1 400"), lf
+    for fields in (b"X-Key: abc   \r\nX-B: \t2 \r\n", b"X-Empty:\r\nX-B: 2\r\n", b"X-Empty:\r\n"):
+        reply = raw_head(srv_tiny.port, get + fields + b"\r\n")
+        assert reply.startswith(b"HTTP/1.1 200"), (fields, reply[:300])
+    body = b'{"input_ids": [1, 2, 3], "parameters": {"max_new_tokens": 1}}'
+    for nl in (b"\n", b"\r\n"):
+        for empty_last in (b"", b"X-Empty:" + nl):
+            head = nl.join([b"POST /v2/models/m/generate HTTP/1.1", b"Host: x", b"Connection: close",
+                            b"Content-Type: application/json", b"Content-Length: %d" % len(body)]) + nl
+            reply = raw_head(srv_tiny.port, head + empty_last + nl + body)
+            assert reply.startswith(b"HTTP/1.1 200"), (nl, empty_last, reply[:300])
+
+
 def test_huge_chunked_body_is_cut_off(srv_tiny):
     """A chunked body far past --max-body (1 KiB): the client is told 413
     as soon as the body passes the limit (its status line, a JSON error
