@@ -3,7 +3,7 @@
 
     python bench/gguf_bench.py [--llama-cpp BIN_DIR] [--types Q8_0,Q4_0,Q4_K_M]
                                [--threads 2] [--layers 16] [--steps 32] [--disk]
-                               [--json OUT]
+                               [--isas auto|avx2,avx512] [--reps 3] [--json OUT]
 
 The model is `ferry mkmodel --preset 1b` (Llama 3.2 1B's shape, random bf16
 weights; --layers overrides its 16), written as a BF16 GGUF the way
@@ -19,7 +19,10 @@ llama.cpp's tools come from --llama-cpp (a directory holding llama-bench and
 llama-quantize), else are built once with cmake from the llama-cpp-python
 source distribution `make deps` downloaded (build/registry) into
 build/llama.cpp. Files go under build/gguf-bench. Prints one line per type
-and run; --json writes every figure.
+and run; --json writes every figure. --isas runs ferry once per instruction
+set named (--cpu-isa); --reps repeats every run that many times,
+interleaved (llama.cpp, then ferry for each ISA, then again), and reports
+medians.
 """
 
 import argparse
@@ -27,6 +30,7 @@ import glob
 import json
 import os
 import subprocess
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -63,7 +67,14 @@ def llama_cpp_tools(given):
             members = [m for m in tf.getmembers() if m.name.startswith(prefix)]
             for m in members:
                 m.name = m.name[len(prefix):]
-            tf.extractall(src, members=[m for m in members if m.name], filter="data")
+            keep = [m for m in members if m.name]
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links and paths leaving src
+                tf.extractall(src, members=keep, filter="data")
+            else:  # bookworm's 3.11.2: the same refusals by hand
+                for m in keep:
+                    if m.name.startswith("/") or ".." in m.name.split("/") or m.issym() or m.islnk():
+                        sys.exit("gguf_bench: unsafe member in the sdist: %s" % m.name)
+                tf.extractall(src, members=keep)
     print("gguf_bench: building llama.cpp's llama-bench and llama-quantize (a few minutes)", file=sys.stderr)
     run("cmake", "-S", src, "-B", src / "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
         "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
@@ -132,6 +143,8 @@ def main():
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--disk", action="store_true")
+    ap.add_argument("--isas", default="auto")
+    ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json")
     args = ap.parse_args()
     ferry = Path(os.environ.get("FERRY_BIN") or BUILD / "ferry")
@@ -149,13 +162,24 @@ def main():
             tmp = q.with_suffix(".partial")
             run(tools / "llama-quantize", base, tmp, t, args.threads)
             tmp.rename(q)
-        lc = llama_decode(tools, q, args.threads, args.steps)
-        fr = ferry_decode(ferry, q, args.threads, args.steps)
-        row = {"type": t, "file_bytes": q.stat().st_size, "llama_cpp_tokens_per_s": lc,
-               "ferry_tokens_per_s": fr["decode_tokens_per_s"], "ratio": fr["decode_tokens_per_s"] / lc,
-               "ferry_weight_bytes_per_step": fr["weight_bytes_per_step"]}
-        print("%-7s %6.0f MiB  llama.cpp %6.2f tok/s  ferry %6.2f tok/s  ferry/llama.cpp %.2f" % (
-            t, row["file_bytes"] / 2**20, lc, row["ferry_tokens_per_s"], row["ratio"]), flush=True)
+        isas = args.isas.split(",")
+        lcs, frs = [], {i: [] for i in isas}
+        for _ in range(args.reps):
+            lcs.append(llama_decode(tools, q, args.threads, args.steps))
+            for i in isas:
+                frs[i].append(ferry_decode(ferry, q, args.threads, args.steps, ("--cpu-isa", i)))
+        lc = statistics.median(lcs)
+        row = {"type": t, "file_bytes": q.stat().st_size, "llama_cpp_tokens_per_s": lc, "llama_cpp_runs": lcs,
+               "ferry": {}}
+        for i in isas:
+            tps = [f["decode_tokens_per_s"] for f in frs[i]]
+            fr = statistics.median(tps)
+            row["ferry"][i] = {"kernels": frs[i][0]["kernels"], "tokens_per_s": fr, "runs": tps, "ratio": fr / lc,
+                               "weight_bytes_per_step": frs[i][0]["weight_bytes_per_step"]}
+            print("%-7s %6.0f MiB  llama.cpp %6.2f tok/s  ferry (%s) %6.2f tok/s  ferry/llama.cpp %.2f" % (
+                t, row["file_bytes"] / 2**20, lc, frs[i][0]["kernels"], fr, fr / lc), flush=True)
+        row["ferry_tokens_per_s"] = row["ferry"][isas[0]]["tokens_per_s"]
+        row["ratio"] = row["ferry"][isas[0]]["ratio"]
         if args.disk:
             d = ferry_decode(ferry, q, args.threads, args.steps,
                              ("--max-memory", "device=0,host=0", "--offload-dir", OUT / ("offload-" + t)))
@@ -168,7 +192,8 @@ def main():
                                  d["raw_direct_read_gb_per_s"]), flush=True)
         results.append(row)
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "layers": args.layers, "results": results},
+        Path(args.json).write_text(json.dumps({"threads": args.threads, "layers": args.layers, "reps": args.reps,
+                                               "results": results},
                                               indent=1) + "\n")
 
 

@@ -25,6 +25,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->model_dir = cfg->model;
     eo->device = cfg->device;
     eo->threads = (int)cfg->threads;
+    eo->cpu_isa = cfg->cpu_isa;
     eo->offload_dir = cfg->offload_dir;
     eo->max_seqs = (int)cfg->batch;
     eo->max_ctx = (int)cfg->context;

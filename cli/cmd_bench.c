@@ -350,7 +350,7 @@ static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
     sb_puts(&sb, "{\"model\": ");
     sb_json_str(&sb, cfg->model);
     sb_printf(&sb,
-              ", \"device\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, \"load_s\": %.3f, "
+              ", \"device\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"batch\": %d, \"prompt_len\": %d, \"load_s\": %.3f, "
               "\"prefill_tokens_per_s\": %.2f, \"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.2f, "
               "\"weight_bytes_per_step\": %llu, \"weight_read_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f, "
               "\"read_gb_per_s\": %.3f, \"roofline_fraction\": %.4f, \"huge_page_bytes\": %llu, "
@@ -359,8 +359,8 @@ static void report_json(const ferry_config *cfg, engine *e, const bench_run *r)
               "\"step_disk_bytes\": %llu, \"step_host_bytes\": %llu, \"disk_gb_per_s\": %.3f, "
               "\"host_gb_per_s\": %.3f, \"raw_direct_read_gb_per_s\": %.3f, \"raw_read_bytes\": %llu, "
               "\"peak_rss_bytes\": %llu, \"copy_peak_gb_per_s\": %.3f, \"copy_peak_pinned\": %s, \"steps\": [",
-              info.backend, r->threads, r->batch, r->plen, r->load_s, r->plen / r->prefill_s, r->step_s * 1e3,
-              r->batch / r->step_s, (unsigned long long)r->wbytes, weight_gbs, r->copy_gbs, r->read_gbs,
+              info.backend, info.kernels ? info.kernels : "", r->threads, r->batch, r->plen, r->load_s,
+              r->plen / r->prefill_s, r->step_s * 1e3, r->batch / r->step_s, (unsigned long long)r->wbytes, weight_gbs, r->copy_gbs, r->read_gbs,
               weight_gbs / bw, (unsigned long long)huge_page_bytes(), (unsigned long long)p->tier_bytes[TIER_DEVICE],
               (unsigned long long)p->tier_bytes[TIER_HOST], (unsigned long long)p->tier_bytes[TIER_DISK],
               m->compute * 1e3, m->fetch * 1e3, m->stall * 1e3, (unsigned long long)m->bytes[TIER_DISK],
@@ -471,7 +471,8 @@ static void report_text(const ferry_config *cfg, engine *e, const bench_run *r)
     double host_gbs = m->wall > 0 ? (double)m->bytes[TIER_HOST] / m->wall / 1e9 : 0;
     char wb[32], b2[32], b3[32];
     printf("model            %s (%s, %d layers)\n", cfg->model, info.arch, info.n_layers);
-    printf("device           %s, %d threads; loaded in %.2f s\n", info.backend, r->threads, r->load_s);
+    printf("device           %s%s%s, %d threads; loaded in %.2f s\n", info.backend, info.kernels ? " kernels " : "",
+           info.kernels ? info.kernels : "", r->threads, r->load_s);
     printf("placement        device %s, host %s, disk %s; %d groups streamed, %d staging slots\n",
            util_fmt_bytes(p->tier_bytes[TIER_DEVICE], wb, sizeof wb), util_fmt_bytes(p->tier_bytes[TIER_HOST], b2, sizeof b2),
            util_fmt_bytes(p->tier_bytes[TIER_DISK], b3, sizeof b3), p->n_streamed, p->n_stage_slots);

@@ -58,6 +58,8 @@ typedef struct {
 
 struct backend_ops {
     const char *name;
+    /* the kernels' instruction set, for reports (the CPU backends: avx2, avx512); NULL: not said */
+    const char *(*kernels)(backend *be);
     void (*free)(backend *be);
 
     /* memory */
@@ -138,7 +140,8 @@ struct backend {
 };
 
 typedef struct {
-    int threads; /* CPU: 0 = all cores */
+    int threads;     /* CPU: 0 = all cores */
+    const char *isa; /* CPU: the kernels' vector instructions, auto (NULL) | avx2 | avx512 (cpu_isa.c) */
 } backend_opts;
 
 /* Creates the named backend ("cpu", "cpu-split", "cuda"). */

@@ -18,6 +18,7 @@ void engine_opts_init(engine_opts *o)
 {
     *o = (engine_opts){.device = "cpu",
                        .threads = 0,
+                       .cpu_isa = "auto",
                        .max_seqs = ENGINE_DEFAULT_MAX_SEQS,
                        .max_ctx = 0,
                        .max_step_tokens = ENGINE_DEFAULT_MAX_STEP_TOKENS,
@@ -84,7 +85,7 @@ ferry_status engine_plan(const engine_opts *opts, plan *out, plan_opts *po)
     model_config cfg;
     st_checkpoint *ck = NULL;
     backend *be = NULL;
-    backend_opts bo = {opts->threads};
+    backend_opts bo = {opts->threads, opts->cpu_isa};
     ferry_status st = model_config_load(opts->model_dir, &cfg);
     if (st == FERRY_OK) convert_config(&opts->convert, &cfg);
     if (st == FERRY_OK) st = st_checkpoint_open(opts->model_dir, &ck);
@@ -263,7 +264,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     engine *e = calloc(1, sizeof *e);
     if (!e) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     ferry_status st;
-    backend_opts bo = {opts->threads};
+    backend_opts bo = {opts->threads, opts->cpu_isa};
     char fp[40];
     e->convert = opts->convert;
     e->max_prompt = opts->max_prompt;
@@ -377,7 +378,12 @@ ferry_status engine_repair(engine *e)
 
 engine_info engine_get_info(const engine *e)
 {
-    return (engine_info){e->cfg.arch_name, e->cfg.n_layers, e->cfg.dim, e->be->ops->name, e->placement.opts.unified,
+    return (engine_info){e->cfg.arch_name,
+                         e->cfg.n_layers,
+                         e->cfg.dim,
+                         e->be->ops->name,
+                         e->be->ops->kernels ? e->be->ops->kernels(e->be) : NULL,
+                         e->placement.opts.unified,
                          e->cfg.head_from_embed};
 }
 

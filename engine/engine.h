@@ -32,6 +32,7 @@ typedef struct {
     const char *model_dir;
     const char *device;      /* cpu, cpu-split or cuda */
     int threads;             /* CPU workers; 0 = all cores */
+    const char *cpu_isa;     /* CPU kernels: auto (NULL), avx2, avx512 (backend_opts.isa) */
     int max_seqs;            /* sequences the KV cache holds */
     int max_ctx;             /* positions per sequence; 0 = the planner's default (plan.h) */
     int max_step_tokens;     /* most token rows in one step */
@@ -72,6 +73,7 @@ typedef struct {
     const char *arch;        /* config.json "architectures" */
     int n_layers, dim;
     const char *backend;     /* the backend's name */
+    const char *kernels;     /* its kernels' instruction set (the CPU backends: avx2, avx512), or NULL */
     bool unified;            /* device memory is host memory */
     bool head_from_embed;    /* a tied checkpoint whose head is held apart (--quantize-head, convert_config) */
 } engine_info;

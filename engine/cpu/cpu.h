@@ -15,9 +15,17 @@ typedef struct {
     size_t cap; /* floats */
 } cpu_scratch;
 
+/* cpu_isa.c: the vector instructions the kernels use, chosen per backend. */
+typedef enum { CPU_ISA_AVX2, CPU_ISA_AVX512, CPU_ISA_COUNT } cpu_isa;
+const char *cpu_isa_name(cpu_isa isa);
+bool cpu_isa_offered(cpu_isa isa); /* by the processor and the build */
+/* name: auto (or NULL: the best offered), avx2, avx512; an ISA not offered is refused naming why. */
+ferry_status cpu_isa_choose(const char *name, cpu_isa *out);
+
 typedef struct {
     backend base;
     pool *pool;
+    cpu_isa isa;
     const batch *b; /* the step's batch, set by set_batch; host memory */
     int *seq_of;    /* [n_tokens] index of each token's sequence in b->seqs */
     int seq_of_cap;
@@ -39,7 +47,16 @@ bool cpu_gguf_valid(const weight *w);
 void cpu_gguf_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
 size_t cpu_gguf_scratch(const weight *w);
 void cpu_gguf_rows(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
-                   float *scratch);
+                   float *scratch, cpu_isa isa);
+/* More token rows: a few weight rows dequantized into scratch, each dotted
+ * with every token row by dot_fn (the ISA's, in its decode kernel's order). */
+void cpu_gguf_rows_scratch(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                           float *scratch, float (*dot_fn)(const float *w_row, const float *x_row, size_t n));
+/* cpu_gguf_avx512.c: the same with 16 lanes, for the chunked types
+ * (built where the compiler has AVX-512; called where the processor has it). */
+bool cpu_gguf_avx512_built(void);
+void cpu_gguf_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                          float *scratch);
 
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */

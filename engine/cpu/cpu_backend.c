@@ -327,8 +327,11 @@ static void cpu_free(backend *be)
     free(cb);
 }
 
+static const char *cpu_kernels(backend *be) { return cpu_isa_name(((cpu_backend *)be)->isa); }
+
 static const struct backend_ops k_cpu_ops = {
     .name = "cpu",
+    .kernels = cpu_kernels,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .release = cpu_release,
@@ -365,8 +368,11 @@ static const struct backend_ops k_cpu_ops = {
 ferry_status cpu_backend_create(const backend_opts *opts, backend **out)
 {
     *out = NULL;
+    cpu_isa isa;
+    FERRY_TRY(cpu_isa_choose(opts ? opts->isa : NULL, &isa));
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return ferry_fail(FERRY_ERR_NOMEM, "out of memory creating the CPU backend");
+    cb->isa = isa;
     int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > CPU_MAX_WORKERS) threads = CPU_MAX_WORKERS;
     cb->pool = pool_create(threads);

@@ -18,7 +18,8 @@
  * unpacks each chunk's integers and scales, then computes the same products
  * (each exact but the last, as in the reference) eight at a time; the
  * portable build takes gguf_dequant. test_ops checks it against the
- * reference.
+ * reference. With cpu_isa avx512 the chunked types go to
+ * cpu_gguf_avx512.c (16 lanes x 2 accumulators, the same values).
  */
 #include <string.h>
 
@@ -26,7 +27,7 @@
 #include "cpu.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "gguf_chunk.h"
 #define HAVE_AVX2 1
 #endif
 
@@ -39,58 +40,16 @@ bool cpu_gguf_valid(const weight *w)
            gguf_type_block(w->block, &be, &bb) && w->cols % be == 0;
 }
 
-static inline float half(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return f16_to_f32(h);
-}
-
 #ifdef HAVE_AVX2
 /* ---- 32 values at a time ------------------------------------------------------
- * chunk32 gives values 32c .. 32c + 31 of a block as four vectors of 8, the
- * reference's products (each exact but the last: Q4_1's q d + m, Q4_K's
- * (d sc) q - dmin m, Q6_K's (d sc) q, so fused or not they round alike).
- * Every type's block is a whole number of chunks; the dot products below
- * take a chunk as one step of their four accumulators. */
+ * chunk32 gives values 32c .. 32c + 31 of a block as four vectors of 8
+ * (gguf_chunk.h's integers and products). Every type's block is a whole
+ * number of chunks; the dot products below take a chunk as one step of
+ * their four accumulators. */
 
-#define CHUNK 32
+#define CHUNK GGUF_CHUNK
 
 static inline __m256 widen_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
-/* 16 bytes of signed values (4-bit ones with the bias taken off) as 2 x 8 floats
- * of lo = bytes 0..7, hi = bytes 8..15. */
-static inline void widen16(__m128i v, __m256 *lo, __m256 *hi)
-{
-    *lo = widen_i8(v);
-    *hi = widen_i8(_mm_srli_si128(v, 8));
-}
-
-static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
-{
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
-/* Whether chunk32 handles the type (the others go through gguf_dequant). */
-static inline bool chunked(uint32_t type)
-{
-    return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q5_0 || type == GGUF_Q5_1 ||
-           type == GGUF_Q4_K || type == GGUF_Q5_K || type == GGUF_Q6_K;
-}
-
-/* 16 bits (value e's fifth bit is bit e) as 16 bytes of 0x10 or 0. */
-static inline __m128i fifth_bits(uint32_t bits)
-{
-    __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-    __m128i m = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, m), m), _mm_set1_epi8(0x10));
-}
 
 /* Four vectors of 8 values; named fields, not an array: the compiler kept
  * arrays of vectors in memory. */
@@ -100,123 +59,17 @@ typedef struct {
 
 static inline __attribute__((always_inline)) w4 chunk32(uint32_t type, const uint8_t *b, int c)
 {
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    w4 w;
-    switch (type) {
-    case GGUF_Q8_0: {
-        __m256 d = _mm256_set1_ps(half(b));
-        w.v0 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 2))));
-        w.v1 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 10))));
-        w.v2 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 18))));
-        w.v3 = _mm256_mul_ps(d, widen_i8(_mm_loadl_epi64((const __m128i *)(b + 26))));
-        return w;
-    }
-    case GGUF_Q4_0: {
-        __m128i v = _mm_loadu_si128((const __m128i *)(b + 2)), eight = _mm_set1_epi8(8);
-        __m128i lo = _mm_sub_epi8(_mm_and_si128(v, nib), eight);
-        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), nib), eight);
-        __m256 d = _mm256_set1_ps(half(b));
-        widen16(lo, &w.v0, &w.v1);
-        widen16(hi, &w.v2, &w.v3);
-        w.v0 = _mm256_mul_ps(d, w.v0);
-        w.v1 = _mm256_mul_ps(d, w.v1);
-        w.v2 = _mm256_mul_ps(d, w.v2);
-        w.v3 = _mm256_mul_ps(d, w.v3);
-        return w;
-    }
-    case GGUF_Q4_1: {
-        __m128i v = _mm_loadu_si128((const __m128i *)(b + 4));
-        widen16(_mm_and_si128(v, nib), &w.v0, &w.v1);
-        widen16(_mm_and_si128(_mm_srli_epi16(v, 4), nib), &w.v2, &w.v3);
-        __m256 d = _mm256_set1_ps(half(b)), m = _mm256_set1_ps(half(b + 2));
-        w.v0 = _mm256_add_ps(_mm256_mul_ps(w.v0, d), m);
-        w.v1 = _mm256_add_ps(_mm256_mul_ps(w.v1, d), m);
-        w.v2 = _mm256_add_ps(_mm256_mul_ps(w.v2, d), m);
-        w.v3 = _mm256_add_ps(_mm256_mul_ps(w.v3, d), m);
-        return w;
-    }
-    case GGUF_Q4_K: { /* chunk c: sub-block c, the low (even c) or high nibbles of 32 bytes */
-        uint8_t sc, mn;
-        k4_scale_min(c, b + 4, &sc, &mn);
-        __m256 s = _mm256_set1_ps(half(b) * (float)sc), m = _mm256_set1_ps(half(b + 2) * (float)mn);
-        const uint8_t *qs = b + 16 + 32 * (c / 2);
-        __m128i v0 = _mm_loadu_si128((const __m128i *)qs), v1 = _mm_loadu_si128((const __m128i *)(qs + 16));
-        __m128i sh = _mm_cvtsi32_si128(4 * (c & 1));
-        widen16(_mm_and_si128(_mm_srl_epi16(v0, sh), nib), &w.v0, &w.v1);
-        widen16(_mm_and_si128(_mm_srl_epi16(v1, sh), nib), &w.v2, &w.v3);
-        w.v0 = _mm256_sub_ps(_mm256_mul_ps(s, w.v0), m);
-        w.v1 = _mm256_sub_ps(_mm256_mul_ps(s, w.v1), m);
-        w.v2 = _mm256_sub_ps(_mm256_mul_ps(s, w.v2), m);
-        w.v3 = _mm256_sub_ps(_mm256_mul_ps(s, w.v3), m);
-        return w;
-    }
-    case GGUF_Q5_0:
-    case GGUF_Q5_1: { /* value e's fifth bit is bit e of the 32-bit qh */
-        bool q50 = type == GGUF_Q5_0;
-        uint32_t qh;
-        memcpy(&qh, b + (q50 ? 2 : 4), 4);
-        __m128i v = _mm_loadu_si128((const __m128i *)(b + (q50 ? 6 : 8)));
-        __m128i lo = _mm_or_si128(_mm_and_si128(v, nib), fifth_bits(qh & 0xFFFF));
-        __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), nib), fifth_bits(qh >> 16));
-        if (q50) {
-            lo = _mm_sub_epi8(lo, _mm_set1_epi8(16));
-            hi = _mm_sub_epi8(hi, _mm_set1_epi8(16));
-        }
-        widen16(lo, &w.v0, &w.v1);
-        widen16(hi, &w.v2, &w.v3);
-        __m256 d = _mm256_set1_ps(half(b));
-        if (q50) {
-            w.v0 = _mm256_mul_ps(d, w.v0);
-            w.v1 = _mm256_mul_ps(d, w.v1);
-            w.v2 = _mm256_mul_ps(d, w.v2);
-            w.v3 = _mm256_mul_ps(d, w.v3);
-        } else {
-            __m256 m = _mm256_set1_ps(half(b + 2));
-            w.v0 = _mm256_add_ps(_mm256_mul_ps(w.v0, d), m);
-            w.v1 = _mm256_add_ps(_mm256_mul_ps(w.v1, d), m);
-            w.v2 = _mm256_add_ps(_mm256_mul_ps(w.v2, d), m);
-            w.v3 = _mm256_add_ps(_mm256_mul_ps(w.v3, d), m);
-        }
-        return w;
-    }
-    case GGUF_Q5_K: { /* Q4_K's chunk with a fifth bit: bit c of qh[l] for value l of chunk c */
-        uint8_t sc, mn;
-        k4_scale_min(c, b + 4, &sc, &mn);
-        __m256 s = _mm256_set1_ps(half(b) * (float)sc), m = _mm256_set1_ps(half(b + 2) * (float)mn);
-        const uint8_t *qs = b + 48 + 32 * (c / 2), *qh = b + 16;
-        __m128i sh = _mm_cvtsi32_si128(4 * (c & 1)), hsh = _mm_cvtsi32_si128(c), one = _mm_set1_epi8(1);
-        __m128i h0 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hsh), one), 4);
-        __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hsh), one), 4);
-        __m128i v0 = _mm_loadu_si128((const __m128i *)qs), v1 = _mm_loadu_si128((const __m128i *)(qs + 16));
-        widen16(_mm_or_si128(_mm_and_si128(_mm_srl_epi16(v0, sh), nib), h0), &w.v0, &w.v1);
-        widen16(_mm_or_si128(_mm_and_si128(_mm_srl_epi16(v1, sh), nib), h1), &w.v2, &w.v3);
-        w.v0 = _mm256_sub_ps(_mm256_mul_ps(s, w.v0), m);
-        w.v1 = _mm256_sub_ps(_mm256_mul_ps(s, w.v1), m);
-        w.v2 = _mm256_sub_ps(_mm256_mul_ps(s, w.v2), m);
-        w.v3 = _mm256_sub_ps(_mm256_mul_ps(s, w.v3), m);
-        return w;
-    }
-    case GGUF_Q6_K: { /* chunk c: half c / 4 (128 values), quarter c % 4; a scale per 16 values */
-        int h = c / 4, q = c % 4;
-        const uint8_t *ql = b + 64 * h + 32 * (q & 1), *qh = b + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * q;
-        float d = half(b + 208);
-        __m128i lsh = _mm_cvtsi32_si128(4 * (q >> 1)), hsh = _mm_cvtsi32_si128(2 * q);
-        __m128i three = _mm_set1_epi8(3), bias = _mm_set1_epi8(32);
-        __m128i l0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), lsh), nib);
-        __m128i l1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16)), lsh), nib);
-        __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hsh), three);
-        __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hsh), three);
-        widen16(_mm_sub_epi8(_mm_or_si128(l0, _mm_slli_epi16(h0, 4)), bias), &w.v0, &w.v1);
-        widen16(_mm_sub_epi8(_mm_or_si128(l1, _mm_slli_epi16(h1, 4)), bias), &w.v2, &w.v3);
-        __m256 s0 = _mm256_set1_ps(d * (float)sc[0]), s1 = _mm256_set1_ps(d * (float)sc[1]);
-        w.v0 = _mm256_mul_ps(s0, w.v0);
-        w.v1 = _mm256_mul_ps(s0, w.v1);
-        w.v2 = _mm256_mul_ps(s1, w.v2);
-        w.v3 = _mm256_mul_ps(s1, w.v3);
-        return w;
-    }
-    default: FERRY_ASSERT(!"chunk32: type not chunked");
+    gguf_ints q = gguf_chunk_ints(type, b, c);
+    __m256 s0 = _mm256_set1_ps(q.s0), s1 = _mm256_set1_ps(q.s1);
+    w4 w = {_mm256_mul_ps(widen_i8(q.lo), s0), _mm256_mul_ps(widen_i8(_mm_srli_si128(q.lo, 8)), s0),
+            _mm256_mul_ps(widen_i8(q.hi), s1), _mm256_mul_ps(widen_i8(_mm_srli_si128(q.hi, 8)), s1)};
+    gguf_form form = gguf_chunk_form(type);
+    if (form != GGUF_FORM_MUL) {
+        __m256 m = _mm256_set1_ps(form == GGUF_FORM_ADD ? q.m : -q.m); /* - m exactly: x - m == x + (-m) */
+        w.v0 = _mm256_add_ps(w.v0, m);
+        w.v1 = _mm256_add_ps(w.v1, m);
+        w.v2 = _mm256_add_ps(w.v2, m);
+        w.v3 = _mm256_add_ps(w.v3, m);
     }
     return w;
 }
@@ -316,7 +169,7 @@ static void blocks_to_f32(const weight *w, int64_t row, int64_t b0, int64_t nb, 
     gguf_type_block(w->block, &be, &bb);
     const uint8_t *p = (const uint8_t *)w->data + (size_t)row * weight_row_bytes(w) + (size_t)b0 * bb;
 #ifdef HAVE_AVX2
-    if (chunked(w->block)) {
+    if (gguf_chunked(w->block)) {
         chunks_to_f32(w->block, be, bb, p, nb, dst);
         return;
     }
@@ -347,7 +200,7 @@ size_t cpu_gguf_scratch(const weight *w)
 }
 
 /* The dot product of n floats, in one fixed order. */
-static inline float dot(const float *a, const float *b, size_t n)
+static float dot(const float *a, const float *b, size_t n)
 {
 #ifdef HAVE_AVX2
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -369,21 +222,32 @@ static inline float dot(const float *a, const float *b, size_t n)
 }
 
 void cpu_gguf_rows(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
-                   float *scratch)
+                   float *scratch, cpu_isa isa)
 {
-    size_t cols = (size_t)w->cols;
+    (void)isa;
 #ifdef HAVE_AVX2
-    if (n <= 2 && chunked(w->block)) {
+    if (isa == CPU_ISA_AVX512 && gguf_chunked(w->block)) {
+        cpu_gguf_rows_avx512(w, r0, r1, x, n, out, ldo, scratch);
+        return;
+    }
+    if (n <= 2 && gguf_chunked(w->block)) {
         rows_fused(w, r0, r1, x, n, out, ldo);
         return;
     }
 #endif
+    cpu_gguf_rows_scratch(w, r0, r1, x, n, out, ldo, scratch, dot);
+}
+
+void cpu_gguf_rows_scratch(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                           float *scratch, float (*dot_fn)(const float *w_row, const float *x_row, size_t n))
+{
+    size_t cols = (size_t)w->cols;
     for (size_t r = r0; r < r1; r += ROWS) {
         int nr = r + ROWS <= r1 ? ROWS : (int)(r1 - r);
         for (int i = 0; i < nr; i++)
             cpu_gguf_row_to_f32(scratch + (size_t)i * cols, w, (int64_t)(r + (size_t)i), 0, (int64_t)cols);
         for (int t = 0; t < n; t++)
             for (int i = 0; i < nr; i++)
-                out[(size_t)t * ldo + r + (size_t)i] = dot(scratch + (size_t)i * cols, x + (size_t)t * cols, cols);
+                out[(size_t)t * ldo + r + (size_t)i] = dot_fn(scratch + (size_t)i * cols, x + (size_t)t * cols, cols);
     }
 }

@@ -255,7 +255,7 @@ static void mm_task(void *vctx, int task, int worker)
     if (w->quant == WQ_GGUF) { /* every build: cpu_gguf.c has its portable path */
         float *scratch = cpu_scratch_get(c->cb, worker, cpu_gguf_scratch(w));
         FERRY_ASSERT(scratch);
-        cpu_gguf_rows(w, r0, r1, c->x, c->n, c->out, ldo, scratch);
+        cpu_gguf_rows(w, r0, r1, c->x, c->n, c->out, ldo, scratch, c->cb->isa);
         goto bias;
     }
 #ifdef HAVE_AVX2

@@ -446,8 +446,15 @@ static void split_free(backend *be)
     free(sb);
 }
 
+static const char *split_kernels(backend *be)
+{
+    backend *cpu = ((split_backend *)be)->cpu;
+    return cpu->ops->kernels(cpu);
+}
+
 static const struct backend_ops k_split_ops = {
     .name = "cpu-split",
+    .kernels = split_kernels,
     .free = split_free,
     .alloc = split_alloc,
     .release = split_release,

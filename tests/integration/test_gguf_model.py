@@ -160,6 +160,33 @@ def test_gguf_matches_reference_on_dequantized_blocks(ferry, ref, tmp_path, arch
             assert gap <= 4 * TOL * float(np.abs(row).max()), "%s step %d: %d is not the argmax" % (arch, i, tok)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_every_cpu_isa_matches_reference(ferry, ref, tmp_path, isa):
+    """Each instruction set the processor offers (--cpu-isa; the GGUF block
+    kernels have an AVX-512 path) gives the reference's logits; one it
+    does not offer is refused naming it."""
+    g, ref_dir = make_pair(tmp_path, "llama")
+    r = ferry.run("generate", "--model", g, "--prompt-ids", "1,2,3", "--max-new-tokens", "1", "--cpu-isa", isa)
+    if r.returncode != 0:
+        err = r.stderr.decode()
+        assert "cpu_isa " + isa in err and "lacks" in err, err
+        pytest.skip("this processor does not offer " + isa)
+    bench = json.loads(ferry.check("bench", "--model", g, "--cpu-isa", isa, "--steps", "1", "--prompt-len", "4",
+                                   "--json").stdout)
+    assert bench["kernels"] == isa, bench
+    out, logits = ferry.generate_all(g, PROMPTS, 6, "--cpu-isa", isa, dump_logits=tmp_path / "l.bin")
+    m = ref(ref_dir)
+    for p, o, lg in zip(PROMPTS, out, logits):
+        want = llama_ref.forward(m, (p + o)[:-1]).numpy()
+        assert rel_err(lg, want[len(p) - 1]) < TOL, isa
+
+
+def test_unknown_cpu_isa_is_refused(ferry, tmp_path):
+    r = ferry.run("generate", "--model", tmp_path, "--prompt-ids", "1", "--cpu-isa", "sse2")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "cpu-isa" in err and "avx512" in err, err
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
 def test_moe_gguf_matches_reference(ferry, ref, tmp_path, arch):
     """Mixtral (llama with experts) and Qwen3-MoE GGUFs: each expert a slice

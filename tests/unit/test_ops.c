@@ -557,7 +557,7 @@ static void test_rope(int hd)
 static void test_rope_split_same_bits(int hd)
 {
     backend *cpu = g_be, *split;
-    backend_opts bo = {3};
+    backend_opts bo = {3, NULL};
     FERRY_ASSERT(backend_create("cpu-split", &bo, &split) == FERRY_OK);
     for (size_t r = 0; r < sizeof k_ropes / sizeof k_ropes[0]; r++) {
         double *want_cpu, *want_split;
@@ -817,7 +817,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
 int main(int argc, char **argv)
 {
     const char *name = argc > 1 ? argv[1] : "cpu";
-    backend_opts bo = {3}; /* more workers than cores: exercises task splitting */
+    backend_opts bo = {3, NULL}; /* more workers than cores: exercises task splitting */
     if (backend_create(name, &bo, &g_be) != FERRY_OK) {
         /* no GPU (or no CUDA build) is a skip, status 77 as automake has it;
          * `make test-gpu`, run only on GPU machines, treats it as a failure */
@@ -829,6 +829,23 @@ int main(int argc, char **argv)
     test_qmatmul();
     if (strcmp(name, "cuda") != 0) test_matmul_batch_invariant();
     if (g_be->ops->gguf_blocks) test_gguf_matmul(strcmp(name, "cpu") == 0);
+    if (strcmp(name, "cpu") == 0) /* every instruction set this processor offers (cpu_isa.c), each on its own */
+        for (int i = 0; i < CPU_ISA_COUNT; i++) {
+            backend *cpu = g_be;
+            backend_opts io = {3, cpu_isa_name((cpu_isa)i)};
+            if (!cpu_isa_offered((cpu_isa)i)) {
+                fprintf(stderr, "test_ops: cpu_isa %s not offered here: its kernels not run\n", io.isa);
+                CHECK(backend_create("cpu", &io, &g_be) != FERRY_OK); /* refused, naming it */
+                CHECK(strstr(ferry_errmsg(), io.isa) != NULL);
+                g_be = cpu;
+                continue;
+            }
+            FERRY_ASSERT(backend_create("cpu", &io, &g_be) == FERRY_OK);
+            CHECK(strcmp(g_be->ops->kernels(g_be), io.isa) == 0);
+            test_gguf_matmul(true);
+            backend_free(g_be);
+            g_be = cpu;
+        }
     test_rmsnorm(70);
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);

@@ -1,0 +1,50 @@
+/*
+ * cpu_isa.c - which vector instructions the CPU kernels use: the best the
+ * processor offers and the build has kernels for, unless the cpu_isa
+ * setting names one (so tests can run every path on a machine that has
+ * it). Chosen once per backend, at creation, never per step: two ISAs sum
+ * in different orders, and a step's rows must not depend on which ran.
+ *
+ * avx2:   AVX2 + FMA + F16C, the build's baseline (x86-64-v3).
+ * avx512: AVX-512 F/BW/VL/DQ as well: the GGUF block kernels with 16 lanes
+ *         (cpu_gguf_avx512.c); every other kernel is the AVX2 one still.
+ */
+#include <string.h>
+
+#include "cpu.h"
+
+static const char *const k_names[] = {[CPU_ISA_AVX2] = "avx2", [CPU_ISA_AVX512] = "avx512"};
+
+const char *cpu_isa_name(cpu_isa isa) { return isa == CPU_ISA_AVX512 ? k_names[isa] : k_names[CPU_ISA_AVX2]; }
+
+bool cpu_isa_offered(cpu_isa isa)
+{
+    if (isa == CPU_ISA_AVX2) return true;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (isa == CPU_ISA_AVX512) {
+        __builtin_cpu_init();
+        return cpu_gguf_avx512_built() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    }
+#endif
+    return false;
+}
+
+ferry_status cpu_isa_choose(const char *name, cpu_isa *out)
+{
+    if (!name || !*name || !strcmp(name, "auto")) {
+        *out = cpu_isa_offered(CPU_ISA_AVX512) ? CPU_ISA_AVX512 : CPU_ISA_AVX2;
+        return FERRY_OK;
+    }
+    for (int i = 0; i < CPU_ISA_COUNT; i++)
+        if (!strcmp(name, k_names[i])) {
+            if (!cpu_isa_offered((cpu_isa)i))
+                return ferry_fail(FERRY_ERR_INVALID,
+                                  "cpu_isa %s: %s", name,
+                                  cpu_gguf_avx512_built() ? "this processor lacks AVX-512 F/BW/VL/DQ"
+                                                          : "this build has no AVX-512 kernels");
+            *out = (cpu_isa)i;
+            return FERRY_OK;
+        }
+    return ferry_fail(FERRY_ERR_INVALID, "cpu_isa %s: expected auto, avx2 or avx512", name);
+}
