@@ -85,7 +85,7 @@ all: $(BUILD)/ferry
 $(BUILD)/ferry: $(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
-%/engine/cpu/cpu_gguf_avx512.o: CFLAGS += $(AVX512_FLAGS)
+%/engine/cpu/cpu_gguf_avx512.o %/engine/cpu/cpu_matmul_avx512.o: CFLAGS += $(AVX512_FLAGS)
 
 # GGUF's dequantizers round as ggml's and numpy's do: no fused multiply-add
 %/engine/weights/gguf_quant.o: CFLAGS += -ffp-contract=off

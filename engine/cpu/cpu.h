@@ -58,6 +58,12 @@ bool cpu_gguf_avx512_built(void);
 void cpu_gguf_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
                           float *scratch);
 
+/* cpu_matmul_avx512.c: F32/F16/BF16 weights with 16 lanes (dense_kern.h);
+ * wf: 4 * cols floats of scratch where n > 16. */
+bool cpu_matmul_avx512_built(void);
+void cpu_dense_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                           float *wf);
+
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */
 void cpu_qrow_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);

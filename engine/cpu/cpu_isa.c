@@ -6,8 +6,10 @@
  * in different orders, and a step's rows must not depend on which ran.
  *
  * avx2:   AVX2 + FMA + F16C, the build's baseline (x86-64-v3).
- * avx512: AVX-512 F/BW/VL/DQ as well: the GGUF block kernels with 16 lanes
- *         (cpu_gguf_avx512.c); every other kernel is the AVX2 one still.
+ * avx512: AVX-512 F/BW/VL/DQ as well: the F32/F16/BF16 kernels
+ *         (cpu_matmul_avx512.c) and the GGUF block kernels
+ *         (cpu_gguf_avx512.c) with 16 lanes; int8/int4 and the rest are
+ *         the AVX2 ones still.
  */
 #include <string.h>
 
@@ -23,7 +25,7 @@ bool cpu_isa_offered(cpu_isa isa)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (isa == CPU_ISA_AVX512) {
         __builtin_cpu_init();
-        return cpu_gguf_avx512_built() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        return cpu_gguf_avx512_built() && cpu_matmul_avx512_built() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     }
 #endif

@@ -24,13 +24,9 @@
 #define HAVE_AVX2 1
 #endif
 
-#define DIRECT_MAX_TOKENS 16 /* up to this many rows: widen weights on the fly */
-#define TOKEN_BLOCK 48       /* prefill: token rows per cache block (multiple of 3) */
-#define PREFETCH_BYTES 1024  /* how far ahead of each weight row stream to prefetch */
 
 #ifdef HAVE_AVX2
-
-static inline __attribute__((always_inline)) __m256 load8(ferry_dtype dt, const void *base, size_t i)
+static inline __attribute__((always_inline)) __m256 dk_loadw(ferry_dtype dt, const void *base, size_t i)
 {
     switch (dt) {
     case DT_BF16:
@@ -43,15 +39,6 @@ static inline __attribute__((always_inline)) __m256 load8(ferry_dtype dt, const 
     }
 }
 
-static inline __attribute__((always_inline)) float load1(ferry_dtype dt, const void *base, size_t i)
-{
-    switch (dt) {
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)base)[i]);
-    case DT_F16: return f16_to_f32(((const uint16_t *)base)[i]);
-    default: return ((const float *)base)[i];
-    }
-}
-
 static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -60,122 +47,14 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* out[t * ldo + r0 + i] = sum_k W[r0 + i, k] * x[t * ldx + k] for i < NR,
- * t < NT. With `pf`, prefetches each row PREFETCH_BYTES ahead. */
-static inline __attribute__((always_inline)) void kern(ferry_dtype dt, int NR, int NT, bool pf, const void *w,
-                                                       size_t cols, size_t r0, const float *x, size_t ldx,
-                                                       float *out, size_t ldo)
-{
-    __m256 acc[4][4];
-    const size_t esz = dt == DT_F32 ? 4 : 2;
-#pragma GCC unroll 4
-    for (int i = 0; i < NR; i++)
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
-    size_t k = 0;
-#define KERN_STEP(kk)                                                                                 \
-    do {                                                                                              \
-        __m256 xv[4];                                                                                 \
-        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + (kk)); \
-        _Pragma("GCC unroll 4") for (int i = 0; i < NR; i++) {                                        \
-            __m256 wv = load8(dt, w, (r0 + i) * cols + (kk));                                         \
-            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                                      \
-                acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);                                    \
-        }                                                                                             \
-    } while (0)
-    if (pf) {
-        const size_t step = 64 / esz; /* elements per cache line */
-        for (; k + step <= cols; k += step) {
-#pragma GCC unroll 4
-            for (int i = 0; i < NR; i++)
-                _mm_prefetch((const char *)w + ((r0 + i) * cols + k) * esz + PREFETCH_BYTES, _MM_HINT_T0);
-#pragma GCC unroll 4
-            for (size_t j = 0; j < step; j += 8) KERN_STEP(k + j);
-        }
-    }
-    for (; k + 8 <= cols; k += 8) KERN_STEP(k);
-#undef KERN_STEP
-    for (int i = 0; i < NR; i++) {
-        for (int t = 0; t < NT; t++) {
-            float s = hsum8(acc[i][t]);
-            for (size_t kk = k; kk < cols; kk++) s += load1(dt, w, (r0 + i) * cols + kk) * x[t * ldx + kk];
-            out[t * ldo + r0 + i] = s;
-        }
-    }
-}
-
-/* Decode: rows [r0, r1) for n <= DIRECT_MAX_TOKENS token rows. The first
- * token chunk streams the rows from memory (with prefetch); later chunks
- * find them in L1. */
-static inline __attribute__((always_inline)) void rows_direct(ferry_dtype dt, const void *w, size_t cols, size_t r0,
-                                                              size_t r1, const float *x, int n, float *out, size_t ldo)
-{
-    if (n <= 2) {
-        size_t r = r0;
-        if (n == 1) {
-            for (; r + 4 <= r1; r += 4) kern(dt, 4, 1, false, w, cols, r, x, cols, out, ldo);
-            for (; r < r1; r++) kern(dt, 1, 1, false, w, cols, r, x, cols, out, ldo);
-        } else {
-            for (; r + 4 <= r1; r += 4) kern(dt, 4, 2, true, w, cols, r, x, cols, out, ldo);
-            for (; r < r1; r++) kern(dt, 1, 2, false, w, cols, r, x, cols, out, ldo);
-        }
-        return;
-    }
-    for (size_t r = r0; r < r1; r += 2) {
-        int nr = r + 2 <= r1 ? 2 : 1;
-        for (int t = 0; t < n; t += 4) {
-            const float *xt = x + (size_t)t * cols;
-            float *ot = out + (size_t)t * ldo;
-            bool first = t == 0;
-            switch ((n - t < 4 ? n - t : 4) * 2 + nr - 1) {
-            case 2: kern(dt, 1, 1, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 3: if (first) kern(dt, 2, 1, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 1, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 4: kern(dt, 1, 2, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 5: if (first) kern(dt, 2, 2, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 2, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 6: kern(dt, 1, 3, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 7: if (first) kern(dt, 2, 3, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 3, false, w, cols, r, xt, cols, ot, ldo); break;
-            case 8: kern(dt, 1, 4, false, w, cols, r, xt, cols, ot, ldo); break;
-            default: if (first) kern(dt, 2, 4, true, w, cols, r, xt, cols, ot, ldo); else kern(dt, 2, 4, false, w, cols, r, xt, cols, ot, ldo); break;
-            }
-        }
-    }
-}
-
-static void direct_f32(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
-{
-    rows_direct(DT_F32, w, cols, r0, r1, x, n, out, ldo);
-}
-static void direct_bf16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
-{
-    rows_direct(DT_BF16, w, cols, r0, r1, x, n, out, ldo);
-}
-static void direct_f16(const void *w, size_t cols, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo)
-{
-    rows_direct(DT_F16, w, cols, r0, r1, x, n, out, ldo);
-}
-
-typedef void (*direct_fn)(const void *, size_t, size_t, size_t, const float *, int, float *, size_t);
-
-static direct_fn direct_for(ferry_dtype dt)
-{
-    return dt == DT_BF16 ? direct_bf16 : dt == DT_F16 ? direct_f16 : direct_f32;
-}
-
-/* Prefill: nr (<= 4) weight rows widened to f32 in wf ([nr, cols]) applied
- * to token rows [t0, t1); writes out[t, r0 .. r0 + nr). */
-static void block_f32(const float *wf, int nr, size_t cols, size_t r0, const float *x, size_t t0, size_t t1,
-                      float *out, size_t ldo)
-{
-    size_t t = t0;
-    float *o = out + r0;
-    if (nr == 4) {
-        for (; t + 3 <= t1; t += 3) kern(DT_F32, 4, 3, false, wf, cols, 0, x + t * cols, cols, o + t * ldo, ldo);
-        for (; t < t1; t++) kern(DT_F32, 4, 1, false, wf, cols, 0, x + t * cols, cols, o + t * ldo, ldo);
-    } else {
-        for (; t < t1; t++)
-            for (int i = 0; i < nr; i++) kern(DT_F32, 1, 1, false, wf, cols, (size_t)i, x + t * cols, cols, o + t * ldo, ldo);
-    }
-}
+#define DK_VEC __m256
+#define DK_W 8
+#define DK_NT 3 /* 4 x 3 accumulators of the 16 registers */
+#define DK_ZERO() _mm256_setzero_ps()
+#define DK_LOADF(p) _mm256_loadu_ps(p)
+#define DK_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define DK_HSUM(v) hsum8(v)
+#include "dense_kern.h"
 
 #endif /* HAVE_AVX2 */
 
@@ -198,7 +77,7 @@ void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int6
     case DT_BF16: {
         const uint16_t *s = (const uint16_t *)w->data + base;
 #ifdef HAVE_AVX2
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(DT_BF16, s, (size_t)i));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, dk_loadw(DT_BF16, s, (size_t)i));
 #endif
         for (; i < n; i++) dst[i] = bf16_to_f32(s[i]);
         return;
@@ -206,7 +85,7 @@ void cpu_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int6
     case DT_F16: {
         const uint16_t *s = (const uint16_t *)w->data + base;
 #ifdef HAVE_AVX2
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(DT_F16, s, (size_t)i));
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, dk_loadw(DT_F16, s, (size_t)i));
 #endif
         for (; i < n; i++) dst[i] = f16_to_f32(s[i]);
         return;
@@ -272,20 +151,13 @@ static void mm_task(void *vctx, int task, int worker)
             int nt = c->n - t < chunk ? c->n - t : chunk;
             cpu_qmatmul_direct(w, r0, r1, c->x + (size_t)t * cols, nt, c->out + (size_t)t * ldo, ldo, xs);
         }
-    } else if (c->n <= DIRECT_MAX_TOKENS) {
-        direct_for(w->dtype)(w->data, cols, r0, r1, c->x, c->n, c->out, ldo);
     } else {
-        float *wf = cpu_scratch_get(c->cb, worker, 4 * cols);
-        FERRY_ASSERT(wf);
-        for (size_t t0 = 0; t0 < (size_t)c->n; t0 += TOKEN_BLOCK) {
-            size_t t1 = t0 + TOKEN_BLOCK < (size_t)c->n ? t0 + TOKEN_BLOCK : (size_t)c->n;
-            for (size_t r = r0; r < r1; r += 4) {
-                int nr = r + 4 <= r1 ? 4 : (int)(r1 - r);
-                for (int i = 0; i < nr; i++)
-                    cpu_row_to_f32(wf + (size_t)i * cols, w, (int64_t)(r + (size_t)i), 0, (int64_t)cols);
-                block_f32(wf, nr, cols, r, c->x, t0, t1, c->out, ldo);
-            }
-        }
+        float *wf = c->n > DIRECT_MAX_TOKENS ? cpu_scratch_get(c->cb, worker, 4 * cols) : NULL;
+        FERRY_ASSERT(c->n <= DIRECT_MAX_TOKENS || wf);
+        if (c->cb->isa == CPU_ISA_AVX512)
+            cpu_dense_rows_avx512(w, r0, r1, c->x, c->n, c->out, ldo, wf);
+        else
+            dense_rows(w, r0, r1, c->x, c->n, c->out, ldo, wf);
     }
 #else
     float *row = cpu_scratch_get(c->cb, worker, cols);

@@ -842,6 +842,8 @@ int main(int argc, char **argv)
             }
             FERRY_ASSERT(backend_create("cpu", &io, &g_be) == FERRY_OK);
             CHECK(strcmp(g_be->ops->kernels(g_be), io.isa) == 0);
+            test_matmul();
+            test_matmul_batch_invariant();
             test_gguf_matmul(true);
             backend_free(g_be);
             g_be = cpu;
