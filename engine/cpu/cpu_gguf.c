@@ -36,8 +36,14 @@
 bool cpu_gguf_valid(const weight *w)
 {
     uint32_t be, bb;
-    return w->quant == WQ_GGUF && w->dtype == DT_U8 && w->data && gguf_dequant_supported(w->block) &&
-           gguf_type_block(w->block, &be, &bb) && w->cols % be == 0;
+    if (!(w->quant == WQ_GGUF && w->dtype == DT_U8 && w->data && gguf_dequant_supported(w->block) &&
+          gguf_type_block(w->block, &be, &bb) && w->cols % be == 0))
+        return false;
+#ifdef HAVE_AVX2
+    if (gguf_chunked(w->block)) /* the kernels' constant block shapes are the format's */
+        return be == (uint32_t)gguf_chunk_count(w->block) * GGUF_CHUNK && bb == gguf_chunk_block_bytes(w->block);
+#endif
+    return true;
 }
 
 #ifdef HAVE_AVX2
@@ -105,10 +111,9 @@ static inline float hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3)
 static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, size_t r0, size_t r1, const float *x,
                                                               const int N, float *out, size_t ldo)
 {
-    uint32_t be, bb;
-    gguf_type_block(w->block, &be, &bb);
     const uint32_t type = w->block;
-    const int chunks = (int)(be / CHUNK);
+    const int chunks = gguf_chunk_count(type); /* constants: the chunk loop unrolls, its offsets fold */
+    const uint32_t be = (uint32_t)chunks * CHUNK, bb = gguf_chunk_block_bytes(type);
     size_t cols = (size_t)w->cols, row_bytes = weight_row_bytes(w), nb = cols / be;
     const float *x1 = x + (N > 1 ? cols : 0);
     for (size_t r = r0; r < r1; r++) {
@@ -117,6 +122,7 @@ static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, 
         const float *xk = x, *xk1 = x1;
         for (size_t i = 0; i < nb; i++, p += bb) {
             _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
+#pragma GCC unroll 8
             for (int c = 0; c < chunks; c++, xk += CHUNK, xk1 += CHUNK) {
                 w4 wv = chunk32(type, p, c);
                 a0 = _mm256_fmadd_ps(wv.v0, _mm256_loadu_ps(xk), a0);

@@ -55,9 +55,8 @@ static inline float hsum2(__m512 a, __m512 b)
 static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, uint32_t type, size_t r0, size_t r1,
                                                               const float *x, const int N, float *out, size_t ldo)
 {
-    uint32_t be, bb;
-    gguf_type_block(type, &be, &bb);
-    const int chunks = (int)(be / GGUF_CHUNK);
+    const int chunks = gguf_chunk_count(type); /* constants: the chunk loop unrolls, its offsets fold */
+    const uint32_t be = (uint32_t)chunks * GGUF_CHUNK, bb = gguf_chunk_block_bytes(type);
     size_t cols = (size_t)w->cols, row_bytes = weight_row_bytes(w), nb = cols / be;
     const float *x1 = x + (N > 1 ? cols : 0);
     for (size_t r = r0; r < r1; r++) {
@@ -66,6 +65,7 @@ static inline __attribute__((always_inline)) void rows_fused_n(const weight *w, 
         const float *xk = x, *xk1 = x1;
         for (size_t i = 0; i < nb; i++, p += bb) {
             _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
+#pragma GCC unroll 8
             for (int c = 0; c < chunks; c++, xk += GGUF_CHUNK, xk1 += GGUF_CHUNK) {
                 w2 wv = chunk32(type, p, c);
                 a0 = _mm512_fmadd_ps(wv.v0, _mm512_loadu_ps(xk), a0);

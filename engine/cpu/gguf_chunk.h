@@ -44,6 +44,27 @@ static inline bool gguf_chunked(uint32_t type)
            type == GGUF_Q4_K || type == GGUF_Q5_K || type == GGUF_Q6_K;
 }
 
+/* A chunked type's block: chunks of 32 values and bytes, as constants the
+ * compiler folds where the type is (gguf_type_block says the same). */
+static inline int gguf_chunk_count(uint32_t type)
+{
+    return type == GGUF_Q4_K || type == GGUF_Q5_K || type == GGUF_Q6_K ? 8 : 1;
+}
+
+static inline uint32_t gguf_chunk_block_bytes(uint32_t type)
+{
+    switch (type) {
+    case GGUF_Q8_0: return 34;
+    case GGUF_Q4_0: return 18;
+    case GGUF_Q4_1: return 20;
+    case GGUF_Q5_0: return 22;
+    case GGUF_Q5_1: return 24;
+    case GGUF_Q4_K: return 144;
+    case GGUF_Q5_K: return 176;
+    default: return 210; /* Q6_K */
+    }
+}
+
 static inline gguf_form gguf_chunk_form(uint32_t type)
 {
     return type == GGUF_Q4_1 || type == GGUF_Q5_1 ? GGUF_FORM_ADD
