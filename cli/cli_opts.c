@@ -26,6 +26,7 @@ int cli_engine_opts(const ferry_config *cfg, engine_opts *eo)
     eo->device = cfg->device;
     eo->threads = (int)cfg->threads;
     eo->cpu_isa = cfg->cpu_isa;
+    eo->cpu_activations = cfg->cpu_activations;
     eo->offload_dir = cfg->offload_dir;
     eo->max_seqs = (int)cfg->batch;
     eo->max_ctx = (int)cfg->context;

@@ -142,6 +142,7 @@ struct backend {
 typedef struct {
     int threads;     /* CPU: 0 = all cores */
     const char *isa; /* CPU: the kernels' vector instructions, auto (NULL) | avx2 | avx512 (cpu_isa.c) */
+    const char *activations; /* CPU: exact (NULL) | int8 (cpu_isa.c) */
 } backend_opts;
 
 /* Creates the named backend ("cpu", "cpu-split", "cuda"). */

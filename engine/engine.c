@@ -19,6 +19,7 @@ void engine_opts_init(engine_opts *o)
     *o = (engine_opts){.device = "cpu",
                        .threads = 0,
                        .cpu_isa = "auto",
+                       .cpu_activations = "exact",
                        .max_seqs = ENGINE_DEFAULT_MAX_SEQS,
                        .max_ctx = 0,
                        .max_step_tokens = ENGINE_DEFAULT_MAX_STEP_TOKENS,
@@ -85,7 +86,7 @@ ferry_status engine_plan(const engine_opts *opts, plan *out, plan_opts *po)
     model_config cfg;
     st_checkpoint *ck = NULL;
     backend *be = NULL;
-    backend_opts bo = {opts->threads, opts->cpu_isa};
+    backend_opts bo = {opts->threads, opts->cpu_isa, opts->cpu_activations};
     ferry_status st = model_config_load(opts->model_dir, &cfg);
     if (st == FERRY_OK) convert_config(&opts->convert, &cfg);
     if (st == FERRY_OK) st = st_checkpoint_open(opts->model_dir, &ck);
@@ -264,7 +265,7 @@ ferry_status engine_open(const engine_opts *opts, engine **out)
     engine *e = calloc(1, sizeof *e);
     if (!e) return ferry_fail(FERRY_ERR_NOMEM, "out of memory");
     ferry_status st;
-    backend_opts bo = {opts->threads, opts->cpu_isa};
+    backend_opts bo = {opts->threads, opts->cpu_isa, opts->cpu_activations};
     char fp[40];
     e->convert = opts->convert;
     e->max_prompt = opts->max_prompt;

@@ -33,6 +33,7 @@ typedef struct {
     const char *device;      /* cpu, cpu-split or cuda */
     int threads;             /* CPU workers; 0 = all cores */
     const char *cpu_isa;     /* CPU kernels: auto (NULL), avx2, avx512 (backend_opts.isa) */
+    const char *cpu_activations; /* CPU: exact (NULL) or int8 (backend_opts.activations) */
     int max_seqs;            /* sequences the KV cache holds */
     int max_ctx;             /* positions per sequence; 0 = the planner's default (plan.h) */
     int max_step_tokens;     /* most token rows in one step */

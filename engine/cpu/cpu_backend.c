@@ -324,10 +324,16 @@ static void cpu_free(backend *be)
     pool_free(cb->pool);
     for (int i = 0; i < CPU_MAX_WORKERS; i++) free(cb->scratch[i].buf);
     free(cb->seq_of);
+    free(cb->xq);
+    free(cb->xd);
     free(cb);
 }
 
-static const char *cpu_kernels(backend *be) { return cpu_isa_name(((cpu_backend *)be)->isa); }
+static const char *cpu_kernels(backend *be)
+{
+    cpu_backend *cb = (cpu_backend *)be;
+    return cb->act_int8 ? "avx512+int8" : cpu_isa_name(cb->isa);
+}
 
 static const struct backend_ops k_cpu_ops = {
     .name = "cpu",
@@ -369,10 +375,13 @@ ferry_status cpu_backend_create(const backend_opts *opts, backend **out)
 {
     *out = NULL;
     cpu_isa isa;
+    bool act_int8;
     FERRY_TRY(cpu_isa_choose(opts ? opts->isa : NULL, &isa));
+    FERRY_TRY(cpu_activations_choose(opts ? opts->activations : NULL, isa, &act_int8));
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return ferry_fail(FERRY_ERR_NOMEM, "out of memory creating the CPU backend");
     cb->isa = isa;
+    cb->act_int8 = act_int8;
     int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > CPU_MAX_WORKERS) threads = CPU_MAX_WORKERS;
     cb->pool = pool_create(threads);

@@ -65,7 +65,7 @@ typedef struct {
 
 static inline __attribute__((always_inline)) w4 chunk32(uint32_t type, const uint8_t *b, int c)
 {
-    gguf_ints q = gguf_chunk_ints(type, b, c);
+    gguf_ints q = gguf_chunk_signed(gguf_chunk_ints(type, b, c));
     __m256 s0 = _mm256_set1_ps(q.s0), s1 = _mm256_set1_ps(q.s1);
     w4 w = {_mm256_mul_ps(widen_i8(q.lo), s0), _mm256_mul_ps(widen_i8(_mm_srli_si128(q.lo, 8)), s0),
             _mm256_mul_ps(widen_i8(q.hi), s1), _mm256_mul_ps(widen_i8(_mm_srli_si128(q.hi, 8)), s1)};
@@ -198,6 +198,16 @@ void cpu_gguf_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0,
         int64_t lo = b * be > col0 ? b * be : col0, hi = (b + 1) * be < col0 + n ? (b + 1) * be : col0 + n;
         memcpy(dst + (lo - col0), tmp + (lo - b * be), (size_t)(hi - lo) * sizeof *dst);
     }
+}
+
+bool cpu_gguf_int8_takes(const weight *w)
+{
+#ifdef HAVE_AVX2
+    return w->quant == WQ_GGUF && gguf_chunked(w->block);
+#else
+    (void)w;
+    return false;
+#endif
 }
 
 size_t cpu_gguf_scratch(const weight *w)

@@ -28,7 +28,7 @@ typedef struct {
 
 static inline __attribute__((always_inline)) w2 chunk32(uint32_t type, const uint8_t *b, int c)
 {
-    gguf_ints q = gguf_chunk_ints(type, b, c);
+    gguf_ints q = gguf_chunk_signed(gguf_chunk_ints(type, b, c));
     w2 w = {_mm512_mul_ps(widen(q.lo), _mm512_set1_ps(q.s0)), _mm512_mul_ps(widen(q.hi), _mm512_set1_ps(q.s1))};
     gguf_form form = gguf_chunk_form(type);
     if (form != GGUF_FORM_MUL) {

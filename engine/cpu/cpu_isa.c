@@ -10,6 +10,10 @@
  *         (cpu_matmul_avx512.c) and the GGUF block kernels
  *         (cpu_gguf_avx512.c) with 16 lanes; int8/int4 and the rest are
  *         the AVX2 ones still.
+ *
+ * The activations (cpu_activations): exact (f32, the default and the
+ * tests' reference) or int8, a GGUF's chunked blocks against activations
+ * quantized to 8 bits a 32 values (cpu_gguf_int8.c; needs avx512 and VNNI).
  */
 #include <string.h>
 
@@ -30,6 +34,31 @@ bool cpu_isa_offered(cpu_isa isa)
     }
 #endif
     return false;
+}
+
+static bool vnni_offered(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return cpu_gguf_int8_built() && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
+ferry_status cpu_activations_choose(const char *name, cpu_isa isa, bool *int8)
+{
+    *int8 = false;
+    if (!name || !*name || !strcmp(name, "exact")) return FERRY_OK;
+    if (strcmp(name, "int8") != 0)
+        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations %s: expected exact or int8", name);
+    if (isa != CPU_ISA_AVX512 || !vnni_offered())
+        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations int8: needs the avx512 kernels and AVX-512 VNNI (%s)",
+                          isa != CPU_ISA_AVX512 && cpu_isa_offered(CPU_ISA_AVX512) ? "cpu_isa chose avx2"
+                          : !cpu_gguf_int8_built()                                 ? "this build has no VNNI kernels"
+                                                                                   : "this processor lacks them");
+    *int8 = true;
+    return FERRY_OK;
 }
 
 ferry_status cpu_isa_choose(const char *name, cpu_isa *out)

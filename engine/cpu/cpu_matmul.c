@@ -102,6 +102,8 @@ typedef struct {
     int n;
     int64_t rows_per_task;
     cpu_backend *cb;
+    const int8_t *xq; /* x quantized (act_int8 and a GGUF's chunked blocks), else NULL */
+    const float *xd;
 } mm_ctx;
 
 #ifndef HAVE_AVX2
@@ -131,6 +133,10 @@ static void mm_task(void *vctx, int task, int worker)
     if (r1 > rows) r1 = rows;
     if (r0 >= r1) return;
     size_t ldo = rows;
+    if (c->xq) { /* --cpu-activations int8 */
+        cpu_gguf_rows_int8(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
+        goto bias;
+    }
     if (w->quant == WQ_GGUF) { /* every build: cpu_gguf.c has its portable path */
         float *scratch = cpu_scratch_get(c->cb, worker, cpu_gguf_scratch(w));
         FERRY_ASSERT(scratch);
@@ -185,6 +191,21 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
     int64_t per = (w->rows + threads * 4 - 1) / (threads * 4);
     per = (per + 3) & ~(int64_t)3;
     if (per < 4) per = 4;
-    mm_ctx c = {out, x, w, bias, n, per, cb};
+    mm_ctx c = {out, x, w, bias, n, per, cb, NULL, NULL};
+    if (cb->act_int8 && cpu_gguf_int8_takes(w)) { /* the activations quantized once, for every task */
+        size_t nq = (size_t)n * (size_t)w->cols, nd = nq / 32;
+        if (nq > cb->xq_cap) {
+            int8_t *q = realloc(cb->xq, nq);
+            FERRY_ASSERT(q); /* a step's activations: bytes of the order of its f32 input */
+            cb->xq = q, cb->xq_cap = nq;
+        }
+        if (nd > cb->xd_cap) {
+            float *d = realloc(cb->xd, nd * sizeof *d);
+            FERRY_ASSERT(d);
+            cb->xd = d, cb->xd_cap = nd;
+        }
+        cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd);
+        c.xq = cb->xq, c.xd = cb->xd;
+    }
     pool_run(cb->pool, (int)((w->rows + per - 1) / per), mm_task, &c);
 }

@@ -4,12 +4,14 @@
  * each widens the two 16-byte halves its own way and applies the same
  * products, so both give gguf_quant.c's values bit for bit.
  *
- * gguf_chunk_ints gives chunk c of block b: lo = values 0..15, hi = values
- * 16..31 as signed bytes (4-bit ones with their bias taken off), and the
- * products that make them values: v = q * s (s0 for lo, s1 for hi), then
- * + m (Q4_1, Q5_1) or - m (Q4_K, Q5_K) - the reference's, each exact but
- * the last, so fused or not they round alike. SSSE3 integer code only:
- * included by files built for AVX2 or more.
+ * gguf_chunk_ints gives chunk c of block b: lo = codes of values 0..15,
+ * hi = of values 16..31, as stored - unsigned bytes whose integer is
+ * q = code - bias (bias 8, 16 or 32; 0 for Q8_0, whose codes are signed q
+ * already; gguf_chunk_signed takes the bias off) - and the products that
+ * make them values: v = q * s (s0 for lo, s1 for hi), then + m (Q4_1,
+ * Q5_1) or - m (Q4_K, Q5_K) - the reference's, each exact but the last, so
+ * fused or not they round alike. SSSE3 integer code only: included by
+ * files built for AVX2 or more.
  */
 #ifndef FERRY_GGUF_CHUNK_H
 #define FERRY_GGUF_CHUNK_H
@@ -28,6 +30,7 @@ typedef enum { GGUF_FORM_MUL, GGUF_FORM_ADD, GGUF_FORM_SUB } gguf_form; /* q s, 
 typedef struct {
     __m128i lo, hi;
     float s0, s1, m;
+    int bias;
 } gguf_ints;
 
 static inline float gguf_half(const uint8_t *p)
@@ -102,9 +105,10 @@ static inline __attribute__((always_inline)) gguf_ints gguf_chunk_ints(uint32_t 
         q.s0 = q.s1 = gguf_half(b);
         return q;
     case GGUF_Q4_0: {
-        __m128i v = _mm_loadu_si128((const __m128i *)(b + 2)), eight = _mm_set1_epi8(8);
-        q.lo = _mm_sub_epi8(_mm_and_si128(v, nib), eight);
-        q.hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), nib), eight);
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + 2));
+        q.lo = _mm_and_si128(v, nib);
+        q.hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+        q.bias = 8;
         q.s0 = q.s1 = gguf_half(b);
         return q;
     }
@@ -135,12 +139,10 @@ static inline __attribute__((always_inline)) gguf_ints gguf_chunk_ints(uint32_t 
         __m128i v = _mm_loadu_si128((const __m128i *)(b + (q50 ? 6 : 8)));
         q.lo = _mm_or_si128(_mm_and_si128(v, nib), gguf_fifth_bits(qh & 0xFFFF));
         q.hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), nib), gguf_fifth_bits(qh >> 16));
-        if (q50) {
-            q.lo = _mm_sub_epi8(q.lo, _mm_set1_epi8(16));
-            q.hi = _mm_sub_epi8(q.hi, _mm_set1_epi8(16));
-        } else {
+        if (q50)
+            q.bias = 16;
+        else
             q.m = gguf_half(b + 2);
-        }
         q.s0 = q.s1 = gguf_half(b);
         return q;
     }
@@ -163,18 +165,31 @@ static inline __attribute__((always_inline)) gguf_ints gguf_chunk_ints(uint32_t 
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * qq;
         float d = gguf_half(b + 208);
         __m128i lsh = _mm_cvtsi32_si128(4 * (qq >> 1)), hsh = _mm_cvtsi32_si128(2 * qq);
-        __m128i three = _mm_set1_epi8(3), bias = _mm_set1_epi8(32);
+        __m128i three = _mm_set1_epi8(3);
         __m128i l0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), lsh), nib);
         __m128i l1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16)), lsh), nib);
         __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hsh), three);
         __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hsh), three);
-        q.lo = _mm_sub_epi8(_mm_or_si128(l0, _mm_slli_epi16(h0, 4)), bias);
-        q.hi = _mm_sub_epi8(_mm_or_si128(l1, _mm_slli_epi16(h1, 4)), bias);
+        q.lo = _mm_or_si128(l0, _mm_slli_epi16(h0, 4));
+        q.hi = _mm_or_si128(l1, _mm_slli_epi16(h1, 4));
+        q.bias = 32;
         q.s0 = d * (float)sc[0];
         q.s1 = d * (float)sc[1];
         return q;
     }
     default: FERRY_ASSERT(!"gguf_chunk_ints: type not chunked");
+    }
+    return q;
+}
+
+/* The chunk's integers as signed bytes: the codes less their bias. */
+static inline __attribute__((always_inline)) gguf_ints gguf_chunk_signed(gguf_ints q)
+{
+    if (q.bias) {
+        __m128i b = _mm_set1_epi8((char)q.bias);
+        q.lo = _mm_sub_epi8(q.lo, b);
+        q.hi = _mm_sub_epi8(q.hi, b);
+        q.bias = 0;
     }
     return q;
 }

@@ -28,6 +28,7 @@ static void test_defaults(void)
     CHECK_EQ_STR(cfg.device, "cpu");
     CHECK_EQ_INT(cfg.threads, 0);
     CHECK(cfg.cpu_isa && !strcmp(cfg.cpu_isa, "auto"));
+    CHECK(cfg.cpu_activations && !strcmp(cfg.cpu_activations, "exact"));
     CHECK(cfg.prompt_ids == NULL);
     CHECK(cfg.prompt == NULL);
     CHECK(cfg.system == NULL);
@@ -108,7 +109,7 @@ static void test_defaults(void)
     CHECK(cfg.config_file == NULL);
     CHECK(cfg.override_generation_config == NULL);
     for (int i = 0; i < SETTING_COUNT; i++) CHECK(cfg.source[i] == SOURCE_DEFAULT);
-    CHECK_EQ_INT(SETTING_COUNT, 78); /* a new setting needs a default check above */
+    CHECK_EQ_INT(SETTING_COUNT, 79); /* a new setting needs a default check above */
 }
 
 /* The engine's own defaults (engine_opts_init: the engine reads no
@@ -123,6 +124,7 @@ static void test_engine_defaults(void)
     CHECK_EQ_STR(eo.device, cfg.device);
     CHECK_EQ_INT(eo.threads, (int)cfg.threads);
     CHECK_EQ_STR(eo.cpu_isa, cfg.cpu_isa);
+    CHECK_EQ_STR(eo.cpu_activations, cfg.cpu_activations);
     CHECK_EQ_INT(eo.max_seqs, (int)cfg.batch);
     CHECK_EQ_INT(eo.max_ctx, (int)cfg.context);
     CHECK_EQ_INT(eo.max_step_tokens, (int)cfg.max_step_tokens);

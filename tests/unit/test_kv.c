@@ -112,7 +112,7 @@ static void test_no_leaks(void)
 static void test_memory(const char *device)
 {
     backend *be;
-    backend_opts bo = {2, NULL};
+    backend_opts bo = {2, NULL, NULL};
     CHECK_STATUS(backend_create(device, &bo, &be), FERRY_OK);
     kv_pool *p;
     int kv_dim = 8, layers = 2;
@@ -176,7 +176,7 @@ static void test_fault_kv_block(void)
 static void test_fault_dev_alloc(const char *device)
 {
     backend *be;
-    backend_opts bo = {2, NULL};
+    backend_opts bo = {2, NULL, NULL};
     CHECK_STATUS(backend_create(device, &bo, &be), FERRY_OK);
     for (int n = 1; n <= 5; n++) { /* 1 table + 2 layers x (K, V) */
         char spec[32];

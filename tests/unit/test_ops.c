@@ -385,8 +385,47 @@ static uint8_t *gguf_blocks(size_t k, int64_t rows, int64_t cols, double **ref)
     return raw;
 }
 
+/* --cpu-activations int8: x is rounded to 8 bits a 32 values (scale d =
+ * max|x| / 127), so an output may be off by up to sum over blocks of
+ * d / 2 sum |w| (each value moves at most d / 2), plus f32 rounding. */
+static double int8_bound(const double *wrow, const float *x, int cols)
+{
+    double b = 0, mag = 0;
+    for (int k0 = 0; k0 < cols; k0 += 32) {
+        double amax = 0, wsum = 0;
+        for (int k = k0; k < k0 + 32; k++) {
+            amax = fabs(x[k]) > amax ? fabs(x[k]) : amax;
+            wsum += fabs(wrow[k]);
+            mag += fabs(wrow[k] * x[k]);
+        }
+        b += amax / 127 / 2 * wsum;
+    }
+    return b * 1.001 + 1e-5 * mag;
+}
+
+/* The same output with x rounded as the kernels round it (d = max|x| / 127
+ * and q = x (127 / max|x|) to nearest even, in f32), in double: what the
+ * int8 kernels compute but for their f32 rounding. */
+static double int8_emulated(const double *wrow, const float *x, int cols, double *mag)
+{
+    double acc = 0;
+    *mag = 0;
+    for (int k0 = 0; k0 < cols; k0 += 32) {
+        float amax = 0;
+        for (int k = k0; k < k0 + 32; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+        float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int k = k0; k < k0 + 32; k++) {
+            float q = nearbyintf(x[k] * id);
+            acc += wrow[k] * (double)q * d;
+            *mag += fabs(wrow[k] * (double)q * d);
+        }
+    }
+    return acc;
+}
+
 static void test_gguf_matmul(bool check_rows)
 {
+    bool int8 = g_be->ops->kernels && strstr(g_be->ops->kernels(g_be), "int8");
     static const int ns[] = {1, 2, 5, 16, 17, 64};
     enum { ROWS_ = 37, COLS = 512 };
     for (size_t k = 0; k < sizeof k_gguf_types / sizeof k_gguf_types[0]; k++) {
@@ -411,6 +450,7 @@ static void test_gguf_matmul(bool check_rows)
         w.data = dev_copy(raw, (size_t)ROWS_ * weight_row_bytes(&host));
         weight b = make_weight(DT_F32, 1, ROWS_, &bref, -1, 1);
         float *x = rand_vec((size_t)64 * COLS, &xref);
+        float *x_host = host_of(x, (size_t)64 * COLS);
         float *one = dev_poison(ROWS_), *all = dev_poison((size_t)64 * ROWS_);
         float *alone = malloc((size_t)64 * ROWS_ * sizeof *alone);
         for (int t = 0; t < 64; t++) {
@@ -433,8 +473,24 @@ static void test_gguf_matmul(bool check_rows)
                     bad += memcmp(&got[t * ROWS_ + r], &alone[t * ROWS_ + r], sizeof *got) != 0;
                 }
             char what[96];
-            snprintf(what, sizeof what, "matmul gguf %s [%d,%d] n=%d", tn, ROWS_, COLS, n);
-            CHECK_CLOSE(what, got, want, (size_t)n * ROWS_, 1e-5);
+            snprintf(what, sizeof what, "matmul gguf %s [%d,%d] n=%d%s", tn, ROWS_, COLS, n, int8 ? " int8" : "");
+            if (int8) {
+                size_t over = 0, off = 0;
+                for (int t = 0; t < n; t++)
+                    for (int r = 0; r < ROWS_; r++) {
+                        const double *wr = wref + (size_t)r * COLS;
+                        const float *xr = x_host + (size_t)t * COLS;
+                        double mag, e = int8_emulated(wr, xr, COLS, &mag) + bref[r];
+                        over += fabs(got[t * ROWS_ + r] - want[t * ROWS_ + r]) > int8_bound(wr, xr, COLS);
+                        off += fabs(got[t * ROWS_ + r] - e) > 1e-5 * (mag + fabs(bref[r]));
+                    }
+                if (over) fprintf(stderr, "%s: %zu outputs past the 8-bit activations' bound\n", what, over);
+                if (off) fprintf(stderr, "%s: %zu outputs not the emulated 8-bit rounding's\n", what, off);
+                CHECK(over == 0);
+                CHECK(off == 0);
+            } else {
+                CHECK_CLOSE(what, got, want, (size_t)n * ROWS_, 1e-5);
+            }
             if (strcmp(g_be->ops->name, "cuda") != 0) { /* batch invariance, bit for bit (the CPU backends promise it) */
                 if (bad) fprintf(stderr, "%s: %zu outputs differ from the same rows computed alone\n", what, bad);
                 CHECK(bad == 0);
@@ -443,6 +499,7 @@ static void test_gguf_matmul(bool check_rows)
             free(want);
         }
         free(alone);
+        free(x_host);
         free(raw);
         free(wref);
         free(xref);
@@ -557,7 +614,7 @@ static void test_rope(int hd)
 static void test_rope_split_same_bits(int hd)
 {
     backend *cpu = g_be, *split;
-    backend_opts bo = {3, NULL};
+    backend_opts bo = {3, NULL, NULL};
     FERRY_ASSERT(backend_create("cpu-split", &bo, &split) == FERRY_OK);
     for (size_t r = 0; r < sizeof k_ropes / sizeof k_ropes[0]; r++) {
         double *want_cpu, *want_split;
@@ -817,7 +874,7 @@ static void attention_case(int heads, int kv_heads, int hd, int window)
 int main(int argc, char **argv)
 {
     const char *name = argc > 1 ? argv[1] : "cpu";
-    backend_opts bo = {3, NULL}; /* more workers than cores: exercises task splitting */
+    backend_opts bo = {3, NULL, NULL}; /* more workers than cores: exercises task splitting */
     if (backend_create(name, &bo, &g_be) != FERRY_OK) {
         /* no GPU (or no CUDA build) is a skip, status 77 as automake has it;
          * `make test-gpu`, run only on GPU machines, treats it as a failure */
@@ -832,7 +889,7 @@ int main(int argc, char **argv)
     if (strcmp(name, "cpu") == 0) /* every instruction set this processor offers (cpu_isa.c), each on its own */
         for (int i = 0; i < CPU_ISA_COUNT; i++) {
             backend *cpu = g_be;
-            backend_opts io = {3, cpu_isa_name((cpu_isa)i)};
+            backend_opts io = {3, cpu_isa_name((cpu_isa)i), NULL};
             if (!cpu_isa_offered((cpu_isa)i)) {
                 fprintf(stderr, "test_ops: cpu_isa %s not offered here: its kernels not run\n", io.isa);
                 CHECK(backend_create("cpu", &io, &g_be) != FERRY_OK); /* refused, naming it */
@@ -848,6 +905,22 @@ int main(int argc, char **argv)
             backend_free(g_be);
             g_be = cpu;
         }
+    if (strcmp(name, "cpu") == 0) { /* 8-bit activations where offered (AVX-512 VNNI), else refused naming why */
+        backend *cpu = g_be;
+        backend_opts io = {3, "avx512", "int8"};
+        if (backend_create("cpu", &io, &g_be) == FERRY_OK) {
+            CHECK(strcmp(g_be->ops->kernels(g_be), "avx512+int8") == 0);
+            test_gguf_matmul(false);
+            test_matmul(); /* the other weights keep f32 activations */
+            backend_free(g_be);
+        } else {
+            fprintf(stderr, "test_ops: cpu_activations int8 not offered here: %s\n", ferry_errmsg());
+            CHECK(strstr(ferry_errmsg(), "cpu_activations int8") != NULL);
+        }
+        io.isa = "avx2";
+        CHECK(backend_create("cpu", &io, &g_be) != FERRY_OK); /* int8 needs the avx512 kernels */
+        g_be = cpu;
+    }
     test_rmsnorm(70);
     test_rmsnorm(4096);           /* more elements than one block's threads */
     test_rope(16);
