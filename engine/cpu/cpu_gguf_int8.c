@@ -49,57 +49,67 @@ static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* A token row's accumulators: chunk k adds its q . x term to a[k & 1] and
- * its minimum's term to m[k & 1] - four independent chains, so a chunk does
- * not wait on the last one's multiply-add. */
+/* A token row's accumulators: chunks k (even) and k + 1 (odd) are taken
+ * together, k's terms in lanes 0-7, k + 1's in lanes 8-15; the minimum's
+ * terms apart in m. */
 typedef struct {
-    __m256 a0, a1, m0, m1;
+    __m512 a, m;
 } accs;
-
-static inline accs accs_zero(void)
-{
-    __m256 z = _mm256_setzero_ps();
-    return (accs){z, z, z, z};
-}
 
 static inline float accs_sum(accs s)
 {
-    return hsum8(_mm256_add_ps(_mm256_add_ps(s.a0, s.a1), _mm256_add_ps(s.m0, s.m1)));
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.a), _mm512_extractf32x8_ps(s.a, 1));
+    __m256 m = _mm256_add_ps(_mm512_castps512_ps256(s.m), _mm512_extractf32x8_ps(s.m, 1));
+    return hsum8(_mm256_add_ps(a, m));
 }
 
 static inline int log2_bias(int bias) { return bias == 8 ? 3 : bias == 16 ? 4 : bias == 32 ? 5 : 7; }
 
-/* One token row's step on chunk k (odd: the second chains). */
-static inline __attribute__((always_inline)) accs apply(uint32_t type, __m256i u, const gguf_ints *q,
-                                                       const int8_t *xk, float dx, bool odd, accs s)
+static inline __m512 halves(float a, float b)
 {
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i xv = _mm256_loadu_si256((const __m256i *)xk);
-    __m256i isum = _mm256_dpbusd_epi32(zero, u, xv);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+/* One token row's step on chunks k, k + 1 (codes u, integers and scales qa,
+ * qb; their 64 activations at xk, scales da, db). */
+static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u, const gguf_ints *qa,
+                                                       const gguf_ints *qb, const int8_t *xk, float da, float db,
+                                                       bool last, accs s)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i xv = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xk) : _mm512_loadu_si512((const void *)xk);
+    __m512i isum = _mm512_dpbusd_epi32(zero, u, xv);
     gguf_form form = gguf_chunk_form(type);
-    int bias = type == GGUF_Q8_0 ? 128 : q->bias;
-    __m256i s4 = zero;
-    if (bias || form != GGUF_FORM_MUL) s4 = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(1), xv);
-    if (bias) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(s4, log2_bias(bias))); /* exact: q . x */
-    __m256 scale = type == GGUF_Q6_K ? _mm256_setr_m128(_mm_set1_ps(q->s0 * dx), _mm_set1_ps(q->s1 * dx))
-                                     : _mm256_set1_ps(q->s0 * dx);
-    __m256 t = _mm256_cvtepi32_ps(isum);
-    if (odd)
-        s.a1 = _mm256_fmadd_ps(t, scale, s.a1);
+    int bias = type == GGUF_Q8_0 ? 128 : qa->bias;
+    __m512i s4 = zero;
+    if (bias || form != GGUF_FORM_MUL) s4 = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv);
+    if (bias) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(s4, log2_bias(bias))); /* exact: q . x */
+    __m512 scale;
+    if (type == GGUF_Q6_K) /* a scale a 16 values: 4 lanes each */
+        scale = _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm256_setr_m128(_mm_set1_ps(qa->s0 * da), _mm_set1_ps(qa->s1 * da))),
+            _mm256_setr_m128(_mm_set1_ps(qb->s0 * db), _mm_set1_ps(qb->s1 * db)), 1);
     else
-        s.a0 = _mm256_fmadd_ps(t, scale, s.a0);
+        scale = halves(qa->s0 * da, qb->s0 * db);
+    s.a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, s.a);
     if (form != GGUF_FORM_MUL) {
-        __m256 mt = _mm256_cvtepi32_ps(s4), ms = _mm256_set1_ps((form == GGUF_FORM_ADD ? q->m : -q->m) * dx);
-        if (odd)
-            s.m1 = _mm256_fmadd_ps(mt, ms, s.m1);
-        else
-            s.m0 = _mm256_fmadd_ps(mt, ms, s.m0);
+        float sg = form == GGUF_FORM_ADD ? 1.0f : -1.0f;
+        s.m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), halves(sg * qa->m * da, sg * qb->m * db), s.m);
     }
     return s;
 }
 
-/* Rows [r0, r1) for N (1-4) token rows: each chunk's codes unpacked once
- * and applied to every row. */
+static inline __attribute__((always_inline)) __m512i codes(uint32_t type, const gguf_ints *qa, const gguf_ints *qb)
+{
+    __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(qa->hi, qa->lo)),
+                                   _mm256_set_m128i(qb->hi, qb->lo), 1);
+    return type == GGUF_Q8_0 ? _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80)) : u;
+}
+
+/* Rows [r0, r1) for N (1-4) token rows: each pair of chunks' codes
+ * unpacked once and applied to every row. A pair is two chunks of one
+ * k-quant block, or two blocks of the 32-value types; an odd last block
+ * is paired with nothing (zero codes and scales). */
 static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32_t type, size_t r0, size_t r1,
                                                         const int8_t *xq, const float *xd, const int N, float *out,
                                                         size_t ldo)
@@ -107,25 +117,45 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
     const int chunks = gguf_chunk_count(type);
     const uint32_t be = (uint32_t)chunks * GGUF_CHUNK, bb = gguf_chunk_block_bytes(type);
     size_t cols = (size_t)w->cols, row_bytes = weight_row_bytes(w), nb = cols / be, nk = cols / GGUF_CHUNK;
+    const __m512 z = _mm512_setzero_ps();
+    const gguf_ints none = {0};
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * row_bytes;
-        accs s0 = accs_zero(), s1 = s0, s2 = s0, s3 = s0;
-        size_t k = 0;
-        for (size_t i = 0; i < nb; i++, p += bb) {
-            _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
-#pragma GCC unroll 8
-            for (int c = 0; c < chunks; c++, k++) {
-                gguf_ints q = gguf_chunk_ints(type, p, c);
-                __m256i u = _mm256_set_m128i(q.hi, q.lo);
-                if (type == GGUF_Q8_0) u = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
-                const int8_t *xk = xq + k * GGUF_CHUNK;
-                bool odd = k & 1;
-                s0 = apply(type, u, &q, xk, xd[k], odd, s0);
-                if (N > 1) s1 = apply(type, u, &q, xk + cols, xd[nk + k], odd, s1);
-                if (N > 2) s2 = apply(type, u, &q, xk + 2 * cols, xd[2 * nk + k], odd, s2);
-                if (N > 3) s3 = apply(type, u, &q, xk + 3 * cols, xd[3 * nk + k], odd, s3);
+        accs s0 = {z, z}, s1 = s0, s2 = s0, s3 = s0;
+#define STEP(qa, qb, k, last)                                                                           \
+    do {                                                                                                \
+        __m512i u = codes(type, &qa, &qb);                                                              \
+        const int8_t *xk = xq + (k) * GGUF_CHUNK;                                                       \
+        s0 = apply(type, u, &qa, &qb, xk, xd[k], (last) ? 0.0f : xd[(k) + 1], last, s0);               \
+        if (N > 1) s1 = apply(type, u, &qa, &qb, xk + cols, xd[nk + (k)], (last) ? 0.0f : xd[nk + (k) + 1], last, s1); \
+        if (N > 2)                                                                                      \
+            s2 = apply(type, u, &qa, &qb, xk + 2 * cols, xd[2 * nk + (k)], (last) ? 0.0f : xd[2 * nk + (k) + 1], last, s2); \
+        if (N > 3)                                                                                      \
+            s3 = apply(type, u, &qa, &qb, xk + 3 * cols, xd[3 * nk + (k)], (last) ? 0.0f : xd[3 * nk + (k) + 1], last, s3); \
+    } while (0)
+        if (chunks > 1) {
+            size_t k = 0;
+            for (size_t i = 0; i < nb; i++, p += bb) {
+                _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
+#pragma GCC unroll 4
+                for (int c = 0; c < chunks; c += 2, k += 2) {
+                    gguf_ints qa = gguf_chunk_ints(type, p, c), qb = gguf_chunk_ints(type, p, c + 1);
+                    STEP(qa, qb, k, false);
+                }
+            }
+        } else {
+            size_t i = 0;
+            for (; i + 2 <= nb; i += 2, p += 2 * bb) {
+                _mm_prefetch((const char *)p + 8 * bb, _MM_HINT_T0);
+                gguf_ints qa = gguf_chunk_ints(type, p, 0), qb = gguf_chunk_ints(type, p + bb, 0);
+                STEP(qa, qb, i, false);
+            }
+            if (i < nb) {
+                gguf_ints qa = gguf_chunk_ints(type, p, 0);
+                STEP(qa, none, i, true);
             }
         }
+#undef STEP
         out[r] = accs_sum(s0);
         if (N > 1) out[ldo + r] = accs_sum(s1);
         if (N > 2) out[2 * ldo + r] = accs_sum(s2);
