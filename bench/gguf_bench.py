@@ -3,7 +3,8 @@
 
     python bench/gguf_bench.py [--llama-cpp BIN_DIR] [--types Q8_0,Q4_0,Q4_K_M]
                                [--threads 2] [--layers 16] [--steps 32] [--disk]
-                               [--isas auto|avx2,avx512] [--reps 3] [--json OUT]
+                               [--isas auto|avx2,avx512] [--activations exact,int8]
+                               [--reps 3] [--json OUT]
 
 The model is `ferry mkmodel --preset 1b` (Llama 3.2 1B's shape, random bf16
 weights; --layers overrides its 16), written as a BF16 GGUF the way
@@ -20,7 +21,8 @@ llama-quantize), else are built once with cmake from the llama-cpp-python
 source distribution `make deps` downloaded (build/registry) into
 build/llama.cpp. Files go under build/gguf-bench. Prints one line per type
 and run; --json writes every figure. --isas runs ferry once per instruction
-set named (--cpu-isa); --reps repeats every run that many times,
+set named (--cpu-isa), --activations once per activation mode named
+(--cpu-activations; with --isas, every pair); --reps repeats every run that many times,
 interleaved (llama.cpp, then ferry for each ISA, then again), and reports
 medians.
 """
@@ -144,6 +146,7 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--disk", action="store_true")
     ap.add_argument("--isas", default="auto")
+    ap.add_argument("--activations", default="exact")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -162,24 +165,26 @@ def main():
             tmp = q.with_suffix(".partial")
             run(tools / "llama-quantize", base, tmp, t, args.threads)
             tmp.rename(q)
-        isas = args.isas.split(",")
+        isas = [(i, a) for i in args.isas.split(",") for a in args.activations.split(",")
+                if not (a == "int8" and i == "avx2")]
         lcs, frs = [], {i: [] for i in isas}
         for _ in range(args.reps):
             lcs.append(llama_decode(tools, q, args.threads, args.steps))
             for i in isas:
-                frs[i].append(ferry_decode(ferry, q, args.threads, args.steps, ("--cpu-isa", i)))
+                frs[i].append(ferry_decode(ferry, q, args.threads, args.steps,
+                                           ("--cpu-isa", i[0], "--cpu-activations", i[1])))
         lc = statistics.median(lcs)
         row = {"type": t, "file_bytes": q.stat().st_size, "llama_cpp_tokens_per_s": lc, "llama_cpp_runs": lcs,
                "ferry": {}}
         for i in isas:
             tps = [f["decode_tokens_per_s"] for f in frs[i]]
             fr = statistics.median(tps)
-            row["ferry"][i] = {"kernels": frs[i][0]["kernels"], "tokens_per_s": fr, "runs": tps, "ratio": fr / lc,
+            row["ferry"]["%s/%s" % i] = {"kernels": frs[i][0]["kernels"], "tokens_per_s": fr, "runs": tps, "ratio": fr / lc,
                                "weight_bytes_per_step": frs[i][0]["weight_bytes_per_step"]}
             print("%-7s %6.0f MiB  llama.cpp %6.2f tok/s  ferry (%s) %6.2f tok/s  ferry/llama.cpp %.2f" % (
                 t, row["file_bytes"] / 2**20, lc, frs[i][0]["kernels"], fr, fr / lc), flush=True)
-        row["ferry_tokens_per_s"] = row["ferry"][isas[0]]["tokens_per_s"]
-        row["ratio"] = row["ferry"][isas[0]]["ratio"]
+        first = row["ferry"]["%s/%s" % isas[0]]
+        row["ferry_tokens_per_s"], row["ratio"] = first["tokens_per_s"], first["ratio"]
         if args.disk:
             d = ferry_decode(ferry, q, args.threads, args.steps,
                              ("--max-memory", "device=0,host=0", "--offload-dir", OUT / ("offload-" + t)))
