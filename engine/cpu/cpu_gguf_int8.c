@@ -74,7 +74,7 @@ static inline __m512 halves(float a, float b)
  * qb; their 64 activations at xk, scales da, db). */
 static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u, const gguf_ints *qa,
                                                        const gguf_ints *qb, const int8_t *xk, float da, float db,
-                                                       bool last, accs s)
+                                                       bool last, __m512 q6s, accs s)
 {
     const __m512i zero = _mm512_setzero_si512();
     __m512i xv = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xk) : _mm512_loadu_si512((const void *)xk);
@@ -85,10 +85,8 @@ static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u
     if (bias || form != GGUF_FORM_MUL) s4 = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv);
     if (bias) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(s4, log2_bias(bias))); /* exact: q . x */
     __m512 scale;
-    if (type == GGUF_Q6_K) /* a scale a 16 values: 4 lanes each */
-        scale = _mm512_insertf32x8(
-            _mm512_castps256_ps512(_mm256_setr_m128(_mm_set1_ps(qa->s0 * da), _mm_set1_ps(qa->s1 * da))),
-            _mm256_setr_m128(_mm_set1_ps(qb->s0 * db), _mm_set1_ps(qb->s1 * db)), 1);
+    if (type == GGUF_Q6_K) /* a scale a 16 values, 4 lanes each: the pair's four, d sc as the block's q6s */
+        scale = _mm512_mul_ps(q6s, halves(da, db));
     else
         scale = halves(qa->s0 * da, qb->s0 * db);
     s.a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, s.a);
@@ -97,6 +95,61 @@ static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u
         s.m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), halves(sg * qa->m * da, sg * qb->m * db), s.m);
     }
     return s;
+}
+
+/* The codes of a pair straight from the blocks with 512-bit operations,
+ * for the types where that is short (the same bytes as gguf_chunk_ints';
+ * test_ops compares the results with the rounding emulated). pa, pb: the
+ * two blocks (32-value types); pa and chunk c (even) of it (k-quants). */
+static inline __attribute__((always_inline)) bool pair_direct(uint32_t type)
+{
+    return type == GGUF_Q8_0 || type == GGUF_Q4_0 || type == GGUF_Q4_1 || type == GGUF_Q4_K || type == GGUF_Q5_K ||
+           type == GGUF_Q6_K;
+}
+
+static inline __attribute__((always_inline)) __m512i pair_codes(uint32_t type, const uint8_t *pa, const uint8_t *pb,
+                                                               int c)
+{
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    switch (type) {
+    case GGUF_Q8_0: {
+        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(pa + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(pb + 2)), 1);
+        return _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80));
+    }
+    case GGUF_Q4_0:
+    case GGUF_Q4_1: { /* [a, a, b, b] by 128-bit lanes, shifted by 0, 4, 0, 4: low and high nibbles */
+        int off = type == GGUF_Q4_0 ? 2 : 4;
+        __m512i v = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(pa + off)))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(pb + off))), 1);
+        __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                       0x0004000400040004);
+        return _mm512_and_si512(_mm512_srlv_epi16(v, sh), nib);
+    }
+    case GGUF_Q4_K: { /* chunks c, c + 1: the low and high nibbles of the same 32 bytes */
+        __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pa + 16 + 32 * (c / 2))));
+        __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        return _mm512_and_si512(_mm512_srlv_epi16(v, sh), nib);
+    }
+    case GGUF_Q5_K: { /* Q4_K's, with bits c and c + 1 of the 32 qh bytes as fifth bits */
+        __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pa + 48 + 32 * (c / 2))));
+        __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pa + 16)));
+        __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        __m512i hsh = _mm512_inserti64x4(_mm512_set1_epi16((short)c), _mm256_set1_epi16((short)(c + 1)), 1);
+        __m512i hb = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, hsh), _mm512_set1_epi8(1)), 4);
+        return _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(v, sh), nib), hb);
+    }
+    default: { /* Q6_K, chunks c, c + 1 (c even): 64 ql bytes, one shift; qh shifted by 2 (c % 4) and 2 more */
+        int h = c / 4, qq = c % 4;
+        __m512i l = _mm512_loadu_si512((const void *)(pa + 64 * h));
+        __m512i hv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(pa + 128 + 32 * h)));
+        __m512i hsh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * qq)), _mm256_set1_epi16((short)(2 * qq + 2)), 1);
+        __m512i lo = _mm512_and_si512(_mm512_srli_epi16(l, 4 * (qq >> 1)), nib);
+        __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hv, hsh), _mm512_set1_epi8(3)), 4);
+        return _mm512_or_si512(lo, hi);
+    }
+    }
 }
 
 static inline __attribute__((always_inline)) __m512i codes(uint32_t type, const gguf_ints *qa, const gguf_ints *qb)
@@ -122,37 +175,49 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * row_bytes;
         accs s0 = {z, z}, s1 = s0, s2 = s0, s3 = s0;
-#define STEP(qa, qb, k, last)                                                                           \
+#define STEP(qa, qb, k, last, U)                                                                        \
     do {                                                                                                \
-        __m512i u = codes(type, &qa, &qb);                                                              \
+        __m512i u = (U);                                                                                \
         const int8_t *xk = xq + (k) * GGUF_CHUNK;                                                       \
-        s0 = apply(type, u, &qa, &qb, xk, xd[k], (last) ? 0.0f : xd[(k) + 1], last, s0);               \
-        if (N > 1) s1 = apply(type, u, &qa, &qb, xk + cols, xd[nk + (k)], (last) ? 0.0f : xd[nk + (k) + 1], last, s1); \
+        s0 = apply(type, u, &qa, &qb, xk, xd[k], (last) ? 0.0f : xd[(k) + 1], last, q6s, s0);               \
+        if (N > 1) s1 = apply(type, u, &qa, &qb, xk + cols, xd[nk + (k)], (last) ? 0.0f : xd[nk + (k) + 1], last, q6s, s1); \
         if (N > 2)                                                                                      \
-            s2 = apply(type, u, &qa, &qb, xk + 2 * cols, xd[2 * nk + (k)], (last) ? 0.0f : xd[2 * nk + (k) + 1], last, s2); \
+            s2 = apply(type, u, &qa, &qb, xk + 2 * cols, xd[2 * nk + (k)], (last) ? 0.0f : xd[2 * nk + (k) + 1], last, q6s, s2); \
         if (N > 3)                                                                                      \
-            s3 = apply(type, u, &qa, &qb, xk + 3 * cols, xd[3 * nk + (k)], (last) ? 0.0f : xd[3 * nk + (k) + 1], last, s3); \
+            s3 = apply(type, u, &qa, &qb, xk + 3 * cols, xd[3 * nk + (k)], (last) ? 0.0f : xd[3 * nk + (k) + 1], last, q6s, s3); \
     } while (0)
         if (chunks > 1) {
             size_t k = 0;
             for (size_t i = 0; i < nb; i++, p += bb) {
                 _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
+                __m512 q6all = z; /* Q6_K: d sc for the block's 16 scales */
+                if (type == GGUF_Q6_K)
+                    q6all = _mm512_mul_ps(_mm512_set1_ps(gguf_half(p + 208)),
+                                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)))));
 #pragma GCC unroll 4
                 for (int c = 0; c < chunks; c += 2, k += 2) {
                     gguf_ints qa = gguf_chunk_ints(type, p, c), qb = gguf_chunk_ints(type, p, c + 1);
-                    STEP(qa, qb, k, false);
+                    __m512 q6s = z; /* chunk c's two scales, then c + 1's, 4 lanes each */
+                    if (type == GGUF_Q6_K)
+                        q6s = _mm512_permutexvar_ps(
+                            _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                              2 * c + 2, 2 * c + 2, 2 * c + 2, 2 * c + 2, 2 * c + 3, 2 * c + 3,
+                                              2 * c + 3, 2 * c + 3),
+                            q6all);
+                    STEP(qa, qb, k, false, pair_direct(type) ? pair_codes(type, p, p, c) : codes(type, &qa, &qb));
                 }
             }
         } else {
+            const __m512 q6s = z; /* (Q6_K has 256-value blocks) */
             size_t i = 0;
             for (; i + 2 <= nb; i += 2, p += 2 * bb) {
                 _mm_prefetch((const char *)p + 8 * bb, _MM_HINT_T0);
                 gguf_ints qa = gguf_chunk_ints(type, p, 0), qb = gguf_chunk_ints(type, p + bb, 0);
-                STEP(qa, qb, i, false);
+                STEP(qa, qb, i, false, pair_direct(type) ? pair_codes(type, p, p + bb, 0) : codes(type, &qa, &qb));
             }
             if (i < nb) {
                 gguf_ints qa = gguf_chunk_ints(type, p, 0);
-                STEP(qa, none, i, true);
+                STEP(qa, none, i, true, codes(type, &qa, &none));
             }
         }
 #undef STEP
