@@ -70,31 +70,54 @@ static inline __m512 halves(float a, float b)
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
 }
 
-/* One token row's step on chunks k, k + 1 (codes u, integers and scales qa,
- * qb; their 64 activations at xk, scales da, db). */
-static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u, const gguf_ints *qa,
-                                                       const gguf_ints *qb, const int8_t *xk, float da, float db,
-                                                       bool last, __m512 q6s, accs s)
+static inline int int8_bias(uint32_t type) /* q = code - bias */
+{
+    return type == GGUF_Q8_0 ? 128 : type == GGUF_Q4_0 ? 8 : type == GGUF_Q5_0 ? 16 : type == GGUF_Q6_K ? 32 : 0;
+}
+
+/* The pair's two activation scales, lanes 0-7 and 8-15 (the second 0 for
+ * an odd last chunk). */
+static inline __m512 dx_pair(const float *d, bool last) { return halves(d[0], last ? 0.0f : d[1]); }
+
+/* One token row's step on chunks k, k + 1: codes u, their 64 activations at
+ * xk with scales dx; ps the pair's weight scales by lane, pm its minimums
+ * (the types with one). */
+static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u, const int8_t *xk, __m512 dx,
+                                                       __m512 ps, __m512 pm, bool last, accs s)
 {
     const __m512i zero = _mm512_setzero_si512();
     __m512i xv = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xk) : _mm512_loadu_si512((const void *)xk);
     __m512i isum = _mm512_dpbusd_epi32(zero, u, xv);
     gguf_form form = gguf_chunk_form(type);
-    int bias = type == GGUF_Q8_0 ? 128 : qa->bias;
+    const int bias = int8_bias(type);
     __m512i s4 = zero;
     if (bias || form != GGUF_FORM_MUL) s4 = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv);
     if (bias) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(s4, log2_bias(bias))); /* exact: q . x */
-    __m512 scale;
-    if (type == GGUF_Q6_K) /* a scale a 16 values, 4 lanes each: the pair's four, d sc as the block's q6s */
-        scale = _mm512_mul_ps(q6s, halves(da, db));
-    else
-        scale = halves(qa->s0 * da, qb->s0 * db);
-    s.a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, s.a);
-    if (form != GGUF_FORM_MUL) {
-        float sg = form == GGUF_FORM_ADD ? 1.0f : -1.0f;
-        s.m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), halves(sg * qa->m * da, sg * qb->m * db), s.m);
-    }
+    s.a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ps, dx), s.a);
+    if (form == GGUF_FORM_ADD)
+        s.m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s4), _mm512_mul_ps(pm, dx), s.m);
+    else if (form == GGUF_FORM_SUB)
+        s.m = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s4), _mm512_mul_ps(pm, dx), s.m);
     return s;
+}
+
+/* A Q4_K/Q5_K block's 8 scales and 8 minimums (6 bits each, packed in 12
+ * bytes at b + 4) times d and dmin: lanes 0-7 d sc_j, 8-15 dmin m_j. */
+static inline __m512 k_scales(const uint8_t *b)
+{
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi)));
+    return _mm512_mul_ps(v, halves(gguf_half(b), gguf_half(b + 2)));
+}
+
+/* Lanes 0-7 lane i of v, 8-15 lane j. */
+static inline __m512 pick2(__m512 v, int i, int j)
+{
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(i), _mm256_set1_epi32(j), 1), v);
 }
 
 /* The codes of a pair straight from the blocks with 512-bit operations,
@@ -175,49 +198,51 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * row_bytes;
         accs s0 = {z, z}, s1 = s0, s2 = s0, s3 = s0;
-#define STEP(qa, qb, k, last, U)                                                                        \
-    do {                                                                                                \
-        __m512i u = (U);                                                                                \
-        const int8_t *xk = xq + (k) * GGUF_CHUNK;                                                       \
-        s0 = apply(type, u, &qa, &qb, xk, xd[k], (last) ? 0.0f : xd[(k) + 1], last, q6s, s0);               \
-        if (N > 1) s1 = apply(type, u, &qa, &qb, xk + cols, xd[nk + (k)], (last) ? 0.0f : xd[nk + (k) + 1], last, q6s, s1); \
-        if (N > 2)                                                                                      \
-            s2 = apply(type, u, &qa, &qb, xk + 2 * cols, xd[2 * nk + (k)], (last) ? 0.0f : xd[2 * nk + (k) + 1], last, q6s, s2); \
-        if (N > 3)                                                                                      \
-            s3 = apply(type, u, &qa, &qb, xk + 3 * cols, xd[3 * nk + (k)], (last) ? 0.0f : xd[3 * nk + (k) + 1], last, q6s, s3); \
+#define STEP(k, last, U, PS, PM)                                                                         \
+    do {                                                                                                 \
+        __m512i u = (U);                                                                                 \
+        __m512 ps_ = (PS), pm_ = (PM);                                                                     \
+        const int8_t *xk = xq + (k) * GGUF_CHUNK;                                                        \
+        s0 = apply(type, u, xk, dx_pair(xd + (k), last), ps_, pm_, last, s0);                              \
+        if (N > 1) s1 = apply(type, u, xk + cols, dx_pair(xd + nk + (k), last), ps_, pm_, last, s1);       \
+        if (N > 2) s2 = apply(type, u, xk + 2 * cols, dx_pair(xd + 2 * nk + (k), last), ps_, pm_, last, s2); \
+        if (N > 3) s3 = apply(type, u, xk + 3 * cols, dx_pair(xd + 3 * nk + (k), last), ps_, pm_, last, s3); \
     } while (0)
         if (chunks > 1) {
             size_t k = 0;
             for (size_t i = 0; i < nb; i++, p += bb) {
                 _mm_prefetch((const char *)p + 4 * bb, _MM_HINT_T0);
-                __m512 q6all = z; /* Q6_K: d sc for the block's 16 scales */
+                __m512 bs = z; /* the block's scales: Q6_K d sc (16), Q4_K/Q5_K k_scales */
                 if (type == GGUF_Q6_K)
-                    q6all = _mm512_mul_ps(_mm512_set1_ps(gguf_half(p + 208)),
-                                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)))));
+                    bs = _mm512_mul_ps(_mm512_set1_ps(gguf_half(p + 208)),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)))));
+                else
+                    bs = k_scales(p);
 #pragma GCC unroll 4
                 for (int c = 0; c < chunks; c += 2, k += 2) {
-                    gguf_ints qa = gguf_chunk_ints(type, p, c), qb = gguf_chunk_ints(type, p, c + 1);
-                    __m512 q6s = z; /* chunk c's two scales, then c + 1's, 4 lanes each */
-                    if (type == GGUF_Q6_K)
-                        q6s = _mm512_permutexvar_ps(
+                    __m512 ps, pm = z;
+                    if (type == GGUF_Q6_K) /* chunk c's two scales, then c + 1's, 4 lanes each */
+                        ps = _mm512_permutexvar_ps(
                             _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
                                               2 * c + 2, 2 * c + 2, 2 * c + 2, 2 * c + 2, 2 * c + 3, 2 * c + 3,
                                               2 * c + 3, 2 * c + 3),
-                            q6all);
-                    STEP(qa, qb, k, false, pair_direct(type) ? pair_codes(type, p, p, c) : codes(type, &qa, &qb));
+                            bs);
+                    else
+                        ps = pick2(bs, c, c + 1), pm = pick2(bs, 8 + c, 9 + c);
+                    STEP(k, false, pair_codes(type, p, p, c), ps, pm);
                 }
             }
         } else {
-            const __m512 q6s = z; /* (Q6_K has 256-value blocks) */
             size_t i = 0;
             for (; i + 2 <= nb; i += 2, p += 2 * bb) {
                 _mm_prefetch((const char *)p + 8 * bb, _MM_HINT_T0);
                 gguf_ints qa = gguf_chunk_ints(type, p, 0), qb = gguf_chunk_ints(type, p + bb, 0);
-                STEP(qa, qb, i, false, pair_direct(type) ? pair_codes(type, p, p + bb, 0) : codes(type, &qa, &qb));
+                STEP(i, false, pair_direct(type) ? pair_codes(type, p, p + bb, 0) : codes(type, &qa, &qb),
+                     halves(qa.s0, qb.s0), halves(qa.m, qb.m));
             }
             if (i < nb) {
                 gguf_ints qa = gguf_chunk_ints(type, p, 0);
-                STEP(qa, none, i, true, codes(type, &qa, &none));
+                STEP(i, true, codes(type, &qa, &none), halves(qa.s0, 0.0f), halves(qa.m, 0.0f));
             }
         }
 #undef STEP
