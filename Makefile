@@ -17,10 +17,12 @@ ARCH_FLAGS ?= -march=x86-64-v3
 # the kernels chosen at run time where the processor has them (engine/cpu/cpu_isa.c)
 AVX512_FLAGS ?= -mavx512f -mavx512bw -mavx512vl -mavx512dq
 VNNI_FLAGS ?= -mavx512vnni
+BF16_FLAGS ?= -mavx512bf16
 else
 ARCH_FLAGS ?=
 AVX512_FLAGS ?=
 VNNI_FLAGS ?=
+BF16_FLAGS ?=
 endif
 OPT      ?= -O2
 CFLAGS   += -std=gnu11 $(OPT) -g -Wall -Wextra -Wshadow -pthread $(ARCH_FLAGS) -MMD -MP
@@ -89,6 +91,7 @@ $(BUILD)/ferry: $(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ)
 
 %/engine/cpu/cpu_gguf_avx512.o %/engine/cpu/cpu_matmul_avx512.o: CFLAGS += $(AVX512_FLAGS)
 %/engine/cpu/cpu_gguf_int8.o: CFLAGS += $(AVX512_FLAGS) $(VNNI_FLAGS)
+%/engine/cpu/cpu_matmul_bf16.o: CFLAGS += $(AVX512_FLAGS) $(BF16_FLAGS)
 
 # GGUF's dequantizers round as ggml's and numpy's do: no fused multiply-add
 %/engine/weights/gguf_quant.o: CFLAGS += -ffp-contract=off

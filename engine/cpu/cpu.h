@@ -21,18 +21,21 @@ const char *cpu_isa_name(cpu_isa isa);
 bool cpu_isa_offered(cpu_isa isa); /* by the processor and the build */
 /* name: auto (or NULL: the best offered), avx2, avx512; an ISA not offered is refused naming why. */
 ferry_status cpu_isa_choose(const char *name, cpu_isa *out);
-/* activations: exact (or NULL: f32) or int8 (a GGUF's blocks against
- * 8-bit activations: needs avx512 and VNNI); *int8 says which. */
-ferry_status cpu_activations_choose(const char *name, cpu_isa isa, bool *int8);
+/* activations: exact (or NULL: f32), int8 (a GGUF's blocks against 8-bit
+ * activations: needs avx512 and VNNI) or bf16 (BF16 weights against bf16
+ * activations: needs avx512 and AVX-512 BF16). */
+typedef enum { CPU_ACT_EXACT, CPU_ACT_INT8, CPU_ACT_BF16 } cpu_act;
+ferry_status cpu_activations_choose(const char *name, cpu_isa isa, cpu_act *out);
 
 typedef struct {
     backend base;
     pool *pool;
     cpu_isa isa;
-    bool act_int8;     /* --cpu-activations int8: GGUF blocks take cpu_gguf_int8.c */
-    int8_t *xq;        /* the step's activations quantized (act_int8), grown as needed */
+    cpu_act act;       /* --cpu-activations: int8 (GGUF blocks: cpu_gguf_int8.c), bf16 (cpu_matmul_bf16.c) */
+    int8_t *xq;        /* the step's activations quantized (int8), grown as needed */
     float *xd;
-    size_t xq_cap, xd_cap;
+    uint16_t *xb;      /* ... rounded to bf16 (bf16) */
+    size_t xq_cap, xd_cap, xb_cap;
     const batch *b; /* the step's batch, set by set_batch; host memory */
     int *seq_of;    /* [n_tokens] index of each token's sequence in b->seqs */
     int seq_of_cap;
@@ -68,12 +71,19 @@ void cpu_gguf_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x,
 /* cpu_gguf_int8.c: the chunked blocks against 8-bit activations (AVX-512
  * VNNI builds; called where the processor has it). cpu_gguf_quantize_x:
  * n rows of cols floats to int8 (xq, n * cols) with a scale a 32 values
- * (xd, n * cols / 32). cpu_gguf_int8_takes: whether the weight's type is one. */
+ * (xd, n * cols / 32), then each 32 values' scale x the sum of their int8
+ * (xd + n * cols / 32, as many). cpu_gguf_int8_takes: whether the weight's type is one. */
 bool cpu_gguf_int8_built(void);
 bool cpu_gguf_int8_takes(const weight *w);
 void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd);
 void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
                         size_t ldo);
+
+/* cpu_matmul_bf16.c: BF16 weights against bf16-rounded activations
+ * (AVX-512 BF16 builds; called where the processor has it). */
+bool cpu_bf16_built(void);
+void cpu_bf16_round_x(const float *x, int n, size_t cols, uint16_t *xb);
+void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo);
 
 /* cpu_matmul_avx512.c: F32/F16/BF16 weights with 16 lanes (dense_kern.h);
  * wf: 4 * cols floats of scratch where n > 16. */

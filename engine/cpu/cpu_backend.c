@@ -326,13 +326,14 @@ static void cpu_free(backend *be)
     free(cb->seq_of);
     free(cb->xq);
     free(cb->xd);
+    free(cb->xb);
     free(cb);
 }
 
 static const char *cpu_kernels(backend *be)
 {
     cpu_backend *cb = (cpu_backend *)be;
-    return cb->act_int8 ? "avx512+int8" : cpu_isa_name(cb->isa);
+    return cb->act == CPU_ACT_INT8 ? "avx512+int8" : cb->act == CPU_ACT_BF16 ? "avx512+bf16" : cpu_isa_name(cb->isa);
 }
 
 static const struct backend_ops k_cpu_ops = {
@@ -375,13 +376,13 @@ ferry_status cpu_backend_create(const backend_opts *opts, backend **out)
 {
     *out = NULL;
     cpu_isa isa;
-    bool act_int8;
+    cpu_act act;
     FERRY_TRY(cpu_isa_choose(opts ? opts->isa : NULL, &isa));
-    FERRY_TRY(cpu_activations_choose(opts ? opts->activations : NULL, isa, &act_int8));
+    FERRY_TRY(cpu_activations_choose(opts ? opts->activations : NULL, isa, &act));
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return ferry_fail(FERRY_ERR_NOMEM, "out of memory creating the CPU backend");
     cb->isa = isa;
-    cb->act_int8 = act_int8;
+    cb->act = act;
     int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads > CPU_MAX_WORKERS) threads = CPU_MAX_WORKERS;
     cb->pool = pool_create(threads);

@@ -19,6 +19,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__FMA__) && defined(__F16C__)
 #include "gguf_chunk.h"
+#include "simd_sum.h"
 
 static inline __m512 widen(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
 
@@ -40,15 +41,7 @@ static inline __attribute__((always_inline)) w2 chunk32(uint32_t type, const uin
 }
 
 /* The sum of two accumulators' lanes, in one fixed order. */
-static inline float hsum2(__m512 a, __m512 b)
-{
-    __m512 v = _mm512_add_ps(a, b);
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
-}
+static inline float hsum2(__m512 a, __m512 b) { return hsum16(_mm512_add_ps(a, b)); }
 
 /* Decode: rows [r0, r1) for N (1 or 2) token rows, each chunk applied as
  * it is dequantized - dot()'s operations on the same values. */

@@ -23,6 +23,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
 #include "gguf_chunk.h"
+#include "simd_sum.h"
 
 void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd)
 {
@@ -35,18 +36,13 @@ void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *
             float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
             __m512 s = _mm512_set1_ps(id);
             int8_t *q = xq + (size_t)t * cols + k;
-            _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, s))));
-            _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, s))));
-            xd[(size_t)t * (cols / GGUF_CHUNK) + k / GGUF_CHUNK] = d;
+            __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
+            _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(i0)); /* |i| <= 127: saturation never bites */
+            _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(i1));
+            size_t at = (size_t)t * (cols / GGUF_CHUNK) + k / GGUF_CHUNK, nd = (size_t)n * (cols / GGUF_CHUNK);
+            xd[at] = d;
+            xd[nd + at] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)); /* d sum(q): minimums' terms */
         }
-}
-
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* A token row's accumulators: chunks k (even) and k + 1 (odd) are taken
@@ -54,14 +50,20 @@ static inline float hsum8(__m256 v)
  * terms apart in m. */
 typedef struct {
     __m512 a, m;
+    __m256 mk; /* Q4_K/Q5_K: the minimums' terms a block at a time, chunk j in lane j */
 } accs;
 
 static inline float accs_sum(accs s)
 {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(s.a), _mm512_extractf32x8_ps(s.a, 1));
     __m256 m = _mm256_add_ps(_mm512_castps512_ps256(s.m), _mm512_extractf32x8_ps(s.m, 1));
-    return hsum8(_mm256_add_ps(a, m));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(a, m), s.mk));
 }
+
+/* Q4_K and Q5_K take their minimums' terms a block at a time:
+ * sum_j dmin m_j (d_j sum(q_j)) from the block's 8 minimums and the
+ * activations' per-chunk sums (cpu_gguf_quantize_x), one multiply-add. */
+static inline bool block_mins(uint32_t type) { return type == GGUF_Q4_K || type == GGUF_Q5_K; }
 
 static inline int log2_bias(int bias) { return bias == 8 ? 3 : bias == 16 ? 4 : bias == 32 ? 5 : 7; }
 
@@ -88,7 +90,7 @@ static inline __attribute__((always_inline)) accs apply(uint32_t type, __m512i u
     const __m512i zero = _mm512_setzero_si512();
     __m512i xv = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xk) : _mm512_loadu_si512((const void *)xk);
     __m512i isum = _mm512_dpbusd_epi32(zero, u, xv);
-    gguf_form form = gguf_chunk_form(type);
+    gguf_form form = block_mins(type) ? GGUF_FORM_MUL : gguf_chunk_form(type); /* (theirs: a block at a time) */
     const int bias = int8_bias(type);
     __m512i s4 = zero;
     if (bias || form != GGUF_FORM_MUL) s4 = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xv);
@@ -187,8 +189,8 @@ static inline __attribute__((always_inline)) __m512i codes(uint32_t type, const 
  * k-quant block, or two blocks of the 32-value types; an odd last block
  * is paired with nothing (zero codes and scales). */
 static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32_t type, size_t r0, size_t r1,
-                                                        const int8_t *xq, const float *xd, const int N, float *out,
-                                                        size_t ldo)
+                                                        const int8_t *xq, const float *xd, const float *xs,
+                                                        const int N, float *out, size_t ldo)
 {
     const int chunks = gguf_chunk_count(type);
     const uint32_t be = (uint32_t)chunks * GGUF_CHUNK, bb = gguf_chunk_block_bytes(type);
@@ -197,7 +199,7 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
     const gguf_ints none = {0};
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * row_bytes;
-        accs s0 = {z, z}, s1 = s0, s2 = s0, s3 = s0;
+        accs s0 = {z, z, _mm256_setzero_ps()}, s1 = s0, s2 = s0, s3 = s0;
 #define STEP(k, last, U, PS, PM)                                                                         \
     do {                                                                                                 \
         __m512i u = (U);                                                                                 \
@@ -218,6 +220,13 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
                                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)))));
                 else
                     bs = k_scales(p);
+                if (block_mins(type)) { /* - sum_j dmin m_j xs_j, xs = the activations' d sum(q) a chunk */
+                    __m256 mins = _mm512_extractf32x8_ps(bs, 1);
+                    s0.mk = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xs + k), s0.mk);
+                    if (N > 1) s1.mk = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xs + nk + k), s1.mk);
+                    if (N > 2) s2.mk = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xs + 2 * nk + k), s2.mk);
+                    if (N > 3) s3.mk = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(xs + 3 * nk + k), s3.mk);
+                }
 #pragma GCC unroll 4
                 for (int c = 0; c < chunks; c += 2, k += 2) {
                     __m512 ps, pm = z;
@@ -228,7 +237,7 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
                                               2 * c + 3, 2 * c + 3),
                             bs);
                     else
-                        ps = pick2(bs, c, c + 1), pm = pick2(bs, 8 + c, 9 + c);
+                        ps = pick2(bs, c, c + 1);
                     STEP(k, false, pair_codes(type, p, p, c), ps, pm);
                 }
             }
@@ -258,15 +267,16 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
                          float *out, size_t ldo) \
     { \
         size_t cols = (size_t)w->cols, nk = cols / GGUF_CHUNK; \
+        const float *xs_all = xd + (size_t)n * nk; \
         for (int t = 0; t < n; t += 4) { \
             const int8_t *q = xq + (size_t)t * cols; \
-            const float *d = xd + (size_t)t * nk; \
+            const float *d = xd + (size_t)t * nk, *xs = xs_all + (size_t)t * nk; \
             float *o = out + (size_t)t * ldo; \
             switch (n - t < 4 ? n - t : 4) { \
-            case 1: rows_n(w, GGUF_##T, r0, r1, q, d, 1, o, ldo); break; \
-            case 2: rows_n(w, GGUF_##T, r0, r1, q, d, 2, o, ldo); break; \
-            case 3: rows_n(w, GGUF_##T, r0, r1, q, d, 3, o, ldo); break; \
-            default: rows_n(w, GGUF_##T, r0, r1, q, d, 4, o, ldo); break; \
+            case 1: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 1, o, ldo); break; \
+            case 2: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 2, o, ldo); break; \
+            case 3: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 3, o, ldo); break; \
+            default: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 4, o, ldo); break; \
             } \
         } \
     }

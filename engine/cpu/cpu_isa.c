@@ -12,8 +12,10 @@
  *         the AVX2 ones still.
  *
  * The activations (cpu_activations): exact (f32, the default and the
- * tests' reference) or int8, a GGUF's chunked blocks against activations
- * quantized to 8 bits a 32 values (cpu_gguf_int8.c; needs avx512 and VNNI).
+ * tests' reference); int8, a GGUF's chunked blocks against activations
+ * quantized to 8 bits a 32 values (cpu_gguf_int8.c; needs avx512 and VNNI);
+ * bf16, BF16 weights against activations rounded to bf16
+ * (cpu_matmul_bf16.c; needs avx512 and AVX-512 BF16).
  */
 #include <string.h>
 
@@ -36,28 +38,32 @@ bool cpu_isa_offered(cpu_isa isa)
     return false;
 }
 
-static bool vnni_offered(void)
+static bool feature(const char *name)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    return cpu_gguf_int8_built() && __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
+    if (!strcmp(name, "avx512vnni")) return __builtin_cpu_supports("avx512vnni");
+    if (!strcmp(name, "avx512bf16")) return __builtin_cpu_supports("avx512bf16");
 #endif
+    (void)name;
+    return false;
 }
 
-ferry_status cpu_activations_choose(const char *name, cpu_isa isa, bool *int8)
+ferry_status cpu_activations_choose(const char *name, cpu_isa isa, cpu_act *out)
 {
-    *int8 = false;
+    *out = CPU_ACT_EXACT;
     if (!name || !*name || !strcmp(name, "exact")) return FERRY_OK;
-    if (strcmp(name, "int8") != 0)
-        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations %s: expected exact or int8", name);
-    if (isa != CPU_ISA_AVX512 || !vnni_offered())
-        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations int8: needs the avx512 kernels and AVX-512 VNNI (%s)",
+    bool int8 = !strcmp(name, "int8");
+    if (!int8 && strcmp(name, "bf16") != 0)
+        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations %s: expected exact, int8 or bf16", name);
+    bool built = int8 ? cpu_gguf_int8_built() : cpu_bf16_built();
+    const char *ext = int8 ? "AVX-512 VNNI" : "AVX-512 BF16";
+    if (isa != CPU_ISA_AVX512 || !built || !feature(int8 ? "avx512vnni" : "avx512bf16"))
+        return ferry_fail(FERRY_ERR_INVALID, "cpu_activations %s: needs the avx512 kernels and %s (%s)", name, ext,
                           isa != CPU_ISA_AVX512 && cpu_isa_offered(CPU_ISA_AVX512) ? "cpu_isa chose avx2"
-                          : !cpu_gguf_int8_built()                                 ? "this build has no VNNI kernels"
-                                                                                   : "this processor lacks them");
-    *int8 = true;
+                          : !built ? "this build has no such kernels"
+                                   : "this processor lacks them");
+    *out = int8 ? CPU_ACT_INT8 : CPU_ACT_BF16;
     return FERRY_OK;
 }
 

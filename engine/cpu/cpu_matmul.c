@@ -21,6 +21,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+
+#include "simd_sum.h"
 #define HAVE_AVX2 1
 #endif
 
@@ -37,14 +39,6 @@ static inline __attribute__((always_inline)) __m256 dk_loadw(ferry_dtype dt, con
     default:
         return _mm256_loadu_ps((const float *)base + i);
     }
-}
-
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 #define DK_VEC __m256
@@ -102,8 +96,9 @@ typedef struct {
     int n;
     int64_t rows_per_task;
     cpu_backend *cb;
-    const int8_t *xq; /* x quantized (act_int8 and a GGUF's chunked blocks), else NULL */
+    const int8_t *xq; /* x quantized (int8 activations and a GGUF's chunked blocks), else NULL */
     const float *xd;
+    const uint16_t *xb; /* x rounded to bf16 (bf16 activations and BF16 weights), else NULL */
 } mm_ctx;
 
 #ifndef HAVE_AVX2
@@ -133,6 +128,10 @@ static void mm_task(void *vctx, int task, int worker)
     if (r1 > rows) r1 = rows;
     if (r0 >= r1) return;
     size_t ldo = rows;
+    if (c->xb) { /* --cpu-activations bf16 */
+        cpu_bf16_rows(w, r0, r1, c->xb, c->n, c->out, ldo);
+        goto bias;
+    }
     if (c->xq) { /* --cpu-activations int8 */
         cpu_gguf_rows_int8(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
         goto bias;
@@ -191,9 +190,19 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
     int64_t per = (w->rows + threads * 4 - 1) / (threads * 4);
     per = (per + 3) & ~(int64_t)3;
     if (per < 4) per = 4;
-    mm_ctx c = {out, x, w, bias, n, per, cb, NULL, NULL};
-    if (cb->act_int8 && cpu_gguf_int8_takes(w)) { /* the activations quantized once, for every task */
-        size_t nq = (size_t)n * (size_t)w->cols, nd = nq / 32;
+    mm_ctx c = {out, x, w, bias, n, per, cb, NULL, NULL, NULL};
+    if (cb->act == CPU_ACT_BF16 && w->quant == WQ_NONE && w->dtype == DT_BF16) { /* rounded once, for every task */
+        size_t nb = (size_t)n * (size_t)w->cols;
+        if (nb > cb->xb_cap) {
+            uint16_t *b = realloc(cb->xb, nb * sizeof *b);
+            FERRY_ASSERT(b); /* a step's activations: half the bytes of its f32 input */
+            cb->xb = b, cb->xb_cap = nb;
+        }
+        cpu_bf16_round_x(x, n, (size_t)w->cols, cb->xb);
+        c.xb = cb->xb;
+    }
+    if (cb->act == CPU_ACT_INT8 && cpu_gguf_int8_takes(w)) { /* the activations quantized once, for every task */
+        size_t nq = (size_t)n * (size_t)w->cols, nd = 2 * (nq / 32); /* scales, then d sum(q) (cpu.h) */
         if (nq > cb->xq_cap) {
             int8_t *q = realloc(cb->xq, nq);
             FERRY_ASSERT(q); /* a step's activations: bytes of the order of its f32 input */

@@ -13,6 +13,8 @@
     defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
+#include "simd_sum.h"
+
 static inline __attribute__((always_inline)) __m512 dk_loadw(ferry_dtype dt, const void *base, size_t i)
 {
     switch (dt) {
@@ -24,15 +26,6 @@ static inline __attribute__((always_inline)) __m512 dk_loadw(ferry_dtype dt, con
     default:
         return _mm512_loadu_ps((const float *)base + i);
     }
-}
-
-static inline float hsum16(__m512 v)
-{
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 #define DK_VEC __m512

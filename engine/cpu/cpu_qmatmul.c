@@ -31,6 +31,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+
+#include "simd_sum.h"
 #define HAVE_AVX2 1
 #endif
 
@@ -80,14 +82,6 @@ static inline int q_at(weight_quant qt, const uint8_t *row, size_t c)
  * short a stream for the hardware prefetcher, which stops at each 4 KiB
  * page and has to learn every new row again. */
 #define QPF_AHEAD(NR, v) ((size_t)(NR) * (v)->row_bytes)
-
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* q(row, k .. k+7) as f32, k a multiple of 8 for int4 (one whole word). */
 static inline __attribute__((always_inline)) __m256 deq8(weight_quant qt, const uint8_t *row, size_t k)

@@ -523,6 +523,65 @@ static void test_gguf_matmul(bool check_rows)
     test_gguf_matmul_cols(check_rows, 544);
 }
 
+/* --cpu-activations bf16: BF16 weights against x rounded to bf16 (nearest
+ * even: each value moves at most 2^-9 of itself), products exact, sums in
+ * f32. Every output: within sum |w x| 2^-9 (+ f32 rounding) of the exact
+ * product, within f32 rounding of the same in double on the rounded x,
+ * and the same bits whatever the rest of its step. Columns 300 and 64:
+ * the last 32-column step part-filled, and not. */
+static void test_bf16_activations(void)
+{
+    static const int ns[] = {1, 2, 3, 7, 17, 64};
+    for (int shape = 0; shape < 2; shape++) {
+        int64_t rows = 37, cols = shape ? 64 : 300;
+        double *wref, *xref;
+        weight w = make_weight(DT_BF16, rows, cols, &wref, -1, 1);
+        float *x = rand_vec((size_t)64 * (size_t)cols, &xref);
+        float *one = dev_poison((size_t)rows), *all = dev_poison((size_t)64 * (size_t)rows);
+        float *alone = malloc((size_t)64 * (size_t)rows * sizeof *alone);
+        for (int t = 0; t < 64; t++) {
+            g_be->ops->matmul(g_be, one, x + (size_t)t * (size_t)cols, &w, NULL, 1);
+            float *h = host_of(one, (size_t)rows);
+            memcpy(alone + (size_t)t * (size_t)rows, h, (size_t)rows * sizeof *h);
+            free(h);
+        }
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            int n = ns[i];
+            g_be->ops->matmul(g_be, all, x, &w, NULL, n);
+            float *got = host_of(all, (size_t)n * (size_t)rows);
+            size_t over = 0, off = 0, varies = 0;
+            for (int t = 0; t < n; t++)
+                for (int64_t r = 0; r < rows; r++) {
+                    double exact = 0, rounded = 0, mag = 0;
+                    for (int64_t c = 0; c < cols; c++) {
+                        double wv = wref[r * cols + c], xv = xref[(size_t)t * (size_t)cols + (size_t)c];
+                        exact += wv * xv;
+                        rounded += wv * bf16_to_f32(f32_to_bf16((float)xv));
+                        mag += fabs(wv * xv);
+                    }
+                    float g = got[(size_t)t * (size_t)rows + (size_t)r];
+                    over += fabs(g - exact) > mag * (1.0 / 512) * 1.001 + 1e-5 * mag;
+                    off += fabs(g - rounded) > 1e-5 * mag;
+                    varies += memcmp(&g, &alone[(size_t)t * (size_t)rows + (size_t)r], sizeof g) != 0;
+                }
+            if (over || off || varies)
+                fprintf(stderr, "bf16 activations [%lld,%lld] n=%d: %zu past 2^-9, %zu not the rounding's, %zu vary\n",
+                        (long long)rows, (long long)cols, n, over, off, varies);
+            CHECK(over == 0);
+            CHECK(off == 0);
+            CHECK(varies == 0);
+            free(got);
+        }
+        free(alone);
+        free(wref);
+        free(xref);
+        g_be->ops->release(g_be, (void *)w.data);
+        g_be->ops->release(g_be, x);
+        g_be->ops->release(g_be, one);
+        g_be->ops->release(g_be, all);
+    }
+}
+
 static void test_rmsnorm(int dim)
 {
     int n = 9;
@@ -930,6 +989,16 @@ int main(int argc, char **argv)
         }
         io.isa = "avx2";
         CHECK(backend_create("cpu", &io, &g_be) != FERRY_OK); /* int8 needs the avx512 kernels */
+        io = (backend_opts){3, "avx512", "bf16"};
+        if (backend_create("cpu", &io, &g_be) == FERRY_OK) {
+            CHECK(strcmp(g_be->ops->kernels(g_be), "avx512+bf16") == 0);
+            test_bf16_activations();
+            test_gguf_matmul(false); /* the other weights keep f32 activations */
+            backend_free(g_be);
+        } else {
+            fprintf(stderr, "test_ops: cpu_activations bf16 not offered here: %s\n", ferry_errmsg());
+            CHECK(strstr(ferry_errmsg(), "cpu_activations bf16") != NULL);
+        }
         g_be = cpu;
     }
     test_rmsnorm(70);
