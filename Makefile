@@ -90,7 +90,7 @@ $(BUILD)/ferry: $(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(GRPC_LIBS)
 
 %/engine/cpu/cpu_gguf_avx512.o %/engine/cpu/cpu_matmul_avx512.o: CFLAGS += $(AVX512_FLAGS)
-%/engine/cpu/cpu_gguf_int8.o: CFLAGS += $(AVX512_FLAGS) $(VNNI_FLAGS)
+%/engine/cpu/cpu_act_int8.o: CFLAGS += $(AVX512_FLAGS) $(VNNI_FLAGS)
 %/engine/cpu/cpu_matmul_bf16.o: CFLAGS += $(AVX512_FLAGS) $(BF16_FLAGS)
 
 # GGUF's dequantizers round as ggml's and numpy's do: no fused multiply-add

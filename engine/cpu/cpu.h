@@ -31,7 +31,7 @@ typedef struct {
     backend base;
     pool *pool;
     cpu_isa isa;
-    cpu_act act;       /* --cpu-activations: int8 (GGUF blocks: cpu_gguf_int8.c), bf16 (cpu_matmul_bf16.c) */
+    cpu_act act;       /* --cpu-activations: int8 (cpu_act_int8.c), bf16 (cpu_matmul_bf16.c) */
     int8_t *xq;        /* the step's activations quantized (int8), grown as needed */
     float *xd;
     uint16_t *xb;      /* ... rounded to bf16 (bf16) */
@@ -68,16 +68,20 @@ bool cpu_gguf_avx512_built(void);
 void cpu_gguf_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
                           float *scratch);
 
-/* cpu_gguf_int8.c: the chunked blocks against 8-bit activations (AVX-512
- * VNNI builds; called where the processor has it). cpu_gguf_quantize_x:
+/* cpu_act_int8.c: the chunked blocks, and int8/int4 weights whose groups
+ * are whole 32-column chunks, against 8-bit activations (AVX-512 VNNI
+ * builds; called where the processor has it). cpu_gguf_quantize_x:
  * n rows of cols floats to int8 (xq, n * cols) with a scale a 32 values
  * (xd, n * cols / 32), then each 32 values' scale x the sum of their int8
- * (xd + n * cols / 32, as many). cpu_gguf_int8_takes: whether the weight's type is one. */
+ * (xd + n * cols / 32, as many); even_odd (int4 weights): each chunk's
+ * bytes as its even columns then its odd ones. cpu_gguf_int8_takes: whether the weight's type is one. */
 bool cpu_gguf_int8_built(void);
-bool cpu_gguf_int8_takes(const weight *w);
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd);
+bool cpu_gguf_int8_takes(const weight *w); /* a GGUF chunked type, or int8/int4 in whole chunks */
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd);
 void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
                         size_t ldo);
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
+                     size_t ldo);
 
 /* cpu_matmul_bf16.c: BF16 weights against bf16-rounded activations
  * (AVX-512 BF16 builds; called where the processor has it). */

@@ -203,6 +203,8 @@ void cpu_gguf_row_to_f32(float *dst, const weight *w, int64_t row, int64_t col0,
 bool cpu_gguf_int8_takes(const weight *w)
 {
 #ifdef HAVE_AVX2
+    if (w->quant == WQ_INT8 || w->quant == WQ_INT4) /* a chunk never straddles two groups */
+        return w->cols % GGUF_CHUNK == 0 && w->group % GGUF_CHUNK == 0;
     return w->quant == WQ_GGUF && gguf_chunked(w->block);
 #else
     (void)w;

@@ -13,7 +13,8 @@
  *
  * The activations (cpu_activations): exact (f32, the default and the
  * tests' reference); int8, a GGUF's chunked blocks against activations
- * quantized to 8 bits a 32 values (cpu_gguf_int8.c; needs avx512 and VNNI);
+ * quantized to 8 bits a 32 values, and int8/int4 weights so too
+ * (cpu_act_int8.c; needs avx512 and VNNI);
  * bf16, BF16 weights against activations rounded to bf16
  * (cpu_matmul_bf16.c; needs avx512 and AVX-512 BF16).
  */

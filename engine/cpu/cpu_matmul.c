@@ -133,7 +133,7 @@ static void mm_task(void *vctx, int task, int worker)
         goto bias;
     }
     if (c->xq) { /* --cpu-activations int8 */
-        cpu_gguf_rows_int8(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
+        (w->quant == WQ_GGUF ? cpu_gguf_rows_int8 : cpu_q_rows_int8)(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
         goto bias;
     }
     if (w->quant == WQ_GGUF) { /* every build: cpu_gguf.c has its portable path */
@@ -213,7 +213,7 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
             FERRY_ASSERT(d);
             cb->xd = d, cb->xd_cap = nd;
         }
-        cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd);
+        cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd, w->quant == WQ_INT4);
         c.xq = cb->xq, c.xd = cb->xd;
     }
     pool_run(cb->pool, (int)((w->rows + per - 1) / per), mm_task, &c);

@@ -1,5 +1,6 @@
 /*
- * cpu_gguf_int8.c - a GGUF file's chunked blocks against activations
+ * cpu_act_int8.c - a GGUF file's chunked blocks, and int8/int4 weights
+ * (weight.h) whose groups are whole 32-column chunks, against activations
  * quantized to 8 bits (--cpu-activations int8, llama.cpp's approach): each
  * token row is cut into blocks of 32 values, each block scaled to int8 by
  * d = max|x| / 127 (q = x / d rounded to nearest even), and a chunk of a
@@ -9,7 +10,8 @@
  * is the whole error, bounded per output by sum_blocks d_b / 2 sum |w| -
  * test_ops checks each output against that bound.
  *
- * Per chunk: u = the stored codes (unsigned; Q8_0's signed codes + 128),
+ * Per chunk: u = the stored codes (unsigned; Q8_0's and int8's signed codes
+ * + 128, int4's nibbles put in column order),
  * isum = u . xq and s4 = 1 . xq by lanes of 4 (vpdpbusd), q . xq = isum -
  * bias s4 exactly; then acc += (s dx) isum' (+ (+-m dx) s4 for the types
  * with a minimum, in accumulators of their own), 8 lanes, even and odd
@@ -25,9 +27,11 @@
 #include "gguf_chunk.h"
 #include "simd_sum.h"
 
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd)
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd)
 {
     const __m512 sign = _mm512_set1_ps(-0.0f);
+    /* even_odd: a chunk's bytes as its even columns, then its odd ones (the order of int4's nibbles) */
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (int t = 0; t < n; t++)
         for (size_t k = 0; k < cols; k += GGUF_CHUNK) {
             const float *p = x + (size_t)t * cols + k;
@@ -37,8 +41,15 @@ void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *
             __m512 s = _mm512_set1_ps(id);
             int8_t *q = xq + (size_t)t * cols + k;
             __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
-            _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(i0)); /* |i| <= 127: saturation never bites */
-            _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(i1));
+            __m128i b0 = _mm512_cvtsepi32_epi8(i0), b1 = _mm512_cvtsepi32_epi8(i1); /* |i| <= 127: no saturation */
+            if (even_odd) {
+                b0 = _mm_shuffle_epi8(b0, split); /* 0 2 .. 14 | 1 3 .. 15 */
+                b1 = _mm_shuffle_epi8(b1, split); /* 16 18 .. 30 | 17 19 .. 31 */
+                __m128i ev = _mm_unpacklo_epi64(b0, b1), od = _mm_unpackhi_epi64(b0, b1);
+                b0 = ev, b1 = od;
+            }
+            _mm_storeu_si128((__m128i *)q, b0);
+            _mm_storeu_si128((__m128i *)(q + 16), b1);
             size_t at = (size_t)t * (cols / GGUF_CHUNK) + k / GGUF_CHUNK, nd = (size_t)n * (cols / GGUF_CHUNK);
             xd[at] = d;
             xd[nd + at] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)); /* d sum(q): minimums' terms */
@@ -262,9 +273,11 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
     }
 }
 
-#define ROWS_T(T) \
-    static void rows_##T(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, \
-                         float *out, size_t ldo) \
+/* NAME: the token rows 4 at a time through KERN (rows_n, qrows_n) for
+ * weights of kind CODE. */
+#define BY4(NAME, KERN, CODE) \
+    static void NAME(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out, \
+                     size_t ldo) \
     { \
         size_t cols = (size_t)w->cols, nk = cols / GGUF_CHUNK; \
         const float *xs_all = xd + (size_t)n * nk; \
@@ -273,13 +286,14 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
             const float *d = xd + (size_t)t * nk, *xs = xs_all + (size_t)t * nk; \
             float *o = out + (size_t)t * ldo; \
             switch (n - t < 4 ? n - t : 4) { \
-            case 1: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 1, o, ldo); break; \
-            case 2: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 2, o, ldo); break; \
-            case 3: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 3, o, ldo); break; \
-            default: rows_n(w, GGUF_##T, r0, r1, q, d, xs, 4, o, ldo); break; \
+            case 1: KERN(w, CODE, r0, r1, q, d, xs, 1, o, ldo); break; \
+            case 2: KERN(w, CODE, r0, r1, q, d, xs, 2, o, ldo); break; \
+            case 3: KERN(w, CODE, r0, r1, q, d, xs, 3, o, ldo); break; \
+            default: KERN(w, CODE, r0, r1, q, d, xs, 4, o, ldo); break; \
             } \
         } \
     }
+#define ROWS_T(T) BY4(rows_##T, rows_n, GGUF_##T)
 ROWS_T(Q8_0) ROWS_T(Q4_0) ROWS_T(Q4_1) ROWS_T(Q5_0) ROWS_T(Q5_1) ROWS_T(Q4_K) ROWS_T(Q5_K) ROWS_T(Q6_K)
 #undef ROWS_T
 
@@ -295,15 +309,93 @@ void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq,
 #undef CASE
 }
 
+/* ---- int8 / int4 weights (weight.h), groups of whole chunks ----------------------- */
+
+static inline float qscale(const weight *w, size_t i)
+{
+    switch (w->scale_dtype) {
+    case DT_F32: return ((const float *)w->scales)[i];
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)w->scales)[i]);
+    default: return f16_to_f32(((const uint16_t *)w->scales)[i]);
+    }
+}
+
+/* The codes of chunks k, k + 1 (only k's where last) of a row: int8 + 128;
+ * int4's nibbles (byte j: column 2j low, 2j + 1 high) as the even columns
+ * then the odd ones of each chunk - the order cpu_gguf_quantize_x puts
+ * the activations in for int4 (a dot product's terms in any order). */
+static inline __attribute__((always_inline)) __m512i q_codes(weight_quant qt, const uint8_t *row, size_t k, bool last)
+{
+    if (qt == WQ_INT8) {
+        const uint8_t *p = row + 32 * k;
+        __m512i v = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p) : _mm512_loadu_si512((const void *)p);
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    }
+    /* int4: chunk a's 16 bytes twice, then b's, by 128-bit lane; shifted by 0, 4, 0, 4 and masked: the
+     * low nibbles (even columns) then the high ones (odd), the order the activations were put in */
+    const uint8_t *p = row + 16 * k;
+    __m128i va = _mm_loadu_si128((const __m128i *)p), vb = last ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(p + 16));
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(va)), _mm256_broadcastsi128_si256(vb), 1);
+    __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                   0x0004000400040004);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0F));
+}
+
+static inline __attribute__((always_inline)) void qrows_n(const weight *w, weight_quant qt, size_t r0, size_t r1,
+                                                         const int8_t *xq, const float *xd, const float *xs,
+                                                         const int N, float *out, size_t ldo)
+{
+    (void)xs; /* (no minimums) */
+    const uint32_t as = qt == WQ_INT8 ? GGUF_Q8_0 : GGUF_Q4_0; /* apply's rules: signed + 128, or + 8 */
+    size_t cols = (size_t)w->cols, nk = cols / GGUF_CHUNK, row_bytes = weight_row_bytes(w);
+    size_t cpg = (size_t)w->group / GGUF_CHUNK, ng = (size_t)weight_groups(w); /* chunks a group */
+    const __m512 z = _mm512_setzero_ps();
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;
+        _mm_prefetch((const char *)row + row_bytes, _MM_HINT_T0);
+        accs s0 = {z, z, _mm256_setzero_ps()}, s1 = s0, s2 = s0, s3 = s0;
+        size_t g = r * ng, left = cpg; /* the next chunk's scale index, and chunks left in its group */
+        float sg = qscale(w, g);
+        for (size_t k = 0; k < nk; k += 2) {
+            bool last = k + 1 == nk;
+            __m512i u = q_codes(qt, row, k, last);
+            float sa = sg; /* the next group's scale read only while the row has chunks left */
+            if (--left == 0 && k + 1 < nk) sg = qscale(w, ++g), left = cpg;
+            float sb = sg;
+            if (!last && --left == 0 && k + 2 < nk) sg = qscale(w, ++g), left = cpg;
+            __m512 ps = halves(sa, last ? 0.0f : sb);
+            const int8_t *xk = xq + k * GGUF_CHUNK;
+            s0 = apply(as, u, xk, dx_pair(xd + k, last), ps, z, last, s0);
+            if (N > 1) s1 = apply(as, u, xk + cols, dx_pair(xd + nk + k, last), ps, z, last, s1);
+            if (N > 2) s2 = apply(as, u, xk + 2 * cols, dx_pair(xd + 2 * nk + k, last), ps, z, last, s2);
+            if (N > 3) s3 = apply(as, u, xk + 3 * cols, dx_pair(xd + 3 * nk + k, last), ps, z, last, s3);
+        }
+        out[r] = accs_sum(s0);
+        if (N > 1) out[ldo + r] = accs_sum(s1);
+        if (N > 2) out[2 * ldo + r] = accs_sum(s2);
+        if (N > 3) out[3 * ldo + r] = accs_sum(s3);
+    }
+}
+
+BY4(qrows_INT8, qrows_n, WQ_INT8)
+BY4(qrows_INT4, qrows_n, WQ_INT4)
+#undef BY4
+
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
+                     size_t ldo)
+{
+    (w->quant == WQ_INT8 ? qrows_INT8 : qrows_INT4)(w, r0, r1, xq, xd, n, out, ldo);
+}
+
 bool cpu_gguf_int8_built(void) { return true; }
 
 #else /* built without AVX-512 VNNI: never offered */
 
 bool cpu_gguf_int8_built(void) { return false; }
 
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd)
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd)
 {
-    (void)x, (void)n, (void)cols, (void)xq, (void)xd;
+    (void)x, (void)n, (void)cols, (void)xq, (void)xd, (void)even_odd;
     FERRY_ASSERT(!"cpu_gguf_quantize_x: not built with AVX-512 VNNI");
 }
 
@@ -312,5 +404,12 @@ void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq,
 {
     (void)w, (void)r0, (void)r1, (void)xq, (void)xd, (void)n, (void)out, (void)ldo;
     FERRY_ASSERT(!"cpu_gguf_rows_int8: not built with AVX-512 VNNI");
+}
+
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
+                     size_t ldo)
+{
+    (void)w, (void)r0, (void)r1, (void)xq, (void)xd, (void)n, (void)out, (void)ldo;
+    FERRY_ASSERT(!"cpu_q_rows_int8: not built with AVX-512 VNNI");
 }
 #endif
