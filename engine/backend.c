@@ -69,7 +69,17 @@ ferry_status backend_create(const char *name, const backend_opts *opts, backend 
     *out = NULL;
     if (strcmp(name, "cpu") == 0) return cpu_backend_create(opts, out);
     if (strcmp(name, "cpu-split") == 0) return split_backend_create(opts, out);
-    if (strcmp(name, "cuda") == 0) return cuda_backend_open(opts, out);
+    if (strcmp(name, "cuda") == 0) {
+        /* the CPU kernels' choices mean nothing there: refused rather than ignored */
+        if (opts && opts->isa && *opts->isa && strcmp(opts->isa, "auto") != 0)
+            return ferry_fail(FERRY_ERR_INVALID, "cpu_isa %s: applies to the CPU backends (cpu, cpu-split), not cuda",
+                              opts->isa);
+        if (opts && opts->activations && *opts->activations && strcmp(opts->activations, "exact") != 0)
+            return ferry_fail(FERRY_ERR_INVALID,
+                              "cpu_activations %s: applies to the CPU backends (cpu, cpu-split), not cuda",
+                              opts->activations);
+        return cuda_backend_open(opts, out);
+    }
     return ferry_fail(FERRY_ERR_INVALID, "unknown device '%s' (expected cpu, cpu-split or cuda)", name);
 }
 

@@ -60,3 +60,14 @@ def test_unknown_activations_are_refused(ferry, tmp_path):
     r = ferry.run("generate", "--model", tmp_path, "--prompt-ids", "1", "--cpu-activations", "fp8")
     err = r.stderr.decode()
     assert r.returncode == 2 and "cpu-activations" in err and "bf16" in err, err
+
+
+def test_cpu_choices_are_refused_on_cuda(ferry, tmp_path):
+    """--cpu-isa and --cpu-activations mean nothing to the CUDA backend:
+    refused naming the setting, on any machine (checked before a GPU is
+    looked for)."""
+    model = refdata.smollm2()
+    for flag, value in (("--cpu-activations", "int8"), ("--cpu-isa", "avx2")):
+        r = ferry.run("generate", "--model", model, "--prompt-ids", "1", "--device", "cuda", flag, value)
+        err = r.stderr.decode()
+        assert r.returncode != 0 and flag[2:].replace("-", "_") + " " + value in err and "not cuda" in err, err
