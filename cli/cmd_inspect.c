@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../engine/backend.h"
 #include "../engine/base/json.h"
 #include "../engine/weights/convert.h"
 #include "../engine/weights/model.h"
@@ -154,7 +155,19 @@ int cmd_inspect(const ferry_config *cfg)
             sb_json_str(&sb, name);
             sb_printf(&sb, ", \"tensors\": %d}", sum.schemes[k].n_tensors);
         }
-        sb_printf(&sb, "], \"regrouped_tensors\": %d}\n", sum.n_regrouped);
+        sb_printf(&sb, "], \"regrouped_tensors\": %d", sum.n_regrouped);
+        cpu_offer co = backend_cpu_offer();
+        sb_puts(&sb, ", \"cpu\": {\"isas\": [");
+        for (int i = 0; i < co.n_isas; i++) {
+            if (i) sb_puts(&sb, ", ");
+            sb_json_str(&sb, co.isas[i]);
+        }
+        sb_puts(&sb, "], \"activations\": [");
+        for (int i = 0; i < co.n_activations; i++) {
+            if (i) sb_puts(&sb, ", ");
+            sb_json_str(&sb, co.activations[i]);
+        }
+        sb_puts(&sb, "]}}\n");
     } else {
         char b[32];
         sb_printf(&sb, "architecture   %s\n", mc.arch_name);
@@ -197,6 +210,12 @@ int cmd_inspect(const ferry_config *cfg)
         if (sum.n_regrouped)
             sb_printf(&sb, "               %d tensors have input columns that %d does not divide: a group that "
                            "divides them instead (docs/quantization.md)\n", sum.n_regrouped, QUANT_INT4_GROUP);
+        cpu_offer co = backend_cpu_offer(); /* this machine's, for --cpu-isa and --cpu-activations */
+        sb_printf(&sb, "cpu kernels    %s (auto)", co.isas[0]);
+        for (int i = 1; i < co.n_isas; i++) sb_printf(&sb, ", %s", co.isas[i]);
+        sb_puts(&sb, "; activations");
+        for (int i = 0; i < co.n_activations; i++) sb_printf(&sb, "%s %s", i ? "," : "", co.activations[i]);
+        sb_puts(&sb, "\n");
     }
     fwrite(sb.data, 1, sb.len, stdout);
     sb_free(&sb);

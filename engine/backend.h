@@ -145,6 +145,17 @@ typedef struct {
     const char *activations; /* CPU: exact (NULL) | int8 (cpu_isa.c) */
 } backend_opts;
 
+/* What the CPU backends can be asked for on this processor and build
+ * (cpu_isa.c): the instruction sets (--cpu-isa; the first the one auto
+ * takes) and the activation modes (--cpu-activations) each name offered,
+ * in order. */
+typedef struct {
+    const char *isas[4];
+    const char *activations[4];
+    int n_isas, n_activations;
+} cpu_offer;
+cpu_offer backend_cpu_offer(void);
+
 /* Creates the named backend ("cpu", "cpu-split", "cuda"). */
 ferry_status backend_create(const char *name, const backend_opts *opts, backend **out);
 /* Writes zeros over [dst, dst + bytes) of backend memory through upload, so

@@ -86,3 +86,19 @@ ferry_status cpu_isa_choose(const char *name, cpu_isa *out)
         }
     return ferry_fail(FERRY_ERR_INVALID, "cpu_isa %s: expected auto, avx2 or avx512", name);
 }
+
+cpu_offer backend_cpu_offer(void)
+{
+    cpu_offer o = {0};
+    cpu_isa best;
+    FERRY_ASSERT(cpu_isa_choose(NULL, &best) == FERRY_OK);
+    o.isas[o.n_isas++] = cpu_isa_name(best);
+    for (int i = CPU_ISA_COUNT - 1; i >= 0; i--)
+        if ((cpu_isa)i != best && cpu_isa_offered((cpu_isa)i)) o.isas[o.n_isas++] = cpu_isa_name((cpu_isa)i);
+    static const char *const modes[] = {"exact", "int8", "bf16"};
+    for (int m = 0; m < 3; m++) {
+        cpu_act act;
+        if (cpu_activations_choose(modes[m], best, &act) == FERRY_OK) o.activations[o.n_activations++] = modes[m];
+    }
+    return o;
+}

@@ -71,3 +71,21 @@ def test_cpu_choices_are_refused_on_cuda(ferry, tmp_path):
         r = ferry.run("generate", "--model", model, "--prompt-ids", "1", "--device", "cuda", flag, value)
         err = r.stderr.decode()
         assert r.returncode != 0 and flag[2:].replace("-", "_") + " " + value in err and "not cuda" in err, err
+
+
+def test_inspect_says_what_this_cpu_offers(ferry, tmp_path):
+    """inspect names the instruction sets and activation modes offered here,
+    auto's choice first - the kernels bench then reports - and each mode it
+    names is taken by generate."""
+    import json
+    model = refdata.smollm2()
+    cpu = json.loads(ferry.check("inspect", "--model", model, "--json").stdout)["cpu"]
+    assert "avx2" in cpu["isas"] and cpu["activations"][0] == "exact", cpu
+    bench = json.loads(ferry.check("bench", "--model", model, "--device", "cpu", "--steps", "1", "--prompt-len", "4",
+                                   "--json").stdout)
+    assert bench["kernels"] == cpu["isas"][0], (bench["kernels"], cpu)
+    for mode in cpu["activations"]:
+        ferry.check("generate", "--model", model, "--device", "cpu", "--prompt-ids", "1", "--max-new-tokens", "1",
+                    "--cpu-activations", mode)
+    text = ferry.check("inspect", "--model", model).stdout.decode()
+    assert "cpu kernels    %s (auto)" % cpu["isas"][0] in text, text
