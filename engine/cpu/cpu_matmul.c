@@ -2,15 +2,16 @@
  * cpu_matmul.c - y = x W^T (+ b) for F32/F16/BF16 weights, f32 accumulation,
  * parallel over blocks of output rows.
  *
- * Decode (up to DIRECT_MAX_TOKENS token rows) is bound by the bytes of W:
+ * Decode (up to DENSE_DIRECT_MAX token rows) is bound by the bytes of W:
  * each block of weight rows is streamed from memory once, widened in
  * registers and applied to every token row (in chunks of up to 4, the block
  * staying in L1 between chunks), with software prefetch ahead of each row
- * stream. Prefill (more rows) is bound by arithmetic: a block of 4 weight
- * rows is widened to f32 once into per-worker scratch and applied to token
- * rows 3 at a time (12 accumulators), walking the tokens in cache-sized
- * blocks. Quantized weights (int8, int4) take cpu_qmatmul.c's kernels,
- * 16 token rows at a time for prefill too; a GGUF's blocks cpu_gguf.c's. Every output is computed by the
+ * stream. Prefill and batched decode (more rows) are bound by arithmetic:
+ * dense_kern.h's cache-blocked GEMM widens panels of weight rows to f32 in
+ * per-worker scratch and runs register tiles of 4 weight rows x 3 (AVX2) or
+ * 6 (AVX-512) token rows over L1-sized column blocks. Quantized weights
+ * (int8, int4) take cpu_qmatmul.c's kernels, 16 token rows at a time for
+ * prefill too; a GGUF's blocks cpu_gguf.c's. Every output is computed by the
  * same operations in the same order whatever the number of token rows and
  * their blocking, so a row's result does not depend on the others of its
  * step (batch invariance: test_ops checks it bit for bit).
@@ -46,6 +47,7 @@ static inline __attribute__((always_inline)) __m256 dk_loadw(ferry_dtype dt, con
 #define DK_NT 3 /* 4 x 3 accumulators of the 16 registers */
 #define DK_ZERO() _mm256_setzero_ps()
 #define DK_LOADF(p) _mm256_loadu_ps(p)
+#define DK_STOREF(p, v) _mm256_storeu_ps(p, v)
 #define DK_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define DK_HSUM(v) hsum8(v)
 #include "dense_kern.h"
@@ -157,8 +159,8 @@ static void mm_task(void *vctx, int task, int worker)
             cpu_qmatmul_direct(w, r0, r1, c->x + (size_t)t * cols, nt, c->out + (size_t)t * ldo, ldo, xs);
         }
     } else {
-        float *wf = c->n > DIRECT_MAX_TOKENS ? cpu_scratch_get(c->cb, worker, 4 * cols) : NULL;
-        FERRY_ASSERT(c->n <= DIRECT_MAX_TOKENS || wf);
+        float *wf = c->n > DENSE_DIRECT_MAX ? cpu_scratch_get(c->cb, worker, DENSE_PREFILL_SCRATCH) : NULL;
+        FERRY_ASSERT(c->n <= DENSE_DIRECT_MAX || wf);
         if (c->cb->isa == CPU_ISA_AVX512)
             cpu_dense_rows_avx512(w, r0, r1, c->x, c->n, c->out, ldo, wf);
         else

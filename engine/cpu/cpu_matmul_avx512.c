@@ -33,6 +33,7 @@ static inline __attribute__((always_inline)) __m512 dk_loadw(ferry_dtype dt, con
 #define DK_NT 6
 #define DK_ZERO() _mm512_setzero_ps()
 #define DK_LOADF(p) _mm512_loadu_ps(p)
+#define DK_STOREF(p, v) _mm512_storeu_ps(p, v)
 #define DK_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define DK_HSUM(v) hsum16(v)
 #include "dense_kern.h"

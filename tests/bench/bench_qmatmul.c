@@ -1,7 +1,8 @@
 /*
  * bench_qmatmul.c - weight bytes per second of the CPU backend's matmul for
- * bf16, int8 (per-row scales) and int4 (group 128, bf16 scales) weights, at
- * decode token counts (n = 1, 16) and prefill (n = 64, as GFLOP/s), against
+ * f32, f16, bf16, int8 (per-row scales) and int4 (group 128, bf16 scales)
+ * weights, at decode token counts (n = 1, 16) and prefill (n = 64 and 256,
+ * as GFLOP/s), against
  * the memory bandwidth measured in the same run (a parallel AVX2 read and a
  * parallel memcpy over the same workers). Not part of `make test`.
  *
@@ -13,7 +14,10 @@
  * Build and run (after `make`), from the repository root:
  *   gcc -std=gnu11 -O2 -march=x86-64-v3 -pthread -o build/bench_qmatmul tests/bench/bench_qmatmul.c \
  *       $(find build/obj/engine build/obj/config -name '*.o') -lmicrohttpd -luring -lm -ldl
- *   build/bench_qmatmul [threads]
+ *   build/bench_qmatmul [threads [isa [activations]]]
+ * (isa: auto, avx2, avx512; activations: exact, int8, bf16 - as --cpu-isa
+ * and --cpu-activations); BENCH_KINDS=bf16,int8 (say) runs the weights
+ * whose names contain one of those only.
  */
 #include <immintrin.h>
 #include <stdio.h>
@@ -95,14 +99,14 @@ static double bandwidth(pool *p, pool_fn fn, size_t bytes)
 
 /* ---- weights ------------------------------------------------------------------ */
 
-typedef enum { K_BF16, K_INT8, K_INT4 } kind;
-static const char *const kind_name[] = {"bf16", "int8", "int4 g128"};
+typedef enum { K_F32, K_F16, K_BF16, K_INT8, K_INT4 } kind;
+static const char *const kind_name[] = {"f32", "f16", "bf16", "int8", "int4 g128"};
 
 static weight make(kind k, int64_t rows, int64_t cols)
 {
     weight w = {.rows = rows, .cols = cols};
-    if (k == K_BF16) {
-        w.dtype = DT_BF16;
+    if (k <= K_BF16) {
+        w.dtype = k == K_F32 ? DT_F32 : k == K_F16 ? DT_F16 : DT_BF16;
     } else {
         w.quant = k == K_INT8 ? WQ_INT8 : WQ_INT4;
         w.dtype = k == K_INT8 ? DT_I8 : DT_I32;
@@ -111,8 +115,12 @@ static weight make(kind k, int64_t rows, int64_t cols)
     }
     size_t data_bytes = (size_t)rows * weight_row_bytes(&w);
     uint8_t *data = aligned_alloc(64, (data_bytes + 63) & ~(size_t)63);
-    if (k == K_BF16) {
-        for (size_t i = 0; i < data_bytes / 2; i++) ((uint16_t *)data)[i] = f32_to_bf16((float)(int)(rnd() % 255 - 127) / 4096);
+    if (k <= K_BF16) {
+        for (size_t i = 0; i < (size_t)(rows * cols); i++) {
+            float v = (float)(int)(rnd() % 255 - 127) / 4096;
+            if (k == K_F32) ((float *)data)[i] = v;
+            else ((uint16_t *)data)[i] = k == K_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+        }
     } else {
         for (size_t i = 0; i < data_bytes; i++) data[i] = (uint8_t)rnd();
         size_t n_scales = (size_t)(rows * weight_groups(&w));
@@ -147,7 +155,7 @@ int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     backend *be;
-    backend_opts bo = {threads};
+    backend_opts bo = {threads, argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL};
     if (cpu_backend_create(&bo, &be) != FERRY_OK) return 1;
     pool *p = pool_create(threads);
     printf("threads: %d; weights cycled through: %zu MiB\n", pool_size(p), BENCH_WORKING_SET >> 20);
@@ -158,10 +166,11 @@ int main(int argc, char **argv)
     static const int ns[] = {1, 16};
     /* n = 16 is reported in both units: 32 flops per weight element there
      * make it compute-bound on few cores, whatever the weight's bytes */
-    printf("%-11s %-9s %6s %9s %6s %10s %12s %12s\n", "shape", "weight", "MiB", "n=1 GB/s", "%read", "n=16 GB/s",
-           "n=16 GFLOP/s", "n=64 GFLOP/s");
+    printf("%-11s %-9s %6s %9s %6s %10s %12s %12s %13s\n", "shape", "weight", "MiB", "n=1 GB/s", "%read", "n=16 GB/s",
+           "n=16 GFLOP/s", "n=64 GFLOP/s", "n=256 GFLOP/s");
     for (size_t s = 0; s < 2; s++)
-        for (int k = K_BF16; k <= K_INT4; k++) {
+        for (int k = K_F32; k <= K_INT4; k++) {
+            if (getenv("BENCH_KINDS") && !strstr(getenv("BENCH_KINDS"), kind_name[k])) continue;
             int64_t rows = shapes[s][0], cols = shapes[s][1];
             weight probe = make((kind)k, rows, cols);
             size_t bytes = weight_bytes(&probe);
@@ -169,17 +178,18 @@ int main(int argc, char **argv)
             weight *ws = malloc((size_t)copies * sizeof *ws);
             ws[0] = probe;
             for (int c = 1; c < copies; c++) ws[c] = make((kind)k, rows, cols);
-            float *x = malloc((size_t)64 * (size_t)cols * sizeof *x);
-            float *out = malloc((size_t)64 * (size_t)rows * sizeof *out);
-            for (size_t i = 0; i < (size_t)64 * (size_t)cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) / 1000;
+            float *x = malloc((size_t)256 * (size_t)cols * sizeof *x);
+            float *out = malloc((size_t)256 * (size_t)rows * sizeof *out);
+            for (size_t i = 0; i < (size_t)256 * (size_t)cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) / 1000;
             double bw[2];
             for (int i = 0; i < 2; i++) bw[i] = (double)bytes / time_matmul(be, ws, copies, ns[i], x, out);
             double gflops = 2.0 * (double)rows * (double)cols * 64 / time_matmul(be, ws, copies, 64, x, out) / 1e9;
+            double gflops256 = 2.0 * (double)rows * (double)cols * 256 / time_matmul(be, ws, copies, 256, x, out) / 1e9;
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
             double flop16 = 2.0 * (double)rows * (double)cols * 16 * bw[1] / (double)bytes / 1e9;
-            printf("%-11s %-9s %6.1f %9.1f %5.0f%% %10.1f %12.1f %12.1f\n", shape, kind_name[k],
-                   (double)bytes / (1 << 20), bw[0] / 1e9, 100 * bw[0] / rd, bw[1] / 1e9, flop16, gflops);
+            printf("%-11s %-9s %6.1f %9.1f %5.0f%% %10.1f %12.1f %12.1f %13.1f\n", shape, kind_name[k],
+                   (double)bytes / (1 << 20), bw[0] / 1e9, 100 * bw[0] / rd, bw[1] / 1e9, flop16, gflops, gflops256);
             for (int c = 0; c < copies; c++) release(&ws[c]);
             free(ws);
             free(x);

@@ -312,12 +312,17 @@ static void test_qmatmul(void)
  * it; the CUDA backend does not promise it (its prefill is cuBLASLt). */
 static void test_matmul_batch_invariant(void)
 {
-    static const int ns[] = {2, 3, 5, 16, 17, 40, 64};
-    enum { N = 64 };
-    for (int kind = 0; kind < 6; kind++) {
-        int64_t rows = 37, cols = 300;
+    /* the second shape takes the dense prefill GEMM through more than one
+     * panel of rows, widened column chunk, L1 column block and token pass
+     * (dense_kern.h), each with a partial last one, and a column tail */
+    static const int ns[] = {2, 3, 5, 16, 17, 40, 64, 97, 130};
+    static const int64_t shapes[][2] = {{37, 300}, {203, 1100}};
+    enum { N = 130 };
+    for (int kind = 0; kind < 9; kind++) {
+        bool big = kind >= 6; /* the dense kinds again at the second shape */
+        int64_t rows = shapes[big][0], cols = shapes[big][1];
         double *wref, *xref;
-        weight w = kind < 3 ? make_weight(kind == 0 ? DT_F32 : kind == 1 ? DT_F16 : DT_BF16, rows, cols, &wref, -1, 1)
+        weight w = kind < 3 || big ? make_weight(kind % 3 == 0 ? DT_F32 : kind % 3 == 1 ? DT_F16 : DT_BF16, rows, cols, &wref, -1, 1)
                    : kind == 3 ? make_qweight(WQ_INT8, DT_BF16, rows, cols, (int)cols, &wref)
                    : kind == 4 ? make_qweight(WQ_INT4, DT_BF16, rows, cols, 128, &wref)
                                : make_qweight(WQ_INT4, DT_F16, rows, cols, 100, &wref);
