@@ -35,7 +35,8 @@ typedef struct {
     int8_t *xq;        /* the step's activations quantized (int8), grown as needed */
     float *xd;
     uint16_t *xb;      /* ... rounded to bf16 (bf16) */
-    size_t xq_cap, xd_cap, xb_cap;
+    float *xs;         /* ... split for int4 weights (exact mode, cpu_mm_kernels.q_split) */
+    size_t xq_cap, xd_cap, xb_cap, xs_cap;
     const batch *b; /* the step's batch, set by set_batch; host memory */
     int *seq_of;    /* [n_tokens] index of each token's sequence in b->seqs */
     int seq_of_cap;
@@ -89,11 +90,23 @@ bool cpu_bf16_built(void);
 void cpu_bf16_round_x(const float *x, int n, size_t cols, uint16_t *xb);
 void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo);
 
-/* cpu_matmul_avx512.c: F32/F16/BF16 weights with 16 lanes (dense_kern.h);
- * wf: 4 * cols floats of scratch where n > 16. */
+/* The exact-mode (f32 activations) kernels of one vector width (mm_kern.h):
+ * cpu_matmul.c's with 8 lanes (AVX2), cpu_matmul_avx512.c's with 16.
+ * dense_rows / q_rows: out[t * ldo + r] for rows [r0, r1) and n token rows,
+ * scratch MM_PREFILL_SCRATCH (mm_kern.h) floats of the worker's; q_rows for int8/int4 weights
+ * that q_takes, with `split` (int4): q_split_floats(w, n) floats filled by
+ * q_split for token rows [0, n) (any ranges of them, in parallel). */
+typedef struct {
+    void (*dense_rows)(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
+                       float *scratch);
+    bool (*q_takes)(const weight *w);
+    size_t (*q_split_floats)(const weight *w, int n);
+    void (*q_split)(const weight *w, const float *x, int n, size_t t0, size_t t1, float *split);
+    void (*q_rows)(const weight *w, size_t r0, size_t r1, const float *x, const float *split, int n, float *out,
+                   size_t ldo, float *scratch);
+} cpu_mm_kernels;
+extern const cpu_mm_kernels cpu_mm_avx2, cpu_mm_avx512; /* avx512: all NULL where not built */
 bool cpu_matmul_avx512_built(void);
-void cpu_dense_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
-                           float *wf);
 
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */

@@ -327,6 +327,7 @@ static void cpu_free(backend *be)
     free(cb->xq);
     free(cb->xd);
     free(cb->xb);
+    free(cb->xs);
     free(cb);
 }
 

@@ -7,11 +7,14 @@
  * registers and applied to every token row (in chunks of up to 4, the block
  * staying in L1 between chunks), with software prefetch ahead of each row
  * stream. Prefill and batched decode (more rows) are bound by arithmetic:
- * dense_kern.h's cache-blocked GEMM widens panels of weight rows to f32 in
+ * mm_kern.h's cache-blocked GEMM widens panels of weight rows to f32 in
  * per-worker scratch and runs register tiles of 4 weight rows x 3 (AVX2) or
- * 6 (AVX-512) token rows over L1-sized column blocks. Quantized weights
- * (int8, int4) take cpu_qmatmul.c's kernels, 16 token rows at a time for
- * prefill too; a GGUF's blocks cpu_gguf.c's. Every output is computed by the
+ * 6 (AVX-512) token rows over L1-sized column blocks. int8/int4 weights go
+ * the same way (mm_kern.h, Q_DIRECT_MAX rows direct, codes widened for the
+ * GEMM, scales a group at a time) where their groups are whole vector
+ * steps, else through cpu_qmatmul.c; a GGUF's blocks through cpu_gguf.c,
+ * and the --cpu-activations modes through cpu_act_int8.c and
+ * cpu_matmul_bf16.c. Every output is computed by the
  * same operations in the same order whatever the number of token rows and
  * their blocking, so a row's result does not depend on the others of its
  * step (batch invariance: test_ops checks it bit for bit).
@@ -42,15 +45,44 @@ static inline __attribute__((always_inline)) __m256 dk_loadw(ferry_dtype dt, con
     }
 }
 
+/* 8 int8 codes as f32 */
+static inline __attribute__((always_inline)) __m256 dk_q8(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* 8 bytes' low nibbles (a 16-column chunk's even columns) and high ones
+ * (its odd), less 8 */
+static inline __attribute__((always_inline)) void dk_q4(const uint8_t *p, __m256 *lo, __m256 *hi)
+{
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), eight = _mm256_set1_epi32(8);
+    *lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(15)), eight));
+    *hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+}
+
+/* the even and odd columns of p[0 .. 15]: shuffle_ps leaves [a0 a2 b0 b2 |
+ * a4 a6 b4 b6], the 64-bit permute puts the pairs in column order */
+static inline __attribute__((always_inline)) void dk_split(const float *p, __m256 *e, __m256 *o)
+{
+    __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+
 #define DK_VEC __m256
 #define DK_W 8
 #define DK_NT 3 /* 4 x 3 accumulators of the 16 registers */
+#define DK_QNR 2 /* int8/int4 tiles: 2 x 2 accumulators and totals */
+#define DK_QNT 2
 #define DK_ZERO() _mm256_setzero_ps()
 #define DK_LOADF(p) _mm256_loadu_ps(p)
 #define DK_STOREF(p, v) _mm256_storeu_ps(p, v)
 #define DK_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define DK_SET1(f) _mm256_set1_ps(f)
 #define DK_HSUM(v) hsum8(v)
-#include "dense_kern.h"
+#include "mm_kern.h"
+
+const cpu_mm_kernels cpu_mm_avx2 = MM_KERNELS;
 
 #endif /* HAVE_AVX2 */
 
@@ -101,6 +133,11 @@ typedef struct {
     const int8_t *xq; /* x quantized (int8 activations and a GGUF's chunked blocks), else NULL */
     const float *xd;
     const uint16_t *xb; /* x rounded to bf16 (bf16 activations and BF16 weights), else NULL */
+#ifdef HAVE_AVX2
+    const cpu_mm_kernels *k; /* the exact-mode kernels of the backend's instruction set */
+    bool q_own;              /* an int8/int4 weight they take (else cpu_qmatmul.c's) */
+    const float *split;      /* its split x (int4), else NULL */
+#endif
 } mm_ctx;
 
 #ifndef HAVE_AVX2
@@ -117,6 +154,18 @@ static void rows_portable(const weight *w, size_t r0, size_t r1, const float *x,
             out[(size_t)t * ldo + r] = s;
         }
     }
+}
+#endif
+
+#ifdef HAVE_AVX2
+/* One task's share of the token rows of an int4 call's split x. */
+static void split_task(void *vctx, int task, int worker)
+{
+    mm_ctx *c = vctx;
+    int threads = pool_size(c->cb->pool), tasks = c->n < threads * 4 ? c->n : threads * 4;
+    size_t t0 = (size_t)c->n * (size_t)task / (size_t)tasks, t1 = (size_t)c->n * (size_t)(task + 1) / (size_t)tasks;
+    (void)worker;
+    c->k->q_split(c->w, c->x, c->n, t0, t1, (float *)c->split);
 }
 #endif
 
@@ -145,11 +194,10 @@ static void mm_task(void *vctx, int task, int worker)
         goto bias;
     }
 #ifdef HAVE_AVX2
-    if (w->quant != WQ_NONE) {
-        /* decode and prefill alike through the same kernels, DIRECT_MAX_TOKENS
-         * token rows at a time: a token row's result never depends on the
-         * rows sharing its step (batch invariance, test_ops), at some cost to
-         * prefill against dequantizing blocks into the f32 kernel */
+    if (w->quant != WQ_NONE && !c->q_own) {
+        /* layouts mm_kern.h does not take (groups off its steps): decode
+         * and prefill alike through cpu_qmatmul.c's kernels, DIRECT_MAX_TOKENS
+         * token rows at a time */
         int chunk = c->n < DIRECT_MAX_TOKENS ? c->n : DIRECT_MAX_TOKENS;
         size_t need = cpu_qmatmul_scratch(w, chunk);
         float *xs = need ? cpu_scratch_get(c->cb, worker, need) : NULL;
@@ -159,12 +207,12 @@ static void mm_task(void *vctx, int task, int worker)
             cpu_qmatmul_direct(w, r0, r1, c->x + (size_t)t * cols, nt, c->out + (size_t)t * ldo, ldo, xs);
         }
     } else {
-        float *wf = c->n > DENSE_DIRECT_MAX ? cpu_scratch_get(c->cb, worker, DENSE_PREFILL_SCRATCH) : NULL;
-        FERRY_ASSERT(c->n <= DENSE_DIRECT_MAX || wf);
-        if (c->cb->isa == CPU_ISA_AVX512)
-            cpu_dense_rows_avx512(w, r0, r1, c->x, c->n, c->out, ldo, wf);
+        float *scratch = cpu_scratch_get(c->cb, worker, MM_PREFILL_SCRATCH);
+        FERRY_ASSERT(scratch);
+        if (w->quant != WQ_NONE)
+            c->k->q_rows(w, r0, r1, c->x, c->split, c->n, c->out, ldo, scratch);
         else
-            dense_rows(w, r0, r1, c->x, c->n, c->out, ldo, wf);
+            c->k->dense_rows(w, r0, r1, c->x, c->n, c->out, ldo, scratch);
     }
 #else
     float *row = cpu_scratch_get(c->cb, worker, cols);
@@ -192,7 +240,7 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
     int64_t per = (w->rows + threads * 4 - 1) / (threads * 4);
     per = (per + 3) & ~(int64_t)3;
     if (per < 4) per = 4;
-    mm_ctx c = {out, x, w, bias, n, per, cb, NULL, NULL, NULL};
+    mm_ctx c = {.out = out, .x = x, .w = w, .bias = bias, .n = n, .rows_per_task = per, .cb = cb};
     if (cb->act == CPU_ACT_BF16 && w->quant == WQ_NONE && w->dtype == DT_BF16) { /* rounded once, for every task */
         size_t nb = (size_t)n * (size_t)w->cols;
         if (nb > cb->xb_cap) {
@@ -218,5 +266,19 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
         cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd, w->quant == WQ_INT4);
         c.xq = cb->xq, c.xd = cb->xd;
     }
+#ifdef HAVE_AVX2
+    c.k = cb->isa == CPU_ISA_AVX512 ? &cpu_mm_avx512 : &cpu_mm_avx2;
+    c.q_own = w->quant != WQ_NONE && w->quant != WQ_GGUF && c.k->q_takes(w);
+    size_t ns = c.q_own && !c.xq ? c.k->q_split_floats(w, n) : 0;
+    if (ns) { /* int4's x split once for every task, token rows in parallel */
+        if (ns > cb->xs_cap) {
+            float *p = realloc(cb->xs, ns * sizeof *p);
+            FERRY_ASSERT(p); /* a step's activations: about the bytes of its f32 input */
+            cb->xs = p, cb->xs_cap = ns;
+        }
+        c.split = cb->xs;
+        pool_run(cb->pool, n < threads * 4 ? n : threads * 4, split_task, &c);
+    }
+#endif
     pool_run(cb->pool, (int)((w->rows + per - 1) / per), mm_task, &c);
 }

@@ -1,8 +1,9 @@
 /*
- * cpu_matmul_avx512.c - cpu_matmul.c's F32/F16/BF16 kernels with 16 lanes
- * (dense_kern.h, the same code as the AVX2 build's), for processors with
- * AVX-512 F/BW/VL/DQ, chosen at run time (cpu_isa.c). Prefill takes tiles
- * of 4 weight rows x 6 token rows: 24 accumulators of the 32 registers.
+ * cpu_matmul_avx512.c - cpu_matmul.c's exact-mode kernels (F32/F16/BF16,
+ * int8/int4) with 16 lanes (mm_kern.h, the same code as the AVX2 build's),
+ * for processors with AVX-512 F/BW/VL/DQ, chosen at run time (cpu_isa.c).
+ * Prefill takes tiles of 4 weight rows x 6 token rows: 24 accumulators of
+ * the 32 registers.
  * Within this instruction set decode and prefill sum each output in one
  * order (batch invariance); against the AVX2 kernels (8 lanes) the last
  * bits differ, so the choice is made once per backend.
@@ -28,21 +29,44 @@ static inline __attribute__((always_inline)) __m512 dk_loadw(ferry_dtype dt, con
     }
 }
 
+/* 16 int8 codes as f32 */
+static inline __attribute__((always_inline)) __m512 dk_q8(const uint8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* 16 bytes' low nibbles (a 32-column chunk's even columns) and high ones
+ * (its odd), less 8 */
+static inline __attribute__((always_inline)) void dk_q4(const uint8_t *p, __m512 *lo, __m512 *hi)
+{
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), eight = _mm512_set1_epi32(8);
+    *lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight));
+    *hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
+}
+
+/* the even and odd columns of p[0 .. 31] */
+static inline __attribute__((always_inline)) void dk_split(const float *p, __m512 *e, __m512 *o)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    *e = _mm512_permutex2var_ps(a, ie, b);
+    *o = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
+}
+
 #define DK_VEC __m512
 #define DK_W 16
 #define DK_NT 6
+#define DK_QNR 4 /* int8/int4 tiles: 4 x 3 accumulators and totals */
+#define DK_QNT 3
 #define DK_ZERO() _mm512_setzero_ps()
 #define DK_LOADF(p) _mm512_loadu_ps(p)
 #define DK_STOREF(p, v) _mm512_storeu_ps(p, v)
 #define DK_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define DK_SET1(f) _mm512_set1_ps(f)
 #define DK_HSUM(v) hsum16(v)
-#include "dense_kern.h"
+#include "mm_kern.h"
 
-void cpu_dense_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
-                           float *wf)
-{
-    dense_rows(w, r0, r1, x, n, out, ldo, wf);
-}
+const cpu_mm_kernels cpu_mm_avx512 = MM_KERNELS;
 
 bool cpu_matmul_avx512_built(void) { return true; }
 
@@ -50,10 +74,5 @@ bool cpu_matmul_avx512_built(void) { return true; }
 
 bool cpu_matmul_avx512_built(void) { return false; }
 
-void cpu_dense_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
-                           float *wf)
-{
-    (void)w, (void)r0, (void)r1, (void)x, (void)n, (void)out, (void)ldo, (void)wf;
-    FERRY_ASSERT(!"cpu_dense_rows_avx512: not built with AVX-512");
-}
+const cpu_mm_kernels cpu_mm_avx512 = {0};
 #endif

@@ -3,27 +3,26 @@
  * backend.h has the layouts), computed from the packed weights: no
  * full-precision copy of W exists at any time. cpu_matmul.c calls in here.
  *
- * Decode (cpu_matmul's direct path, up to 16 token rows) is bound by the
- * bytes of W, which is why W is quantized at all: each packed row is read
- * once, widened to f32 in registers and applied to every token row, with
- * software prefetch of the next rows (a packed row is too short a stream for
- * the hardware prefetcher). Scales are applied once per group rather than
- * per element: the kernel sums q * x over a group, then adds scale * sum to
- * the row's total. Two kernels:
- *   q4kern, int4 with groups of 16k columns (what checkpoints use): x is
- *     split once per call into even and odd columns so that the low and
- *     high nibbles of packed bytes widen straight into vectors, and the +8
- *     bias leaves the inner loop (the banner above it says how);
+ * cpu_matmul.c sends here the layouts its own kernels (mm_kern.h) do not
+ * take: groups that are not whole vector steps (int8: 8 or 16 columns,
+ * int4: 16 or 32, by instruction set), decode and prefill alike, 16 token
+ * rows at a time (8 lanes, AVX2). Decode is bound by the bytes of W: each
+ * packed row is read once, widened to f32 in registers and applied to every
+ * token row, with software prefetch of the next rows (a packed row is too
+ * short a stream for the hardware prefetcher). Scales are applied once per
+ * group rather than per element: the kernel sums q * x over a group, then
+ * adds scale * sum to the row's total. Two kernels:
+ *   q4kern, int4 with groups of 16k columns: x is split once per call into
+ *     even and odd columns so that the low and high nibbles of packed bytes
+ *     widen straight into vectors, and the +8 bias leaves the inner loop
+ *     (the banner above it says how);
  *   qkern, everything else, in column order (int8: sign-extend, convert;
  *     int4: broadcast a word of 8 nibbles, shift lane j right by 4j, mask,
  *     subtract 8, convert). A group that is not a multiple of 8 columns
  *     (one vector could straddle two groups) takes its per-element-scale
  *     variant: correct, slower, not a layout checkpoints use.
- *
- * Prefill is bound by arithmetic: cpu_matmul widens a few rows at a time
- * into per-worker f32 scratch through cpu_row_to_f32 (which comes here, to
- * cpu_qrow_to_f32) and runs its f32 micro-kernel; the portable build does
- * the same for every token count.
+ * cpu_qrow_to_f32 (any layout, every build) backs cpu_row_to_f32 for
+ * quantized weights, which the portable build computes with.
  */
 #include <string.h>
 

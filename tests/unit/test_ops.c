@@ -252,7 +252,8 @@ static weight make_qweight(weight_quant qt, ferry_dtype sdt, int64_t rows, int64
 /* int8 and int4 weights: scales in each dtype; groups of 128, of 32, of 100
  * and 5 (not multiples of 8: vectors straddle groups), one group per row;
  * columns off a multiple of 8 and of the group; token counts on both sides
- * of the decode / prefill switch. */
+ * of the decode / prefill switch; shapes over several of the prefill GEMM's
+ * panels, column blocks and token passes. */
 static void test_qmatmul(void)
 {
     static const struct {
@@ -262,10 +263,10 @@ static void test_qmatmul(void)
     } cases[] = {
         {WQ_INT8, 64, 256, 256}, {WQ_INT8, 37, 300, 300}, {WQ_INT8, 21, 300, 32},  {WQ_INT4, 64, 256, 128},
         {WQ_INT4, 40, 300, 128}, {WQ_INT4, 33, 300, 32},  {WQ_INT4, 50, 300, 100}, {WQ_INT4, 19, 77, 5},
-        {WQ_INT4, 18, 1030, 1030},
+        {WQ_INT4, 18, 1030, 1030}, {WQ_INT4, 203, 1100, 32}, {WQ_INT8, 203, 1100, 1100},
     };
     static const ferry_dtype sdts[] = {DT_F32, DT_F16, DT_BF16};
-    static const int ns[] = {1, 2, 5, 16, 17, 64};
+    static const int ns[] = {1, 2, 5, 8, 9, 16, 17, 64, 100};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t d = 0; d < 3; d++)
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
@@ -314,18 +315,22 @@ static void test_matmul_batch_invariant(void)
 {
     /* the second shape takes the dense prefill GEMM through more than one
      * panel of rows, widened column chunk, L1 column block and token pass
-     * (dense_kern.h), each with a partial last one, and a column tail */
+     * (mm_kern.h), each with a partial last one, and a column tail; int8/int4
+     * the same, their groups closing inside and across column blocks */
     static const int ns[] = {2, 3, 5, 16, 17, 40, 64, 97, 130};
     static const int64_t shapes[][2] = {{37, 300}, {203, 1100}};
     enum { N = 130 };
-    for (int kind = 0; kind < 9; kind++) {
-        bool big = kind >= 6; /* the dense kinds again at the second shape */
+    for (int kind = 0; kind < 13; kind++) {
+        bool big = kind >= 6; /* the second shape: dense, int8 a group a row and of 64, int4 of 128 and 32 */
         int64_t rows = shapes[big][0], cols = shapes[big][1];
         double *wref, *xref;
-        weight w = kind < 3 || big ? make_weight(kind % 3 == 0 ? DT_F32 : kind % 3 == 1 ? DT_F16 : DT_BF16, rows, cols, &wref, -1, 1)
-                   : kind == 3 ? make_qweight(WQ_INT8, DT_BF16, rows, cols, (int)cols, &wref)
-                   : kind == 4 ? make_qweight(WQ_INT4, DT_BF16, rows, cols, 128, &wref)
-                               : make_qweight(WQ_INT4, DT_F16, rows, cols, 100, &wref);
+        weight w = kind < 3 || (big && kind < 9)
+                       ? make_weight(kind % 3 == 0 ? DT_F32 : kind % 3 == 1 ? DT_F16 : DT_BF16, rows, cols, &wref, -1, 1)
+                   : kind == 3 || kind == 9 ? make_qweight(WQ_INT8, DT_BF16, rows, cols, (int)cols, &wref)
+                   : kind == 10             ? make_qweight(WQ_INT8, DT_F16, rows, cols, 64, &wref)
+                   : kind == 4 || kind == 11 ? make_qweight(WQ_INT4, DT_BF16, rows, cols, 128, &wref)
+                   : kind == 12             ? make_qweight(WQ_INT4, DT_F32, rows, cols, 32, &wref)
+                                            : make_qweight(WQ_INT4, DT_F16, rows, cols, 100, &wref);
         float *x = rand_vec((size_t)N * (size_t)cols, &xref);
         float *one = dev_poison((size_t)rows), *all = dev_poison((size_t)N * (size_t)rows);
         float *want = malloc((size_t)N * (size_t)rows * sizeof *want);
@@ -1024,6 +1029,7 @@ int main(int argc, char **argv)
             FERRY_ASSERT(backend_create("cpu", &io, &g_be) == FERRY_OK);
             CHECK(strcmp(g_be->ops->kernels(g_be), io.isa) == 0);
             test_matmul();
+            test_qmatmul();
             test_matmul_batch_invariant();
             test_gguf_matmul(true);
             backend_free(g_be);
