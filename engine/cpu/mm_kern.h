@@ -362,6 +362,7 @@ static void qrows_direct_q4(const qk_view *v, size_t r0, size_t r1, const qk_x *
 #define PANEL_LD (PANEL_COLS + 16) /* floats from one widened row to the next: off the 4 KiB */
                                    /* stride, whose rows would share L1 sets */
 #define TILE_LD (KC_BLOCK + 16)    /* the same for a copied x tile */
+#define WIDEN_AHEAD 4              /* rows prefetched ahead of the one being widened */
 #define PANEL_GROUPS (PANEL_COLS / 8 + 1) /* most groups a panel chunk touches (int8/int4 scales) */
 
 /* Floats of a worker's prefill scratch (for up to 16 lanes): the widened
@@ -520,9 +521,17 @@ static pf_chunk pf_next(const mm_src *s, size_t r0, size_t r1, size_t kv, size_t
  * then odd ones, less 8). */
 static void widen_chunk(const mm_src *s, float *dst, size_t r, size_t pc, size_t pe)
 {
-    if (!s->q) {
-        cpu_row_to_f32(dst, s->w, (int64_t)r, (int64_t)pc, (int64_t)(pe - pc));
-        return;
+    if (!s->q) { /* pe - pc: whole vectors (the chunks end at kv) */
+        size_t base = r * (size_t)s->w->cols;
+        switch (s->w->dtype) {
+        case DT_BF16:
+            for (size_t k = pc; k < pe; k += DK_W) DK_STOREF(dst + (k - pc), dk_loadw(DT_BF16, s->w->data, base + k));
+            return;
+        case DT_F16:
+            for (size_t k = pc; k < pe; k += DK_W) DK_STOREF(dst + (k - pc), dk_loadw(DT_F16, s->w->data, base + k));
+            return;
+        default: memcpy(dst, (const float *)s->w->data + base + pc, (pe - pc) * sizeof *dst); return;
+        }
     }
     const uint8_t *row = s->q->data + r * s->q->row_bytes;
     if (s->q->q4)
@@ -554,10 +563,17 @@ static void mm_prefill(const mm_src *s, size_t r0, size_t r1, const float *x, in
         size_t t1 = t0 + TOKEN_PASS < (size_t)n ? t0 + TOKEN_PASS : (size_t)n;
         for (size_t p0 = r0; p0 < r1; p0 += PANEL_ROWS) {
             size_t p1 = p0 + PANEL_ROWS < r1 ? p0 + PANEL_ROWS : r1, np = p1 - p0;
-            memset(accs, 0, (np + RB - 1) / RB * RB * TOKEN_PASS * nv * DK_W * sizeof *accs);
+            size_t pass = t1 - t0; /* the accumulators of a row block: its pass's token rows' */
+            memset(accs, 0, (np + RB - 1) / RB * RB * pass * nv * DK_W * sizeof *accs);
             for (size_t pc = 0; pc < kv; pc += PANEL_COLS) {
                 size_t pe = pc + PANEL_COLS < kv ? pc + PANEL_COLS : kv, g0 = 0, ng = 0;
-                for (size_t i = 0; i < np; i++) widen_chunk(s, wf + i * PANEL_LD, p0 + i, pc, pe);
+                size_t rb = src_row_bytes(s), c0 = src_col_byte(s, pc), c1 = src_col_byte(s, pe);
+                for (size_t i = 0; i < np; i++) {
+                    if (i + WIDEN_AHEAD < np) /* the row WIDEN_AHEAD on, for when pf_next's lines fall short */
+                        for (size_t c = c0; c < c1; c += 64)
+                            _mm_prefetch((const char *)s->w->data + (p0 + i + WIDEN_AHEAD) * rb + c, _MM_HINT_T0);
+                    widen_chunk(s, wf + i * PANEL_LD, p0 + i, pc, pe);
+                }
                 if (q) { /* the scales of the groups the chunk touches */
                     g0 = pc / v->span, ng = (pe - 1) / v->span - g0 + 1;
                     for (size_t i = 0; i < np; i++)
@@ -575,7 +591,7 @@ static void mm_prefill(const mm_src *s, size_t r0, size_t r1, const float *x, in
                             memcpy(xt + (size_t)b * TILE_LD, xsrc + (t + (size_t)b) * ldx + kb, (ke - kb) * sizeof *xt);
                         for (size_t i = 0; i < np; i += RB) {
                             int nr = np - i < RB ? (int)(np - i) : (int)RB;
-                            float *buf = accs + ((i / RB) * TOKEN_PASS + (t - t0)) * RB * nv * DK_W;
+                            float *buf = accs + ((i / RB) * pass + (t - t0)) * RB * nv * DK_W;
                             const float *w_i = wf + i * PANEL_LD + (kb - pc), *sc_i = sc + i * PANEL_GROUPS;
                             (q ? kern_acc_q : kern_acc_dense)(nr, nt, w_i, PANEL_LD, xt, TILE_LD, ke - kb, kb, v, sc_i,
                                                    PANEL_GROUPS, g0, buf);
@@ -587,7 +603,7 @@ static void mm_prefill(const mm_src *s, size_t r0, size_t r1, const float *x, in
                 int nr = np - i < RB ? (int)(np - i) : (int)RB;
                 for (size_t t = t0; t < t1; t += TB) {
                     int nt = t1 - t < TB ? (int)(t1 - t) : (int)TB;
-                    const float *buf = accs + ((i / RB) * TOKEN_PASS + (t - t0)) * RB * nv * DK_W;
+                    const float *buf = accs + ((i / RB) * pass + (t - t0)) * RB * nv * DK_W;
                     for (int a = 0; a < nr; a++)
                         for (int b = 0; b < nt; b++) {
                             size_t r = p0 + i + (size_t)a, tt = t + (size_t)b;
