@@ -88,7 +88,9 @@ void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, co
  * (AVX-512 BF16 builds; called where the processor has it). */
 bool cpu_bf16_built(void);
 void cpu_bf16_round_x(const float *x, int n, size_t cols, uint16_t *xb);
-void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo);
+size_t cpu_bf16_scratch(void); /* floats of a worker's scratch that cpu_bf16_rows needs */
+void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo,
+                   float *scratch);
 
 /* The exact-mode (f32 activations) kernels of one vector width (mm_kern.h):
  * cpu_matmul.c's with 8 lanes (AVX2), cpu_matmul_avx512.c's with 16.

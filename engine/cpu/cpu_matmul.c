@@ -180,7 +180,9 @@ static void mm_task(void *vctx, int task, int worker)
     if (r0 >= r1) return;
     size_t ldo = rows;
     if (c->xb) { /* --cpu-activations bf16 */
-        cpu_bf16_rows(w, r0, r1, c->xb, c->n, c->out, ldo);
+        float *scratch = cpu_scratch_get(c->cb, worker, cpu_bf16_scratch());
+        FERRY_ASSERT(scratch);
+        cpu_bf16_rows(w, r0, r1, c->xb, c->n, c->out, ldo, scratch);
         goto bias;
     }
     if (c->xq) { /* --cpu-activations int8 */

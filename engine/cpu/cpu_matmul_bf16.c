@@ -14,6 +14,8 @@
  * bf16 values are exact in f32; the error is the activations' rounding,
  * at most 2^-9 of each |x| (test_ops holds every output to it).
  */
+#include <string.h>
+
 #include "cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
@@ -22,7 +24,6 @@
 
 #include "simd_sum.h"
 
-#define X_BLOCK_BYTES (512u << 10) /* prefill: the token rows of a cache block fill about this much (in L2) */
 #define PREFETCH_BYTES 1024 /* decode: how far ahead of each weight row to prefetch */
 
 /* Row by row, so that a row's bf16 values do not depend on the others
@@ -81,41 +82,156 @@ static inline __attribute__((always_inline)) void kern(int NR, int NT, bool pf, 
         for (int t = 0; t < NT; t++) out[t * ldo + r0 + i] = hsum16(acc[i][t]);
 }
 
-/* Rows [r0, r1) of a BF16 weight for n token rows of bf16 activations xb. */
-void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo)
+/* ---- more token rows: cache-blocked, as mm_kern.h's GEMM ------------------
+ * Rows a panel at a time, each panel's columns a block at a time copied
+ * into scratch (rows off the 4 KiB stride, zero-padded to whole steps as
+ * the decode kernel's masked last step reads them), against tiles of 6
+ * token rows copied the same way; 4 x 6 accumulators run over the block
+ * and wait in scratch, lane by lane, for the next: each output takes the
+ * decode kernel's operations in its order. */
+
+#define BF_BLOCK 1024                         /* bf16 columns per block (2 KiB a row): a multiple of 32 */
+#define BF_PANEL 96                           /* weight rows per panel: a multiple of 4 */
+#define BF_PASS 96                            /* token rows per pass: a multiple of 6 */
+#define BF_LD (BF_BLOCK + 32)                 /* bf16 values from one copied row to the next */
+#define BF_DIRECT_MAX 4                       /* up to this many token rows: the decode kernels */
+
+size_t cpu_bf16_scratch(void) /* floats */
+{
+    return (size_t)BF_PANEL * BF_LD / 2 + (size_t)BF_PANEL * BF_PASS * 16 + 6 * (size_t)BF_LD / 2 + 32;
+}
+
+/* buf[i * NT + t] (16 lanes) += W[i, k] x[t, k] for k < len (whole steps):
+ * w and x a block's copied rows, BF_LD apart. */
+static inline __attribute__((always_inline)) void blk(int NR, int NT, const uint16_t *w, const uint16_t *x,
+                                                      size_t len, float *buf)
+{
+    __m512 acc[4][6];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) acc[i][t] = _mm512_loadu_ps(buf + (size_t)(i * NT + t) * 16);
+    for (size_t k = 0; k < len; k += 32) {
+        __m512bh xv[6];
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) xv[t] = (__m512bh)_mm512_loadu_si512((const void *)(x + (size_t)t * BF_LD + k));
+#pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + (size_t)i * BF_LD + k));
+#pragma GCC unroll 6
+            for (int t = 0; t < NT; t++) acc[i][t] = _mm512_dpbf16_ps(acc[i][t], wv, xv[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) _mm512_storeu_ps(buf + (size_t)(i * NT + t) * 16, acc[i][t]);
+}
+
+static void blk_any(int nr, int nt, const uint16_t *w, const uint16_t *x, size_t len, float *buf)
+{
+#define BLK_NT(NR)                                     \
+    switch (nt) {                                      \
+    case 1: blk(NR, 1, w, x, len, buf); return;        \
+    case 2: blk(NR, 2, w, x, len, buf); return;        \
+    case 3: blk(NR, 3, w, x, len, buf); return;        \
+    case 4: blk(NR, 4, w, x, len, buf); return;        \
+    case 5: blk(NR, 5, w, x, len, buf); return;        \
+    default: blk(NR, 6, w, x, len, buf); return;       \
+    }
+    switch (nr) {
+    case 1: BLK_NT(1)
+    case 2: BLK_NT(2)
+    case 3: BLK_NT(3)
+    default: BLK_NT(4)
+    }
+#undef BLK_NT
+}
+
+/* n bf16 values from src, zero-padded to `to`. */
+static inline void copy_pad(uint16_t *dst, const uint16_t *src, size_t n, size_t to)
+{
+    memcpy(dst, src, n * sizeof *dst);
+    memset(dst + n, 0, (to - n) * sizeof *dst);
+}
+
+static void bf16_gemm(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo,
+                      float *scratch)
 {
     const uint16_t *wd = w->data;
     size_t cols = (size_t)w->cols;
-    if (n <= 2) { /* decode: the rows stream from memory once */
-        size_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-            if (n == 1)
-                kern(4, 1, true, wd, cols, r, xb, cols, out, ldo);
-            else
-                kern(4, 2, true, wd, cols, r, xb, cols, out, ldo);
+    uint16_t *panel = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *accs = (float *)(panel + (size_t)BF_PANEL * BF_LD);
+    uint16_t *tile = (uint16_t *)(accs + (size_t)BF_PANEL * BF_PASS * 16);
+    for (size_t t0 = 0; t0 < (size_t)n; t0 += BF_PASS) {
+        size_t t1 = t0 + BF_PASS < (size_t)n ? t0 + BF_PASS : (size_t)n, pass = t1 - t0;
+        for (size_t p0 = r0; p0 < r1; p0 += BF_PANEL) {
+            size_t np = r1 - p0 < BF_PANEL ? r1 - p0 : BF_PANEL;
+            memset(accs, 0, (np + 3) / 4 * 4 * pass * 16 * sizeof *accs);
+            for (size_t kb = 0; kb < cols; kb += BF_BLOCK) {
+                size_t len = cols - kb < BF_BLOCK ? cols - kb : BF_BLOCK, steps = (len + 31) / 32 * 32;
+                for (size_t i = 0; i < np; i++) {
+                    if (i + 4 < np)
+                        for (size_t c = 0; c < len * 2; c += 64)
+                            _mm_prefetch((const char *)(wd + (p0 + i + 4) * cols + kb) + c, _MM_HINT_T0);
+                    copy_pad(panel + i * BF_LD, wd + (p0 + i) * cols + kb, len, steps);
+                }
+                for (size_t t = t0; t < t1; t += 6) {
+                    int nt = t1 - t < 6 ? (int)(t1 - t) : 6;
+                    for (int b = 0; b < nt; b++) copy_pad(tile + (size_t)b * BF_LD, xb + (t + (size_t)b) * cols + kb, len, steps);
+                    for (size_t i = 0; i < np; i += 4) {
+                        int nr = np - i < 4 ? (int)(np - i) : 4;
+                        blk_any(nr, nt, panel + i * BF_LD, tile, steps, accs + ((i / 4) * pass + (t - t0)) * 4 * 16);
+                    }
+                }
+            }
+            for (size_t i = 0; i < np; i += 4) {
+                int nr = np - i < 4 ? (int)(np - i) : 4;
+                for (size_t t = t0; t < t1; t += 6) {
+                    int nt = t1 - t < 6 ? (int)(t1 - t) : 6;
+                    const float *buf = accs + ((i / 4) * pass + (t - t0)) * 4 * 16;
+                    for (int a = 0; a < nr; a++)
+                        for (int b = 0; b < nt; b++)
+                            out[(t + (size_t)b) * ldo + p0 + i + (size_t)a] =
+                                hsum16(_mm512_loadu_ps(buf + (size_t)(a * nt + b) * 16));
+                }
+            }
         }
-        for (; r < r1; r++) {
-            if (n == 1)
-                kern(1, 1, false, wd, cols, r, xb, cols, out, ldo);
-            else
-                kern(1, 2, false, wd, cols, r, xb, cols, out, ldo);
-        }
+    }
+}
+
+/* Rows [r0, r1) of a BF16 weight for n token rows of bf16 activations xb;
+ * scratch: cpu_bf16_scratch() floats of the worker's (n > BF_DIRECT_MAX). */
+void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo,
+                   float *scratch)
+{
+    const uint16_t *wd = w->data;
+    size_t cols = (size_t)w->cols;
+    if (n > BF_DIRECT_MAX) {
+        bf16_gemm(w, r0, r1, xb, n, out, ldo, scratch);
         return;
     }
-    size_t block = X_BLOCK_BYTES / (cols * 2) / 6 * 6; /* token rows a block: each pass over W serves them all */
-    if (block < 6) block = 6;
-    for (size_t t0 = 0; t0 < (size_t)n; t0 += block) { /* tiles of 4 rows x 6 token rows */
-        size_t t1 = t0 + block < (size_t)n ? t0 + block : (size_t)n;
-        for (size_t r = r0; r < r1; r += 4) {
-            int nr = r + 4 <= r1 ? 4 : (int)(r1 - r);
-            size_t t = t0;
-            if (nr == 4)
-                for (; t + 6 <= t1; t += 6) kern(4, 6, false, wd, cols, r, xb + t * cols, cols, out + t * ldo, ldo);
-            for (; t < t1; t++)
-                for (int i = 0; i < nr; i++)
-                    kern(1, 1, false, wd, cols, r + (size_t)i, xb + t * cols, cols, out + t * ldo, ldo);
+    /* decode: the rows stream from memory once, 4 at a time (the rest one
+     * by one), applied to the token rows 2 at a time (L1 after the first) */
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        for (int t = 0; t < n; t += 2) {
+            const uint16_t *xt = xb + (size_t)t * cols;
+            float *ot = out + (size_t)t * ldo;
+            if (n - t == 1)
+                kern(4, 1, t == 0, wd, cols, r, xt, cols, ot, ldo);
+            else
+                kern(4, 2, t == 0, wd, cols, r, xt, cols, ot, ldo);
         }
-    }
+    for (; r < r1; r++)
+        for (int t = 0; t < n; t += 2) {
+            const uint16_t *xt = xb + (size_t)t * cols;
+            float *ot = out + (size_t)t * ldo;
+            if (n - t == 1)
+                kern(1, 1, false, wd, cols, r, xt, cols, ot, ldo);
+            else
+                kern(1, 2, false, wd, cols, r, xt, cols, ot, ldo);
+        }
 }
 
 bool cpu_bf16_built(void) { return true; }
@@ -130,9 +246,12 @@ void cpu_bf16_round_x(const float *x, int n, size_t cols, uint16_t *xb)
     FERRY_ASSERT(!"cpu_bf16_round_x: not built with AVX-512 BF16");
 }
 
-void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo)
+size_t cpu_bf16_scratch(void) { return 0; }
+
+void cpu_bf16_rows(const weight *w, size_t r0, size_t r1, const uint16_t *xb, int n, float *out, size_t ldo,
+                   float *scratch)
 {
-    (void)w, (void)r0, (void)r1, (void)xb, (void)n, (void)out, (void)ldo;
+    (void)w, (void)r0, (void)r1, (void)xb, (void)n, (void)out, (void)ldo, (void)scratch;
     FERRY_ASSERT(!"cpu_bf16_rows: not built with AVX-512 BF16");
 }
 #endif

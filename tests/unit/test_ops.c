@@ -536,18 +536,20 @@ static void test_gguf_matmul(bool check_rows)
 /* A rounded-activations mode's outputs, each judged against the exact
  * product: past its bound (over) or not what the rounding emulated in
  * double gives (off); and each the same bits alone as in a step of n rows
- * (varies). ns: the step sizes, up to 64 token rows. */
+ * (varies). ns: the step sizes. */
 typedef void (*mode_judge)(const double *wrow, const float *x, int cols, float got, size_t *over, size_t *off);
 
 static void check_mode(const char *what, weight *w, const double *wref, const int *ns, size_t nns, mode_judge judge)
 {
     int64_t rows = w->rows, cols = w->cols;
+    int N = 1;
+    for (size_t i = 0; i < nns; i++) N = ns[i] > N ? ns[i] : N;
     double *xref;
-    float *x = rand_vec((size_t)64 * (size_t)cols, &xref);
-    float *xh = host_of(x, (size_t)64 * (size_t)cols);
-    float *one = dev_poison((size_t)rows), *all = dev_poison((size_t)64 * (size_t)rows);
-    float *alone = malloc((size_t)64 * (size_t)rows * sizeof *alone);
-    for (int t = 0; t < 64; t++) {
+    float *x = rand_vec((size_t)N * (size_t)cols, &xref);
+    float *xh = host_of(x, (size_t)N * (size_t)cols);
+    float *one = dev_poison((size_t)rows), *all = dev_poison((size_t)N * (size_t)rows);
+    float *alone = malloc((size_t)N * (size_t)rows * sizeof *alone);
+    for (int t = 0; t < N; t++) {
         g_be->ops->matmul(g_be, one, x + (size_t)t * (size_t)cols, w, NULL, 1);
         float *h = host_of(one, (size_t)rows);
         memcpy(alone + (size_t)t * (size_t)rows, h, (size_t)rows * sizeof *h);
@@ -631,11 +633,17 @@ static void judge_bf16(const double *wr, const float *xr, int cols, float g, siz
 
 static void test_bf16_activations(void)
 {
-    static const int ns[] = {1, 2, 3, 7, 17, 64};
-    for (int shape = 0; shape < 2; shape++) {
+    /* the third shape takes the prefill GEMM over panels, column blocks
+     * (a short, padded last one) and token passes */
+    static const int ns[] = {1, 2, 3, 5, 7, 17, 64}, ns_big[] = {1, 5, 17, 100};
+    static const int64_t shapes[][2] = {{37, 300}, {37, 64}, {203, 2100}};
+    for (int shape = 0; shape < 3; shape++) {
         double *wref;
-        weight w = make_weight(DT_BF16, 37, shape ? 64 : 300, &wref, -1, 1);
-        check_mode("bf16 activations", &w, wref, ns, sizeof ns / sizeof ns[0], judge_bf16);
+        weight w = make_weight(DT_BF16, shapes[shape][0], shapes[shape][1], &wref, -1, 1);
+        if (shape == 2)
+            check_mode("bf16 activations", &w, wref, ns_big, sizeof ns_big / sizeof ns_big[0], judge_bf16);
+        else
+            check_mode("bf16 activations", &w, wref, ns, sizeof ns / sizeof ns[0], judge_bf16);
         free(wref);
         g_be->ops->release(g_be, (void *)w.data);
     }
