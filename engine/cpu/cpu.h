@@ -110,6 +110,16 @@ typedef struct {
 extern const cpu_mm_kernels cpu_mm_avx2, cpu_mm_avx512; /* avx512: all NULL where not built */
 bool cpu_matmul_avx512_built(void);
 
+/* Scale i of a quantized weight's scales (of dtype sdt) as f32. */
+static inline float cpu_q_scale(const void *scales, ferry_dtype sdt, size_t i)
+{
+    switch (sdt) {
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)scales)[i]);
+    case DT_F16: return f16_to_f32(((const uint16_t *)scales)[i]);
+    default: return ((const float *)scales)[i];
+    }
+}
+
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */
 void cpu_qrow_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);

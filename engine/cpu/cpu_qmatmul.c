@@ -59,12 +59,7 @@ bool cpu_qweight_valid(const weight *w)
 
 static inline float scale_at(const qview *v, size_t r, size_t g)
 {
-    size_t i = r * v->n_groups + g;
-    switch (v->sdt) {
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)v->scales)[i]);
-    case DT_F16: return f16_to_f32(((const uint16_t *)v->scales)[i]);
-    default: return ((const float *)v->scales)[i];
-    }
+    return cpu_q_scale(v->scales, v->sdt, r * v->n_groups + g);
 }
 
 /* q(r, c) of the packed row `row`, as a signed integer. */

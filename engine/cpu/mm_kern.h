@@ -194,12 +194,7 @@ static qk_view qk_view_of(const weight *w)
 
 static inline float qk_scale(const qk_view *v, size_t r, size_t g)
 {
-    size_t i = r * v->n_groups + g;
-    switch (v->sdt) {
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)v->scales)[i]);
-    case DT_F16: return f16_to_f32(((const uint16_t *)v->scales)[i]);
-    default: return ((const float *)v->scales)[i];
-    }
+    return cpu_q_scale(v->scales, v->sdt, r * v->n_groups + g);
 }
 
 /* The columns after the last whole step of row r against x row xt. */
