@@ -123,8 +123,9 @@ static inline float cpu_q_scale(const void *scales, ferry_dtype sdt, size_t i)
 /* cpu_qmatmul.c: quantized weights (WQ_INT8, WQ_INT4). */
 bool cpu_qweight_valid(const weight *w); /* packing dtype, group >= 1, scales present */
 void cpu_qrow_to_f32(float *dst, const weight *w, int64_t row, int64_t col0, int64_t n);
-/* Decode (AVX2 builds): out[t * ldo + r] for rows [r0, r1), n <= 16 token
- * rows; scratch: cpu_qmatmul_scratch(w, n) floats of the worker's own. */
+/* The layouts cpu_mm_kernels.q_takes refuses (AVX2 builds):
+ * out[t * ldo + r] for rows [r0, r1), n <= 16 token rows; scratch:
+ * cpu_qmatmul_scratch(w, n) floats of the worker's own. */
 size_t cpu_qmatmul_scratch(const weight *w, int n);
 void cpu_qmatmul_direct(const weight *w, size_t r0, size_t r1, const float *x, int n, float *out, size_t ldo,
                         float *scratch);

@@ -80,7 +80,7 @@ static inline __attribute__((always_inline)) void kern(ferry_dtype dt, int NR, i
     }
 }
 
-/* Decode: rows [r0, r1) for n <= DIRECT_MAX_TOKENS token rows. The first
+/* Decode: rows [r0, r1) for n <= DENSE_DIRECT_MAX token rows. The first
  * token chunk streams the rows from memory (with prefetch); later chunks
  * find them in L1. */
 static inline __attribute__((always_inline)) void rows_direct(ferry_dtype dt, const void *w, size_t cols, size_t r0,
