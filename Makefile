@@ -100,6 +100,12 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# With deps among the goals (`make -j2 deps all`, `make -j2 test`), nothing
+# compiles before deps has installed the headers and protoc-c it needs.
+ifneq ($(filter deps run test check,$(MAKECMDGOALS)),)
+$(ENGINE_OBJ) $(TEXT_OBJ) $(SERVER_OBJ) $(CLI_OBJ) $(PROTO_OBJ) $(PROTO_C) $(PROTO_C:.c=.h): | deps
+endif
+
 # RoPE's frequencies round as transformers' torch ops do, one rounding per
 # operation: no fused multiply-adds there (engine/weights/rope.c)
 $(BUILD)/obj/engine/weights/rope.o: CFLAGS += -ffp-contract=off
