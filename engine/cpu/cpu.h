@@ -74,15 +74,18 @@ void cpu_gguf_rows_avx512(const weight *w, size_t r0, size_t r1, const float *x,
  * builds; called where the processor has it). cpu_gguf_quantize_x:
  * n rows of cols floats to int8 (xq, n * cols) with a scale a 32 values
  * (xd, n * cols / 32), then each 32 values' scale x the sum of their int8
- * (xd + n * cols / 32, as many); even_odd (int4 weights): each chunk's
- * bytes as its even columns then its odd ones. cpu_gguf_int8_takes: whether the weight's type is one. */
+ * (xd + n * cols / 32, as many), for cpu_gguf_rows_int8. cpu_q_prep_x: the
+ * same rounding for an int8/int4 weight, in the records cpu_q_rows_int8
+ * reads (cpu_q_prep_bytes(w, n) bytes). cpu_gguf_int8_takes: whether the
+ * weight's type is one. */
 bool cpu_gguf_int8_built(void);
 bool cpu_gguf_int8_takes(const weight *w); /* a GGUF chunked type, or int8/int4 in whole chunks */
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd);
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd);
 void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
                         size_t ldo);
-void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
-                     size_t ldo);
+size_t cpu_q_prep_bytes(const weight *w, int n);
+void cpu_q_prep_x(const weight *w, const float *x, int n, void *prep);
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const void *prep, int n, float *out, size_t ldo);
 
 /* cpu_matmul_bf16.c: BF16 weights against bf16-rounded activations
  * (AVX-512 BF16 builds; called where the processor has it). */

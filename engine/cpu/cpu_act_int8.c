@@ -27,32 +27,34 @@
 #include "gguf_chunk.h"
 #include "simd_sum.h"
 
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd)
+/* One chunk of 32 values to int8 (d = max|x| / 127, q = x / d to nearest even): its
+ * scale d, and its bytes in column order (lo: columns 0-15, hi: 16-31). */
+static inline float qa_chunk(const float *p, __m128i *lo, __m128i *hi)
 {
     const __m512 sign = _mm512_set1_ps(-0.0f);
-    /* even_odd: a chunk's bytes as its even columns, then its odd ones (the order of int4's nibbles) */
-    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    __m512 s = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    *lo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, s))); /* |i| <= 127: no saturation */
+    *hi = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, s)));
+    return amax / 127.0f;
+}
+
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd)
+{
+    size_t nk = cols / GGUF_CHUNK, nd = (size_t)n * nk;
     for (int t = 0; t < n; t++)
-        for (size_t k = 0; k < cols; k += GGUF_CHUNK) {
-            const float *p = x + (size_t)t * cols + k;
-            __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
-            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
-            float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-            __m512 s = _mm512_set1_ps(id);
-            int8_t *q = xq + (size_t)t * cols + k;
-            __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
-            __m128i b0 = _mm512_cvtsepi32_epi8(i0), b1 = _mm512_cvtsepi32_epi8(i1); /* |i| <= 127: no saturation */
-            if (even_odd) {
-                b0 = _mm_shuffle_epi8(b0, split); /* 0 2 .. 14 | 1 3 .. 15 */
-                b1 = _mm_shuffle_epi8(b1, split); /* 16 18 .. 30 | 17 19 .. 31 */
-                __m128i ev = _mm_unpacklo_epi64(b0, b1), od = _mm_unpackhi_epi64(b0, b1);
-                b0 = ev, b1 = od;
-            }
-            _mm_storeu_si128((__m128i *)q, b0);
-            _mm_storeu_si128((__m128i *)(q + 16), b1);
-            size_t at = (size_t)t * (cols / GGUF_CHUNK) + k / GGUF_CHUNK, nd = (size_t)n * (cols / GGUF_CHUNK);
+        for (size_t k = 0; k < nk; k++) {
+            const float *p = x + (size_t)t * cols + k * GGUF_CHUNK;
+            int8_t *q = xq + (size_t)t * cols + k * GGUF_CHUNK;
+            __m128i lo, hi;
+            float d = qa_chunk(p, &lo, &hi);
+            _mm_storeu_si128((__m128i *)q, lo);
+            _mm_storeu_si128((__m128i *)(q + 16), hi);
+            __m512i w = _mm512_add_epi32(_mm512_cvtepi8_epi32(lo), _mm512_cvtepi8_epi32(hi));
+            size_t at = (size_t)t * nk + k;
             xd[at] = d;
-            xd[nd + at] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)); /* d sum(q): minimums' terms */
+            xd[nd + at] = d * (float)_mm512_reduce_add_epi32(w); /* d sum(q): minimums' terms */
         }
 }
 
@@ -296,6 +298,7 @@ static inline __attribute__((always_inline)) void rows_n(const weight *w, uint32
 #define ROWS_T(T) BY4(rows_##T, rows_n, GGUF_##T)
 ROWS_T(Q8_0) ROWS_T(Q4_0) ROWS_T(Q4_1) ROWS_T(Q5_0) ROWS_T(Q5_1) ROWS_T(Q4_K) ROWS_T(Q5_K) ROWS_T(Q6_K)
 #undef ROWS_T
+#undef BY4
 
 void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
                         size_t ldo)
@@ -309,7 +312,34 @@ void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq,
 #undef CASE
 }
 
-/* ---- int8 / int4 weights (weight.h), groups of whole chunks ----------------------- */
+/* ---- int8 / int4 weights (weight.h), groups of whole chunks -----------------------
+ * Register tiles of up to 4 weight rows x 4 token rows, with the token
+ * rows' share of the arithmetic done once per call (cpu_q_prep_x) rather
+ * than once per weight row. Two chunks (64 columns) at a time, a pair, one
+ * 512-bit vpdpbusd each: per token row and pair a record of 192 bytes holds
+ *   - the 64 activations, in the byte order the weight's codes unpack to:
+ *     int8, column order (lanes 0-7 chunk k, 8-15 chunk k + 1); int4, the
+ *     pair's 32 packed bytes broadcast to both halves, the lower half
+ *     masked to its low nibbles and the upper to its high ones (left in
+ *     place: 16 times the code), so bytes 0-15 are chunk k's low nibbles
+ *     (its even columns), 16-31 chunk k + 1's, 32-47 chunk k's high
+ *     nibbles (odd columns), 48-63 chunk k + 1's (lanes 0-3 and 8-11 chunk
+ *     k, the others k + 1);
+ *   - the activations' scales d by lane, in that layout (int4's upper
+ *     lanes d / 16, which undoes the high nibbles' 16 exactly);
+ *   - -bias x the lane sums of the activations (int8 codes are stored + 128
+ *     by the kernel's xor, int4's nibbles + 8), the starting value of each
+ *     vpdpbusd, so that it yields q . x exactly.
+ * Per weight row, token row and pair: one vpdpbusd, one convert, one
+ * multiply (the row's scales by lane times d) and one FMA; the codes are
+ * unpacked (one load, int4 one AND more) once per row and pair for every
+ * token row of the tile. Each
+ * output takes those operations in pair order whatever the tile and the
+ * token count (batch invariance), its lanes summed by hsum16. An odd last
+ * chunk is a pair whose second chunk has zero codes, activations and
+ * scales. */
+
+#define QA_REC 48 /* 32-bit words of a (token row, pair) record: 16 of codes' bytes, 16 d, 16 -bias sums */
 
 static inline float qscale(const weight *w, size_t i)
 {
@@ -320,71 +350,185 @@ static inline float qscale(const weight *w, size_t i)
     }
 }
 
-/* The codes of chunks k, k + 1 (only k's where last) of a row: int8 + 128;
- * int4's nibbles (byte j: column 2j low, 2j + 1 high) as the even columns
- * then the odd ones of each chunk - the order cpu_gguf_quantize_x puts
- * the activations in for int4 (a dot product's terms in any order). */
-static inline __attribute__((always_inline)) __m512i q_codes(weight_quant qt, const uint8_t *row, size_t k, bool last)
+static inline size_t qa_pairs(const weight *w) { return ((size_t)w->cols / GGUF_CHUNK + 1) / 2; }
+
+size_t cpu_q_prep_bytes(const weight *w, int n) { return (size_t)n * qa_pairs(w) * QA_REC * 4; }
+
+void cpu_q_prep_x(const weight *w, const float *x, int n, void *prep)
 {
-    if (qt == WQ_INT8) {
-        const uint8_t *p = row + 32 * k;
+    bool q4 = w->quant == WQ_INT4;
+    size_t cols = (size_t)w->cols, nk = cols / GGUF_CHUNK, np = qa_pairs(w);
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __mmask16 second = q4 ? 0xF0F0 : 0xFF00; /* the lanes of chunk k + 1 */
+    const int bias = q4 ? 8 : 128;
+    int32_t *rec = prep;
+    for (int t = 0; t < n; t++)
+        for (size_t j = 0; j < np; j++, rec += QA_REC) {
+            const float *p = x + (size_t)t * cols + 2 * j * GGUF_CHUNK;
+            __m128i a0, a1, b0 = _mm_setzero_si128(), b1 = b0;
+            float da = qa_chunk(p, &a0, &a1), db = 0;
+            if (2 * j + 1 < nk) db = qa_chunk(p + GGUF_CHUNK, &b0, &b1);
+            __m512i xv;
+            if (q4) { /* each chunk's even columns, then its odd ones; then interleaved by chunk */
+                a0 = _mm_shuffle_epi8(a0, split), a1 = _mm_shuffle_epi8(a1, split);
+                b0 = _mm_shuffle_epi8(b0, split), b1 = _mm_shuffle_epi8(b1, split);
+                __m128i ae = _mm_unpacklo_epi64(a0, a1), ao = _mm_unpackhi_epi64(a0, a1);
+                __m128i be = _mm_unpacklo_epi64(b0, b1), bo = _mm_unpackhi_epi64(b0, b1);
+                xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(be, ae)), _mm256_set_m128i(bo, ao), 1);
+            } else {
+                xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(a1, a0)), _mm256_set_m128i(b1, b0), 1);
+            }
+            __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xv);
+            __m512 d = _mm512_mask_blend_ps(second, _mm512_set1_ps(da), _mm512_set1_ps(db));
+            __m512i nb = _mm512_mullo_epi32(sums, _mm512_set1_epi32(-bias));
+            if (q4) { /* the high nibbles stay in place, 16 (n + 8): 16 x the bias, d / 16 (both exact) */
+                d = _mm512_mask_mul_ps(d, 0xFF00, d, _mm512_set1_ps(1.0f / 16));
+                nb = _mm512_mask_slli_epi32(nb, 0xFF00, nb, 4);
+            }
+            _mm512_storeu_si512((void *)rec, xv);
+            _mm512_storeu_ps((float *)(rec + 16), d);
+            _mm512_storeu_si512((void *)(rec + 32), nb);
+        }
+}
+
+/* The codes of pair j of a row as bytes in the records' order (unsigned:
+ * int8 + 128, int4 + 8); last: only chunk k exists, chunk k + 1's are 0
+ * (int4) or multiply zero activations (int8). */
+static inline __attribute__((always_inline)) __m512i qa_codes(bool Q4, const uint8_t *row, size_t j, bool last)
+{
+    if (!Q4) {
+        const uint8_t *p = row + 64 * j;
         __m512i v = last ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p) : _mm512_loadu_si512((const void *)p);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     }
-    /* int4: chunk a's 16 bytes twice, then b's, by 128-bit lane; shifted by 0, 4, 0, 4 and masked: the
-     * low nibbles (even columns) then the high ones (odd), the order the activations were put in */
-    const uint8_t *p = row + 16 * k;
-    __m128i va = _mm_loadu_si128((const __m128i *)p), vb = last ? _mm_setzero_si128() : _mm_loadu_si128((const __m128i *)(p + 16));
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(va)), _mm256_broadcastsi128_si256(vb), 1);
-    __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
-                                   0x0004000400040004);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0F));
+    const uint8_t *p = row + 32 * j;
+    __m256i v = last ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_si256((const __m256i *)p);
+    __m512i b = _mm512_broadcast_i64x4(v);
+    return _mm512_and_si512(b, _mm512_inserti64x4(_mm512_set1_epi8(0x0F), _mm256_set1_epi8((char)0xF0), 1));
 }
 
-static inline __attribute__((always_inline)) void qrows_n(const weight *w, weight_quant qt, size_t r0, size_t r1,
-                                                         const int8_t *xq, const float *xd, const float *xs,
-                                                         const int N, float *out, size_t ldo)
+typedef struct {
+    const weight *w;
+    const uint8_t *data;
+    size_t row_bytes, nk, np, cpg, ng; /* chunks, pairs, chunks a group, groups a row */
+} qa_view;
+
+/* out[t * ldo + r0 + i] for i < R weight rows, t < T token rows (records
+ * rec, ldr words apart). With pf, prefetches the rows R rows on. */
+static inline __attribute__((always_inline)) void qa_tile(bool Q4, int R, int T, bool pf, const qa_view *v, size_t r0,
+                                                         const int32_t *rec, size_t ldr, float *out, size_t ldo)
 {
-    (void)xs; /* (no minimums) */
-    const uint32_t as = qt == WQ_INT8 ? GGUF_Q8_0 : GGUF_Q4_0; /* apply's rules: signed + 128, or + 8 */
-    size_t cols = (size_t)w->cols, nk = cols / GGUF_CHUNK, row_bytes = weight_row_bytes(w);
-    size_t cpg = (size_t)w->group / GGUF_CHUNK, ng = (size_t)weight_groups(w); /* chunks a group */
-    const __m512 z = _mm512_setzero_ps();
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;
-        _mm_prefetch((const char *)row + row_bytes, _MM_HINT_T0);
-        accs s0 = {z, z, _mm256_setzero_ps()}, s1 = s0, s2 = s0, s3 = s0;
-        size_t g = r * ng, left = cpg; /* the next chunk's scale index, and chunks left in its group */
-        float sg = qscale(w, g);
-        for (size_t k = 0; k < nk; k += 2) {
-            bool last = k + 1 == nk;
-            __m512i u = q_codes(qt, row, k, last);
-            float sa = sg; /* the next group's scale read only while the row has chunks left */
-            if (--left == 0 && k + 1 < nk) sg = qscale(w, ++g), left = cpg;
-            float sb = sg;
-            if (!last && --left == 0 && k + 2 < nk) sg = qscale(w, ++g), left = cpg;
-            __m512 ps = halves(sa, last ? 0.0f : sb);
-            const int8_t *xk = xq + k * GGUF_CHUNK;
-            s0 = apply(as, u, xk, dx_pair(xd + k, last), ps, z, last, s0);
-            if (N > 1) s1 = apply(as, u, xk + cols, dx_pair(xd + nk + k, last), ps, z, last, s1);
-            if (N > 2) s2 = apply(as, u, xk + 2 * cols, dx_pair(xd + 2 * nk + k, last), ps, z, last, s2);
-            if (N > 3) s3 = apply(as, u, xk + 3 * cols, dx_pair(xd + 3 * nk + k, last), ps, z, last, s3);
+    const __mmask16 second = Q4 ? 0xF0F0 : 0xFF00;
+    const size_t pair_bytes = Q4 ? 32 : 64;
+    __m512 acc[4][4], ps[4];
+    const uint8_t *row[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        row[i] = v->data + (r0 + (size_t)i) * v->row_bytes;
+        ps[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[i][t] = _mm512_setzero_ps();
+    }
+    size_t g = 0, left = v->cpg, have = (size_t)-1; /* chunk 2j's group, chunks left in it; ps's group */
+    for (size_t j = 0; j < v->np; j++) {
+        bool last = 2 * j + 1 == v->nk;
+        size_t ga = g;
+        if (--left == 0) g++, left = v->cpg;
+        size_t gb = ga;
+        if (!last) {
+            gb = g;
+            if (--left == 0) g++, left = v->cpg;
         }
-        out[r] = accs_sum(s0);
-        if (N > 1) out[ldo + r] = accs_sum(s1);
-        if (N > 2) out[2 * ldo + r] = accs_sum(s2);
-        if (N > 3) out[3 * ldo + r] = accs_sum(s3);
+        if (ga != gb || ga != have) { /* the rows' scales by lane */
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) {
+                size_t s0 = (r0 + (size_t)i) * v->ng;
+                __m512 sa = _mm512_set1_ps(qscale(v->w, s0 + ga));
+                ps[i] = ga == gb ? sa : _mm512_mask_blend_ps(second, sa, _mm512_set1_ps(qscale(v->w, s0 + gb)));
+            }
+            have = ga == gb ? ga : (size_t)-1;
+        }
+        if (pf && (j * pair_bytes) % 64 == 0)
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) _mm_prefetch((const char *)row[i] + (size_t)R * v->row_bytes + j * pair_bytes, _MM_HINT_T0);
+        __m512i u[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) u[i] = qa_codes(Q4, row[i], j, last);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const int32_t *rc = rec + (size_t)t * ldr + j * QA_REC;
+            __m512i xv = _mm512_loadu_si512((const void *)rc), nb = _mm512_loadu_si512((const void *)(rc + 32));
+            __m512 dx = _mm512_loadu_ps((const float *)(rc + 16));
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(nb, u[i], xv)),
+                                            _mm512_mul_ps(ps[i], dx), acc[i][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r0 + (size_t)i] = hsum16(acc[i][t]);
+}
+
+/* Token rows a pass: their records stay in L2 (half of a 1 MiB one) while
+ * every weight row of the task goes by, 4 at a time. */
+static size_t qa_pass(const qa_view *v, int n)
+{
+    size_t per = v->np * QA_REC * 4, pass = (512u << 10) / per / 4 * 4;
+    return pass < 4 ? 4 : pass > (size_t)n ? (size_t)n : pass;
+}
+
+#define QA_T(R, T) qa_tile(Q4, R, T, first, v, r, rt, ldr, ot, ldo)
+#define QA_BY_T(R)                       \
+    switch (nt) {                        \
+    case 1: QA_T(R, 1); break;           \
+    case 2: QA_T(R, 2); break;           \
+    case 3: QA_T(R, 3); break;           \
+    default: QA_T(R, 4); break;          \
+    }
+
+static inline __attribute__((always_inline)) void qa_rows(bool Q4, const qa_view *v, size_t r0, size_t r1,
+                                                         const int32_t *rec, int n, float *out, size_t ldo)
+{
+    size_t ldr = v->np * QA_REC, pass = qa_pass(v, n);
+    for (size_t t0 = 0; t0 < (size_t)n; t0 += pass) {
+        size_t t1 = t0 + pass < (size_t)n ? t0 + pass : (size_t)n;
+        for (size_t r = r0; r < r1; r += 4) {
+            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+            for (size_t t = t0; t < t1; t += 4) {
+                int nt = t1 - t < 4 ? (int)(t1 - t) : 4;
+                bool first = t == t0; /* this token block streams the rows in; the others find them in L1 */
+                const int32_t *rt = rec + t * ldr;
+                float *ot = out + t * ldo;
+                switch (nr) {
+                case 1: QA_BY_T(1) break;
+                case 2: QA_BY_T(2) break;
+                case 3: QA_BY_T(3) break;
+                default: QA_BY_T(4) break;
+                }
+            }
+        }
     }
 }
+#undef QA_BY_T
+#undef QA_T
 
-BY4(qrows_INT8, qrows_n, WQ_INT8)
-BY4(qrows_INT4, qrows_n, WQ_INT4)
-#undef BY4
-
-void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
-                     size_t ldo)
+static void qa_rows_int8(const qa_view *v, size_t r0, size_t r1, const int32_t *rec, int n, float *out, size_t ldo)
 {
-    (w->quant == WQ_INT8 ? qrows_INT8 : qrows_INT4)(w, r0, r1, xq, xd, n, out, ldo);
+    qa_rows(false, v, r0, r1, rec, n, out, ldo);
+}
+static void qa_rows_int4(const qa_view *v, size_t r0, size_t r1, const int32_t *rec, int n, float *out, size_t ldo)
+{
+    qa_rows(true, v, r0, r1, rec, n, out, ldo);
+}
+
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const void *prep, int n, float *out, size_t ldo)
+{
+    size_t nk = (size_t)w->cols / GGUF_CHUNK;
+    size_t cpg = (size_t)w->group / GGUF_CHUNK, ng = (size_t)weight_groups(w);
+    qa_view v = {w, w->data, weight_row_bytes(w), nk, qa_pairs(w), cpg, ng};
+    (w->quant == WQ_INT8 ? qa_rows_int8 : qa_rows_int4)(&v, r0, r1, prep, n, out, ldo);
 }
 
 bool cpu_gguf_int8_built(void) { return true; }
@@ -393,9 +537,9 @@ bool cpu_gguf_int8_built(void) { return true; }
 
 bool cpu_gguf_int8_built(void) { return false; }
 
-void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd, bool even_odd)
+void cpu_gguf_quantize_x(const float *x, int n, size_t cols, int8_t *xq, float *xd)
 {
-    (void)x, (void)n, (void)cols, (void)xq, (void)xd, (void)even_odd;
+    (void)x, (void)n, (void)cols, (void)xq, (void)xd;
     FERRY_ASSERT(!"cpu_gguf_quantize_x: not built with AVX-512 VNNI");
 }
 
@@ -406,10 +550,21 @@ void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq,
     FERRY_ASSERT(!"cpu_gguf_rows_int8: not built with AVX-512 VNNI");
 }
 
-void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq, const float *xd, int n, float *out,
-                     size_t ldo)
+size_t cpu_q_prep_bytes(const weight *w, int n)
 {
-    (void)w, (void)r0, (void)r1, (void)xq, (void)xd, (void)n, (void)out, (void)ldo;
+    (void)w, (void)n;
+    return 0;
+}
+
+void cpu_q_prep_x(const weight *w, const float *x, int n, void *prep)
+{
+    (void)w, (void)x, (void)n, (void)prep;
+    FERRY_ASSERT(!"cpu_q_prep_x: not built with AVX-512 VNNI");
+}
+
+void cpu_q_rows_int8(const weight *w, size_t r0, size_t r1, const void *prep, int n, float *out, size_t ldo)
+{
+    (void)w, (void)r0, (void)r1, (void)prep, (void)n, (void)out, (void)ldo;
     FERRY_ASSERT(!"cpu_q_rows_int8: not built with AVX-512 VNNI");
 }
 #endif

@@ -186,7 +186,10 @@ static void mm_task(void *vctx, int task, int worker)
         goto bias;
     }
     if (c->xq) { /* --cpu-activations int8 */
-        (w->quant == WQ_GGUF ? cpu_gguf_rows_int8 : cpu_q_rows_int8)(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
+        if (w->quant == WQ_GGUF)
+            cpu_gguf_rows_int8(w, r0, r1, c->xq, c->xd, c->n, c->out, ldo);
+        else
+            cpu_q_rows_int8(w, r0, r1, c->xq, c->n, c->out, ldo);
         goto bias;
     }
     if (w->quant == WQ_GGUF) { /* every build: cpu_gguf.c has its portable path */
@@ -254,7 +257,9 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
         c.xb = cb->xb;
     }
     if (cb->act == CPU_ACT_INT8 && cpu_gguf_int8_takes(w)) { /* the activations quantized once, for every task */
-        size_t nq = (size_t)n * (size_t)w->cols, nd = 2 * (nq / 32); /* scales, then d sum(q) (cpu.h) */
+        bool gguf = w->quant == WQ_GGUF;
+        size_t nq = gguf ? (size_t)n * (size_t)w->cols : cpu_q_prep_bytes(w, n);
+        size_t nd = gguf ? 2 * ((size_t)n * (size_t)w->cols / 32) : 0; /* scales, then d sum(q) (cpu.h) */
         if (nq > cb->xq_cap) {
             int8_t *q = realloc(cb->xq, nq);
             FERRY_ASSERT(q); /* a step's activations: bytes of the order of its f32 input */
@@ -265,7 +270,10 @@ void cpu_matmul(backend *be, float *out, const float *x, const weight *w, const 
             FERRY_ASSERT(d);
             cb->xd = d, cb->xd_cap = nd;
         }
-        cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd, w->quant == WQ_INT4);
+        if (gguf)
+            cpu_gguf_quantize_x(x, n, (size_t)w->cols, cb->xq, cb->xd);
+        else
+            cpu_q_prep_x(w, x, n, cb->xq);
         c.xq = cb->xq, c.xd = cb->xd;
     }
 #ifdef HAVE_AVX2

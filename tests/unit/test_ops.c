@@ -593,21 +593,28 @@ static void judge_int8(const double *wr, const float *xr, int cols, float g, siz
 
 /* --cpu-activations int8 on int8/int4 weights whose groups are whole
  * 32-column chunks (int8_bound, int8_emulated). 544 columns: an odd last
- * chunk; groups 32, 128 (a shorter last group) and a row's width. */
+ * chunk; groups 32, 128 (a shorter last group) and a row's width. 8224
+ * columns: steps of 45 token rows taken in passes (their records held in
+ * L2), groups of 96 (pairs of chunks across two groups). */
 static void test_q_int8_activations(void)
 {
     static const struct { weight_quant qt; ferry_dtype sdt; int cols, group; } cases[] = {
         {WQ_INT8, DT_BF16, 512, 512}, {WQ_INT8, DT_F16, 544, 32},   {WQ_INT4, DT_BF16, 512, 128},
         {WQ_INT4, DT_F32, 544, 128},  {WQ_INT4, DT_F16, 544, 32},   {WQ_INT4, DT_BF16, 544, 544},
+        {WQ_INT4, DT_BF16, 8224, 96}, {WQ_INT8, DT_F16, 8224, 128}, /* wide: a step's token rows in several passes */
     };
-    static const int ns[] = {1, 2, 5, 17};
+    static const int ns[] = {1, 2, 5, 17}, ns_wide[] = {1, 4, 45};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        bool wide = cases[ci].cols > 4096;
         double *wref;
         weight w = make_qweight(cases[ci].qt, cases[ci].sdt, 37, cases[ci].cols, cases[ci].group, &wref);
         char what[64];
         snprintf(what, sizeof what, "int8 activations on %s group %d", cases[ci].qt == WQ_INT8 ? "int8" : "int4",
                  cases[ci].group);
-        check_mode(what, &w, wref, ns, sizeof ns / sizeof ns[0], judge_int8);
+        if (wide)
+            check_mode(what, &w, wref, ns_wide, sizeof ns_wide / sizeof ns_wide[0], judge_int8);
+        else
+            check_mode(what, &w, wref, ns, sizeof ns / sizeof ns[0], judge_int8);
         free(wref);
         g_be->ops->release(g_be, (void *)w.data);
         g_be->ops->release(g_be, (void *)w.scales);
