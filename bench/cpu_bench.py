@@ -12,7 +12,8 @@ Three parts, each run interleaved (llama.cpp, then ferry's runs, again
            files (BF16, F16, Q8_0, Q4_0, Q4_K_M made by llama-quantize from
            the BF16 one) against `ferry bench --batch 1` on the same weights
            from the safetensors checkpoint (bf16; f16 by --weights-dtype;
-           int8 and int4 by --quantize), in ferry's exact mode and its fast
+           int8 and int4 by --quantize, the head by --quantize-head as
+           llama-quantize quantizes it: QUANT_INT4), in ferry's exact mode and its fast
            one (--cpu-activations bf16 for bf16, int8 for int8/int4).
   batched  decode throughput with B sequences: llama-batched-bench
            (-npp 4 -ntg 64 -npl 1,4,16,32) against `ferry bench --batch B
@@ -72,6 +73,17 @@ def gguf_file(tools, base, qtype, name, threads, requant=False):
     return path
 
 
+# The head of the tied 1B model is quantized on both sides: llama-quantize
+# makes a tied model's token_embd (its output matrix) Q6_K for Q4_0 and
+# Q4_K_M and Q8_0 for Q8_0 (llama-quant.cpp); ferry's --quantize-head makes
+# it int8 per channel whatever the layers' scheme (8 bits a weight against
+# Q6_K's 6.56: ferry reads ~50 MB more a step). Without it ferry would read
+# a bf16 head, 525 MB a step more than llama.cpp, on a 1B model whose
+# quantized layers are ~480 MB.
+QUANT_INT8 = ("--quantize", "int8", "--quantize-head")
+QUANT_INT4 = ("--quantize", "int4", "--quantize-head")
+
+
 def ferry_bench(ferry, model, threads, batch, steps, prompt_len, extra=()):
     out = run(ferry, "bench", "--model", model, "--batch", batch, "--steps", steps, "--prompt-len", prompt_len,
               "--threads", threads, "--context", max(1024, prompt_len + steps + 16), "--json", *extra)
@@ -89,8 +101,8 @@ def part_single(args, ferry, tools, hf, base):
     # ferry's weights, its modes, and the llama.cpp files each is set against
     rows = [("bf16", ("--weights-dtype", "bf16"), ("exact", "bf16"), ("BF16",)),
             ("f16", ("--weights-dtype", "f16"), ("exact",), ("F16",)),
-            ("int8", ("--quantize", "int8"), ("exact", "int8"), ("Q8_0",)),
-            ("int4", ("--quantize", "int4"), ("exact", "int8"), ("Q4_0", "Q4_K_M"))]
+            ("int8", QUANT_INT8, ("exact", "int8"), ("Q8_0",)),
+            ("int4", QUANT_INT4, ("exact", "int8"), ("Q4_0", "Q4_K_M"))]
     results = []
     for fmt, conv, modes, against in rows:
         lc = {t: {"pp": [], "tg": []} for t in against}
@@ -133,7 +145,7 @@ def llama_batched(tools, model, threads, npl):
 def part_batched(args, ferry, tools, hf, base, smol):
     npl = [int(b) for b in args.batches.split(",")]
     q40 = gguf_file(tools, base, "Q4_0", "1b-l%d-Q4_0.gguf" % args.layers, args.threads)
-    cases = [("1B bf16", base, hf, ("--weights-dtype", "bf16")), ("1B int4 vs Q4_0", q40, hf, ("--quantize", "int4")),
+    cases = [("1B bf16", base, hf, ("--weights-dtype", "bf16")), ("1B int4 vs Q4_0", q40, hf, QUANT_INT4),
              ("SmolLM2-135M bf16", smol, smol, ())]
     results = []
     for name, lfile, fmodel, extra in cases:
