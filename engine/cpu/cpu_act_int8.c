@@ -341,15 +341,6 @@ void cpu_gguf_rows_int8(const weight *w, size_t r0, size_t r1, const int8_t *xq,
 
 #define QA_REC 48 /* 32-bit words of a (token row, pair) record: 16 of codes' bytes, 16 d, 16 -bias sums */
 
-static inline float qscale(const weight *w, size_t i)
-{
-    switch (w->scale_dtype) {
-    case DT_F32: return ((const float *)w->scales)[i];
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)w->scales)[i]);
-    default: return f16_to_f32(((const uint16_t *)w->scales)[i]);
-    }
-}
-
 static inline size_t qa_pairs(const weight *w) { return ((size_t)w->cols / GGUF_CHUNK + 1) / 2; }
 
 size_t cpu_q_prep_bytes(const weight *w, int n) { return (size_t)n * qa_pairs(w) * QA_REC * 4; }
@@ -443,8 +434,8 @@ static inline __attribute__((always_inline)) void qa_tile(bool Q4, int R, int T,
 #pragma GCC unroll 4
             for (int i = 0; i < R; i++) {
                 size_t s0 = (r0 + (size_t)i) * v->ng;
-                __m512 sa = _mm512_set1_ps(qscale(v->w, s0 + ga));
-                ps[i] = ga == gb ? sa : _mm512_mask_blend_ps(second, sa, _mm512_set1_ps(qscale(v->w, s0 + gb)));
+                __m512 sa = _mm512_set1_ps(cpu_q_scale(v->w->scales, v->w->scale_dtype, s0 + ga));
+                ps[i] = ga == gb ? sa : _mm512_mask_blend_ps(second, sa, _mm512_set1_ps(cpu_q_scale(v->w->scales, v->w->scale_dtype, s0 + gb)));
             }
             have = ga == gb ? ga : (size_t)-1;
         }
